@@ -1,0 +1,44 @@
+"""statestore: local RocksDB state stores kept consistent with their changelogs.
+
+The public API is re-exported here; internals live in modules named after the
+design's vocabulary (``checkpoint``, ``directory``, ``log``, ``restore`` ...).
+"""
+
+from statestore.checkpoint import OffsetCheckpoint
+from statestore.errors import (
+    CheckpointError,
+    CorruptLogError,
+    IllegalStateError,
+    LockError,
+    LogError,
+    ProducerFencedError,
+    RestoreError,
+    StateStoreError,
+    StoreError,
+    TaskCorruptedError,
+    TransactionStateError,
+    UnsupportedCompressionError,
+)
+from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OFFSET_UNKNOWN",
+    "CheckpointError",
+    "CorruptLogError",
+    "IllegalStateError",
+    "LockError",
+    "LogError",
+    "OffsetCheckpoint",
+    "ProducerFencedError",
+    "RestoreError",
+    "StateStoreError",
+    "StoreError",
+    "TaskCorruptedError",
+    "TaskId",
+    "TopicPartition",
+    "TransactionStateError",
+    "UnsupportedCompressionError",
+    "changelog_topic",
+]

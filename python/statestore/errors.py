@@ -1,0 +1,97 @@
+"""One exception hierarchy for everything statestore raises.
+
+Every error names what it is about -- the file, the task and the offset where
+known -- and, where there is one, what to do about it. The Rust data plane
+raises these same classes (it looks them up here by name), so callers catch one
+family whatever layer failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StateStoreError(Exception):
+    """Root of every error statestore raises.
+
+    ``path``, ``task_id`` and ``offset`` are filled in when the error is about
+    a particular file, task or changelog offset, so tools can act on them
+    without parsing the message.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        task_id: object | None = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = str(path) if path is not None else None
+        self.task_id = task_id
+        self.offset = offset
+
+
+class CheckpointError(StateStoreError):
+    """A `.checkpoint` file is malformed or cannot be read or written."""
+
+
+class LockError(StateStoreError):
+    """A lock (process, task or log partition) is held elsewhere or was lost."""
+
+
+class LogError(StateStoreError):
+    """A problem with the changelog segment log."""
+
+
+class CorruptLogError(LogError):
+    """A segment holds bytes that are not a valid record batch (bad CRC or header)."""
+
+
+class UnsupportedCompressionError(LogError):
+    """A record batch uses a compression codec this build cannot decode."""
+
+
+class ProducerFencedError(LogError):
+    """A newer producer with the same transactional id has taken over; this one must stop."""
+
+
+class TransactionStateError(LogError):
+    """A transactional call was made in the wrong order (e.g. commit without begin)."""
+
+
+class StoreError(StateStoreError):
+    """A RocksDB store could not be opened, read or written."""
+
+
+class RestoreError(StateStoreError):
+    """Restoring a store from its changelog failed; the store keeps its previous committed state."""
+
+
+class TaskCorruptedError(StateStoreError):
+    """A task's local state cannot be trusted; it must be wiped and restored from the changelog."""
+
+    def __init__(self, message: str, *, task_ids: frozenset[object] = frozenset(), **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.task_ids = task_ids
+
+
+class IllegalStateError(StateStoreError):
+    """A lifecycle transition or call that is not legal in the current state."""
+
+
+__all__ = [
+    "StateStoreError",
+    "CheckpointError",
+    "LockError",
+    "LogError",
+    "CorruptLogError",
+    "UnsupportedCompressionError",
+    "ProducerFencedError",
+    "TransactionStateError",
+    "StoreError",
+    "RestoreError",
+    "TaskCorruptedError",
+    "IllegalStateError",
+]

@@ -1,0 +1,55 @@
+"""Names of things: topic partitions, tasks, and the offset sentinel."""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+#: Offset recorded for a logged store whose position is not known (Kafka's -4).
+OFFSET_UNKNOWN: int = -4
+
+_TASK_RE = re.compile(r"^(0|[1-9][0-9]*)_(0|[1-9][0-9]*)$")
+
+
+class TopicPartition(NamedTuple):
+    """One partition of one topic; ``str()`` gives Kafka's ``"<topic>-<partition>"`` form."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> TopicPartition:
+        """Parse ``"<topic>-<partition>"`` (the topic may itself contain dashes)."""
+        topic, sep, part = text.rpartition("-")
+        if not sep or not topic or not part.isdigit():
+            raise ValueError(f"not a topic partition (expected '<topic>-<partition>'): {text!r}")
+        return cls(topic, int(part))
+
+
+class TaskId(NamedTuple):
+    """A unit of parallelism: ``(subtopology, partition)``; its directory is ``"<sub>_<part>"``."""
+
+    subtopology: int
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.subtopology}_{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> TaskId:
+        """Parse a task directory name such as ``"0_3"``; anything else raises ``ValueError``."""
+        m = _TASK_RE.match(text)
+        if m is None:
+            raise ValueError(f"not a task id (expected '<subtopology>_<partition>', e.g. '0_3'): {text!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+def changelog_topic(application_id: str, store: str) -> str:
+    """The changelog topic of ``store``: ``<application_id>-<store>-changelog``."""
+    return f"{application_id}-{store}-changelog"
+
+
+__all__ = ["OFFSET_UNKNOWN", "TopicPartition", "TaskId", "changelog_topic"]

@@ -1,0 +1,27 @@
+//! statestore's data plane.
+//!
+//! Each module is one domain of the design: the Kafka record batch codec, the
+//! segment log, replay of a changelog into RocksDB, bulk SST restore, atomic
+//! file I/O and the store layout shared by all of them. This file only wires
+//! them together and, with the `python` feature, binds them as
+//! `statestore._native`; there is no logic here.
+
+pub mod fileio;
+pub mod source;
+pub mod store;
+
+#[cfg(feature = "python")]
+mod py;
+
+#[cfg(feature = "python")]
+use pyo3::prelude::*;
+
+/// The `statestore._native` extension module.
+#[cfg(feature = "python")]
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    py::fileio::register(m)?;
+    py::store::register(m)?;
+    Ok(())
+}

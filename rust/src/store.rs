@@ -1,0 +1,222 @@
+//! The on-disk shape of a statestore store, shared by every writer.
+//!
+//! A store is a plain RocksDB (bytewise comparator) with two column families:
+//! `default` holds the data, `offsets` holds the changelog offset of the last
+//! applied record per topic partition (`"<topic>-<partition>"` -> 8-byte
+//! big-endian signed) and a `status` marker (8-byte `1` open, `0` closed
+//! cleanly). Both families are flushed together (`atomic_flush`), and every
+//! offset is written in the same `WriteBatch` as the data it describes, so
+//! data and offset never disagree on disk.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+
+/// Name of the column family that holds offsets and the status marker.
+pub const OFFSETS_CF: &str = "offsets";
+/// Key of the status marker in [`OFFSETS_CF`].
+pub const STATUS_KEY: &[u8] = b"status";
+/// Status value: the store is open (a crash leaves this behind).
+pub const STATUS_OPEN: i64 = 1;
+/// Status value: the store was closed cleanly.
+pub const STATUS_CLOSED: i64 = 0;
+
+/// A store could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+#[error("store {path}: {message}")]
+pub struct StoreError {
+    /// Directory of the store.
+    pub path: PathBuf,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl StoreError {
+    pub fn new(path: &Path, message: impl Into<String>) -> Self {
+        Self { path: path.to_path_buf(), message: message.into() }
+    }
+}
+
+/// Encode an offset or status value as 8-byte big-endian signed.
+pub fn encode_i64(v: i64) -> [u8; 8] {
+    v.to_be_bytes()
+}
+
+/// Decode an 8-byte big-endian signed value; any other length is `None`.
+pub fn decode_i64(bytes: &[u8]) -> Option<i64> {
+    <[u8; 8]>::try_from(bytes).ok().map(i64::from_be_bytes)
+}
+
+/// Options every statestore store is opened with.
+pub fn store_options(create: bool) -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(create);
+    o.create_missing_column_families(true);
+    o.set_atomic_flush(true);
+    o
+}
+
+/// An open store: the RocksDB handle plus its path for error messages.
+pub struct Store {
+    db: DB,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Open (or, with `create`, create) the store at `path` with both column families.
+    pub fn open(path: &Path, create: bool) -> Result<Self, StoreError> {
+        Self::open_with(path, store_options(create))
+    }
+
+    /// Open with caller-tuned options (restore paths tune write buffers).
+    /// `atomic_flush` and the column families are always enforced.
+    pub fn open_with(path: &Path, mut opts: Options) -> Result<Self, StoreError> {
+        opts.set_atomic_flush(true);
+        opts.create_missing_column_families(true);
+        if !path.exists() && !path.parent().is_some_and(Path::is_dir) {
+            return Err(StoreError::new(path, "parent directory does not exist"));
+        }
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
+            ColumnFamilyDescriptor::new(OFFSETS_CF, Options::default()),
+        ];
+        let db = DB::open_cf_descriptors(&opts, path, cfs)
+            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB: {e}")))?;
+        Ok(Self { db, path: path.to_path_buf() })
+    }
+
+    /// Directory of the store.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The underlying RocksDB handle.
+    pub fn db(&self) -> &DB {
+        &self.db
+    }
+
+    /// Handle of the offsets column family.
+    pub fn offsets_cf(&self) -> &ColumnFamily {
+        self.db.cf_handle(OFFSETS_CF).expect("offsets column family is created at open")
+    }
+
+    fn err(&self, what: &str, e: rocksdb::Error) -> StoreError {
+        StoreError::new(&self.path, format!("{what}: {e}"))
+    }
+
+    /// Every entry of the offsets column family except the status marker.
+    /// A value that is not 8 bytes long is an error naming the key.
+    pub fn offsets(&self) -> Result<BTreeMap<String, i64>, StoreError> {
+        let mut out = BTreeMap::new();
+        for item in self.db.iterator_cf(self.offsets_cf(), IteratorMode::Start) {
+            let (k, v) = item.map_err(|e| self.err("reading offsets", e))?;
+            if &*k == STATUS_KEY {
+                continue;
+            }
+            let key = String::from_utf8(k.to_vec())
+                .map_err(|_| StoreError::new(&self.path, format!("offsets key is not UTF-8: {k:?}")))?;
+            let off = decode_i64(&v).ok_or_else(|| {
+                StoreError::new(&self.path, format!("offset of {key} is {} bytes, expected 8", v.len()))
+            })?;
+            out.insert(key, off);
+        }
+        Ok(out)
+    }
+
+    /// The offset recorded for one topic partition (`"<topic>-<partition>"`).
+    pub fn offset(&self, tp: &str) -> Result<Option<i64>, StoreError> {
+        let v = self.db.get_cf(self.offsets_cf(), tp.as_bytes()).map_err(|e| self.err("reading offset", e))?;
+        v.map(|v| {
+            decode_i64(&v)
+                .ok_or_else(|| StoreError::new(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len())))
+        })
+        .transpose()
+    }
+
+    /// The status marker, if one was ever written.
+    pub fn status(&self) -> Result<Option<i64>, StoreError> {
+        let v = self.db.get_cf(self.offsets_cf(), STATUS_KEY).map_err(|e| self.err("reading status", e))?;
+        v.map(|v| {
+            decode_i64(&v)
+                .ok_or_else(|| StoreError::new(&self.path, format!("status marker is {} bytes, expected 8", v.len())))
+        })
+        .transpose()
+    }
+
+    /// True when the data column family holds no key.
+    pub fn is_data_empty(&self) -> bool {
+        self.db.iterator(IteratorMode::Start).next().is_none()
+    }
+
+    /// Add `tp -> offset` to `batch` (in the offsets family).
+    pub fn put_offset(&self, batch: &mut WriteBatch, tp: &str, offset: i64) {
+        batch.put_cf(self.offsets_cf(), tp.as_bytes(), encode_i64(offset));
+    }
+
+    /// Add the status marker to `batch`.
+    pub fn put_status(&self, batch: &mut WriteBatch, status: i64) {
+        batch.put_cf(self.offsets_cf(), STATUS_KEY, encode_i64(status));
+    }
+
+    /// Apply `batch` atomically; `wal` false skips the write-ahead log (the
+    /// caller then flushes before claiming durability).
+    pub fn write(&self, batch: WriteBatch, wal: bool) -> Result<(), StoreError> {
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(!wal);
+        self.db.write_opt(batch, &wo).map_err(|e| self.err("write", e))
+    }
+
+    /// Flush both column families together and wait for it.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let mut fo = FlushOptions::default();
+        fo.set_wait(true);
+        let cfs = [self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).expect("default cf"), self.offsets_cf()];
+        self.db.flush_cfs_opt(&cfs, &fo).map_err(|e| self.err("flush", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_round_trip_with_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        {
+            let s = Store::open(&p, true).unwrap();
+            assert!(s.is_data_empty());
+            let mut b = WriteBatch::default();
+            b.put(b"k", b"v");
+            s.put_offset(&mut b, "app-s-changelog-3", 41);
+            s.put_status(&mut b, STATUS_OPEN);
+            s.write(b, false).unwrap();
+            s.flush().unwrap();
+        }
+        let s = Store::open(&p, false).unwrap();
+        assert_eq!(s.offset("app-s-changelog-3").unwrap(), Some(41));
+        assert_eq!(s.status().unwrap(), Some(STATUS_OPEN));
+        assert_eq!(s.offsets().unwrap().into_iter().collect::<Vec<_>>(), vec![("app-s-changelog-3".into(), 41)]);
+        assert!(!s.is_data_empty());
+    }
+
+    #[test]
+    fn bad_offset_length_is_an_error_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        let s = Store::open(&p, true).unwrap();
+        let mut b = WriteBatch::default();
+        b.put_cf(s.offsets_cf(), b"t-0", b"xyz");
+        s.write(b, true).unwrap();
+        let e = s.offsets().unwrap_err().to_string();
+        assert!(e.contains("t-0") && e.contains("3 bytes"), "{e}");
+    }
+
+    #[test]
+    fn missing_parent_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Store::open(&dir.path().join("a/b/c"), true).is_err());
+        assert!(!dir.path().join("a").exists());
+    }
+}

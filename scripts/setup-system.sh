@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian packages the build needs, only those that are missing.
+# Safe to run again: it does nothing when everything is present.
+set -euo pipefail
+
+need=()
+for pkg in libclang-dev clang build-essential pkg-config; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if ((${#need[@]})); then
+    echo "setup: installing Debian packages: ${need[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "setup: cargo (Rust toolchain) is required but not on PATH" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "setup: python3 (>= 3.11) is required" >&2; exit 1; }
