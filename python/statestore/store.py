@@ -1,0 +1,454 @@
+"""One key-value store of one task: a RocksDB (bytes -> bytes) with its offsets inside.
+
+On disk a store is a plain RocksDB with a bytewise comparator and two column
+families, the same shape the Rust data plane writes (``rust/src/store.rs``):
+
+* ``default`` -- the data;
+* ``offsets`` -- ``"<topic>-<partition>"`` -> 8-byte big-endian signed offset of
+  the last applied changelog record, and ``status`` -> 8-byte ``1`` (open) or
+  ``0`` (closed cleanly).
+
+Writes made while processing are *staged* in memory (reads see them) and reach
+RocksDB only in :meth:`Store.commit`, as one WriteBatch together with the
+changelog offsets they correspond to. So nothing uncommitted ever reaches
+RocksDB, and data and offsets can never disagree on disk. Commits go through
+the write-ahead log, which keeps each batch atomic across a crash of the
+process; :meth:`Store.flush` flushes data before offsets, so even without the
+log an offset on disk never runs ahead of its data.
+
+The processing path uses rocksdict (raw mode); restoration uses the Rust
+engine. They must never hold one store open at the same time: close the
+:class:`Store` before restoring into its directory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from statestore.errors import IllegalStateError, StoreError
+from statestore.ids import TaskId, TopicPartition
+
+log = logging.getLogger(__name__)
+
+#: Column family holding offsets and the status marker.
+OFFSETS_CF = "offsets"
+#: Key of the status marker in the offsets column family.
+STATUS_KEY = b"status"
+#: Status value while the store is open; a crash leaves it behind.
+STATUS_OPEN = 1
+#: Status value after a clean close.
+STATUS_CLOSED = 0
+
+
+def encode_i64(value: int) -> bytes:
+    """8-byte big-endian signed encoding of an offset or status value."""
+    return value.to_bytes(8, "big", signed=True)
+
+
+def decode_i64(data: bytes, *, what: str, path: Path) -> int:
+    """Decode an 8-byte big-endian signed value; any other length is a ``StoreError`` naming ``what``."""
+    if len(data) != 8:
+        raise StoreError(
+            f"store {path}: {what} is {len(data)} bytes, expected 8; the offsets column family is damaged "
+            "-- wipe the task to restore it from its changelog",
+            path=path,
+        )
+    return int.from_bytes(data, "big", signed=True)
+
+
+class _Staging:
+    """Uncommitted writes: key -> value, or None for a delete. Reads consult it first."""
+
+    def __init__(self) -> None:
+        self.writes: dict[bytes, bytes | None] = {}
+
+    def merged(
+        self, committed: Iterator[tuple[bytes, bytes]], start: bytes | None, end: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Merge committed ``(key, value)`` pairs (sorted, in range) with the staged writes in range."""
+        keys = sorted(k for k in self.writes if (start is None or k >= start) and (end is None or k < end))
+        snapshot = {k: self.writes[k] for k in keys}
+        i = 0
+        for key, value in committed:
+            while i < len(keys) and keys[i] < key:
+                staged = snapshot[keys[i]]
+                if staged is not None:
+                    yield keys[i], staged
+                i += 1
+            if i < len(keys) and keys[i] == key:
+                staged = snapshot[key]
+                i += 1
+                if staged is not None:
+                    yield key, staged
+                continue
+            yield key, value
+        for key in keys[i:]:
+            staged = snapshot[key]
+            if staged is not None:
+                yield key, staged
+
+
+def _check_bytes(what: str, value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, got {type(value).__name__}")
+
+
+class Store:
+    """A RocksDB store at ``path``, opened (created if missing) for processing.
+
+    Opening writes status OPEN and remembers the status found
+    (:attr:`previous_status`: ``STATUS_CLOSED`` after a clean close,
+    ``STATUS_OPEN`` after a crash, None for a new store). The parent directory
+    must exist: a store is never created inside a directory that was deleted.
+    """
+
+    def __init__(self, path: str | Path, *, name: str | None = None, task_id: TaskId | None = None) -> None:
+        self.path = Path(path)
+        self.name = name if name is not None else self.path.name
+        self.task_id = task_id
+        self._staging = _Staging()
+        if not self.path.parent.is_dir():
+            raise StoreError(
+                f"{self._who()}: cannot open {self.path}: parent directory does not exist "
+                "(task directory deleted?); lock the task again before opening its stores",
+                path=self.path,
+                task_id=task_id,
+            )
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        opts.set_atomic_flush(True)
+        try:
+            self._db: Rdict | None = Rdict(
+                str(self.path), opts, column_families={OFFSETS_CF: Options(raw_mode=True)}
+            )
+        except Exception as e:  # rocksdict raises plain Exception
+            raise StoreError(
+                f"{self._who()}: cannot open RocksDB at {self.path}: {e}; if another process or the "
+                "restore engine has it open, close that first",
+                path=self.path,
+                task_id=task_id,
+            ) from e
+        self._offsets_db: Rdict | None = self._db.get_column_family(OFFSETS_CF)
+        self._wal = WriteOptions()
+        raw = self._offsets_db.get(STATUS_KEY)
+        self.previous_status: int | None = (
+            None if raw is None else decode_i64(raw, what="status marker", path=self.path)
+        )
+        self._write_marker(STATUS_OPEN)
+
+    def _who(self) -> str:
+        return f"task {self.task_id} store {self.name}" if self.task_id is not None else f"store {self.name}"
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r})"
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _open_db(self) -> Rdict:
+        if self._db is None:
+            raise IllegalStateError(f"{self._who()} at {self.path} is closed", path=self.path, task_id=self.task_id)
+        return self._db
+
+    def _offsets(self) -> Rdict:
+        self._open_db()
+        assert self._offsets_db is not None
+        return self._offsets_db
+
+    def _batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
+    def _write(self, batch: WriteBatch) -> None:
+        try:
+            self._open_db().write(batch, self._wal)
+        except IllegalStateError:
+            raise
+        except Exception as e:
+            raise StoreError(f"{self._who()}: write to {self.path} failed: {e}", path=self.path,
+                             task_id=self.task_id) from e
+
+    def _write_marker(self, status: int) -> None:
+        db = self._open_db()
+        batch = self._batch()
+        batch.put(STATUS_KEY, encode_i64(status), db.get_column_family_handle(OFFSETS_CF))
+        self._write(batch)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, staged writes included; None if absent or deleted."""
+        key = _check_bytes("key", key)
+        if key in self._staging.writes:
+            return self._staging.writes[key]
+        value: bytes | None = self._open_db().get(key)
+        return value
+
+    def _committed(self, start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        it = self._open_db().iter()
+        try:
+            if start is None:
+                it.seek_to_first()
+            else:
+                it.seek(start)
+            while it.valid():
+                key: bytes = it.key()
+                if end is not None and key >= end:
+                    break
+                yield key, it.value()
+                it.next()
+        finally:
+            del it
+
+    def range(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs with ``start <= key < end`` in key order, staged writes included."""
+        return self._staging.merged(self._committed(start, end), start, end)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        return self.range()
+
+    def approximate_num_entries(self) -> int:
+        """RocksDB's estimate of the number of keys, plus staged puts (an estimate, never exact)."""
+        estimate = self._open_db().property_int_value("rocksdb.estimate-num-keys") or 0
+        staged = sum(1 for v in self._staging.writes.values() if v is not None)
+        return estimate + staged
+
+    def is_empty(self) -> bool:
+        """True when no committed data is in the store (staged writes do not count)."""
+        return next(self._committed(None, None), None) is None
+
+    # -- staged writes ----------------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Stage ``key -> value``; it reaches RocksDB at the next :meth:`commit`."""
+        self._open_db()
+        self._staging.writes[_check_bytes("key", key)] = _check_bytes("value", value)
+
+    def delete(self, key: bytes) -> None:
+        """Stage the deletion of ``key``."""
+        self._open_db()
+        self._staging.writes[_check_bytes("key", key)] = None
+
+    @property
+    def uncommitted(self) -> int:
+        """Number of staged writes not yet committed."""
+        return len(self._staging.writes)
+
+    def abort(self) -> None:
+        """Drop every staged write (the transaction they belonged to did not commit)."""
+        self._staging.writes.clear()
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Apply the staged writes and ``offsets`` to RocksDB in one WriteBatch, atomically.
+
+        ``offsets`` maps changelog partitions to the offset of the last record
+        the staged writes correspond to; pass None (checkpoint mode) to write
+        data only. Offsets must be >= 0.
+        """
+        db = self._open_db()
+        batch = self._batch()
+        for key, value in self._staging.writes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        if offsets:
+            cf = db.get_column_family_handle(OFFSETS_CF)
+            for tp, offset in offsets.items():
+                if offset < 0:
+                    raise ValueError(
+                        f"{self._who()}: refusing to store negative offset {offset} for {tp} in {self.path}"
+                    )
+                batch.put(str(TopicPartition(*tp)).encode(), encode_i64(offset), cf)
+            del cf
+        if len(batch) == 0:
+            return
+        self._write(batch)
+        self._staging.writes.clear()
+
+    # -- offsets and status -----------------------------------------------------------
+
+    def offsets(self) -> dict[TopicPartition, int]:
+        """Every offset recorded in the store (the status marker excluded)."""
+        out: dict[TopicPartition, int] = {}
+        for key, value in self._offsets().items():
+            if not isinstance(key, bytes) or key == STATUS_KEY:
+                continue
+            try:
+                tp = TopicPartition.parse(key.decode())
+            except (UnicodeDecodeError, ValueError) as e:
+                raise StoreError(
+                    f"{self._who()}: offsets key {key!r} in {self.path} is not '<topic>-<partition>'; "
+                    "wipe the task to restore it from its changelog",
+                    path=self.path,
+                    task_id=self.task_id,
+                ) from e
+            out[tp] = decode_i64(value, what=f"offset of {tp}", path=self.path)
+        return out
+
+    def offset(self, tp: TopicPartition) -> int | None:
+        """The offset recorded for ``tp``, or None."""
+        raw = self._offsets().get(str(TopicPartition(*tp)).encode())
+        return None if raw is None else decode_i64(raw, what=f"offset of {tp}", path=self.path)
+
+    def status(self) -> int | None:
+        """The status marker as stored now (``STATUS_OPEN`` while open)."""
+        raw = self._offsets().get(STATUS_KEY)
+        return None if raw is None else decode_i64(raw, what="status marker", path=self.path)
+
+    # -- durability and closing -------------------------------------------------------
+
+    def flush(self) -> None:
+        """Flush committed data, then offsets, to SST files and wait (staged writes are not flushed)."""
+        try:
+            self._open_db().flush(True)
+            self._offsets().flush(True)
+        except IllegalStateError:
+            raise
+        except Exception as e:
+            raise StoreError(f"{self._who()}: flush of {self.path} failed: {e}", path=self.path,
+                             task_id=self.task_id) from e
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store has been closed."""
+        return self._db is None
+
+    def close(self, *, clean: bool = True) -> None:
+        """Close the store, dropping staged writes. Idempotent.
+
+        A clean close flushes and then marks the status CLOSED; a dirty close
+        (``clean=False``) leaves the status OPEN, as a crash would.
+        """
+        if self._db is None:
+            return
+        if self._staging.writes:
+            log.info("%s: dropping %d uncommitted writes on close", self._who(), len(self._staging.writes))
+            self._staging.writes.clear()
+        try:
+            if clean:
+                self.flush()
+                self._write_marker(STATUS_CLOSED)
+                self._offsets().flush(True)
+        finally:
+            # Column-family handles keep the RocksDB LOCK alive: drop them first.
+            self._offsets_db = None
+            db, self._db = self._db, None
+            db.close()
+            del db
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(clean=exc == (None, None, None))
+
+
+class InMemoryStore:
+    """A non-persistent store with :class:`Store`'s processing API, for stores that need no disk.
+
+    It keeps no offsets (nothing survives a restart, so it always restores from
+    the beginning) and is never written to a checkpoint.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._data: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []
+        self._staging = _Staging()
+        self._closed = False
+
+    def _check(self) -> None:
+        if self._closed:
+            raise IllegalStateError(f"in-memory store {self.name} is closed")
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, staged writes included."""
+        key = _check_bytes("key", key)
+        if key in self._staging.writes:
+            return self._staging.writes[key]
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Stage ``key -> value``."""
+        self._check()
+        self._staging.writes[_check_bytes("key", key)] = _check_bytes("value", value)
+
+    def delete(self, key: bytes) -> None:
+        """Stage the deletion of ``key``."""
+        self._check()
+        self._staging.writes[_check_bytes("key", key)] = None
+
+    def range(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs with ``start <= key < end`` in key order, staged writes included."""
+        lo = 0 if start is None else bisect.bisect_left(self._keys, start)
+        hi = len(self._keys) if end is None else bisect.bisect_left(self._keys, end)
+        committed = ((k, self._data[k]) for k in self._keys[lo:hi])
+        return self._staging.merged(committed, start, end)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        return self.range()
+
+    def approximate_num_entries(self) -> int:
+        """Number of committed keys plus staged puts."""
+        return len(self._data) + sum(1 for v in self._staging.writes.values() if v is not None)
+
+    @property
+    def uncommitted(self) -> int:
+        """Number of staged writes not yet committed."""
+        return len(self._staging.writes)
+
+    def abort(self) -> None:
+        """Drop every staged write."""
+        self._staging.writes.clear()
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Apply the staged writes (offsets are not kept: the store restores from the beginning)."""
+        self._check()
+        for key, value in self._staging.writes.items():
+            if value is None:
+                if self._data.pop(key, None) is not None:
+                    self._keys.pop(bisect.bisect_left(self._keys, key))
+            else:
+                if key not in self._data:
+                    bisect.insort(self._keys, key)
+                self._data[key] = value
+        self._staging.writes.clear()
+
+    def is_empty(self) -> bool:
+        """True when no committed data is held."""
+        return not self._data
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the store has been closed."""
+        return self._closed
+
+    def close(self, *, clean: bool = True) -> None:
+        """Drop everything: an in-memory store does not outlive its task."""
+        self._data.clear()
+        self._keys.clear()
+        self._staging.writes.clear()
+        self._closed = True
+
+
+__all__ = [
+    "OFFSETS_CF",
+    "STATUS_CLOSED",
+    "STATUS_KEY",
+    "STATUS_OPEN",
+    "InMemoryStore",
+    "Store",
+    "decode_i64",
+    "encode_i64",
+]
