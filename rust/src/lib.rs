@@ -6,7 +6,9 @@
 //! them together and, with the `python` feature, binds them as
 //! `statestore._native`; there is no logic here.
 
+pub mod bulk;
 pub mod fileio;
+pub mod replay;
 pub mod source;
 pub mod store;
 

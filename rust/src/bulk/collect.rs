@@ -1,0 +1,281 @@
+//! The in-memory side of bulk restore: the last operation per key, kept in
+//! one arena (keys and values) with an open-addressing index, within a fixed
+//! memory share. When the share is full the arena is compacted (when most of
+//! it is overwritten values) or handed out sorted as a run to spill.
+
+use std::cmp::Ordering;
+
+/// `val_len` of a tombstone.
+const TOMBSTONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    /// First 8 key bytes, big-endian, zero padded: most comparisons stop here.
+    prefix: u64,
+    key_off: usize,
+    val_off: usize,
+    key_len: u32,
+    val_len: u32,
+}
+
+const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
+/// Index slots per entry (load factor 1/2), 4 bytes each.
+const SLOTS_PER_ENTRY: usize = 2;
+
+fn prefix_of(key: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    let n = key.len().min(8);
+    w[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(w)
+}
+
+fn hash(key: &[u8]) -> u64 {
+    let mut h = 0x9E37_79B9_7F4A_7C15u64 ^ key.len() as u64;
+    let mut chunks = key.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        h = (h.rotate_left(5) ^ w).wrapping_mul(0x517C_C1B7_2722_0A95);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x517C_C1B7_2722_0A95);
+    }
+    h ^ (h >> 29)
+}
+
+/// What [`Collector::add`] asks of its caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Full {
+    /// The record is in.
+    No,
+    /// No room: take the sorted contents with [`Collector::drain_sorted`]
+    /// (spill them), then add the record again.
+    Spill,
+}
+
+/// Last value (or tombstone) per key, in memory.
+pub struct Collector {
+    arena: Vec<u8>,
+    arena_cap: usize,
+    entries: Vec<Entry>,
+    max_entries: usize,
+    /// Entry index + 1; 0 is empty.
+    table: Vec<u32>,
+    mask: usize,
+    garbage: usize,
+}
+
+impl Collector {
+    /// A collector using about `budget` bytes at most (arena plus index;
+    /// compaction may briefly need half an arena more).
+    pub fn new(budget: usize) -> Self {
+        let budget = budget.max(4096);
+        let arena_cap = budget / 2;
+        let meta = budget - budget / 2 - budget / 6;
+        let max_entries = (meta / (ENTRY_BYTES + SLOTS_PER_ENTRY * 4)).clamp(16, u32::MAX as usize / 4);
+        let slots = (max_entries * SLOTS_PER_ENTRY).next_power_of_two();
+        Self {
+            arena: Vec::new(),
+            arena_cap,
+            entries: Vec::new(),
+            max_entries,
+            table: vec![0; slots],
+            mask: slots - 1,
+            garbage: 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Number of distinct keys held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn key(&self, e: &Entry) -> &[u8] {
+        &self.arena[e.key_off..e.key_off + e.key_len as usize]
+    }
+
+    fn value(&self, e: &Entry) -> Option<&[u8]> {
+        (e.val_len != TOMBSTONE).then(|| &self.arena[e.val_off..e.val_off + e.val_len as usize])
+    }
+
+    fn push_bytes(&mut self, b: &[u8]) -> usize {
+        if self.arena.capacity() == 0 {
+            self.arena.reserve_exact(self.arena_cap);
+        }
+        let off = self.arena.len();
+        self.arena.extend_from_slice(b);
+        off
+    }
+
+    /// Record that `key` now holds `value` (`None`: deleted). On
+    /// [`Full::Spill`] nothing was recorded.
+    pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Full {
+        loop {
+            if self.try_add(key, value) {
+                return Full::No;
+            }
+            if !self.compact() {
+                return Full::Spill;
+            }
+        }
+    }
+
+    /// False when there is no room.
+    fn try_add(&mut self, key: &[u8], value: Option<&[u8]>) -> bool {
+        let vlen = value.map_or(0, <[u8]>::len);
+        assert!(key.len() < u32::MAX as usize && vlen < TOMBSTONE as usize, "record too large");
+        let prefix = prefix_of(key);
+        let mut i = hash(key) as usize & self.mask;
+        loop {
+            let s = self.table[i];
+            if s == 0 {
+                break;
+            }
+            let e = self.entries[s as usize - 1];
+            if e.prefix == prefix && self.key(&e) == key {
+                let old = if e.val_len == TOMBSTONE { 0 } else { e.val_len as usize };
+                if old >= vlen {
+                    // Overwrite in place: no garbage beyond the shrink.
+                    let e = &mut self.entries[s as usize - 1];
+                    if let Some(v) = value {
+                        self.arena[e.val_off..e.val_off + vlen].copy_from_slice(v);
+                    }
+                    e.val_len = value.map_or(TOMBSTONE, |_| vlen as u32);
+                    self.garbage += old - vlen;
+                    return true;
+                }
+                if !self.arena.is_empty() && self.arena.len() + vlen > self.arena_cap {
+                    return false;
+                }
+                let off = self.push_bytes(value.unwrap_or_default());
+                let e = &mut self.entries[s as usize - 1];
+                e.val_off = off;
+                e.val_len = value.map_or(TOMBSTONE, |_| vlen as u32);
+                self.garbage += old;
+                return true;
+            }
+            i = (i + 1) & self.mask;
+        }
+        if self.entries.len() >= self.max_entries
+            || (!self.arena.is_empty() && self.arena.len() + key.len() + vlen > self.arena_cap)
+        {
+            return false;
+        }
+        if self.entries.capacity() == 0 {
+            self.entries.reserve_exact(self.max_entries);
+        }
+        let key_off = self.push_bytes(key);
+        let val_off = self.push_bytes(value.unwrap_or_default());
+        self.entries.push(Entry {
+            prefix,
+            key_off,
+            val_off,
+            key_len: key.len() as u32,
+            val_len: value.map_or(TOMBSTONE, |_| vlen as u32),
+        });
+        self.table[i] = self.entries.len() as u32;
+        true
+    }
+
+    /// Compact the arena (instead of spilling) when at least half of it is
+    /// overwritten values and the index has room. False: spill instead.
+    fn compact(&mut self) -> bool {
+        if self.garbage == 0 || self.garbage * 2 < self.arena.len() || self.entries.len() >= self.max_entries {
+            return false;
+        }
+        let mut fresh = Vec::with_capacity(self.arena_cap);
+        for e in &mut self.entries {
+            let k = &self.arena[e.key_off..e.key_off + e.key_len as usize];
+            let key_off = fresh.len();
+            fresh.extend_from_slice(k);
+            let val_off = fresh.len();
+            if e.val_len != TOMBSTONE {
+                fresh.extend_from_slice(&self.arena[e.val_off..e.val_off + e.val_len as usize]);
+            }
+            e.key_off = key_off;
+            e.val_off = val_off;
+        }
+        self.arena = fresh;
+        self.garbage = 0;
+        true
+    }
+
+    /// Sort the held keys and hand each `(key, value or None)` to `f` in key
+    /// order, then empty the collector.
+    pub fn drain_sorted<E>(&mut self, mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>) -> Result<(), E> {
+        let mut entries = std::mem::take(&mut self.entries);
+        let arena = &self.arena;
+        let key = |e: &Entry| &arena[e.key_off..e.key_off + e.key_len as usize];
+        entries.sort_unstable_by(|a, b| match a.prefix.cmp(&b.prefix) {
+            Ordering::Equal => key(a).cmp(key(b)),
+            o => o,
+        });
+        let result = entries.iter().try_for_each(|e| f(self.key(e), self.value(e)));
+        entries.clear();
+        self.entries = entries;
+        self.arena.clear();
+        self.table.fill(0);
+        self.garbage = 0;
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn drain(c: &mut Collector) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let mut out = Vec::new();
+        c.drain_sorted::<()>(|k, v| {
+            out.push((k.to_vec(), v.map(<[u8]>::to_vec)));
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn keeps_the_last_operation_per_key_in_key_order() {
+        let mut c = Collector::new(1 << 20);
+        let mut model = BTreeMap::new();
+        for i in 0..5000u32 {
+            let k = format!("key{}", (i * 7919) % 701).into_bytes();
+            let v = if i % 11 == 0 { None } else { Some(vec![i as u8; (i % 50) as usize]) };
+            assert_eq!(c.add(&k, v.as_deref()), Full::No);
+            model.insert(k, v);
+        }
+        assert_eq!(c.len(), model.len());
+        assert_eq!(drain(&mut c), model.into_iter().collect::<Vec<_>>());
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn overwrites_compact_instead_of_spilling_and_unique_keys_spill() {
+        let mut c = Collector::new(64 << 10);
+        for i in 0..100_000u32 {
+            let k = format!("k{}", i % 10).into_bytes();
+            let v = vec![(i % 251) as u8; 10 + (i % 7) as usize];
+            assert_eq!(c.add(&k, Some(&v)), Full::No, "ten keys never need a spill");
+        }
+        assert_eq!(c.len(), 10);
+        let mut spills = 0;
+        for i in 0..100_000u32 {
+            let k = format!("unique{i:08}").into_bytes();
+            if c.add(&k, Some(b"value")) == Full::Spill {
+                spills += 1;
+                let d = drain(&mut c);
+                assert!(d.windows(2).all(|w| w[0].0 < w[1].0));
+                assert_eq!(c.add(&k, Some(b"value")), Full::No);
+            }
+        }
+        assert!(spills > 10, "{spills}");
+    }
+}

@@ -1,0 +1,336 @@
+//! Bulk restore: keep only the last operation per key of the changelog range,
+//! sort, write SST files with `SstFileWriter`, ingest them into the store in
+//! one atomic ingestion (files moved, not copied), then record the offset.
+//!
+//! Memory stays within the budget: the [`collect::Collector`] holds the last
+//! operation per key within its share and, when full, compacts itself or
+//! spills a sorted run to a temporary directory beside the store; the runs
+//! are merged (in several passes when there are many) into the SST files.
+//!
+//! Nothing touches the store before the ingestion, so a failure or a crash
+//! before it leaves the store exactly as it was. A crash between the
+//! ingestion and the offset write leaves data ahead of the recorded offset,
+//! never an offset ahead of the data; replaying from the recorded offset is
+//! idempotent and converges to the same store.
+
+pub mod collect;
+pub mod runs;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
+
+use crate::replay::{restore_options, Applied, ErrorKind, Progress, RestoreError};
+use crate::source::ChangelogSource;
+use crate::store::Store;
+use collect::{Collector, Full};
+
+/// Tuning of one bulk restore.
+#[derive(Debug, Clone, Copy)]
+pub struct BulkOptions {
+    /// Memory the restore may use for keys, values and merge buffers.
+    pub memory_budget: usize,
+    /// Bytes of log read per chunk.
+    pub chunk_bytes: usize,
+    /// An SST file is closed once it reaches this size.
+    pub sst_target_bytes: u64,
+}
+
+impl BulkOptions {
+    pub fn new(memory_budget: usize) -> Self {
+        Self { memory_budget, chunk_bytes: crate::replay::DEFAULT_CHUNK_BYTES, sst_target_bytes: 128 << 20 }
+    }
+}
+
+/// The scratch directory of a bulk restore of the store at `store`: a hidden
+/// sibling (same file system, so ingestion can move the files).
+pub fn scratch_dir(store: &Path) -> PathBuf {
+    let name = store.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "store".into());
+    store.with_file_name(format!(".{name}.restore-tmp"))
+}
+
+enum Failure {
+    Io(io::Error),
+    Rocks(rocksdb::Error),
+    Stop(RestoreError),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::Io(e)
+    }
+}
+impl From<rocksdb::Error> for Failure {
+    fn from(e: rocksdb::Error) -> Self {
+        Failure::Rocks(e)
+    }
+}
+impl From<RestoreError> for Failure {
+    fn from(e: RestoreError) -> Self {
+        Failure::Stop(e)
+    }
+}
+
+/// Restore `[source.position(), end)` into `store` in bulk. See the module
+/// documentation for what a failure leaves behind.
+pub fn bulk(
+    store: &Store,
+    source: &mut dyn ChangelogSource,
+    tp: &str,
+    end: i64,
+    opts: &BulkOptions,
+    progress: &mut Progress<'_>,
+) -> Result<Applied, RestoreError> {
+    let dir = scratch_dir(store.path());
+    let start = source.position();
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        RestoreError::new(
+            ErrorKind::Restore,
+            format!(
+                "bulk restore of store {} from {tp} (offsets {start}..{end}) failed {what}: {e}; \
+                 the store was left as it was",
+                store.path().display()
+            ),
+        )
+    };
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| failed(&format!("removing stale {}", dir.display()), &e))?;
+    }
+    std::fs::create_dir(&dir).map_err(|e| failed(&format!("creating {}", dir.display()), &e))?;
+    let result = run(store, source, tp, end, opts, progress, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result.map_err(|f| match f {
+        Failure::Io(e) => failed(&format!("in scratch directory {}", dir.display()), &e),
+        Failure::Rocks(e) => failed("writing SST files", &e),
+        Failure::Stop(e) => e,
+    })
+}
+
+fn run(
+    store: &Store,
+    source: &mut dyn ChangelogSource,
+    tp: &str,
+    end: i64,
+    opts: &BulkOptions,
+    progress: &mut Progress<'_>,
+    dir: &Path,
+) -> Result<Applied, Failure> {
+    let budget = opts.memory_budget.max(64 << 10);
+    let merge_share = budget / 4;
+    let fan_in = (merge_share / (256 << 10)).clamp(2, 64);
+    let buffer = (merge_share / fan_in).clamp(4 << 10, 4 << 20);
+    let base_empty = store.is_data_empty();
+
+    let mut collector = Collector::new(budget * 3 / 5);
+    let mut runs: Vec<PathBuf> = Vec::new();
+    let mut seq = 0usize;
+    let mut applied = Applied::default();
+    let spill = |c: &mut Collector, seq: &mut usize| -> io::Result<PathBuf> {
+        *seq += 1;
+        let mut w = runs::RunWriter::create(&dir.join(format!("run-{:06}", *seq)), buffer.max(64 << 10))?;
+        c.drain_sorted(|k, v| w.add(k, v))?;
+        w.finish()
+    };
+    loop {
+        let mut spill_err = None;
+        let mut in_chunk = 0u64;
+        let mut last = None;
+        let more = source
+            .next_chunk(end, opts.chunk_bytes, &mut |r| {
+                if spill_err.is_some() {
+                    return;
+                }
+                last = Some(r.offset);
+                let Some(k) = r.key else {
+                    applied.null_keys += 1;
+                    return;
+                };
+                in_chunk += 1;
+                if collector.add(k, r.value) == Full::Spill {
+                    match spill(&mut collector, &mut seq) {
+                        Ok(p) => runs.push(p),
+                        Err(e) => {
+                            spill_err = Some(e);
+                            return;
+                        }
+                    }
+                    let again = collector.add(k, r.value);
+                    debug_assert_eq!(again, Full::No);
+                }
+            })
+            .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+        if let Some(e) = spill_err {
+            return Err(e.into());
+        }
+        if let Some(off) = last {
+            applied.records += in_chunk;
+            applied.last_offset = Some(off);
+            progress.batch(off, in_chunk)?;
+        }
+        if !more {
+            break;
+        }
+    }
+
+    let sst_opts = restore_options();
+    let mut out = SstOut::new(&sst_opts, dir, opts.sst_target_bytes, base_empty);
+    if runs.is_empty() {
+        collector.drain_sorted(|k, v| out.add(k, v))?;
+        drop(collector);
+    } else {
+        if !collector.is_empty() {
+            runs.push(spill(&mut collector, &mut seq)?);
+        }
+        drop(collector);
+        let runs = runs::reduce(runs, fan_in, buffer, dir, &mut seq)?;
+        runs::merge(&runs, buffer, |k, v| out.add(k, v))?;
+    }
+    let files = out.finish()?;
+    if !files.is_empty() {
+        let mut io = IngestExternalFileOptions::default();
+        io.set_move_files(true);
+        store.db().ingest_external_file_opts(&io, files).map_err(|e| {
+            RestoreError::new(
+                ErrorKind::Store,
+                format!(
+                    "ingesting SST files into store {} for {tp} failed: {e}; the ingestion is atomic, \
+                     the store keeps its previous state",
+                    store.path().display()
+                ),
+            )
+        })?;
+    }
+    if let Some(off) = applied.last_offset {
+        let mut b = WriteBatch::default();
+        store.put_offset(&mut b, tp, off);
+        store.write(b, false).map_err(|e| RestoreError::store(tp, e))?;
+    }
+    store.flush().map_err(|e| RestoreError::store(tp, e))?;
+    Ok(applied)
+}
+
+/// Writes the merged stream into SST files of about `target` bytes each.
+struct SstOut<'a> {
+    opts: &'a Options,
+    dir: &'a Path,
+    target: u64,
+    drop_tombstones: bool,
+    writer: Option<SstFileWriter<'a>>,
+    files: Vec<PathBuf>,
+}
+
+impl<'a> SstOut<'a> {
+    fn new(opts: &'a Options, dir: &'a Path, target: u64, drop_tombstones: bool) -> Self {
+        Self { opts, dir, target, drop_tombstones, writer: None, files: Vec::new() }
+    }
+
+    fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), Failure> {
+        if value.is_none() && self.drop_tombstones {
+            return Ok(());
+        }
+        if self.writer.is_none() {
+            let path = self.dir.join(format!("bulk-{:06}.sst", self.files.len()));
+            let w = SstFileWriter::create(self.opts);
+            w.open(&path)?;
+            self.files.push(path);
+            self.writer = Some(w);
+        }
+        let w = self.writer.as_mut().expect("opened above");
+        match value {
+            Some(v) => w.put(key, v)?,
+            None => w.delete(key)?,
+        }
+        if w.file_size() >= self.target {
+            self.writer.take().expect("open").finish()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Vec<PathBuf>, Failure> {
+        if let Some(mut w) = self.writer.take() {
+            w.finish()?;
+        }
+        Ok(self.files)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::replay::testing::*;
+    use crate::replay::{replay, restore_options};
+
+    fn restore_bulk(p: &Path, log: &[Entry], start: i64, end: i64, budget: usize) -> Applied {
+        let store = Store::open_with(p, restore_options()).unwrap();
+        let mut src = VecSource::new(log.to_vec(), start);
+        let mut opts = BulkOptions::new(budget);
+        opts.chunk_bytes = 300;
+        opts.sst_target_bytes = 4096;
+        let mut pr = Progress::new(None, Duration::ZERO);
+        let a = bulk(&store, &mut src, "t-0", end, &opts, &mut pr).unwrap();
+        assert!(!scratch_dir(p).exists());
+        a
+    }
+
+    #[test]
+    fn bulk_equals_replay_and_model_with_and_without_spilling() {
+        let log = random_log(20_000, 2_000, 3);
+        let (m, last) = model(&log, 20_000);
+        for budget in [64 << 20, 64 << 10] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("s");
+            let a = restore_bulk(&p, &log, 0, 20_000, budget);
+            let store = Store::open(&p, false).unwrap();
+            assert_eq!(dump(&store), m, "budget {budget}");
+            assert_eq!(store.offset("t-0").unwrap(), last);
+            assert_eq!(a.last_offset, last);
+
+            let p2 = dir.path().join("r");
+            let s2 = Store::open_with(&p2, restore_options()).unwrap();
+            let mut src = VecSource::new(log.clone(), 0);
+            let r = replay(&s2, &mut src, "t-0", 20_000, 1000, &mut Progress::new(None, Duration::ZERO)).unwrap();
+            assert_eq!(r, a);
+        }
+    }
+
+    #[test]
+    fn bulk_resume_over_existing_data_applies_tombstones() {
+        let log = random_log(8_000, 500, 11);
+        for budget in [64 << 20, 64 << 10] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("s");
+            restore_bulk(&p, &log, 0, 3_000, budget);
+            let off = Store::open(&p, false).unwrap().offset("t-0").unwrap().unwrap();
+            restore_bulk(&p, &log, off + 1, 8_000, budget);
+            let store = Store::open(&p, false).unwrap();
+            let (m, last) = model(&log, 8_000);
+            assert_eq!(dump(&store), m);
+            assert_eq!(store.offset("t-0").unwrap(), last);
+        }
+    }
+
+    #[test]
+    fn a_failing_source_leaves_the_store_untouched() {
+        let log = random_log(5_000, 300, 5);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        restore_bulk(&p, &log, 0, 2_000, 1 << 20);
+        let before = dump(&Store::open(&p, false).unwrap());
+        let off = Store::open(&p, false).unwrap().offset("t-0").unwrap().unwrap();
+        {
+            let store = Store::open_with(&p, restore_options()).unwrap();
+            let mut src = VecSource::new(log.clone(), off + 1);
+            src.fail_at = Some(4_500);
+            let opts = BulkOptions { memory_budget: 64 << 10, chunk_bytes: 300, sst_target_bytes: 4096 };
+            let e = bulk(&store, &mut src, "t-0", 5_000, &opts, &mut Progress::new(None, Duration::ZERO)).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::CorruptLog);
+        }
+        let store = Store::open(&p, false).unwrap();
+        assert_eq!(dump(&store), before);
+        assert_eq!(store.offset("t-0").unwrap(), Some(off));
+        assert!(!scratch_dir(&p).exists());
+    }
+}

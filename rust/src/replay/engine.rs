@@ -1,0 +1,368 @@
+//! The restore engine: for one (store, changelog partition) pair, decide where
+//! to start (the store's recorded offset + 1, else the log's start), where to
+//! end (the requested end, else the last stable offset), which mode to use
+//! (bulk for an empty store, replay otherwise, unless asked), and run it;
+//! [`restore_many`] does that for many pairs on a pool of threads.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{replay, restore_options, Applied, ErrorKind, Listener, Progress, RestoreError, DEFAULT_CHUNK_BYTES};
+use crate::bulk::{bulk, scratch_dir, BulkOptions};
+use crate::source::{ChangelogSource, SkipCounts, SourceError};
+use crate::store::Store;
+
+/// How to restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Bulk when the store holds no data, replay otherwise.
+    Auto,
+    Replay,
+    Bulk,
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Mode::Auto),
+            "replay" => Some(Mode::Replay),
+            "bulk" => Some(Mode::Bulk),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Auto => "auto",
+            Mode::Replay => "replay",
+            Mode::Bulk => "bulk",
+        }
+    }
+}
+
+/// Offsets of a changelog partition as its log reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// First offset still in the log.
+    pub start: i64,
+    /// Log end offset (next offset to be written).
+    pub end: i64,
+    /// Last stable offset: first offset of the oldest open transaction, else `end`.
+    pub last_stable: i64,
+}
+
+/// Where changelogs come from: the segment log, or a test double.
+pub trait ChangelogLog: Sync {
+    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, SourceError>;
+    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError>;
+}
+
+/// One restore to do.
+#[derive(Debug, Clone)]
+pub struct RestoreSpec {
+    pub store_path: PathBuf,
+    pub topic: String,
+    pub partition: i32,
+    /// Exclusive end; `None`: the last stable offset when the restore starts.
+    pub end_offset: Option<i64>,
+    pub mode: Mode,
+    pub memory_budget: usize,
+    /// Least time between two progress calls of the listener.
+    pub progress_interval: Duration,
+    /// Bytes of log per chunk (one `WriteBatch` in replay).
+    pub chunk_bytes: usize,
+}
+
+impl RestoreSpec {
+    pub fn new(store_path: PathBuf, topic: &str, partition: i32) -> Self {
+        Self {
+            store_path,
+            topic: topic.to_string(),
+            partition,
+            end_offset: None,
+            mode: Mode::Auto,
+            memory_budget: 256 << 20,
+            progress_interval: Duration::from_millis(100),
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+        }
+    }
+
+    /// Kafka's `"<topic>-<partition>"`.
+    pub fn tp(&self) -> String {
+        format!("{}-{}", self.topic, self.partition)
+    }
+}
+
+/// What one restore did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestoreOutcome {
+    /// The mode used (never `Auto`).
+    pub mode: Mode,
+    pub start_offset: i64,
+    pub end_offset: i64,
+    pub records_applied: u64,
+    pub skipped: SkipCounts,
+    pub skipped_null_key: u64,
+    pub bytes_read: u64,
+    pub seconds: f64,
+    /// The offset the store records after the restore.
+    pub offset: Option<i64>,
+}
+
+/// Restore one store from its changelog partition in `log`.
+pub fn restore(
+    log: &dyn ChangelogLog,
+    spec: &RestoreSpec,
+    listener: Option<&mut dyn Listener>,
+) -> Result<RestoreOutcome, RestoreError> {
+    let t0 = Instant::now();
+    let tp = spec.tp();
+    let path = &spec.store_path;
+    let store = Store::open_with(path, restore_options()).map_err(|e| RestoreError::store(&tp, e))?;
+    let scratch = scratch_dir(path);
+    if scratch.exists() {
+        std::fs::remove_dir_all(&scratch).map_err(|e| {
+            RestoreError::new(
+                ErrorKind::Restore,
+                format!(
+                    "restoring {}: cannot remove stale scratch directory {}: {e}",
+                    path.display(),
+                    scratch.display()
+                ),
+            )
+        })?;
+    }
+    let log_err = |e: SourceError| {
+        let kind = match e {
+            SourceError::Corrupt(_) => ErrorKind::CorruptLog,
+            SourceError::UnsupportedCompression(_) => ErrorKind::UnsupportedCompression,
+            SourceError::Other(_) => ErrorKind::Log,
+        };
+        RestoreError::new(kind, format!("restoring store {} from {tp}: {e}", path.display()))
+    };
+    let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
+    let recorded = store.offset(&tp).map_err(|e| RestoreError::store(&tp, e))?;
+    let bad = |msg: String| {
+        RestoreError::new(ErrorKind::Restore, format!("restoring store {} from {tp}: {msg}", path.display()))
+    };
+    let start = match recorded {
+        Some(o) if o + 1 < bounds.start => {
+            return Err(bad(format!(
+                "the store records offset {o} but the log starts at {}: records between were deleted; \
+                 wipe the store and restore it from the start",
+                bounds.start
+            )))
+        }
+        Some(o) if o + 1 > bounds.end => {
+            return Err(bad(format!(
+                "the store records offset {o} but the log ends at {}: the store is ahead of its changelog; \
+                 wipe the store and restore it from the start",
+                bounds.end
+            )))
+        }
+        Some(o) => o + 1,
+        None => bounds.start,
+    };
+    let end = match spec.end_offset {
+        Some(e) if e > bounds.last_stable => {
+            return Err(bad(format!(
+                "end offset {e} is beyond the last stable offset {} (log end {}); ask for at most {}",
+                bounds.last_stable, bounds.end, bounds.last_stable
+            )))
+        }
+        Some(e) => e,
+        None => bounds.last_stable,
+    };
+    let mode = match spec.mode {
+        Mode::Auto if store.is_data_empty() => Mode::Bulk,
+        Mode::Auto => Mode::Replay,
+        m => m,
+    };
+    let mut progress = Progress::new(listener, spec.progress_interval);
+    progress.set_context(format!("restoring store {} from {tp}", path.display()));
+    progress.start(start, end.max(start))?;
+    let mut outcome = RestoreOutcome {
+        mode,
+        start_offset: start,
+        end_offset: end.max(start),
+        records_applied: 0,
+        skipped: SkipCounts::default(),
+        skipped_null_key: 0,
+        bytes_read: 0,
+        seconds: 0.0,
+        offset: recorded,
+    };
+    if start < end {
+        let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
+        let applied: Applied = match mode {
+            Mode::Bulk => {
+                let opts = BulkOptions {
+                    memory_budget: spec.memory_budget,
+                    chunk_bytes: spec.chunk_bytes,
+                    sst_target_bytes: 128 << 20,
+                };
+                bulk(&store, source.as_mut(), &tp, end, &opts, &mut progress)?
+            }
+            _ => replay(&store, source.as_mut(), &tp, end, spec.chunk_bytes, &mut progress)?,
+        };
+        if source.position() < end {
+            return Err(bad(format!(
+                "the log ended at offset {} before the end offset {end}; the store keeps what was applied, \
+                 with its offset",
+                source.position()
+            )));
+        }
+        outcome.records_applied = applied.records;
+        outcome.skipped = source.skipped();
+        outcome.skipped_null_key = applied.null_keys;
+        outcome.bytes_read = source.bytes_read();
+        if applied.last_offset.is_some() {
+            outcome.offset = applied.last_offset;
+        }
+    }
+    progress.end(outcome.records_applied)?;
+    outcome.seconds = t0.elapsed().as_secs_f64();
+    Ok(outcome)
+}
+
+/// Run `f` on every job on `threads` worker threads (at least one, at most
+/// one per job); results come back in job order. A panic in one job becomes
+/// that job's `on_panic` result and leaves the others running.
+pub fn run_pool<T: Send, R: Send>(
+    jobs: Vec<T>,
+    threads: usize,
+    f: impl Fn(T) -> R + Sync,
+    on_panic: impl Fn(String) -> R + Sync,
+) -> Vec<R> {
+    let n = jobs.len();
+    let jobs: Vec<Mutex<Option<T>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let workers = threads.clamp(1, n.max(1));
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return;
+                }
+                let job = jobs[i].lock().unwrap_or_else(|p| p.into_inner()).take().expect("each job runs once");
+                let r = catch_unwind(AssertUnwindSafe(|| f(job))).unwrap_or_else(|p| {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    on_panic(msg)
+                });
+                *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            });
+        }
+    });
+    results.into_iter().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).expect("every job ran")).collect()
+}
+
+/// Restore many (store, partition) pairs on `threads` threads. Each pair's
+/// result is its own: a failure leaves the other restores running.
+pub fn restore_many(
+    log: &dyn ChangelogLog,
+    specs: Vec<(RestoreSpec, Option<Box<dyn Listener>>)>,
+    threads: usize,
+) -> Vec<Result<RestoreOutcome, RestoreError>> {
+    run_pool(
+        specs,
+        threads,
+        |(spec, mut listener)| restore(log, &spec, listener.as_mut().map(|b| &mut **b as &mut dyn Listener)),
+        |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::super::testing::*;
+    use super::*;
+
+    struct VecLog(HashMap<(String, i32), Vec<Entry>>);
+
+    impl ChangelogLog for VecLog {
+        fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, SourceError> {
+            let log = self
+                .0
+                .get(&(topic.to_string(), partition))
+                .ok_or_else(|| SourceError::Other(format!("no partition {topic}-{partition}")))?;
+            Ok(Bounds { start: 0, end: log.len() as i64, last_stable: log.len() as i64 })
+        }
+        fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError> {
+            let log = self.0.get(&(topic.to_string(), partition)).expect("checked by bounds");
+            Ok(Box::new(VecSource::new(log.clone(), start)))
+        }
+    }
+
+    #[test]
+    fn auto_picks_bulk_then_replay_and_resume_equals_one_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(6_000, 400, 21);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let mut spec = RestoreSpec::new(dir.path().join("s"), "t", 0);
+        spec.end_offset = Some(2_500);
+        spec.chunk_bytes = 500;
+        let a = restore(&vl, &spec, None).unwrap();
+        assert_eq!(a.mode, Mode::Bulk);
+        spec.end_offset = None;
+        let b = restore(&vl, &spec, None).unwrap();
+        assert_eq!(b.mode, Mode::Replay);
+        assert_eq!(b.start_offset, a.offset.unwrap() + 1);
+        assert_eq!(b.end_offset, 6_000);
+        let again = restore(&vl, &spec, None).unwrap();
+        assert_eq!(again.records_applied, 0);
+        let store = Store::open(&spec.store_path, false).unwrap();
+        let (m, last) = model(&log, 6_000);
+        assert_eq!(dump(&store), m);
+        assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    #[test]
+    fn many_on_two_threads_one_failure_is_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut logs = HashMap::new();
+        for p in 0..4 {
+            logs.insert(("t".to_string(), p), random_log(3_000, 200, p as u64 + 1));
+        }
+        let vl = VecLog(logs.clone());
+        let mut specs: Vec<(RestoreSpec, Option<Box<dyn Listener>>)> =
+            (0..4).map(|p| (RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p), None)).collect();
+        specs.push((RestoreSpec::new(dir.path().join("missing"), "t", 9), None));
+        let out = restore_many(&vl, specs, 2);
+        assert_eq!(out.len(), 5);
+        for p in 0..4 {
+            let o = out[p].as_ref().unwrap();
+            let store = Store::open(&dir.path().join(format!("s{p}")), false).unwrap();
+            assert_eq!(dump(&store), model(&logs[&("t".to_string(), p as i32)], 3_000).0);
+            assert_eq!(store.offset(&format!("t-{p}")).unwrap(), o.offset);
+        }
+        let e = out[4].as_ref().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Log);
+        assert!(e.message.contains("t-9"), "{e}");
+    }
+
+    #[test]
+    fn end_beyond_last_stable_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), random_log(100, 10, 1))]));
+        let mut spec = RestoreSpec::new(dir.path().join("s"), "t", 0);
+        spec.end_offset = Some(101);
+        let e = restore(&vl, &spec, None).unwrap_err();
+        assert!(e.message.contains("101") && e.message.contains("last stable"), "{e}");
+    }
+
+    #[test]
+    fn pool_reports_a_panic_in_its_own_slot() {
+        let r = run_pool(vec![1, 2, 3], 2, |x| if x == 2 { panic!("two") } else { x * 10 }, |_| -1);
+        assert_eq!(r, vec![10, -1, 30]);
+    }
+}

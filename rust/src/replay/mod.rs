@@ -1,0 +1,372 @@
+//! Replay: a changelog partition applied to a store one large `WriteBatch`
+//! per read chunk, with the write-ahead log off and the offset of the last
+//! applied record in the same batch, so whatever RocksDB has flushed (both
+//! column families together, `atomic_flush`) is a committed prefix of the log
+//! with its exact offset.
+//!
+//! This module also holds what the two restore modes share: the error type,
+//! the throttled progress listener and the record counts. [`engine`] picks the
+//! mode, the start and the end, and runs many restores on a thread pool.
+
+pub mod ceiling;
+pub mod engine;
+mod progress;
+
+pub use progress::{Listener, Progress};
+
+use std::fmt;
+
+use rocksdb::{DBCompressionType, Options, WriteBatch};
+
+use crate::source::{ChangelogSource, SourceError};
+use crate::store::{store_options, Store, StoreError};
+
+/// Bytes of log read per chunk: one chunk becomes one `WriteBatch`.
+pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+
+/// Which class of `statestore.errors` a [`RestoreError`] maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The restore itself could not go on (bad range, listener raised...).
+    Restore,
+    /// RocksDB refused to open, read or write the store.
+    Store,
+    /// The changelog holds bytes that are not a valid record batch.
+    CorruptLog,
+    /// A batch uses a compression codec this build cannot decode.
+    UnsupportedCompression,
+    /// Any other problem with the changelog (missing partition, I/O).
+    Log,
+    /// The progress listener raised; the restore stopped cleanly.
+    Listener,
+}
+
+impl ErrorKind {
+    /// Name of the exception class in `statestore.errors`.
+    pub fn class_name(self) -> &'static str {
+        match self {
+            ErrorKind::Restore | ErrorKind::Listener => "RestoreError",
+            ErrorKind::Store => "StoreError",
+            ErrorKind::CorruptLog => "CorruptLogError",
+            ErrorKind::UnsupportedCompression => "UnsupportedCompressionError",
+            ErrorKind::Log => "LogError",
+        }
+    }
+}
+
+/// Why a restore stopped. The message names the store, the topic partition
+/// and the offset, and says what the store holds now.
+#[derive(Debug, Clone)]
+pub struct RestoreError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl RestoreError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+
+    /// A store error, re-worded to name the topic partition too.
+    pub fn store(tp: &str, e: StoreError) -> Self {
+        Self::new(ErrorKind::Store, format!("restoring {tp}: {e}"))
+    }
+
+    /// A source error at `position`, naming the store and the partition.
+    pub fn source(store: &Store, tp: &str, position: i64, e: SourceError) -> Self {
+        let kind = match e {
+            SourceError::Corrupt(_) => ErrorKind::CorruptLog,
+            SourceError::UnsupportedCompression(_) => ErrorKind::UnsupportedCompression,
+            SourceError::Other(_) => ErrorKind::Log,
+        };
+        Self::new(
+            kind,
+            format!(
+                "restoring store {} from {tp} stopped at offset {position}: {e}; \
+                 the store keeps its last committed state, restore again once the log is repaired",
+                store.path().display()
+            ),
+        )
+    }
+}
+
+impl fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RestoreError {}
+
+/// What one replay or bulk pass applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Committed data records with a key (puts and tombstones).
+    pub records: u64,
+    /// Committed data records without a key: skipped.
+    pub null_keys: u64,
+    /// Offset of the last committed data record consumed (the one recorded
+    /// in the store), if any.
+    pub last_offset: Option<i64>,
+}
+
+/// Options a store is opened with for restoring: big memtables so flushes are
+/// few and large, no compression (as Kafka Streams), two background jobs.
+/// `atomic_flush` and the column families are enforced by [`Store::open_with`].
+pub fn restore_options() -> Options {
+    let mut o = store_options(true);
+    o.set_write_buffer_size(64 << 20);
+    o.set_max_write_buffer_number(4);
+    o.set_max_background_jobs(2);
+    o.set_compression_type(DBCompressionType::None);
+    o.set_level_zero_slowdown_writes_trigger(40);
+    o.set_level_zero_stop_writes_trigger(64);
+    o
+}
+
+/// Replay `source` into `store` up to `end` (exclusive): one `WriteBatch` per
+/// chunk of about `chunk_bytes` of log, written without WAL, holding the data
+/// and the offset of the last record it applies. Flushes both column families
+/// at the end, and also when stopping on an error, so the store on disk is
+/// always a committed prefix with its offset.
+pub fn replay(
+    store: &Store,
+    source: &mut dyn ChangelogSource,
+    tp: &str,
+    end: i64,
+    chunk_bytes: usize,
+    progress: &mut Progress<'_>,
+) -> Result<Applied, RestoreError> {
+    let mut applied = Applied::default();
+    let result = replay_chunks(store, source, tp, end, chunk_bytes, progress, &mut applied);
+    let flushed = store.flush().map_err(|e| RestoreError::store(tp, e));
+    result?;
+    flushed?;
+    Ok(applied)
+}
+
+fn replay_chunks(
+    store: &Store,
+    source: &mut dyn ChangelogSource,
+    tp: &str,
+    end: i64,
+    chunk_bytes: usize,
+    progress: &mut Progress<'_>,
+    applied: &mut Applied,
+) -> Result<(), RestoreError> {
+    loop {
+        let mut batch = WriteBatch::default();
+        let mut in_chunk = 0u64;
+        let mut last = None;
+        let mut null_keys = 0u64;
+        let more = source
+            .next_chunk(end, chunk_bytes, &mut |r| {
+                last = Some(r.offset);
+                match (r.key, r.value) {
+                    (None, _) => null_keys += 1,
+                    (Some(k), Some(v)) => {
+                        batch.put(k, v);
+                        in_chunk += 1;
+                    }
+                    (Some(k), None) => {
+                        batch.delete(k);
+                        in_chunk += 1;
+                    }
+                }
+            })
+            .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+        if let Some(off) = last {
+            store.put_offset(&mut batch, tp, off);
+            store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
+            applied.records += in_chunk;
+            applied.null_keys += null_keys;
+            applied.last_offset = Some(off);
+            progress.batch(off, in_chunk)?;
+        }
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A vector-backed [`ChangelogSource`] and a model of the committed log,
+    //! for the restore engine's own tests.
+
+    use std::collections::BTreeMap;
+
+    use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+
+    /// One log entry as the source sees it.
+    #[derive(Debug, Clone)]
+    pub enum Entry {
+        Data { key: Option<Vec<u8>>, value: Option<Vec<u8>> },
+        Aborted,
+        Control,
+    }
+
+    pub struct VecSource {
+        pub log: Vec<Entry>,
+        pub pos: i64,
+        pub skipped: SkipCounts,
+        pub bytes: u64,
+        /// Fail with a corrupt-log error when reaching this offset.
+        pub fail_at: Option<i64>,
+    }
+
+    impl VecSource {
+        pub fn new(log: Vec<Entry>, start: i64) -> Self {
+            Self { log, pos: start, skipped: SkipCounts::default(), bytes: 0, fail_at: None }
+        }
+    }
+
+    impl ChangelogSource for VecSource {
+        fn position(&self) -> i64 {
+            self.pos
+        }
+        fn next_chunk(
+            &mut self,
+            end: i64,
+            max_bytes: usize,
+            sink: &mut dyn FnMut(ChangeRecord<'_>),
+        ) -> Result<bool, SourceError> {
+            let end = end.min(self.log.len() as i64);
+            let mut used = 0usize;
+            while self.pos < end && used < max_bytes.max(1) {
+                if self.fail_at == Some(self.pos) {
+                    return Err(SourceError::Corrupt(format!("bad batch at offset {}", self.pos)));
+                }
+                match &self.log[self.pos as usize] {
+                    Entry::Data { key, value } => {
+                        used += 16 + key.as_ref().map_or(0, Vec::len) + value.as_ref().map_or(0, Vec::len);
+                        sink(ChangeRecord { offset: self.pos, key: key.as_deref(), value: value.as_deref() });
+                    }
+                    Entry::Aborted => {
+                        used += 16;
+                        self.skipped.aborted += 1;
+                    }
+                    Entry::Control => {
+                        used += 16;
+                        self.skipped.control += 1;
+                    }
+                }
+                self.pos += 1;
+            }
+            self.bytes += used as u64;
+            Ok(self.pos < end)
+        }
+        fn skipped(&self) -> SkipCounts {
+            self.skipped
+        }
+        fn bytes_read(&self) -> u64 {
+            self.bytes
+        }
+    }
+
+    /// The store a committed log prefix `[0, end)` must produce, and its offset.
+    pub fn model(log: &[Entry], end: i64) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
+        let mut m = BTreeMap::new();
+        let mut last = None;
+        for (off, e) in log.iter().enumerate().take(end as usize) {
+            if let Entry::Data { key, value } = e {
+                last = Some(off as i64);
+                match (key, value) {
+                    (Some(k), Some(v)) => {
+                        m.insert(k.clone(), v.clone());
+                    }
+                    (Some(k), None) => {
+                        m.remove(k);
+                    }
+                    (None, _) => {}
+                }
+            }
+        }
+        (m, last)
+    }
+
+    /// A deterministic pseudo-random log with overwrites, tombstones, null
+    /// keys, aborted records and markers.
+    pub fn random_log(n: usize, keys: u64, seed: u64) -> Vec<Entry> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..n)
+            .map(|_| {
+                let r = next();
+                match r % 100 {
+                    0..=4 => Entry::Aborted,
+                    5..=7 => Entry::Control,
+                    8 => Entry::Data { key: None, value: Some(b"nk".to_vec()) },
+                    9..=20 => Entry::Data { key: Some(format!("k{:05}", next() % keys).into_bytes()), value: None },
+                    _ => {
+                        let len = (next() % 40) as usize;
+                        Entry::Data {
+                            key: Some(format!("k{:05}", next() % keys).into_bytes()),
+                            value: Some(vec![(r >> 8) as u8; len]),
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Everything in a store's data column family.
+    pub fn dump(store: &crate::store::Store) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        store
+            .db()
+            .iterator(rocksdb::IteratorMode::Start)
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn replay_equals_model_and_records_offset_in_small_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(3000, 300, 7);
+        let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+        let mut src = VecSource::new(log.clone(), 0);
+        let mut p = Progress::new(None, Duration::ZERO);
+        let a = replay(&store, &mut src, "t-0", 3000, 200, &mut p).unwrap();
+        let (m, last) = model(&log, 3000);
+        assert_eq!(dump(&store), m);
+        assert_eq!(store.offset("t-0").unwrap(), last);
+        assert_eq!(a.last_offset, last);
+        assert!(a.null_keys > 0 && src.skipped.aborted > 0);
+    }
+
+    #[test]
+    fn a_source_error_keeps_the_applied_prefix_with_its_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(2000, 100, 9);
+        let p = dir.path().join("s");
+        {
+            let store = Store::open_with(&p, restore_options()).unwrap();
+            let mut src = VecSource::new(log.clone(), 0);
+            src.fail_at = Some(1500);
+            let mut pr = Progress::new(None, Duration::ZERO);
+            let e = replay(&store, &mut src, "t-0", 2000, 100, &mut pr).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::CorruptLog);
+            assert!(e.message.contains("t-0") && e.message.contains(&p.display().to_string()), "{e}");
+        }
+        let store = Store::open(&p, false).unwrap();
+        let off = store.offset("t-0").unwrap().unwrap();
+        assert!(off < 1500);
+        assert_eq!(dump(&store), model(&log, off + 1).0);
+    }
+}
