@@ -7,7 +7,9 @@
 //! `statestore._native`; there is no logic here.
 
 pub mod bulk;
+pub mod codec;
 pub mod fileio;
+pub mod log;
 pub mod replay;
 pub mod source;
 pub mod store;

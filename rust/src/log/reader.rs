@@ -1,0 +1,431 @@
+//! Readers of a partition: the read_committed cursor the restore engine
+//! consumes ([`CommittedReader`], a [`ChangelogSource`]), the general reader
+//! behind `SegmentLog.read` ([`LogReader`]), and the offsets of a partition.
+//!
+//! Transaction outcomes come from the log itself, as Kafka's consumer gets
+//! them: a transactional data batch belongs to the transaction that the next
+//! control batch of the same producer id ends. A [`TxnResolver`] looks ahead
+//! over batch headers (a second cursor that reads only headers and markers)
+//! to find that marker; a batch with no marker yet is an open transaction,
+//! which is where the last stable offset is, so read_committed stops there.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::segment::{list_segments, BatchCursor, Segment, DEFAULT_CHUNK};
+use super::LogError;
+use crate::codec::{self, BatchHeader, ControlType, RecordRef, HEADER_LEN};
+use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+
+/// What became of a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Committed,
+    Aborted,
+    /// No marker yet: the transaction is still open.
+    Open,
+}
+
+/// A header-only walk over the log, for finding markers ahead of a reader.
+/// Reads 61-byte headers with positioned reads and the whole batch only for
+/// control batches.
+struct HeaderScan {
+    dir: PathBuf,
+    segments: Vec<Segment>,
+    seg: usize,
+    file: Option<File>,
+    pos: u64,
+    head: [u8; HEADER_LEN],
+}
+
+impl HeaderScan {
+    fn new(dir: &Path, segments: Vec<Segment>, seg: usize, pos: u64) -> Result<Self, LogError> {
+        let mut s = HeaderScan { dir: dir.to_path_buf(), segments, seg, file: None, pos, head: [0; HEADER_LEN] };
+        if !s.segments.is_empty() {
+            s.open()?;
+        }
+        Ok(s)
+    }
+
+    fn open(&mut self) -> Result<(), LogError> {
+        let p = &self.segments[self.seg].path;
+        self.file = Some(File::open(p).map_err(|e| LogError::io("open", p, e))?);
+        Ok(())
+    }
+
+    /// The next batch header (and the marker type of a control batch), or
+    /// `None` at the end of the complete batches.
+    fn next(&mut self) -> Result<Option<(BatchHeader, Option<ControlType>)>, LogError> {
+        loop {
+            if self.file.is_none() {
+                let fresh = list_segments(&self.dir)?;
+                if fresh.is_empty() {
+                    return Ok(None);
+                }
+                self.segments = fresh;
+                self.seg = 0;
+                self.pos = 0;
+                self.open()?;
+            }
+            let f = self.file.as_ref().unwrap();
+            let path = &self.segments[self.seg].path.clone();
+            let len = f.metadata().map_err(|e| LogError::io("stat", path, e))?.len();
+            if self.pos + HEADER_LEN as u64 <= len {
+                f.read_exact_at(&mut self.head, self.pos).map_err(|e| LogError::io("read", path, e))?;
+                let base = codec::peek_offset_and_length(&self.head).unwrap().0;
+                let h = BatchHeader::parse(&self.head).map_err(|e| LogError::corrupt(path, self.pos, base, e))?;
+                let total = h.total_len() as u64;
+                if self.pos + total <= len {
+                    let ct = if h.is_control() {
+                        let mut batch = vec![0u8; total as usize];
+                        f.read_exact_at(&mut batch, self.pos).map_err(|e| LogError::io("read", path, e))?;
+                        codec::verify_crc(&h, &batch).map_err(|e| LogError::corrupt(path, self.pos, base, e))?;
+                        Some(codec::control_type(&h, &batch).map_err(|e| LogError::corrupt(path, self.pos, base, e))?)
+                    } else {
+                        None
+                    };
+                    self.pos += total;
+                    return Ok(Some((h, ct)));
+                }
+            }
+            // End of this file's complete batches: go on only if a later segment exists.
+            if self.seg + 1 >= self.segments.len() {
+                let fresh = list_segments(&self.dir)?;
+                let cur = self.segments[self.seg].base;
+                if !fresh.iter().any(|s| s.base > cur) {
+                    return Ok(None);
+                }
+                self.segments = fresh;
+                self.seg = self.segments.iter().position(|s| s.base == cur).unwrap_or(self.seg);
+                // The writer finished this segment before rolling: re-check its length.
+                let f = self.file.as_ref().unwrap();
+                let len2 = f.metadata().map_err(|e| LogError::io("stat", path, e))?.len();
+                if len2 > len {
+                    continue;
+                }
+            }
+            self.seg += 1;
+            self.pos = 0;
+            self.open()?;
+        }
+    }
+}
+
+/// Finds the outcome of transactional batches by looking ahead for the next
+/// marker of their producer. Markers seen ahead are queued per producer id,
+/// so the log is scanned ahead at most once.
+pub struct TxnResolver {
+    scan: Option<HeaderScan>,
+    dir: PathBuf,
+    start: (usize, u64),
+    /// Offset below which every marker has been queued.
+    scanned_to: i64,
+    markers: HashMap<i64, VecDeque<(i64, bool)>>,
+}
+
+impl TxnResolver {
+    /// A resolver whose look-ahead starts at `position` of segment `seg`.
+    pub fn new(dir: &Path, seg: usize, position: u64) -> Self {
+        TxnResolver { scan: None, dir: dir.to_path_buf(), start: (seg, position), scanned_to: 0, markers: HashMap::new() }
+    }
+
+    /// The outcome of the transaction of `producer_id` that holds a batch at `offset`.
+    pub fn resolve(&mut self, producer_id: i64, offset: i64) -> Result<Outcome, LogError> {
+        if self.scan.is_none() {
+            let segs = list_segments(&self.dir)?;
+            let (seg, pos) = if segs.is_empty() { (0, 0) } else { self.start };
+            self.scan = Some(HeaderScan::new(&self.dir, segs, seg, pos)?);
+        }
+        loop {
+            if let Some(q) = self.markers.get_mut(&producer_id) {
+                while q.front().is_some_and(|&(o, _)| o < offset) {
+                    q.pop_front();
+                }
+                if let Some(&(_, commit)) = q.front() {
+                    return Ok(if commit { Outcome::Committed } else { Outcome::Aborted });
+                }
+            }
+            let scan = self.scan.as_mut().unwrap();
+            match scan.next()? {
+                None => return Ok(Outcome::Open),
+                Some((h, ct)) => {
+                    self.scanned_to = h.next_offset();
+                    if let Some(ct) = ct {
+                        if matches!(ct, ControlType::Commit | ControlType::Abort) {
+                            self.markers
+                                .entry(h.producer_id)
+                                .or_default()
+                                .push_back((h.base_offset, ct == ControlType::Commit));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drop queued markers below `offset` for producers no longer seen (memory bound).
+    pub fn forget_before(&mut self, offset: i64) {
+        self.markers.retain(|_, q| {
+            while q.front().is_some_and(|&(o, _)| o < offset) {
+                q.pop_front();
+            }
+            !q.is_empty()
+        });
+    }
+}
+
+/// Isolation level of a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Only committed data, nothing at or beyond the last stable offset.
+    ReadCommitted,
+    /// Every data record written, including open and aborted transactions.
+    ReadUncommitted,
+}
+
+/// What a batch is to a reader.
+enum Disposition {
+    Yield,
+    SkipControl,
+    SkipAborted,
+    /// An open transaction: the reader stops here (the LSO).
+    Stop,
+}
+
+/// Reads one partition batch by batch: the shared core of the committed
+/// source and the Python reader.
+pub struct PartitionReader {
+    cursor: BatchCursor,
+    resolver: Option<TxnResolver>,
+    position: i64,
+    skipped: SkipCounts,
+    scratch: Vec<u8>,
+    isolation: Isolation,
+    batches_since_gc: u32,
+}
+
+impl PartitionReader {
+    /// A reader of the partition in `dir` from `start_offset` (clamped to the
+    /// start of the log).
+    pub fn open(dir: &Path, start_offset: i64, isolation: Isolation, chunk: usize) -> Result<Self, LogError> {
+        let mut cursor = BatchCursor::open(dir, start_offset, chunk, true)?;
+        let first = cursor.segments().first().map_or(0, |s| s.base);
+        let position = start_offset.max(first);
+        let (seg, pos) = match cursor.peek()? {
+            Some(p) => (p.segment, p.position),
+            None => (cursor.segments().len().saturating_sub(1), 0),
+        };
+        let resolver = match isolation {
+            Isolation::ReadCommitted => Some(TxnResolver::new(dir, seg, pos)),
+            Isolation::ReadUncommitted => None,
+        };
+        Ok(PartitionReader { cursor, resolver, position, skipped: SkipCounts::default(), scratch: Vec::new(), isolation, batches_since_gc: 0 })
+    }
+
+    /// Next offset to read.
+    pub fn position(&self) -> i64 {
+        self.position
+    }
+    /// What was stepped over so far.
+    pub fn skipped(&self) -> SkipCounts {
+        self.skipped
+    }
+    /// Bytes of log read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.cursor.bytes_read()
+    }
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    fn disposition(&mut self, h: &BatchHeader) -> Result<Disposition, LogError> {
+        if h.is_control() {
+            return Ok(Disposition::SkipControl);
+        }
+        if !h.is_transactional() {
+            return Ok(Disposition::Yield);
+        }
+        let Some(r) = self.resolver.as_mut() else { return Ok(Disposition::Yield) };
+        Ok(match r.resolve(h.producer_id, h.base_offset)? {
+            Outcome::Committed => Disposition::Yield,
+            Outcome::Aborted => Disposition::SkipAborted,
+            Outcome::Open => Disposition::Stop,
+        })
+    }
+
+    /// Feed the records with offsets in `[position, end)` that the isolation
+    /// level lets through to `sink`, batch by batch, until about `max_bytes`
+    /// of log were consumed. When `sink` returns false the reader stops after
+    /// the current batch. Returns true if it stopped early (bytes or sink), so
+    /// more may follow; false at `end`, at the end of the log, or at an open
+    /// transaction (the last stable offset).
+    pub fn read<F>(&mut self, end: i64, max_bytes: usize, mut sink: F) -> Result<bool, LogError>
+    where
+        F: FnMut(&RecordRef<'_>) -> bool,
+    {
+        let mut consumed = 0usize;
+        while self.position < end {
+            if consumed >= max_bytes.max(1) {
+                return Ok(true);
+            }
+            let Some(p) = self.cursor.peek()? else { return Ok(false) };
+            let h = p.header;
+            if h.last_offset() < self.position {
+                self.cursor.advance();
+                continue;
+            }
+            if h.base_offset >= end {
+                return Ok(false);
+            }
+            let disp = self.disposition(&h)?;
+            let upto = h.next_offset().min(end);
+            match disp {
+                Disposition::Stop => return Ok(false),
+                Disposition::SkipControl => {
+                    self.skipped.control += (upto - self.position.max(h.base_offset)).max(0) as u64;
+                    self.position = upto;
+                }
+                Disposition::SkipAborted => {
+                    // Count the records stepped over, not offsets.
+                    self.skipped.aborted += if self.position <= h.base_offset && upto == h.next_offset() {
+                        h.records_count as u64
+                    } else {
+                        (upto - self.position.max(h.base_offset)).max(0) as u64
+                    };
+                    self.position = upto;
+                }
+                Disposition::Yield => {
+                    let batch = self.cursor.batch_bytes();
+                    let path = self.cursor.segment_path();
+                    let records = codec::batch_records(&h, batch, &mut self.scratch).map_err(|e| match e {
+                        codec::CodecError::UnsupportedCompression(c) => LogError::UnsupportedCompression(format!(
+                            "{}: batch at byte {} (base offset {}) uses compression {c}, which this build cannot decode",
+                            path.display(),
+                            p.position,
+                            h.base_offset
+                        )),
+                        e => LogError::corrupt(path, p.position, h.base_offset, e),
+                    })?;
+                    let pos = self.position;
+                    let mut stopped_at = None;
+                    for r in records {
+                        let r = r.map_err(|e| LogError::corrupt(path, p.position, h.base_offset, e))?;
+                        if r.offset < pos {
+                            continue;
+                        }
+                        if r.offset >= end {
+                            break;
+                        }
+                        if !sink(&r) {
+                            stopped_at = Some(r.offset + 1);
+                            break;
+                        }
+                    }
+                    if let Some(next) = stopped_at {
+                        if next < upto {
+                            // Mid-batch: the next read re-reads this batch from `next`.
+                            self.position = next;
+                            return Ok(true);
+                        }
+                        self.position = upto;
+                        if upto == h.next_offset() {
+                            self.cursor.advance();
+                        }
+                        return Ok(true);
+                    }
+                    self.position = upto;
+                }
+            }
+            consumed += h.total_len();
+            if upto == h.next_offset() {
+                self.cursor.advance();
+            }
+            self.batches_since_gc += 1;
+            if self.batches_since_gc >= 4096 {
+                self.batches_since_gc = 0;
+                if let Some(r) = self.resolver.as_mut() {
+                    r.forget_before(self.position);
+                }
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// The read_committed [`ChangelogSource`] over segment files.
+pub struct CommittedReader {
+    inner: PartitionReader,
+}
+
+impl CommittedReader {
+    /// Open at `start_offset`.
+    pub fn open(dir: &Path, start_offset: i64) -> Result<Self, LogError> {
+        Ok(CommittedReader { inner: PartitionReader::open(dir, start_offset, Isolation::ReadCommitted, 4 * DEFAULT_CHUNK)? })
+    }
+}
+
+impl ChangelogSource for CommittedReader {
+    fn position(&self) -> i64 {
+        self.inner.position()
+    }
+
+    fn next_chunk(
+        &mut self,
+        end: i64,
+        max_bytes: usize,
+        sink: &mut dyn FnMut(ChangeRecord<'_>),
+    ) -> Result<bool, SourceError> {
+        let more = self.inner.read(end, max_bytes, |r| {
+            sink(ChangeRecord { offset: r.offset, key: r.key, value: r.value });
+            true
+        })?;
+        Ok(more && self.inner.position() < end)
+    }
+
+    fn skipped(&self) -> SkipCounts {
+        self.inner.skipped()
+    }
+
+    fn bytes_read(&self) -> u64 {
+        self.inner.bytes_read()
+    }
+}
+
+/// Offsets of a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    /// First offset in the log (base of the first segment).
+    pub start: i64,
+    /// Log end offset: the next offset to be written.
+    pub end: i64,
+    /// First offset of the oldest open transaction, else `end`.
+    pub last_stable: i64,
+}
+
+/// Compute the offsets of the partition in `dir` by walking batch headers.
+pub fn offsets_of(dir: &Path) -> Result<PartitionOffsets, LogError> {
+    let segments = list_segments(dir)?;
+    let Some(first) = segments.first() else { return Ok(PartitionOffsets { start: 0, end: 0, last_stable: 0 }) };
+    let start = first.base;
+    let mut end = start;
+    let mut open: HashMap<i64, i64> = HashMap::new();
+    let mut scan = HeaderScan::new(dir, segments, 0, 0)?;
+    while let Some((h, ct)) = scan.next()? {
+        end = h.next_offset().max(end);
+        if h.is_control() {
+            if matches!(ct, Some(ControlType::Commit | ControlType::Abort)) {
+                open.remove(&h.producer_id);
+            }
+        } else if h.is_transactional() {
+            open.entry(h.producer_id).or_insert(h.base_offset);
+        }
+    }
+    // An empty last segment names where the log continues.
+    if let Some(last) = scan.segments.last() {
+        end = end.max(last.base);
+    }
+    let last_stable = open.values().copied().min().unwrap_or(end);
+    Ok(PartitionOffsets { start, end, last_stable })
+}

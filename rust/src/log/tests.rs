@@ -1,0 +1,228 @@
+use std::fs;
+use std::sync::Arc;
+
+use super::txn::Log;
+use super::writer::WriterConfig;
+use super::*;
+use crate::source::ChangelogSource;
+
+fn cfg(segment_bytes: u64) -> WriterConfig {
+    WriterConfig { segment_bytes, sync: false, ..Default::default() }
+}
+
+fn drain(src: &mut dyn ChangelogSource, end: i64) -> Vec<(i64, Option<Vec<u8>>, Option<Vec<u8>>)> {
+    let mut out = Vec::new();
+    loop {
+        let more = src
+            .next_chunk(end, 1000, &mut |r| out.push((r.offset, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec))))
+            .unwrap();
+        if !more {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn plain_records_round_trip_across_segments() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(2000)).unwrap());
+    let mut p = log.producer(None).unwrap();
+    for i in 0..500i64 {
+        let off = p.send("t", 0, Some(format!("k{i}").as_bytes()), Some(&[i as u8; 40]), &[], None).unwrap();
+        assert_eq!(off, i);
+        if i % 7 == 0 {
+            p.flush().unwrap();
+        }
+    }
+    p.flush().unwrap();
+    let segs = segment::list_segments(&d.path().join("t-0")).unwrap();
+    assert!(segs.len() > 5, "rolled: {}", segs.len());
+    let o = partition_offsets(d.path(), "t", 0).unwrap();
+    assert_eq!(o, PartitionOffsets { start: 0, end: 500, last_stable: 500 });
+    for start in [0, 1, 77, 250, 499, 500] {
+        let mut src = open_committed_source(d.path(), "t", 0, start).unwrap();
+        let got = drain(src.as_mut(), o.end);
+        assert_eq!(got.len() as i64, 500 - start, "start {start}");
+        assert!(got.iter().enumerate().all(|(i, r)| r.0 == start + i as i64));
+        assert_eq!(src.position(), 500);
+    }
+    // Bounded end: stops mid-batch, position == end, then continues.
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    assert_eq!(drain(src.as_mut(), 123).len(), 123);
+    assert_eq!(src.position(), 123);
+    assert_eq!(drain(src.as_mut(), 500).first().unwrap().0, 123);
+}
+
+#[test]
+fn transactions_commit_abort_and_lso() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    let mut a = log.producer(Some("a")).unwrap();
+    let mut b = log.producer(Some("b")).unwrap();
+    a.begin().unwrap();
+    b.begin().unwrap();
+    a.send("t", 0, Some(b"a1"), Some(b"1"), &[], None).unwrap(); // 0
+    b.send("t", 0, Some(b"b1"), Some(b"1"), &[], None).unwrap(); // 1
+    a.send("t", 0, Some(b"a2"), None, &[], None).unwrap(); // 2
+    b.abort().unwrap(); // marker 3
+    a.commit().unwrap(); // marker 4
+    b.begin().unwrap();
+    b.send("t", 0, Some(b"b2"), Some(b"2"), &[], None).unwrap(); // 5
+    b.flush().unwrap();
+    let o = partition_offsets(d.path(), "t", 0).unwrap();
+    assert_eq!(o, PartitionOffsets { start: 0, end: 6, last_stable: 5 });
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    let got = drain(src.as_mut(), o.last_stable);
+    let offs: Vec<i64> = got.iter().map(|r| r.0).collect();
+    assert_eq!(offs, vec![0, 2]);
+    assert_eq!(got[1].2, None, "tombstone");
+    assert_eq!(src.position(), 5);
+    assert_eq!(src.skipped().aborted, 1);
+    assert_eq!(src.skipped().control, 2);
+    // Even asked past the LSO, the reader stops at the open transaction.
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    assert_eq!(drain(src.as_mut(), 100).len(), 2);
+    assert_eq!(src.position(), 5);
+    b.commit().unwrap();
+    let o = partition_offsets(d.path(), "t", 0).unwrap();
+    assert_eq!((o.end, o.last_stable), (7, 7));
+    let got = drain(src.as_mut(), 7);
+    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![5]);
+}
+
+#[test]
+fn fencing_aborts_the_old_transaction() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    let mut old = log.producer(Some("x")).unwrap();
+    old.begin().unwrap();
+    old.send("t", 0, Some(b"k"), Some(b"zombie"), &[], None).unwrap();
+    old.send("u", 1, Some(b"k"), Some(b"zombie"), &[], None).unwrap();
+    let mut new = log.producer(Some("x")).unwrap();
+    assert_eq!(new.identity().0, old.identity().0);
+    assert_eq!(new.identity().1, old.identity().1 + 1);
+    assert!(matches!(old.send("t", 0, None, Some(b"v"), &[], None), Err(LogError::Fenced(_))));
+    assert!(matches!(old.commit(), Err(LogError::Fenced(_))));
+    for (t, p) in [("t", 0), ("u", 1)] {
+        let o = partition_offsets(d.path(), t, p).unwrap();
+        assert_eq!((o.end, o.last_stable), (2, 2), "{t}");
+        let mut src = open_committed_source(d.path(), t, p, 0).unwrap();
+        assert!(drain(src.as_mut(), 2).is_empty());
+        assert_eq!(src.position(), 2);
+    }
+    new.begin().unwrap();
+    new.send("t", 0, Some(b"k"), Some(b"ok"), &[], None).unwrap();
+    new.commit().unwrap();
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    assert_eq!(drain(src.as_mut(), 4).len(), 1);
+}
+
+#[test]
+fn expired_transaction_is_aborted() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    let mut p = log.producer(Some("slow")).unwrap();
+    p.begin().unwrap();
+    p.send("t", 0, None, Some(b"v"), &[], None).unwrap();
+    p.flush().unwrap();
+    assert_eq!(log.abort_expired_transactions(60_000).unwrap(), Vec::<String>::new());
+    assert_eq!(partition_offsets(d.path(), "t", 0).unwrap().last_stable, 0);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(log.abort_expired_transactions(1).unwrap(), vec!["slow".to_string()]);
+    let o = partition_offsets(d.path(), "t", 0).unwrap();
+    assert_eq!((o.end, o.last_stable), (2, 2));
+    assert!(matches!(p.commit(), Err(LogError::Fenced(_))));
+}
+
+#[test]
+fn torn_tail_is_truncated_and_corruption_is_reported() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+        let mut p = log.producer(None).unwrap();
+        for i in 0..3 {
+            p.send("t", 0, None, Some(&[i; 100]), &[], None).unwrap();
+            p.flush().unwrap();
+        }
+        log.close().unwrap();
+    }
+    let seg = d.path().join("t-0").join(segment::log_file_name(0));
+    let full = fs::read(&seg).unwrap();
+    let one = full.len() / 3;
+    // Torn tail: half of a fourth batch.
+    let mut torn = full.clone();
+    torn.extend_from_slice(&full[..one / 2]);
+    fs::write(&seg, &torn).unwrap();
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    assert_eq!(drain(src.as_mut(), 100).len(), 3, "reader stops at the torn tail");
+    {
+        let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+        let mut p = log.producer(None).unwrap();
+        assert_eq!(p.send("t", 0, None, Some(b"after"), &[], None).unwrap(), 3);
+        log.close().unwrap();
+    }
+    let now = fs::read(&seg).unwrap();
+    assert_eq!(&now[..full.len()], &full[..], "tail cut, new batch appended");
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    let got = drain(src.as_mut(), 100);
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[3].2.as_deref(), Some(&b"after"[..]));
+    // A flipped byte in the middle batch.
+    let mut bad = fs::read(&seg).unwrap();
+    bad[one + 70] ^= 0x10;
+    fs::write(&seg, &bad).unwrap();
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    let err = src.next_chunk(100, 1 << 20, &mut |_| {}).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, SourceError::Corrupt(_)), "{msg}");
+    assert!(msg.contains(&seg.display().to_string()) && msg.contains(&format!("at byte {one}")) && msg.contains("offset 1"), "{msg}");
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))));
+}
+
+#[test]
+fn empty_and_missing_partitions() {
+    let d = tempfile::tempdir().unwrap();
+    assert_eq!(partition_offsets(d.path(), "t", 0).unwrap(), PartitionOffsets { start: 0, end: 0, last_stable: 0 });
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    assert!(drain(src.as_mut(), 10).is_empty());
+    assert!(partition_offsets(&d.path().join("nope"), "t", 0).is_err());
+    assert!(partition_offsets(d.path(), "../x", 0).is_err());
+}
+
+#[test]
+fn partition_starting_at_non_zero_offset() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(500)).unwrap());
+    let mut p = log.producer(None).unwrap();
+    for i in 0..50 {
+        p.send("t", 0, None, Some(&[i; 100]), &[], None).unwrap();
+        p.flush().unwrap();
+    }
+    log.close().unwrap();
+    let segs = segment::list_segments(&d.path().join("t-0")).unwrap();
+    for s in &segs[..3] {
+        fs::remove_file(&s.path).unwrap();
+        fs::remove_file(s.index_path()).unwrap();
+    }
+    let start = segs[3].base;
+    assert!(start > 0);
+    let o = partition_offsets(d.path(), "t", 0).unwrap();
+    assert_eq!((o.start, o.end), (start, 50));
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    let got = drain(src.as_mut(), 50);
+    assert_eq!(got.first().unwrap().0, start);
+    assert_eq!(got.len() as i64, 50 - start);
+}
+
+#[test]
+fn second_process_writer_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    log.writer("t", 0).unwrap();
+    // Same process: shared. Another open file description: refused.
+    let other = super::writer::PartitionWriter::open(&d.path().join("t-0"), cfg(1 << 30));
+    let Err(LogError::Lock(msg)) = other else { panic!("expected a lock error") };
+    assert!(msg.contains("t-0") && msg.contains("another process"), "{msg}");
+}

@@ -1,0 +1,575 @@
+//! Producers and the transaction coordinator of a segment log.
+//!
+//! The coordinator's state is one small file, `<log_dir>/transactions.state`,
+//! replaced atomically (write temp, fsync, rename) under an exclusive `flock`
+//! of `<log_dir>/transactions.lock`. Per transactional id it holds the
+//! producer id, the epoch, the transaction state and the partitions of the
+//! open transaction:
+//!
+//! ```text
+//! statestore-transactions 1
+//! next-producer-id <n>
+//! txn <hex of transactional id> <producer id> <epoch> <state> <started ms> <partition>@<topic>,...|-
+//! ```
+//!
+//! A partition is recorded *before* the first record of the transaction is
+//! written to it, and a commit is recorded as `prepare-commit` before its
+//! markers are written, so whoever finds the state after a crash knows what
+//! to finish: write ABORT markers for `ongoing`/`prepare-abort`, COMMIT
+//! markers for `prepare-commit`. A repeated marker is harmless to readers.
+//!
+//! A new producer with the same transactional id bumps the epoch (fencing the
+//! old one, which finds the new epoch on its next call) and finishes the old
+//! transaction. `abort_expired_transactions` does the same for transactions
+//! open longer than a timeout, as a broker's coordinator does.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::writer::{acquire, PartitionWriter, WriterConfig};
+use super::{partition_dir, LogError};
+use crate::codec::BatchMeta;
+use crate::fileio::atomic_write;
+
+const STATE_FILE: &str = "transactions.state";
+const STATE_LOCK: &str = "transactions.lock";
+const STATE_MAGIC: &str = "statestore-transactions 1";
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// State of a transactional id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnState {
+    Empty,
+    Ongoing,
+    PrepareCommit,
+    PrepareAbort,
+}
+
+impl TxnState {
+    fn name(self) -> &'static str {
+        match self {
+            TxnState::Empty => "empty",
+            TxnState::Ongoing => "ongoing",
+            TxnState::PrepareCommit => "prepare-commit",
+            TxnState::PrepareAbort => "prepare-abort",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "empty" => TxnState::Empty,
+            "ongoing" => TxnState::Ongoing,
+            "prepare-commit" => TxnState::PrepareCommit,
+            "prepare-abort" => TxnState::PrepareAbort,
+            _ => return None,
+        })
+    }
+}
+
+/// A partition `(topic, partition)`.
+pub type Tp = (String, i32);
+
+/// Coordinator record of one transactional id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnEntry {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub state: TxnState,
+    pub started_ms: i64,
+    pub partitions: BTreeSet<Tp>,
+}
+
+/// The whole coordinator state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TxnStateFile {
+    pub next_producer_id: i64,
+    pub entries: BTreeMap<String, TxnEntry>,
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<String> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect();
+    String::from_utf8(bytes?).ok()
+}
+
+impl TxnStateFile {
+    fn parse(path: &Path, text: &str) -> Result<Self, LogError> {
+        let bad = |line: usize, why: &str| {
+            LogError::Other(format!(
+                "transaction state file {} is malformed at line {line}: {why}; it is written only by statestore, \
+                 so restore it from a backup or delete it (all transactional producers then start over with new ids)",
+                path.display()
+            ))
+        };
+        let mut lines = text.lines().enumerate();
+        match lines.next() {
+            Some((_, l)) if l == STATE_MAGIC => {}
+            _ => return Err(bad(1, "missing header")),
+        }
+        let mut st = TxnStateFile::default();
+        for (i, line) in lines {
+            let n = i + 1;
+            let f: Vec<&str> = line.split(' ').collect();
+            match f.as_slice() {
+                ["next-producer-id", v] => st.next_producer_id = v.parse().map_err(|_| bad(n, "bad producer id"))?,
+                ["txn", id, pid, epoch, state, started, parts] => {
+                    let id = unhex(id).ok_or_else(|| bad(n, "bad transactional id"))?;
+                    let mut partitions = BTreeSet::new();
+                    if *parts != "-" {
+                        for p in parts.split(',') {
+                            let (part, topic) = p.split_once('@').ok_or_else(|| bad(n, "bad partition"))?;
+                            partitions.insert((topic.to_string(), part.parse().map_err(|_| bad(n, "bad partition"))?));
+                        }
+                    }
+                    st.entries.insert(
+                        id,
+                        TxnEntry {
+                            producer_id: pid.parse().map_err(|_| bad(n, "bad producer id"))?,
+                            epoch: epoch.parse().map_err(|_| bad(n, "bad epoch"))?,
+                            state: TxnState::parse(state).ok_or_else(|| bad(n, "bad state"))?,
+                            started_ms: started.parse().map_err(|_| bad(n, "bad start time"))?,
+                            partitions,
+                        },
+                    );
+                }
+                [""] => {}
+                _ => return Err(bad(n, "unknown line")),
+            }
+        }
+        Ok(st)
+    }
+
+    fn render(&self) -> String {
+        let mut s = format!("{STATE_MAGIC}\nnext-producer-id {}\n", self.next_producer_id);
+        for (id, e) in &self.entries {
+            let parts = if e.partitions.is_empty() {
+                "-".to_string()
+            } else {
+                e.partitions.iter().map(|(t, p)| format!("{p}@{t}")).collect::<Vec<_>>().join(",")
+            };
+            s.push_str(&format!(
+                "txn {} {} {} {} {} {}\n",
+                hex(id),
+                e.producer_id,
+                e.epoch,
+                e.state.name(),
+                e.started_ms,
+                parts
+            ));
+        }
+        s
+    }
+}
+
+/// Exclusive hold of the coordinator state (blocking `flock`, short).
+struct StateGuard {
+    _lock: File,
+    path: PathBuf,
+    state: TxnStateFile,
+}
+
+impl StateGuard {
+    fn take(log_dir: &Path) -> Result<Self, LogError> {
+        let lock_path = log_dir.join(STATE_LOCK);
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| LogError::io("open lock file", &lock_path, e))?;
+        // SAFETY: flock on a descriptor we own; blocks until the holder is done.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(LogError::io("lock", &lock_path, std::io::Error::last_os_error()));
+        }
+        let path = log_dir.join(STATE_FILE);
+        let state = load_state(&path)?;
+        Ok(StateGuard { _lock: f, path, state })
+    }
+
+    fn save(&self) -> Result<(), LogError> {
+        atomic_write(&self.path, self.state.render().as_bytes()).map_err(|e| LogError::Other(e.to_string()))
+    }
+}
+
+fn load_state(path: &Path) -> Result<TxnStateFile, LogError> {
+    match fs::read_to_string(path) {
+        Ok(text) => TxnStateFile::parse(path, &text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TxnStateFile::default()),
+        Err(e) => Err(LogError::io("read", path, e)),
+    }
+}
+
+/// A segment log rooted at a directory: hands out partition writers and
+/// producers, and runs the coordinator's housekeeping.
+pub struct Log {
+    dir: PathBuf,
+    cfg: WriterConfig,
+    writers: Mutex<HashMap<Tp, Arc<Mutex<PartitionWriter>>>>,
+}
+
+impl Log {
+    /// A log rooted at `dir` (created when first written).
+    pub fn new(dir: &Path, cfg: WriterConfig) -> Result<Self, LogError> {
+        if cfg.segment_bytes == 0 || cfg.segment_bytes > i32::MAX as u64 {
+            return Err(LogError::Other(format!(
+                "segment_bytes {} is out of range: use 1 .. {} (positions in the index are 32-bit)",
+                cfg.segment_bytes,
+                i32::MAX
+            )));
+        }
+        Ok(Log { dir: dir.to_path_buf(), cfg, writers: Mutex::new(HashMap::new()) })
+    }
+
+    /// The log directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn ensure_dir(&self) -> Result<(), LogError> {
+        fs::create_dir_all(&self.dir).map_err(|e| LogError::io("create directory", &self.dir, e))
+    }
+
+    /// The writer of a partition (opened, locked and repaired on first use).
+    pub fn writer(&self, topic: &str, partition: i32) -> Result<Arc<Mutex<PartitionWriter>>, LogError> {
+        let key = (topic.to_string(), partition);
+        let mut ws = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = ws.get(&key) {
+            return Ok(w.clone());
+        }
+        self.ensure_dir()?;
+        let w = acquire(&partition_dir(&self.dir, topic, partition)?, self.cfg)?;
+        ws.insert(key, w.clone());
+        Ok(w)
+    }
+
+    /// Flush every partition this log object writes.
+    pub fn flush(&self) -> Result<(), LogError> {
+        let ws: Vec<_> = self.writers.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for w in ws {
+            w.lock().unwrap_or_else(|p| p.into_inner()).flush(true)?;
+        }
+        Ok(())
+    }
+
+    /// Flush and let go of every partition writer (their locks are released
+    /// once no other object of this process uses them).
+    pub fn close(&self) -> Result<(), LogError> {
+        let r = self.flush();
+        self.writers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        r
+    }
+
+    fn write_markers(&self, entry: &TxnEntry, commit: bool) -> Result<(), LogError> {
+        let ts = now_ms();
+        for (topic, partition) in &entry.partitions {
+            let w = self.writer(topic, *partition)?;
+            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+            w.append_marker(entry.producer_id, entry.epoch, commit, ts)?;
+        }
+        Ok(())
+    }
+
+    /// Finish a transaction left in `state` (after the epoch was bumped and saved).
+    fn complete(&self, g: &mut StateGuard, id: &str) -> Result<(), LogError> {
+        let entry = g.state.entries[id].clone();
+        let commit = match entry.state {
+            TxnState::Empty => return Ok(()),
+            TxnState::PrepareCommit => true,
+            TxnState::Ongoing | TxnState::PrepareAbort => false,
+        };
+        if entry.state == TxnState::Ongoing {
+            g.state.entries.get_mut(id).unwrap().state = TxnState::PrepareAbort;
+            g.save()?;
+        }
+        self.write_markers(&entry, commit)?;
+        let e = g.state.entries.get_mut(id).unwrap();
+        e.state = TxnState::Empty;
+        e.partitions.clear();
+        e.started_ms = -1;
+        g.save()
+    }
+
+    /// A producer; with a transactional id, a transactional one that fences
+    /// (and finishes the transaction of) any earlier producer with that id.
+    pub fn producer(self: &Arc<Self>, transactional_id: Option<&str>) -> Result<Producer, LogError> {
+        let Some(id) = transactional_id else {
+            return Ok(Producer { log: self.clone(), txn: None });
+        };
+        if id.is_empty() {
+            return Err(LogError::Other("transactional id must not be empty (pass None for a plain producer)".into()));
+        }
+        self.ensure_dir()?;
+        let mut g = StateGuard::take(&self.dir)?;
+        let next = g.state.next_producer_id;
+        let entry = match g.state.entries.get(id) {
+            Some(e) if e.epoch < i16::MAX - 1 => TxnEntry { epoch: e.epoch + 1, ..e.clone() },
+            Some(e) => TxnEntry { producer_id: next, epoch: 0, ..e.clone() },
+            None => TxnEntry { producer_id: next, epoch: 0, state: TxnState::Empty, started_ms: -1, partitions: BTreeSet::new() },
+        };
+        if entry.producer_id == next {
+            g.state.next_producer_id = next + 1;
+        }
+        let (pid, epoch) = (entry.producer_id, entry.epoch);
+        g.state.entries.insert(id.to_string(), entry);
+        // Fence first (the saved epoch), then finish what the old producer left open.
+        g.save()?;
+        self.complete(&mut g, id)?;
+        drop(g);
+        let stamp = stamp(&self.dir.join(STATE_FILE));
+        Ok(Producer {
+            log: self.clone(),
+            txn: Some(TxnProducer {
+                id: id.to_string(),
+                producer_id: pid,
+                epoch,
+                in_txn: false,
+                partitions: BTreeSet::new(),
+                sequences: HashMap::new(),
+                stamp,
+                fenced_by: None,
+            }),
+        })
+    }
+
+    /// Abort every transaction open longer than `timeout_ms` (bumping its
+    /// epoch, so its producer is fenced) and finish any commit or abort that
+    /// a crash interrupted. Returns the transactional ids acted on.
+    pub fn abort_expired_transactions(&self, timeout_ms: i64) -> Result<Vec<String>, LogError> {
+        if !self.dir.join(STATE_FILE).exists() {
+            return Ok(Vec::new());
+        }
+        let mut g = StateGuard::take(&self.dir)?;
+        let now = now_ms();
+        let ids: Vec<String> = g
+            .state
+            .entries
+            .iter()
+            .filter(|(_, e)| match e.state {
+                TxnState::Empty => false,
+                TxnState::Ongoing => now - e.started_ms > timeout_ms,
+                TxnState::PrepareCommit | TxnState::PrepareAbort => true,
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            let e = g.state.entries.get_mut(id).unwrap();
+            if e.state == TxnState::Ongoing {
+                e.state = TxnState::PrepareAbort;
+                if e.epoch < i16::MAX - 1 {
+                    e.epoch += 1;
+                }
+                g.save()?;
+            }
+            self.complete(&mut g, id)?;
+        }
+        Ok(ids)
+    }
+
+    /// The coordinator state (for tools and tests).
+    pub fn transactions(&self) -> Result<TxnStateFile, LogError> {
+        load_state(&self.dir.join(STATE_FILE))
+    }
+}
+
+type Stamp = Option<(u64, u64, i64, i64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec()))
+}
+
+struct TxnProducer {
+    id: String,
+    producer_id: i64,
+    epoch: i16,
+    in_txn: bool,
+    partitions: BTreeSet<Tp>,
+    sequences: HashMap<Tp, i32>,
+    stamp: Stamp,
+    fenced_by: Option<i16>,
+}
+
+/// A producer: plain (no producer id) or transactional.
+pub struct Producer {
+    log: Arc<Log>,
+    txn: Option<TxnProducer>,
+}
+
+impl Producer {
+    /// The producer id and epoch (-1, -1 for a plain producer).
+    pub fn identity(&self) -> (i64, i16) {
+        self.txn.as_ref().map_or((-1, -1), |t| (t.producer_id, t.epoch))
+    }
+
+    /// Is a transaction open?
+    pub fn in_transaction(&self) -> bool {
+        self.txn.as_ref().is_some_and(|t| t.in_txn)
+    }
+
+    fn fenced_error(t: &TxnProducer, by: i16) -> LogError {
+        LogError::Fenced(format!(
+            "producer of transactional id {:?} (producer id {}, epoch {}) was fenced by a newer producer with \
+             epoch {by}; its open transaction was aborted: close this producer and stop using it",
+            t.id, t.producer_id, t.epoch
+        ))
+    }
+
+    /// Raise `Fenced` if a newer epoch was saved for this id. Re-reads the
+    /// state file only when it changed (one `stat` per call otherwise).
+    fn check_fenced(&mut self) -> Result<(), LogError> {
+        let dir = self.log.dir.clone();
+        let Some(t) = self.txn.as_mut() else { return Ok(()) };
+        if let Some(by) = t.fenced_by {
+            return Err(Self::fenced_error(t, by));
+        }
+        let path = dir.join(STATE_FILE);
+        let now = stamp(&path);
+        if now != t.stamp {
+            let st = load_state(&path)?;
+            t.stamp = now;
+            Self::check_entry(t, &st)?;
+        }
+        Ok(())
+    }
+
+    fn check_entry(t: &mut TxnProducer, st: &TxnStateFile) -> Result<(), LogError> {
+        match st.entries.get(&t.id) {
+            Some(e) if e.producer_id == t.producer_id && e.epoch == t.epoch => Ok(()),
+            other => {
+                let by = other.map_or(t.epoch, |e| e.epoch);
+                t.fenced_by = Some(by);
+                t.in_txn = false;
+                Err(Self::fenced_error(t, by))
+            }
+        }
+    }
+
+    fn state_error(&self, what: &str) -> LogError {
+        let id = self.txn.as_ref().map_or("<none>".to_string(), |t| format!("{:?}", t.id));
+        LogError::TxnState(format!("{what} (transactional id {id})"))
+    }
+
+    /// Buffer one record for `topic`/`partition`; returns its offset.
+    pub fn send(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[(&[u8], Option<&[u8]>)],
+        timestamp: Option<i64>,
+    ) -> Result<i64, LogError> {
+        let tp = (topic.to_string(), partition);
+        let meta = if self.txn.is_some() {
+            self.check_fenced()?;
+            if !self.in_transaction() {
+                return Err(self.state_error("send() of a transactional producer outside a transaction: call begin() first"));
+            }
+            let dir = self.log.dir.clone();
+            let t = self.txn.as_mut().unwrap();
+            if !t.partitions.contains(&tp) {
+                partition_dir(&dir, topic, partition)?;
+                // Record the partition before writing to it, so a crash leaves
+                // a state that names every partition holding our records.
+                let mut g = StateGuard::take(&dir)?;
+                let res = Self::check_entry(t, &g.state);
+                t.stamp = stamp(&g.path);
+                res?;
+                let e = g.state.entries.get_mut(&t.id).unwrap();
+                if e.state != TxnState::Ongoing {
+                    e.state = TxnState::Ongoing;
+                    e.started_ms = now_ms();
+                    e.partitions.clear();
+                }
+                e.partitions.insert(tp.clone());
+                g.save()?;
+                t.stamp = stamp(&g.path);
+                t.partitions.insert(tp.clone());
+            }
+            let seq = t.sequences.entry(tp.clone()).or_insert(0);
+            let m = BatchMeta { producer_id: t.producer_id, producer_epoch: t.epoch, base_sequence: *seq, transactional: true, ..Default::default() };
+            *seq = seq.wrapping_add(1) & i32::MAX;
+            m
+        } else {
+            BatchMeta::default()
+        };
+        let w = self.log.writer(topic, partition)?;
+        let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+        w.send(meta, timestamp.unwrap_or_else(now_ms), key, value, headers)
+    }
+
+    /// Write every buffered record of the partitions this producer's log writes.
+    pub fn flush(&mut self) -> Result<(), LogError> {
+        self.check_fenced()?;
+        self.log.flush()
+    }
+
+    /// Start a transaction.
+    pub fn begin(&mut self) -> Result<(), LogError> {
+        if self.txn.is_none() {
+            return Err(self.state_error("begin() needs a transactional producer: pass a transactional_id"));
+        }
+        self.check_fenced()?;
+        if self.in_transaction() {
+            return Err(self.state_error("begin() while a transaction is open: commit() or abort() it first"));
+        }
+        let t = self.txn.as_mut().unwrap();
+        t.in_txn = true;
+        t.partitions.clear();
+        Ok(())
+    }
+
+    fn end(&mut self, commit: bool) -> Result<(), LogError> {
+        let what = if commit { "commit()" } else { "abort()" };
+        if self.txn.is_none() {
+            return Err(self.state_error(&format!("{what} needs a transactional producer: pass a transactional_id")));
+        }
+        self.check_fenced()?;
+        if !self.in_transaction() {
+            return Err(self.state_error(&format!("{what} without an open transaction: call begin() first")));
+        }
+        let dir = self.log.dir.clone();
+        let log = self.log.clone();
+        let t = self.txn.as_mut().unwrap();
+        if t.partitions.is_empty() {
+            t.in_txn = false;
+            return Ok(());
+        }
+        let mut g = StateGuard::take(&dir)?;
+        let res = Self::check_entry(t, &g.state);
+        t.stamp = stamp(&g.path);
+        res?;
+        let e = g.state.entries.get_mut(&t.id).unwrap();
+        e.state = if commit { TxnState::PrepareCommit } else { TxnState::PrepareAbort };
+        g.save()?;
+        let id = t.id.clone();
+        log.complete(&mut g, &id)?;
+        t.stamp = stamp(&g.path);
+        t.in_txn = false;
+        t.partitions.clear();
+        Ok(())
+    }
+
+    /// Commit the open transaction: COMMIT markers on every partition it touched.
+    pub fn commit(&mut self) -> Result<(), LogError> {
+        self.end(true)
+    }
+
+    /// Abort the open transaction: ABORT markers on every partition it touched.
+    pub fn abort(&mut self) -> Result<(), LogError> {
+        self.end(false)
+    }
+}
