@@ -341,8 +341,13 @@ class Store:
             # Column-family handles keep the RocksDB LOCK alive: drop them first.
             self._offsets_db = None
             db, self._db = self._db, None
-            db.close()
-            del db
+            try:
+                db.close()
+            except Exception as e:
+                raise StoreError(f"{self._who()}: closing {self.path} failed: {e}", path=self.path,
+                                 task_id=self.task_id) from e
+            finally:
+                del db
 
     def __enter__(self) -> Store:
         return self
