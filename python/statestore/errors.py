@@ -82,16 +82,16 @@ class IllegalStateError(StateStoreError):
 
 
 __all__ = [
-    "StateStoreError",
     "CheckpointError",
+    "CorruptLogError",
+    "IllegalStateError",
     "LockError",
     "LogError",
-    "CorruptLogError",
-    "UnsupportedCompressionError",
     "ProducerFencedError",
-    "TransactionStateError",
-    "StoreError",
     "RestoreError",
+    "StateStoreError",
+    "StoreError",
     "TaskCorruptedError",
-    "IllegalStateError",
+    "TransactionStateError",
+    "UnsupportedCompressionError",
 ]

@@ -52,4 +52,4 @@ def changelog_topic(application_id: str, store: str) -> str:
     return f"{application_id}-{store}-changelog"
 
 
-__all__ = ["OFFSET_UNKNOWN", "TopicPartition", "TaskId", "changelog_topic"]
+__all__ = ["OFFSET_UNKNOWN", "TaskId", "TopicPartition", "changelog_topic"]

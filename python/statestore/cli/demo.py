@@ -39,7 +39,8 @@ def demo(out_dir: Path | None, records: int) -> None:
     for lo in range(0, records, chunk):
         items = [(b"key-%08d" % i, struct.pack(">q", i)) for i in range(lo, min(records, lo + chunk))]
         last = lo + len(items) - 1
-        _native.store_write_batch(str(store_dir), items, {str(tp): last}, 1)
+        # the status marker says OPEN while writing and CLOSED after the last batch (a clean close)
+        _native.store_write_batch(str(store_dir), items, {str(tp): last}, 0 if last == records - 1 else 1)
     write_s = time.perf_counter() - t0
     ckpt = OffsetCheckpoint(task_dir / ".checkpoint")
     ckpt.write({tp: records - 1})
@@ -52,7 +53,7 @@ def demo(out_dir: Path | None, records: int) -> None:
     table.add_row("records written", f"{records:,} in {write_s:.2f}s")
     table.add_row("records read back", f"{len(entries):,}")
     table.add_row("offset in store", f"{tp} -> {offsets.get(str(tp))}")
-    table.add_row("status marker", {1: "OPEN", 0: "CLOSED"}.get(status or -1, str(status)))
+    table.add_row("status marker", {1: "OPEN", 0: "CLOSED (clean)"}.get(status if status is not None else -1, "none"))
     table.add_row("checkpoint file", f"{ckpt.path}: {ckpt.path.read_bytes()!r}")
     table.add_row("checkpoint read", ", ".join(f"{k} -> {v}" for k, v in ckpt.read().items()))
     console.print(table)
