@@ -20,6 +20,7 @@ from statestore.errors import (
     UnsupportedCompressionError,
 )
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
+from statestore.log import LogReader, Producer, Record, SegmentLog
 
 __version__ = "0.1.0"
 
@@ -30,9 +31,13 @@ __all__ = [
     "IllegalStateError",
     "LockError",
     "LogError",
+    "LogReader",
     "OffsetCheckpoint",
+    "Producer",
     "ProducerFencedError",
+    "Record",
     "RestoreError",
+    "SegmentLog",
     "StateStoreError",
     "StoreError",
     "TaskCorruptedError",

@@ -26,6 +26,7 @@ use pyo3::prelude::*;
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     py::fileio::register(m)?;
+    py::log::register(m)?;
     py::store::register(m)?;
     Ok(())
 }

@@ -40,8 +40,10 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 def _register() -> None:
     from statestore.cli.demo import demo
+    from statestore.cli.log import log
 
     main.add_command(demo)
+    main.add_command(log)
 
 
 _register()

@@ -10,7 +10,9 @@ fn cfg(segment_bytes: u64) -> WriterConfig {
     WriterConfig { segment_bytes, sync: false, ..Default::default() }
 }
 
-fn drain(src: &mut dyn ChangelogSource, end: i64) -> Vec<(i64, Option<Vec<u8>>, Option<Vec<u8>>)> {
+type Rec = (i64, Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn drain(src: &mut dyn ChangelogSource, end: i64) -> Vec<Rec> {
     let mut out = Vec::new();
     loop {
         let more = src

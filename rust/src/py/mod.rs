@@ -4,6 +4,7 @@
 //! `statestore.errors`; they hold no logic of their own.
 
 pub mod fileio;
+pub mod log;
 pub mod store;
 
 use pyo3::prelude::*;
