@@ -10,3 +10,30 @@ def store_write_batch(
     path: _Path, items: Sequence[tuple[bytes, bytes | None]], offsets: Mapping[str, int], status: int | None = None
 ) -> None: ...
 def store_dump(path: _Path) -> tuple[list[tuple[bytes, bytes]], dict[str, int], int | None]: ...
+
+# restore engine (statestore.restore): outcome tuple = (mode, start_offset,
+# end_offset, records_applied, skipped_aborted, skipped_control,
+# skipped_null_key, bytes_read, seconds, offset)
+_Outcome = tuple[str, int, int, int, int, int, int, int, float, int | None]
+
+def restore_store(
+    store_path: _Path,
+    log_dir: _Path,
+    tp: tuple[str, int],
+    end_offset: int | None = None,
+    mode: str = "auto",
+    memory_budget_bytes: int = ...,
+    listener: object | None = None,
+    progress_interval: float = 0.1,
+) -> _Outcome: ...
+def restore_many(
+    specs: Sequence[tuple[_Path, _Path, tuple[str, int], int | None, str, int, object | None, float]],
+    threads: int,
+) -> list[tuple[_Outcome | None, Exception | None]]: ...
+def restore_write_ceiling(
+    store_path: _Path, log_dir: _Path, tp: tuple[str, int], end_offset: int | None = None
+) -> tuple[float, int]: ...
+def store_info(path: _Path) -> tuple[dict[str, int], int | None, int]: ...
+def store_compare(
+    expected: _Path, actual: _Path
+) -> tuple[str, str, int, int, tuple[bytes, bytes | None, bytes | None] | None]: ...

@@ -69,6 +69,19 @@ impl Store {
         Self::open_with(path, store_options(create))
     }
 
+    /// Open an existing store without taking its lock or writing anything, so
+    /// tools can look at a store that a running processor holds open.
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        if !path.is_dir() {
+            return Err(StoreError::new(path, "no store here (directory missing)"));
+        }
+        let opts = store_options(false);
+        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF];
+        let db = DB::open_cf_for_read_only(&opts, path, cfs, false)
+            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB read-only: {e}")))?;
+        Ok(Self { db, path: path.to_path_buf() })
+    }
+
     /// Open with caller-tuned options (restore paths tune write buffers).
     /// `atomic_flush` and the column families are always enforced.
     pub fn open_with(path: &Path, mut opts: Options) -> Result<Self, StoreError> {
@@ -176,6 +189,88 @@ impl Store {
     }
 }
 
+/// How two stores compare: a digest of each one's data, and the first key at
+/// which they differ (in key order), if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Comparison {
+    pub expected_digest: String,
+    pub actual_digest: String,
+    pub expected_entries: u64,
+    pub actual_entries: u64,
+    /// `(key, expected value, actual value)`; a missing side is `None`.
+    pub first_difference: Option<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)>,
+}
+
+fn digest_entry(h: &mut sha2::Sha256, k: &[u8], v: &[u8]) {
+    use sha2::Digest;
+    h.update((k.len() as u64).to_be_bytes());
+    h.update(k);
+    h.update((v.len() as u64).to_be_bytes());
+    h.update(v);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Walk both stores' data in key order at once: digest each (SHA-256 over
+/// length-prefixed keys and values) and note the first difference.
+pub fn compare(expected: &Store, actual: &Store) -> Result<Comparison, StoreError> {
+    use sha2::Digest;
+    let read = |s: &Store, item: Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>| {
+        item.map_err(|e| StoreError::new(s.path(), format!("reading data: {e}")))
+    };
+    let mut ia = expected.db.iterator(IteratorMode::Start);
+    let mut ib = actual.db.iterator(IteratorMode::Start);
+    let (mut ha, mut hb) = (sha2::Sha256::new(), sha2::Sha256::new());
+    let (mut na, mut nb) = (0u64, 0u64);
+    let mut first = None;
+    let mut a = ia.next().map(|i| read(expected, i)).transpose()?;
+    let mut b = ib.next().map(|i| read(actual, i)).transpose()?;
+    loop {
+        let order = match (&a, &b) {
+            (None, None) => break,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some((ka, _)), Some((kb, _))) => ka.cmp(kb),
+        };
+        let (take_a, take_b) = match order {
+            std::cmp::Ordering::Less => (true, false),
+            std::cmp::Ordering::Greater => (false, true),
+            std::cmp::Ordering::Equal => (true, true),
+        };
+        if first.is_none() {
+            match (&a, &b, order) {
+                (Some((k, va)), Some((_, vb)), std::cmp::Ordering::Equal) if va != vb => {
+                    first = Some((k.to_vec(), Some(va.to_vec()), Some(vb.to_vec())))
+                }
+                (Some((k, va)), _, std::cmp::Ordering::Less) => first = Some((k.to_vec(), Some(va.to_vec()), None)),
+                (_, Some((k, vb)), std::cmp::Ordering::Greater) => first = Some((k.to_vec(), None, Some(vb.to_vec()))),
+                _ => {}
+            }
+        }
+        if take_a {
+            let (k, v) = a.take().expect("present");
+            digest_entry(&mut ha, &k, &v);
+            na += 1;
+            a = ia.next().map(|i| read(expected, i)).transpose()?;
+        }
+        if take_b {
+            let (k, v) = b.take().expect("present");
+            digest_entry(&mut hb, &k, &v);
+            nb += 1;
+            b = ib.next().map(|i| read(actual, i)).transpose()?;
+        }
+    }
+    Ok(Comparison {
+        expected_digest: hex(&ha.finalize()),
+        actual_digest: hex(&hb.finalize()),
+        expected_entries: na,
+        actual_entries: nb,
+        first_difference: first,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +306,53 @@ mod tests {
         s.write(b, true).unwrap();
         let e = s.offsets().unwrap_err().to_string();
         assert!(e.contains("t-0") && e.contains("3 bytes"), "{e}");
+    }
+
+    fn store_with(dir: &Path, name: &str, kv: &[(&[u8], &[u8])]) -> Store {
+        let s = Store::open(&dir.join(name), true).unwrap();
+        let mut b = WriteBatch::default();
+        for (k, v) in kv {
+            b.put(k, v);
+        }
+        s.write(b, true).unwrap();
+        s
+    }
+
+    #[test]
+    fn compare_finds_first_difference_in_key_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = store_with(dir.path(), "a", &[(b"a", b"1"), (b"b", b"2"), (b"d", b"4")]);
+        let same = store_with(dir.path(), "same", &[(b"a", b"1"), (b"b", b"2"), (b"d", b"4")]);
+        let c = compare(&a, &same).unwrap();
+        assert_eq!(c.expected_digest, c.actual_digest);
+        assert_eq!((c.expected_entries, c.first_difference), (3, None));
+
+        let changed = store_with(dir.path(), "changed", &[(b"a", b"1"), (b"b", b"X"), (b"d", b"4")]);
+        let c = compare(&a, &changed).unwrap();
+        assert_ne!(c.expected_digest, c.actual_digest);
+        assert_eq!(c.first_difference, Some((b"b".to_vec(), Some(b"2".to_vec()), Some(b"X".to_vec()))));
+
+        let extra = store_with(dir.path(), "extra", &[(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")]);
+        let c = compare(&a, &extra).unwrap();
+        assert_eq!(c.first_difference, Some((b"c".to_vec(), None, Some(b"3".to_vec()))));
+        assert_eq!((c.expected_entries, c.actual_entries), (3, 4));
+
+        let missing = store_with(dir.path(), "missing", &[(b"a", b"1")]);
+        let c = compare(&a, &missing).unwrap();
+        assert_eq!(c.first_difference, Some((b"b".to_vec(), Some(b"2".to_vec()), None)));
+    }
+
+    #[test]
+    fn read_only_open_sees_offsets_while_another_handle_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        let s = Store::open(&p, true).unwrap();
+        let mut b = WriteBatch::default();
+        s.put_offset(&mut b, "t-0", 7);
+        s.write(b, true).unwrap();
+        s.flush().unwrap();
+        let ro = Store::open_read_only(&p).unwrap();
+        assert_eq!(ro.offset("t-0").unwrap(), Some(7));
     }
 
     #[test]

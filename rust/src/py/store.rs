@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use rocksdb::{IteratorMode, WriteBatch};
 
 use super::error;
-use crate::store::{Store, StoreError};
+use crate::store::{self, Store, StoreError};
 
 fn store_err(e: StoreError) -> PyErr {
     error("StoreError", e.to_string())
@@ -54,10 +54,7 @@ fn store_write_batch(
 #[pyfunction]
 fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<(Entries, BTreeMap<String, i64>, Option<i64>)> {
     py.detach(|| {
-        if !path.is_dir() {
-            return Err(StoreError::new(&path, "no store here (directory missing)"));
-        }
-        let store = Store::open(&path, false)?;
+        let store = Store::open_read_only(&path)?;
         let mut entries = Vec::new();
         for item in store.db().iterator(IteratorMode::Start) {
             let (k, v) = item.map_err(|e| StoreError::new(&path, format!("reading data: {e}")))?;
@@ -68,7 +65,45 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<(Entries, BTreeMap<Stri
     .map_err(store_err)
 }
 
+/// What a tool shows about a store, read without taking its lock:
+/// `(offsets, status, estimated number of keys)`.
+#[pyfunction]
+fn store_info(py: Python<'_>, path: PathBuf) -> PyResult<(BTreeMap<String, i64>, Option<i64>, u64)> {
+    py.detach(|| {
+        let store = Store::open_read_only(&path)?;
+        let keys = store
+            .db()
+            .property_int_value("rocksdb.estimate-num-keys")
+            .map_err(|e| StoreError::new(&path, format!("reading key estimate: {e}")))?
+            .unwrap_or(0);
+        Ok((store.offsets()?, store.status()?, keys))
+    })
+    .map_err(store_err)
+}
+
+type Difference = Option<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)>;
+
+/// Compare the data of two stores (read-only): `(expected digest, actual
+/// digest, expected entries, actual entries, first difference)` where the
+/// first difference is `(key, expected value, actual value)` in key order.
+#[pyfunction]
+fn store_compare(
+    py: Python<'_>,
+    expected: PathBuf,
+    actual: PathBuf,
+) -> PyResult<(String, String, u64, u64, Difference)> {
+    py.detach(|| {
+        let e = Store::open_read_only(&expected)?;
+        let a = Store::open_read_only(&actual)?;
+        let c = store::compare(&e, &a)?;
+        Ok((c.expected_digest, c.actual_digest, c.expected_entries, c.actual_entries, c.first_difference))
+    })
+    .map_err(store_err)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(store_info, m)?)?;
+    m.add_function(wrap_pyfunction!(store_compare, m)?)?;
     m.add_function(wrap_pyfunction!(store_write_batch, m)?)?;
     m.add_function(wrap_pyfunction!(store_dump, m)?)?;
     Ok(())
