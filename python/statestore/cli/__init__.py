@@ -39,10 +39,16 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 
 def _register() -> None:
+    from statestore.cli.clean import clean
     from statestore.cli.demo import demo
+    from statestore.cli.inspect import inspect
     from statestore.cli.log import log
+    from statestore.cli.verify import verify
 
     main.add_command(demo)
+    main.add_command(inspect)
+    main.add_command(verify)
+    main.add_command(clean)
     main.add_command(log)
 
 
