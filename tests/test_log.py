@@ -231,7 +231,7 @@ def test_segments_roll_at_the_configured_size(tmp_path: Path) -> None:
     assert len(segs) > 10
     assert all(s.stat().st_size <= 10_000 for s in segs)
     assert all(s.with_suffix(".index").exists() for s in segs)
-    assert [int(s.stem) for s in segs][0] == 0
+    assert int(segs[0].stem) == 0
     for start in (0, 999, 1999):
         got = list(log.read(TP, start))
         assert [r.offset for r in got] == list(range(start, 2000))

@@ -253,6 +253,15 @@ class SegmentLog:
         """First offset of the oldest open transaction of ``tp``, else the end offset."""
         return self.offsets(tp)[2]
 
+    def recover(self, tp: PartitionLike) -> int:
+        """Open ``tp`` for writing now: take its writer lock, cut a torn tail, rebuild its index.
+
+        Producers do this on their first send; calling it directly checks a
+        partition after a crash. Returns the log end offset.
+        """
+        t = _tp(tp)
+        return int(self._core.recover(t.topic, t.partition))
+
     def abort_expired_transactions(self, timeout_ms: int) -> list[str]:
         """Abort transactions open longer than ``timeout_ms`` and finish ones a crash interrupted.
 

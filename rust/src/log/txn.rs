@@ -548,6 +548,14 @@ impl Producer {
             t.in_txn = false;
             return Ok(());
         }
+        if commit {
+            // Every record of the transaction must be in the files before the
+            // commit is decided: recovery of a `prepare-commit` only writes markers.
+            for (topic, partition) in &t.partitions {
+                let w = log.writer(topic, *partition)?;
+                w.lock().unwrap_or_else(|p| p.into_inner()).flush(true)?;
+            }
+        }
         let mut g = StateGuard::take(&dir)?;
         let res = Self::check_entry(t, &g.state);
         t.stamp = stamp(&g.path);

@@ -67,6 +67,17 @@ impl SegmentLogCore {
         Ok(ProducerCore { inner: Mutex::new(p) })
     }
 
+    /// Open a partition for writing (lock, torn-tail repair, index); returns its end offset.
+    fn recover(&self, py: Python<'_>, topic: &str, partition: i32) -> PyResult<i64> {
+        let log = self.log.clone();
+        py.detach(|| {
+            let w = log.writer(topic, partition)?;
+            let w = lock(&w);
+            Ok::<_, LogError>(w.next_offset())
+        })
+        .map_err(log_err)
+    }
+
     fn abort_expired_transactions(&self, py: Python<'_>, timeout_ms: i64) -> PyResult<Vec<String>> {
         let log = self.log.clone();
         py.detach(|| log.abort_expired_transactions(timeout_ms)).map_err(log_err)
