@@ -143,3 +143,15 @@ def test_clean_removes_unlocked_old_tasks_and_all(app: tuple[Path, Path]) -> Non
     out = run(*base, "--all", "--yes")
     assert out.returncode == 0, out.stderr
     assert not (state_dir / APP).exists()
+
+
+def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:
+    out = run("demo", "--records", "20000", "--partitions", "3", "--dir", str(tmp_path / "demo"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 of 3 stores equal the committed changelog exactly" in out.stdout
+    assert str(tmp_path / "demo") in out.stdout
+    assert (tmp_path / "demo" / "state" / "demo-app" / "0_2" / "rocksdb" / "profiles").is_dir()
+    # what the demo tells the user to run next works
+    again = run("verify", "--state-dir", str(tmp_path / "demo" / "state"), "--app-id", "demo-app",
+                "--log-dir", str(tmp_path / "demo" / "log"))
+    assert again.returncode == 0, again.stderr

@@ -1,7 +1,9 @@
 """Check that a store holds exactly what its changelog says it should.
 
-The expected state is rebuilt from the changelog by the restore engine (bulk
-mode, into a scratch directory) up to the offset the store claims, and the two
+The expected state is rebuilt from the changelog by the restore engine in
+replay mode (into a scratch directory) up to the offset the store claims -- a
+different code path from the bulk mode that fills empty stores, so the two
+check each other -- and the two
 stores are compared in Rust: a digest of each and, on mismatch, the first key
 at which they differ with both values. Nothing per record runs in Python.
 """
@@ -50,7 +52,7 @@ def verify_store(store: LocalStore, log: SegmentLog, scratch: Path) -> VerifyRes
     if offset is None:
         _native.store_write_batch(expected, [], {})
     else:
-        result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="bulk")
+        result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay")
         expected_offset = result.offset
     e_digest, a_digest, e_n, a_n, diff = _native.store_compare(expected, store.path)
     shutil.rmtree(expected, ignore_errors=True)
