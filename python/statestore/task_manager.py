@@ -1,0 +1,505 @@
+"""The task manager: assignments in, RUNNING tasks with correct state out.
+
+:class:`TaskManager` is what a stream processor talks to. It
+
+* on :meth:`~TaskManager.start`, opens every non-empty task directory as a
+  *startup standby* (seed 004, KAFKA-17411): corrupted state is found and wiped
+  before any assignment, at most ``max_startup_tasks`` stay open (memory is
+  bounded), and the first assignment reuses them instead of reopening;
+* turns assignments into tasks (:meth:`~TaskManager.assign`): creates,
+  recycles between active and standby, suspends and closes, every offset
+  decision taken from the policy table;
+* drives restoration and standby updates through the
+  :class:`~statestore.updater.StateUpdater` (:meth:`~TaskManager.poll`);
+* commits (:meth:`~TaskManager.commit`): under exactly-once the changelog
+  transaction commits first and only then does each task apply its staged
+  writes with the offsets they were written at; under at-least-once the
+  changelog is flushed, then the writes are applied and offsets recorded;
+* handles corruption: the corrupted task alone is closed dirty, wiped,
+  revived and restored again; the others keep running.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from statestore.directory import StateDirectory
+from statestore.errors import (
+    IllegalStateError,
+    LockError,
+    LogError,
+    ProducerFencedError,
+    StateStoreError,
+    TaskCorruptedError,
+)
+from statestore.ids import TaskId, TopicPartition
+from statestore.log import Producer, SegmentLog
+from statestore.policy import Guarantee, OffsetsMode, Policy
+from statestore.state_manager import StateManager
+from statestore.task import ActiveTask, StandbyTask, Task, TaskState, build_state_manager
+from statestore.updater import (
+    DEFAULT_CHUNK_OFFSETS,
+    DEFAULT_TIME_SLICE_MS,
+    DEFAULT_TRANSACTION_TIMEOUT_MS,
+    RestoreListener,
+    StandbyUpdateListener,
+    StateUpdater,
+    SuspendReason,
+)
+
+log = logging.getLogger(__name__)
+
+#: Default most startup standbys kept open until the first assignment.
+DEFAULT_MAX_STARTUP_TASKS = 64
+
+
+class RecordCollector:
+    """The task manager's changelog producer: every store write of every active task goes through it.
+
+    Under exactly-once it is transactional (one transactional id per state
+    directory process id, so a restarted process fences its predecessor and
+    aborts what it left open) and a transaction is begun by the first write
+    after a commit.
+    """
+
+    def __init__(self, changelog: SegmentLog, transactional_id: str | None) -> None:
+        self.producer: Producer = changelog.producer(transactional_id)
+        self.transactional = transactional_id is not None
+
+    def send(self, tp: TopicPartition, key: bytes, value: bytes | None) -> int:
+        """Send one change and return its offset (beginning a transaction if needed)."""
+        if self.transactional and not self.producer.in_transaction:
+            self.producer.begin()
+        return self.producer.send(tp.topic, tp.partition, key, value)
+
+    def commit(self) -> None:
+        """Make everything sent durable and visible: commit the transaction, or flush."""
+        if self.transactional:
+            if self.producer.in_transaction:
+                self.producer.commit()
+        else:
+            self.producer.flush()
+
+    def abort(self) -> None:
+        """Abort the open transaction (exactly-once); at-least-once has nothing to abort."""
+        if self.transactional and self.producer.in_transaction:
+            self.producer.abort()
+
+    def close(self) -> None:
+        """Flush what is buffered; an open transaction stays open (its successor aborts it)."""
+        self.producer.close()
+
+
+class TaskManager:
+    """Tasks of one application instance over a state directory and a segment-log changelog.
+
+    ``state_dir`` is a :class:`StateDirectory` (or its root path, with
+    ``application_id``); ``stores`` names the logged persistent stores every
+    task has. ``guarantee`` is ``"at_least_once"`` or ``"exactly_once_v2"``;
+    ``offsets`` is ``"store"`` (offsets inside RocksDB, the default) or
+    ``"checkpoint"`` (Kafka's ``.checkpoint`` file).
+
+    Call :meth:`start`, then :meth:`assign`; :meth:`poll` until it returns True
+    (every active task RUNNING) or use :meth:`restore`; process through
+    ``task(task_id).store(name)``; :meth:`commit`; :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        state_dir: StateDirectory | str | Path,
+        changelog: SegmentLog,
+        stores: Iterable[str],
+        *,
+        guarantee: Guarantee | str,
+        offsets: OffsetsMode | str = "store",
+        listener: RestoreListener | None = None,
+        standby_listener: StandbyUpdateListener | None = None,
+        commit_interval_ms: int = 30_000,
+        application_id: str | None = None,
+        max_startup_tasks: int = DEFAULT_MAX_STARTUP_TASKS,
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
+        time_slice_ms: int = DEFAULT_TIME_SLICE_MS,
+        chunk_offsets: int = DEFAULT_CHUNK_OFFSETS,
+        background_restore: bool = False,
+        checkpoint_delta: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(state_dir, StateDirectory):
+            self.directory = state_dir
+            self._owns_directory = False
+        else:
+            if application_id is None:
+                raise ValueError("application_id is required when state_dir is a path")
+            self.directory = StateDirectory(state_dir, application_id)
+            self._owns_directory = True
+        if max_startup_tasks < 0:
+            raise ValueError(f"max_startup_tasks must be >= 0, got {max_startup_tasks}")
+        self.changelog = changelog
+        self.store_names = list(stores)
+        if not self.store_names:
+            raise ValueError("a task manager needs at least one store name")
+        self.policy = (
+            Policy.of(guarantee, offsets)
+            if checkpoint_delta is None
+            else Policy.of(guarantee, offsets, checkpoint_delta=checkpoint_delta)
+        )
+        self.max_startup_tasks = max_startup_tasks
+        self.commit_interval = commit_interval_ms / 1000
+        self._clock = clock
+        self.updater = StateUpdater(
+            changelog,
+            listener=listener,
+            standby_listener=standby_listener,
+            commit_interval_ms=commit_interval_ms,
+            transaction_timeout_ms=transaction_timeout_ms,
+            time_slice_ms=time_slice_ms,
+            chunk_offsets=chunk_offsets,
+            background=background_restore,
+            clock=clock,
+        )
+        self._active: dict[TaskId, ActiveTask] = {}
+        self._standby: dict[TaskId, StandbyTask] = {}
+        self._startup: dict[TaskId, StandbyTask] = {}
+        self._collector: RecordCollector | None = None
+        self._started = False
+        self._closed = False
+        self._last_commit = clock()
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskManager({self.directory.app_dir}, {self.policy.guarantee.value}, "
+            f"offsets={self.policy.offsets.value}, active={sorted(map(str, self._active))}, "
+            f"standby={sorted(map(str, self._standby))})"
+        )
+
+    # -- building tasks ----------------------------------------------------------------------
+
+    def _state_manager(self, task_id: TaskId, *, standby: bool) -> StateManager:
+        return build_state_manager(self.directory, task_id, self.policy, self.store_names, standby=standby)
+
+    @property
+    def collector(self) -> RecordCollector:
+        """The changelog producer shared by all active tasks (created by :meth:`start`)."""
+        if self._collector is None:
+            raise IllegalStateError("task manager not started; call start() first")
+        return self._collector
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError(f"{self!r} is closed")
+
+    # -- start: startup standbys ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the changelog producer and every non-empty local task directory as a startup standby.
+
+        Corrupted state is wiped here, before any assignment (seed 004). At
+        most ``max_startup_tasks`` startup standbys stay open until the first
+        :meth:`assign`; the others are verified (and wiped if corrupted) and
+        closed again. Under exactly-once the producer fences this instance's
+        previous incarnation and aborts its open transaction.
+        """
+        self._check_open()
+        if self._started:
+            return
+        self._started = True
+        self.changelog.log_dir.mkdir(parents=True, exist_ok=True)  # an empty changelog is a valid one
+        tid = f"{self.directory.application_id}-{self.directory.process_id}" if self.policy.eos else None
+        self._collector = RecordCollector(self.changelog, tid)
+        for task_id in self.directory.non_empty_task_dirs():
+            task = StandbyTask(task_id, self._state_manager(task_id, standby=True), self.changelog)
+            try:
+                self._initialize(task)
+            except LockError as e:
+                log.info("task %s: not opened as a startup standby: %s", task_id, e)
+                continue
+            if task.state is not TaskState.RUNNING or self.directory.is_empty(task_id):
+                self._close(task, clean=True)  # wiped: nothing worth keeping open
+            elif len(self._startup) < self.max_startup_tasks:
+                self._startup[task_id] = task
+            else:
+                self._close(task, clean=True)
+
+    def startup_tasks(self) -> list[StandbyTask]:
+        """Startup standbys not yet claimed by an assignment."""
+        return list(self._startup.values())
+
+    # -- initialization and corruption ----------------------------------------------------------
+
+    def _initialize(self, task: Task) -> None:
+        """Initialize a CREATED task; corrupted local state is wiped and the task initialized again.
+
+        ``LockError`` propagates (retry on the next poll).
+        """
+        for _ in range(3):
+            try:
+                task.initialize()
+                return
+            except TaskCorruptedError as e:
+                log.warning("%s", e)
+                task.close_dirty_and_revive(wipe=True)
+        raise TaskCorruptedError(
+            f"{task.kind} task {task.id}: still corrupted after being wiped three times; "
+            f"check {self.directory.task_dir(task.id)} and the changelog",
+            task_ids=frozenset({task.id}),
+            task_id=task.id,
+            path=self.directory.task_dir(task.id),
+        )
+
+    def _initialize_pending(self) -> None:
+        for task in [*self._active.values(), *self._standby.values()]:
+            if task.state is not TaskState.CREATED:
+                continue
+            try:
+                self._initialize(task)
+            except LockError as e:
+                log.debug("task %s: lock not available yet (%s); retrying on the next poll", task.id, e)
+                continue
+            self.updater.add(task)
+
+    def _handle_corrupted(self, task: Task, error: StateStoreError) -> None:
+        """Close dirty, wipe, revive: the task is restored again from its changelog's start."""
+        log.warning("%s task %s is corrupted (%s); wiping and restoring it", task.kind, task.id, error)
+        self.updater.remove(task.id, SuspendReason.MIGRATED)
+        if isinstance(task, ActiveTask):
+            task.abort()
+        task.close_dirty_and_revive(wipe=True)
+
+    def handle_corruption(self, task_ids: Iterable[TaskId]) -> None:
+        """Wipe and restore these tasks (standbys first); other tasks keep running.
+
+        The open transaction is committed first for the tasks that are not
+        corrupted, as Kafka does, so their work is not lost.
+        """
+        ids = set(task_ids)
+        for tid in sorted(ids):
+            if tid in self._standby:
+                self._handle_corrupted(self._standby[tid], TaskCorruptedError(f"task {tid} marked corrupted"))
+        for tid in sorted(ids):
+            if tid in self._active:
+                self._active[tid].abort()
+        try:
+            self.commit()
+        finally:
+            for tid in sorted(ids):
+                if tid in self._active:
+                    self._handle_corrupted(self._active[tid], TaskCorruptedError(f"task {tid} marked corrupted"))
+
+    # -- assignment ------------------------------------------------------------------------------
+
+    def assign(self, active: Iterable[TaskId], standby: Iterable[TaskId]) -> None:
+        """Make this instance own exactly ``active`` and ``standby`` tasks.
+
+        Tasks kept stay as they are; tasks moving between active and standby
+        are recycled (same stores, offsets and lock); revoked tasks are
+        committed, suspended and closed cleanly; new tasks are created
+        (startup standbys first) and initialized by the next :meth:`poll`.
+        """
+        self._check_open()
+        self.start()
+        want_active, want_standby = set(active), set(standby)
+        both = want_active & want_standby
+        if both:
+            raise ValueError(f"tasks assigned both as active and standby: {sorted(map(str, both))}")
+        leaving = [t for tid, t in self._active.items() if tid not in want_active]
+        if any(t.commit_needed for t in leaving):
+            self.commit()
+        # Actives: keep, recycle to standby, or close.
+        for tid, task in list(self._active.items()):
+            if tid in want_active:
+                continue
+            del self._active[tid]
+            self.updater.remove(tid)
+            if tid in want_standby:
+                self._standby[tid] = self._recycle_to_standby(task)
+            else:
+                self._close(task, clean=True)
+        # Standbys: keep, promote, or close.
+        for tid, standby_task in list(self._standby.items()):
+            if tid in want_standby:
+                continue
+            del self._standby[tid]
+            if tid in want_active:
+                self.updater.remove(tid, SuspendReason.PROMOTED)
+                self._active[tid] = self._recycle_to_active(standby_task)
+            else:
+                self.updater.remove(tid, SuspendReason.MIGRATED)
+                self._close(standby_task, clean=True)
+        # Startup standbys first, then new tasks.
+        for tid in sorted(want_active - set(self._active)):
+            startup = self._startup.pop(tid, None)
+            if startup is not None:
+                self._active[tid] = self._recycle_to_active(startup)
+            else:
+                self._active[tid] = ActiveTask(
+                    tid, self._state_manager(tid, standby=False), self.changelog, self.collector
+                )
+        for tid in sorted(want_standby - set(self._standby)):
+            startup = self._startup.pop(tid, None)
+            if startup is not None:
+                self._standby[tid] = startup
+                self.updater.add(startup)
+            else:
+                self._standby[tid] = StandbyTask(tid, self._state_manager(tid, standby=True), self.changelog)
+        # Startup standbys nobody claimed are closed: memory stays bounded.
+        for tid in list(self._startup):
+            self._close(self._startup.pop(tid), clean=True)
+        self._initialize_pending()
+
+    def _recycle_to_standby(self, task: ActiveTask) -> StandbyTask:
+        """Suspend (offsets recorded as the policy says) and hand the state manager to a new standby."""
+        task.suspend()
+        return task.recycle()  # CREATED; the next _initialize_pending() adds it to the updater
+
+    def _recycle_to_active(self, task: StandbyTask) -> ActiveTask:
+        active = task.recycle()
+        active.sender = self.collector
+        return active
+
+    def _close(self, task: Task, *, clean: bool) -> None:
+        try:
+            task.close(clean=clean)
+        except StateStoreError as e:
+            if not clean:
+                raise
+            log.warning("%s task %s: clean close failed (%s); closing dirty", task.kind, task.id, e)
+            task.close(clean=False)
+
+    # -- polling -----------------------------------------------------------------------------
+
+    def poll(self, timeout: float | None = None) -> bool:
+        """Initialize new tasks, restore and update for at most a time slice, commit on the interval.
+
+        Returns True when every active task is RUNNING.
+        """
+        self._check_open()
+        self._initialize_pending()
+        self.updater.poll(timeout)
+        for task, error in self.updater.drain_failed():
+            self._handle_corrupted(task, error)
+        self._initialize_pending()
+        if self._clock() - self._last_commit >= self.commit_interval:
+            self.commit()
+        return self.all_running()
+
+    def all_running(self) -> bool:
+        """Whether every active task is RUNNING."""
+        return all(t.state is TaskState.RUNNING for t in self._active.values())
+
+    def restore(self, timeout: float | None = None) -> bool:
+        """Poll until every active task is RUNNING (True) or ``timeout`` seconds passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.poll():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
+
+    # -- access ------------------------------------------------------------------------------
+
+    def task(self, task_id: TaskId) -> Task:
+        """The active or standby task ``task_id`` (``KeyError`` if this instance does not own it)."""
+        task: Task | None = self._active.get(task_id) or self._standby.get(task_id)
+        if task is None:
+            raise KeyError(f"task {task_id} is not assigned to this instance")
+        return task
+
+    def active_task(self, task_id: TaskId) -> ActiveTask:
+        """The active task ``task_id``."""
+        try:
+            return self._active[task_id]
+        except KeyError:
+            raise KeyError(f"task {task_id} is not an active task of this instance") from None
+
+    def tasks(self) -> dict[TaskId, Task]:
+        """Every owned task, active and standby."""
+        return {**self._standby, **self._active}
+
+    def active_tasks(self) -> dict[TaskId, ActiveTask]:
+        """The active tasks."""
+        return dict(self._active)
+
+    def standby_tasks(self) -> dict[TaskId, StandbyTask]:
+        """The standby tasks."""
+        return dict(self._standby)
+
+    # -- commit and close ----------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Commit every task.
+
+        Exactly-once: commit the changelog transaction, then let each RUNNING
+        active task apply its staged writes with the offsets they were written
+        at. At-least-once: flush the changelog, then apply and record offsets
+        as the policy says. Standbys record their offsets (both guarantees).
+        If the changelog commit fails the transaction is aborted, every
+        task's staged writes are dropped and the error is raised; a fenced
+        producer means another instance took over: close dirty.
+        """
+        self._check_open()
+        self._last_commit = self._clock()
+        running = [t for t in self._active.values() if t.state is TaskState.RUNNING]
+        if self._collector is not None:
+            try:
+                self._collector.commit()
+            except ProducerFencedError:
+                for t in running:
+                    t.abort()
+                raise
+            except LogError:
+                self._collector.abort()
+                for t in running:
+                    t.abort()
+                raise
+        for t in running:
+            if t.commit_needed:
+                t.commit()
+        self.updater.record_offsets()
+
+    def close(self, clean: bool = True) -> None:
+        """Close every task (committing first when clean), the updater and the producer.
+
+        A dirty close aborts the open transaction and records nothing beyond
+        what the policy keeps for a dirty close.
+        """
+        if self._closed:
+            return
+        try:
+            if clean:
+                try:
+                    self.commit()
+                except StateStoreError as e:
+                    log.warning("final commit failed (%s); closing dirty", e)
+                    clean = False
+            if not clean and self._collector is not None:
+                try:
+                    self._collector.abort()
+                except StateStoreError as e:
+                    log.warning("aborting the transaction failed: %s", e)
+            self.updater.close()
+            for task in [*self._active.values(), *self._standby.values(), *self._startup.values()]:
+                self.updater.remove(task.id)
+                self._close(task, clean=clean)
+            self._active.clear()
+            self._standby.clear()
+            self._startup.clear()
+        finally:
+            self._closed = True
+            if self._collector is not None:
+                try:
+                    self._collector.close()
+                except StateStoreError as e:
+                    log.warning("closing the changelog producer failed: %s", e)
+            if self._owns_directory:
+                self.directory.close()
+
+    def __enter__(self) -> TaskManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(clean=exc == (None, None, None))
+
+
+__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "RecordCollector", "TaskManager"]
