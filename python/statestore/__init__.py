@@ -21,6 +21,14 @@ from statestore.errors import (
 )
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
 from statestore.log import LogReader, Producer, Record, SegmentLog
+from statestore.restore import (
+    RestoreListener,
+    RestoreResult,
+    RestoreSpec,
+    SkippedRecords,
+    restore_many,
+    restore_store,
+)
 
 __version__ = "0.1.0"
 
@@ -37,7 +45,11 @@ __all__ = [
     "ProducerFencedError",
     "Record",
     "RestoreError",
+    "RestoreListener",
+    "RestoreResult",
+    "RestoreSpec",
     "SegmentLog",
+    "SkippedRecords",
     "StateStoreError",
     "StoreError",
     "TaskCorruptedError",
@@ -46,4 +58,6 @@ __all__ = [
     "TransactionStateError",
     "UnsupportedCompressionError",
     "changelog_topic",
+    "restore_many",
+    "restore_store",
 ]

@@ -25,6 +25,8 @@ def restore_store(
     memory_budget_bytes: int = ...,
     listener: object | None = None,
     progress_interval: float = 0.1,
+    write_buffer_bytes: int = ...,
+    chunk_bytes: int = ...,
 ) -> _Outcome: ...
 def restore_many(
     specs: Sequence[tuple[_Path, _Path, tuple[str, int], int | None, str, int, object | None, float]],

@@ -27,6 +27,7 @@ use pyo3::prelude::*;
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     py::fileio::register(m)?;
     py::log::register(m)?;
+    py::restore::register(m)?;
     py::store::register(m)?;
     Ok(())
 }

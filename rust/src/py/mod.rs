@@ -5,6 +5,7 @@
 
 pub mod fileio;
 pub mod log;
+pub mod restore;
 pub mod store;
 
 use pyo3::prelude::*;

@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{replay, restore_options, Applied, ErrorKind, Listener, Progress, RestoreError, DEFAULT_CHUNK_BYTES};
+use super::{
+    replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, DEFAULT_CHUNK_BYTES,
+    DEFAULT_WRITE_BUFFER_BYTES,
+};
 use crate::bulk::{bulk, scratch_dir, BulkOptions};
 use crate::source::{ChangelogSource, SkipCounts, SourceError};
 use crate::store::Store;
@@ -74,6 +77,8 @@ pub struct RestoreSpec {
     pub progress_interval: Duration,
     /// Bytes of log per chunk (one `WriteBatch` in replay).
     pub chunk_bytes: usize,
+    /// Memtable size of the store while restoring.
+    pub write_buffer_bytes: usize,
 }
 
 impl RestoreSpec {
@@ -87,6 +92,7 @@ impl RestoreSpec {
             memory_budget: 256 << 20,
             progress_interval: Duration::from_millis(100),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            write_buffer_bytes: DEFAULT_WRITE_BUFFER_BYTES,
         }
     }
 
@@ -121,7 +127,8 @@ pub fn restore(
     let t0 = Instant::now();
     let tp = spec.tp();
     let path = &spec.store_path;
-    let store = Store::open_with(path, restore_options()).map_err(|e| RestoreError::store(&tp, e))?;
+    let store = Store::open_with(path, restore_options_with(spec.write_buffer_bytes))
+        .map_err(|e| RestoreError::store(&tp, e))?;
     let scratch = scratch_dir(path);
     if scratch.exists() {
         std::fs::remove_dir_all(&scratch).map_err(|e| {

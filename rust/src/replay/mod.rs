@@ -11,6 +11,7 @@
 pub mod ceiling;
 pub mod engine;
 mod progress;
+pub mod segment_log;
 
 pub use progress::{Listener, Progress};
 
@@ -110,12 +111,22 @@ pub struct Applied {
     pub last_offset: Option<i64>,
 }
 
+/// Memtable size of a store opened for restoring.
+pub const DEFAULT_WRITE_BUFFER_BYTES: usize = 64 << 20;
+
 /// Options a store is opened with for restoring: big memtables so flushes are
 /// few and large, no compression (as Kafka Streams), two background jobs.
 /// `atomic_flush` and the column families are enforced by [`Store::open_with`].
 pub fn restore_options() -> Options {
+    restore_options_with(DEFAULT_WRITE_BUFFER_BYTES)
+}
+
+/// [`restore_options`] with another memtable size. With the WAL off, replay
+/// progress reaches disk when memtables are flushed, so smaller memtables
+/// mean less work lost to a crash (and more, smaller files).
+pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
     let mut o = store_options(true);
-    o.set_write_buffer_size(64 << 20);
+    o.set_write_buffer_size(write_buffer_bytes.max(64 << 10));
     o.set_max_write_buffer_number(4);
     o.set_max_background_jobs(2);
     o.set_compression_type(DBCompressionType::None);

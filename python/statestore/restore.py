@@ -1,0 +1,265 @@
+"""Restoring stores from their changelogs, in Rust, with the GIL released.
+
+``restore_store`` brings one store up to date with one changelog partition of a
+segment log; ``restore_many`` does that for many (store, partition) pairs on a
+pool of native threads. Two modes do the work:
+
+- **replay** applies the committed records in order, one large RocksDB
+  ``WriteBatch`` per chunk of log, write-ahead log off, the offset of the last
+  applied record written in the same batch; both column families are flushed
+  together, so the store on disk is always a committed prefix with its offset.
+- **bulk** keeps only the last value per key (tombstones remove), sorts, writes
+  SST files and ingests them at once, then records the offset. Memory stays
+  within ``memory_budget_bytes`` by spilling sorted runs beside the store.
+  Nothing touches the store before the ingestion.
+
+``mode="auto"`` (the default) uses bulk for a store without data and replay
+otherwise. Restoring starts at the store's recorded offset + 1 (or the log's
+start) and ends at ``end_offset`` or, by default, the last stable offset when
+the restore starts. Records of aborted transactions, transaction markers and
+records without a key are skipped and counted.
+
+A listener with Kafka's ``StateRestoreListener`` shape is called from the
+restoring thread at most once per ``progress_interval`` seconds; if it raises,
+that restore stops with a :class:`~statestore.errors.RestoreError` (whose
+``__cause__`` is the listener's exception) and the store keeps a committed
+state with its offset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from statestore import _native
+from statestore.errors import RestoreError, StateStoreError
+from statestore.ids import OFFSET_UNKNOWN, TopicPartition
+
+#: Default memory budget of a bulk restore (keys, values and merge buffers).
+DEFAULT_MEMORY_BUDGET: int = 256 * 2**20
+#: Default least time, in seconds, between two progress calls of a listener.
+DEFAULT_PROGRESS_INTERVAL: float = 0.1
+
+MODES = ("auto", "replay", "bulk")
+
+
+@runtime_checkable
+class RestoreListener(Protocol):
+    """Progress of restores, with the shape of Kafka's ``StateRestoreListener``.
+
+    Methods are called from the restoring (native) thread, never per record.
+    """
+
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
+        """The restore of ``[start_offset, end_offset)`` begins."""
+
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
+        """Records up to ``batch_end_offset`` are applied (replay) or read (bulk);
+        ``num_restored`` records since the previous call."""
+
+    def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
+        """The restore finished; ``total_restored`` records were applied."""
+
+
+class HasLogDir(Protocol):
+    """Anything that names a segment log directory, such as ``statestore.log.SegmentLog``."""
+
+    @property
+    def log_dir(self) -> Path:
+        """The directory holding ``<topic>-<partition>/`` segment folders."""
+        ...
+
+
+#: A segment log, or the path of its directory.
+LogLike = HasLogDir | str | os.PathLike[str]
+
+
+def _log_dir(log: LogLike) -> Path:
+    if isinstance(log, (str, os.PathLike)):
+        return Path(log)
+    return Path(log.log_dir)
+
+
+@dataclass(frozen=True)
+class SkippedRecords:
+    """Records a restore stepped over, by reason."""
+
+    #: Data records of aborted transactions.
+    aborted: int = 0
+    #: Control records (transaction markers).
+    control: int = 0
+    #: Committed records without a key.
+    null_key: int = 0
+
+    @property
+    def total(self) -> int:
+        """All skipped records."""
+        return self.aborted + self.control + self.null_key
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What one restore did, or, with ``error`` set, why it failed (``restore_many``)."""
+
+    tp: TopicPartition
+    store_path: Path
+    #: ``"replay"`` or ``"bulk"`` (the mode asked for, when the restore failed early).
+    mode: str
+    #: First offset read (the store's recorded offset + 1, or the log's start).
+    start_offset: int
+    #: Exclusive end reached.
+    end_offset: int
+    records_applied: int
+    records_skipped: SkippedRecords
+    bytes_read: int
+    seconds: float
+    #: Offset the store records afterwards (``None``: no record applied yet).
+    offset: int | None
+    error: StateStoreError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the restore completed."""
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class RestoreSpec:
+    """One restore for :func:`restore_many`; fields as the arguments of :func:`restore_store`."""
+
+    store_path: str | os.PathLike[str]
+    log: LogLike
+    tp: TopicPartition
+    end_offset: int | None = None
+    mode: str = "auto"
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+    listener: RestoreListener | None = None
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+
+
+_Outcome = tuple[str, int, int, int, int, int, int, int, float, int | None]
+
+
+def _result(tp: TopicPartition, store_path: Path, o: _Outcome) -> RestoreResult:
+    mode, start, end, applied, aborted, control, null_key, bytes_read, seconds, offset = o
+    return RestoreResult(
+        tp=tp,
+        store_path=store_path,
+        mode=mode,
+        start_offset=start,
+        end_offset=end,
+        records_applied=applied,
+        records_skipped=SkippedRecords(aborted, control, null_key),
+        bytes_read=bytes_read,
+        seconds=seconds,
+        offset=offset,
+    )
+
+
+def _tp(tp: TopicPartition | tuple[str, int]) -> TopicPartition:
+    return tp if isinstance(tp, TopicPartition) else TopicPartition(*tp)
+
+
+def restore_store(
+    store_path: str | os.PathLike[str],
+    log: LogLike,
+    tp: TopicPartition,
+    *,
+    end_offset: int | None = None,
+    mode: str = "auto",
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+    listener: RestoreListener | None = None,
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
+) -> RestoreResult:
+    """Bring the store at ``store_path`` up to date with partition ``tp`` of ``log``.
+
+    The store is created if missing (its parent directory must exist). Raises
+    :class:`~statestore.errors.RestoreError` (bad range, listener raised),
+    :class:`~statestore.errors.StoreError`, or a
+    :class:`~statestore.errors.LogError` subclass; in every case the store
+    keeps a committed state with its offset (bulk: its previous state).
+    """
+    tp = _tp(tp)
+    path = Path(store_path)
+    out = _native.restore_store(
+        path, _log_dir(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval
+    )
+    return _result(tp, path, out)
+
+
+def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) -> list[RestoreResult]:
+    """Run many restores on ``threads`` native threads (default: one per core, at most one per spec).
+
+    Results come back in the order of ``specs``. A failing restore does not
+    raise: its result carries the exception in ``error`` and the other
+    restores go on. Two specs must not name the same store.
+    """
+    if threads is None:
+        threads = min(len(specs), os.cpu_count() or 1)
+    if threads < 1 and specs:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    paths = [Path(s.store_path) for s in specs]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ValueError("restore_many: two specs name the same store; restore each store once")
+    native_specs = [
+        (
+            p,
+            _log_dir(s.log),
+            _tp(s.tp),
+            s.end_offset,
+            s.mode,
+            s.memory_budget_bytes,
+            s.listener,
+            s.progress_interval,
+        )
+        for p, s in zip(paths, specs, strict=True)
+    ]
+    out = _native.restore_many(native_specs, max(threads, 1))
+    results = []
+    for p, s, (outcome, err) in zip(paths, specs, out, strict=True):
+        tp = _tp(s.tp)
+        if outcome is not None:
+            results.append(_result(tp, p, outcome))
+        else:
+            if not isinstance(err, StateStoreError):
+                wrapped = RestoreError(f"restoring store {p} from {tp} failed: {err!r}", path=p)
+                wrapped.__cause__ = err
+                err = wrapped
+            results.append(
+                RestoreResult(
+                    tp=tp,
+                    store_path=p,
+                    mode=s.mode,
+                    start_offset=OFFSET_UNKNOWN,
+                    end_offset=OFFSET_UNKNOWN,
+                    records_applied=0,
+                    records_skipped=SkippedRecords(),
+                    bytes_read=0,
+                    seconds=0.0,
+                    offset=None,
+                    error=err,
+                )
+            )
+    return results
+
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_PROGRESS_INTERVAL",
+    "MODES",
+    "HasLogDir",
+    "LogLike",
+    "RestoreListener",
+    "RestoreResult",
+    "RestoreSpec",
+    "SkippedRecords",
+    "restore_many",
+    "restore_store",
+]

@@ -1,0 +1,226 @@
+//! Binding of the restore engine ([`crate::replay::engine`]): one call per
+//! restore (or per list of restores), the GIL released for all of it; the
+//! Python listener is called from the restoring thread, throttled.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::error;
+use crate::replay::engine::{self, ChangelogLog, Mode, RestoreOutcome, RestoreSpec};
+use crate::replay::segment_log::SegmentLogDir;
+use crate::replay::{
+    ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
+};
+use crate::store::Store;
+
+/// `(mode, start_offset, end_offset, records_applied, skipped_aborted,
+/// skipped_control, skipped_null_key, bytes_read, seconds, offset)`.
+type OutcomeTuple = (&'static str, i64, i64, u64, u64, u64, u64, u64, f64, Option<i64>);
+
+fn outcome_tuple(o: &RestoreOutcome) -> OutcomeTuple {
+    (
+        o.mode.name(),
+        o.start_offset,
+        o.end_offset,
+        o.records_applied,
+        o.skipped.aborted,
+        o.skipped.control,
+        o.skipped_null_key,
+        o.bytes_read,
+        o.seconds,
+        o.offset,
+    )
+}
+
+/// A Python object with `on_restore_start/on_batch_restored/on_restore_end`.
+/// The exception it raises is kept so that it becomes the `__cause__` of the
+/// `RestoreError`.
+struct PyListener {
+    obj: Py<PyAny>,
+    tp: Py<PyAny>,
+    store_name: String,
+    raised: Arc<Mutex<Option<PyErr>>>,
+}
+
+impl PyListener {
+    fn call(&mut self, method: &str, a: i64, b: Option<i64>) -> Result<(), String> {
+        Python::attach(|py| {
+            let tp = self.tp.clone_ref(py);
+            let name = self.store_name.clone();
+            let r = match b {
+                Some(b) => self.obj.call_method1(py, method, (tp, name, a, b)),
+                None => self.obj.call_method1(py, method, (tp, name, a)),
+            };
+            r.map(drop).map_err(|e| {
+                let msg = e.to_string();
+                *self.raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                msg
+            })
+        })
+    }
+}
+
+impl Listener for PyListener {
+    fn on_start(&mut self, start_offset: i64, end_offset: i64) -> Result<(), String> {
+        self.call("on_restore_start", start_offset, Some(end_offset))
+    }
+    fn on_batch(&mut self, batch_end_offset: i64, num_restored: u64) -> Result<(), String> {
+        self.call("on_batch_restored", batch_end_offset, Some(num_restored as i64))
+    }
+    fn on_end(&mut self, total_restored: u64) -> Result<(), String> {
+        self.call("on_restore_end", total_restored as i64, None)
+    }
+}
+
+fn to_pyerr(e: RestoreError, raised: &Arc<Mutex<Option<PyErr>>>) -> PyErr {
+    let err = error(e.kind.class_name(), e.message);
+    if e.kind == ErrorKind::Listener {
+        if let Some(cause) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Python::attach(|py| err.set_cause(py, Some(cause)));
+        }
+    }
+    err
+}
+
+/// One restore as Python describes it.
+struct Job {
+    log: SegmentLogDir,
+    spec: RestoreSpec,
+    listener: Option<PyListener>,
+    raised: Arc<Mutex<Option<PyErr>>>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn job(
+    tp: &Bound<'_, PyAny>,
+    store_path: PathBuf,
+    log_dir: PathBuf,
+    end_offset: Option<i64>,
+    mode: &str,
+    memory_budget_bytes: usize,
+    listener: Option<Py<PyAny>>,
+    progress_interval: f64,
+) -> PyResult<Job> {
+    let topic: String = tp.getattr("topic")?.extract()?;
+    let partition: i32 = tp.getattr("partition")?.extract()?;
+    let mode = Mode::parse(mode).ok_or_else(|| {
+        error("RestoreError", format!("restoring {topic}-{partition}: unknown mode {mode:?}, use auto, replay or bulk"))
+    })?;
+    if !(progress_interval >= 0.0 && progress_interval.is_finite()) {
+        return Err(error("RestoreError", format!("progress interval must be >= 0 seconds, got {progress_interval}")));
+    }
+    let mut spec = RestoreSpec::new(store_path, &topic, partition);
+    spec.end_offset = end_offset;
+    spec.mode = mode;
+    spec.memory_budget = memory_budget_bytes;
+    spec.progress_interval = Duration::from_secs_f64(progress_interval);
+    let raised = Arc::new(Mutex::new(None));
+    let store_name = spec.store_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let listener = listener.map(|obj| PyListener { obj, tp: tp.clone().unbind(), store_name, raised: raised.clone() });
+    Ok(Job { log: SegmentLogDir(log_dir), spec, listener, raised })
+}
+
+/// Restore the store at `store_path` from partition `tp` (a `TopicPartition`)
+/// of the segment log in `log_dir`. Returns the outcome tuple; raises the
+/// `statestore.errors` class of the failure. The GIL is released throughout.
+/// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
+/// `WriteBatch`) are tuning knobs for tests and tools.
+#[pyfunction]
+#[pyo3(signature = (store_path, log_dir, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES))]
+#[allow(clippy::too_many_arguments)]
+fn restore_store(
+    py: Python<'_>,
+    store_path: PathBuf,
+    log_dir: PathBuf,
+    tp: &Bound<'_, PyAny>,
+    end_offset: Option<i64>,
+    mode: &str,
+    memory_budget_bytes: usize,
+    listener: Option<Py<PyAny>>,
+    progress_interval: f64,
+    write_buffer_bytes: usize,
+    chunk_bytes: usize,
+) -> PyResult<OutcomeTuple> {
+    let mut j = job(tp, store_path, log_dir, end_offset, mode, memory_budget_bytes, listener, progress_interval)?;
+    j.spec.write_buffer_bytes = write_buffer_bytes;
+    j.spec.chunk_bytes = chunk_bytes.max(1);
+    let r = py.detach(|| engine::restore(&j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)));
+    r.map(|o| outcome_tuple(&o)).map_err(|e| to_pyerr(e, &j.raised))
+}
+
+/// Spec tuple of `restore_many`: `(store_path, log_dir, tp, end_offset, mode,
+/// memory_budget_bytes, listener, progress_interval)`.
+type SpecTuple = (PathBuf, PathBuf, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64);
+
+/// Restore many stores on `threads` native threads. Returns, per spec in
+/// order, `(outcome_tuple, None)` or `(None, exception)`.
+#[pyfunction]
+#[pyo3(signature = (specs, threads))]
+fn restore_many(
+    py: Python<'_>,
+    specs: Vec<SpecTuple>,
+    threads: usize,
+) -> PyResult<Vec<(Option<OutcomeTuple>, Option<PyErr>)>> {
+    let mut jobs = Vec::with_capacity(specs.len());
+    for (store_path, log_dir, tp, end, mode, budget, listener, interval) in specs {
+        jobs.push(job(tp.bind(py), store_path, log_dir, end, &mode, budget, listener, interval)?);
+    }
+    let raised: Vec<_> = jobs.iter().map(|j| j.raised.clone()).collect();
+    let results = py.detach(|| {
+        engine::run_pool(
+            jobs,
+            threads,
+            |mut j| engine::restore(&j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)),
+            |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
+        )
+    });
+    Ok(results
+        .into_iter()
+        .zip(raised)
+        .map(|(r, raised)| match r {
+            Ok(o) => (Some(outcome_tuple(&o)), None),
+            Err(e) => (None, Some(to_pyerr(e, &raised))),
+        })
+        .collect())
+}
+
+/// Benchmark helper: decode `[log start, end)` of `tp` into memory, then
+/// write it into a new store at `store_path` exactly as replay batches it.
+/// Returns `(seconds spent writing, records)`; decoding is not timed.
+#[pyfunction]
+#[pyo3(signature = (store_path, log_dir, tp, end_offset=None))]
+fn restore_write_ceiling(
+    py: Python<'_>,
+    store_path: PathBuf,
+    log_dir: PathBuf,
+    tp: &Bound<'_, PyAny>,
+    end_offset: Option<i64>,
+) -> PyResult<(f64, u64)> {
+    let j = job(tp, store_path, log_dir, end_offset, "replay", 0, None, 0.0)?;
+    let none = Arc::new(Mutex::new(None));
+    py.detach(|| {
+        let tpname = j.spec.tp();
+        let log_err = |e| RestoreError::new(ErrorKind::Log, format!("reading {tpname} in {}: {e}", j.log.0.display()));
+        let b = j.log.bounds(&j.spec.topic, j.spec.partition).map_err(log_err)?;
+        let end = j.spec.end_offset.unwrap_or(b.last_stable);
+        let mut src = j.log.open(&j.spec.topic, j.spec.partition, b.start).map_err(log_err)?;
+        let chunks = ceiling::decode(src.as_mut(), end, j.spec.chunk_bytes)
+            .map_err(|e| RestoreError::new(ErrorKind::Log, format!("decoding {tpname}: {e}")))?;
+        let n = chunks.iter().map(|c| c.len() as u64).sum();
+        let store =
+            Store::open_with(&j.spec.store_path, restore_options()).map_err(|e| RestoreError::store(&tpname, e))?;
+        let t = ceiling::write(&store, &tpname, &chunks)?;
+        Ok((t.as_secs_f64(), n))
+    })
+    .map_err(|e| to_pyerr(e, &none))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(restore_store, m)?)?;
+    m.add_function(wrap_pyfunction!(restore_many, m)?)?;
+    m.add_function(wrap_pyfunction!(restore_write_ceiling, m)?)?;
+    Ok(())
+}
