@@ -374,3 +374,40 @@ def test_second_writer_process_gets_a_clear_lock_error(tmp_path: Path) -> None:
     finally:
         child.communicate("\n", timeout=30)
     assert SegmentLog(tmp_path).producer().send("t", 0, None, b"z") == 1
+
+
+_ZOMBIE = textwrap.dedent(
+    """
+    import sys
+    from statestore import SegmentLog, ProducerFencedError
+    log = SegmentLog(sys.argv[1])
+    p = log.producer("shared-id")
+    p.begin()
+    p.send("t", 0, b"k", b"zombie")
+    log.close()  # lets go of the partition; the producer object lives on
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for call in (lambda: p.send("t", 0, b"k", b"late"), p.commit):
+        try:
+            call()
+            print("accepted", flush=True)
+        except ProducerFencedError:
+            print("fenced", flush=True)
+    """
+)
+
+
+def test_zombie_in_another_process_is_fenced(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ZOMBIE, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    log = SegmentLog(tmp_path)
+    fresh = log.producer("shared-id")
+    out, _ = child.communicate("\n", timeout=30)
+    assert out.split() == ["fenced", "fenced"]
+    assert log.offsets(TP._replace(topic="t")) == (0, 2, 2)
+    fresh.begin()
+    fresh.send("t", 0, b"k", b"fresh")
+    fresh.commit()
+    assert values(list(log.read(("t", 0)))) == [b"fresh"]

@@ -20,7 +20,7 @@ mod compression;
 pub mod varint;
 
 pub use compression::{codec_name, compress, decompress, Compression, MAX_DECOMPRESSED};
-use varint::{read_varint, read_varlong, write_varint, write_varlong, VarintError};
+use varint::{read_varint, read_varlong, varlong_len, write_varint, write_varlong, VarintError};
 
 /// Bytes of the batch header, records excluded.
 pub const HEADER_LEN: usize = 61;
@@ -502,34 +502,34 @@ impl BatchBuilder {
         let delta = (offset - self.base_offset) as i32;
         self.last_offset_delta = delta;
         self.count += 1;
-        // Encode the record, then append it behind its length.
-        let mut rec = Vec::with_capacity(16 + key.map_or(0, <[u8]>::len) + value.map_or(0, <[u8]>::len));
-        rec.push(0u8);
-        write_varlong(&mut rec, timestamp - self.first_timestamp);
-        write_varint(&mut rec, delta);
-        for b in [key, value] {
-            match b {
-                Some(b) => {
-                    write_varint(&mut rec, b.len() as i32);
-                    rec.extend_from_slice(b);
-                }
-                None => write_varint(&mut rec, -1),
-            }
-        }
-        write_varint(&mut rec, headers.len() as i32);
+        let ts_delta = timestamp - self.first_timestamp;
+        let field = |b: Option<&[u8]>| b.map_or(1, |b| varlong_len(b.len() as i64) + b.len());
+        let mut body = 1 + varlong_len(ts_delta) + varlong_len(delta as i64) + field(key) + field(value);
+        body += varlong_len(headers.len() as i64);
         for (k, v) in headers {
-            write_varint(&mut rec, k.len() as i32);
-            rec.extend_from_slice(k);
-            match v {
-                Some(v) => {
-                    write_varint(&mut rec, v.len() as i32);
-                    rec.extend_from_slice(v);
-                }
-                None => write_varint(&mut rec, -1),
-            }
+            body += field(Some(k)) + field(*v);
         }
-        write_varint(&mut self.records, rec.len() as i32);
-        self.records.extend_from_slice(&rec);
+        // Length first, then the fields straight into the batch buffer.
+        let out = &mut self.records;
+        out.reserve(body + 5);
+        write_varint(out, body as i32);
+        out.push(0u8);
+        write_varlong(out, ts_delta);
+        write_varint(out, delta);
+        let put = |out: &mut Vec<u8>, b: Option<&[u8]>| match b {
+            Some(b) => {
+                write_varint(out, b.len() as i32);
+                out.extend_from_slice(b);
+            }
+            None => write_varint(out, -1),
+        };
+        put(out, key);
+        put(out, value);
+        write_varint(out, headers.len() as i32);
+        for (k, v) in headers {
+            put(out, Some(k));
+            put(out, *v);
+        }
     }
 
     /// Append the finished batch to `out`, compressing the records with

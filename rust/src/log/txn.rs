@@ -28,7 +28,8 @@ use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::writer::{acquire, PartitionWriter, WriterConfig};
@@ -307,7 +308,7 @@ impl Log {
     /// (and finishes the transaction of) any earlier producer with that id.
     pub fn producer(self: &Arc<Self>, transactional_id: Option<&str>) -> Result<Producer, LogError> {
         let Some(id) = transactional_id else {
-            return Ok(Producer { log: self.clone(), txn: None });
+            return Ok(Producer { log: self.clone(), txn: None, targets: Vec::new(), last: 0 });
         };
         if id.is_empty() {
             return Err(LogError::Other("transactional id must not be empty (pass None for a plain producer)".into()));
@@ -327,9 +328,12 @@ impl Log {
         g.state.entries.insert(id.to_string(), entry);
         // Fence first (the saved epoch), then finish what the old producer left open.
         g.save()?;
+        let latest = identity(&self.dir, id);
+        latest.store(pack(pid, epoch), Ordering::SeqCst);
         self.complete(&mut g, id)?;
         drop(g);
-        let stamp = stamp(&self.dir.join(STATE_FILE));
+        let state_path = self.dir.join(STATE_FILE);
+        let stamp = stamp(&state_path);
         Ok(Producer {
             log: self.clone(),
             txn: Some(TxnProducer {
@@ -337,11 +341,15 @@ impl Log {
                 producer_id: pid,
                 epoch,
                 in_txn: false,
+                txn_gen: 0,
                 partitions: BTreeSet::new(),
-                sequences: HashMap::new(),
+                state_path,
+                latest,
                 stamp,
                 fenced_by: None,
             }),
+            targets: Vec::new(),
+            last: 0,
         })
     }
 
@@ -372,7 +380,9 @@ impl Log {
                 if e.epoch < i16::MAX - 1 {
                     e.epoch += 1;
                 }
+                let packed = pack(e.producer_id, e.epoch);
                 g.save()?;
+                identity(&self.dir, id).store(packed, Ordering::SeqCst);
             }
             self.complete(&mut g, id)?;
         }
@@ -383,6 +393,22 @@ impl Log {
     pub fn transactions(&self) -> Result<TxnStateFile, LogError> {
         load_state(&self.dir.join(STATE_FILE))
     }
+}
+
+/// The newest `(producer id, epoch)` of each transactional id known in this
+/// process, shared by its producers: a producer fenced by another producer of
+/// the same process notices on its very next call without any I/O.
+type Identity = Arc<AtomicI64>;
+
+fn pack(pid: i64, epoch: i16) -> i64 {
+    (pid << 16) | (epoch as u16 as i64)
+}
+
+fn identity(dir: &Path, id: &str) -> Identity {
+    static IDS: OnceLock<Mutex<HashMap<(PathBuf, String), Identity>>> = OnceLock::new();
+    let key = (fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()), id.to_string());
+    let mut m = IDS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
+    m.entry(key).or_insert_with(|| Arc::new(AtomicI64::new(i64::MIN))).clone()
 }
 
 type Stamp = Option<(u64, u64, i64, i64)>;
@@ -396,16 +422,33 @@ struct TxnProducer {
     producer_id: i64,
     epoch: i16,
     in_txn: bool,
+    /// Transactions begun so far; a target is in the open transaction when
+    /// its `txn_gen` equals this.
+    txn_gen: u64,
     partitions: BTreeSet<Tp>,
-    sequences: HashMap<Tp, i32>,
+    state_path: PathBuf,
+    latest: Identity,
     stamp: Stamp,
     fenced_by: Option<i16>,
+}
+
+/// A partition this producer writes, with its writer and sequence number.
+/// The writer is owned by the [`Log`] (so `close` releases it); a producer
+/// only keeps a weak handle and re-opens it through the log when it is gone.
+struct Target {
+    topic: String,
+    partition: i32,
+    writer: Weak<Mutex<PartitionWriter>>,
+    seq: i32,
+    txn_gen: u64,
 }
 
 /// A producer: plain (no producer id) or transactional.
 pub struct Producer {
     log: Arc<Log>,
     txn: Option<TxnProducer>,
+    targets: Vec<Target>,
+    last: usize,
 }
 
 impl Producer {
@@ -427,22 +470,57 @@ impl Producer {
         ))
     }
 
-    /// Raise `Fenced` if a newer epoch was saved for this id. Re-reads the
-    /// state file only when it changed (one `stat` per call otherwise).
-    fn check_fenced(&mut self) -> Result<(), LogError> {
-        let dir = self.log.dir.clone();
+    /// Raise `Fenced` if a newer producer of this id exists in this process
+    /// (an atomic load). Cheap enough for every record.
+    fn check_fenced_here(&mut self) -> Result<(), LogError> {
         let Some(t) = self.txn.as_mut() else { return Ok(()) };
         if let Some(by) = t.fenced_by {
             return Err(Self::fenced_error(t, by));
         }
-        let path = dir.join(STATE_FILE);
-        let now = stamp(&path);
+        let latest = t.latest.load(Ordering::SeqCst);
+        if latest != pack(t.producer_id, t.epoch) {
+            let by = latest as u16 as i16;
+            t.fenced_by = Some(by);
+            t.in_txn = false;
+            return Err(Self::fenced_error(t, by));
+        }
+        Ok(())
+    }
+
+    /// Raise `Fenced` if a newer epoch was saved for this id by any process.
+    /// Re-reads the state file only when it changed (one `stat` otherwise).
+    /// Done on begin, commit, abort, flush and whenever a partition is added
+    /// to the transaction or its writer is (re)opened; between those, another
+    /// process cannot have aborted this transaction on a partition this
+    /// process holds the writer lock of.
+    fn check_fenced(&mut self) -> Result<(), LogError> {
+        self.check_fenced_here()?;
+        let Some(t) = self.txn.as_mut() else { return Ok(()) };
+        let now = stamp(&t.state_path);
         if now != t.stamp {
-            let st = load_state(&path)?;
+            let st = load_state(&t.state_path)?;
             t.stamp = now;
             Self::check_entry(t, &st)?;
         }
         Ok(())
+    }
+
+    /// The index of the target for `topic`/`partition`, opening its writer on first use.
+    fn target(&mut self, topic: &str, partition: i32) -> Result<usize, LogError> {
+        let hit = |t: &Target| t.partition == partition && t.topic == topic;
+        if self.targets.get(self.last).is_some_and(hit) {
+            return Ok(self.last);
+        }
+        let i = match self.targets.iter().position(hit) {
+            Some(i) => i,
+            None => {
+                let writer = Arc::downgrade(&self.log.writer(topic, partition)?);
+                self.targets.push(Target { topic: topic.to_string(), partition, writer, seq: 0, txn_gen: 0 });
+                self.targets.len() - 1
+            }
+        };
+        self.last = i;
+        Ok(i)
     }
 
     fn check_entry(t: &mut TxnProducer, st: &TxnStateFile) -> Result<(), LogError> {
@@ -472,18 +550,19 @@ impl Producer {
         headers: &[(&[u8], Option<&[u8]>)],
         timestamp: Option<i64>,
     ) -> Result<i64, LogError> {
-        let tp = (topic.to_string(), partition);
         let meta = if self.txn.is_some() {
-            self.check_fenced()?;
+            self.check_fenced_here()?;
             if !self.in_transaction() {
                 return Err(self.state_error("send() of a transactional producer outside a transaction: call begin() first"));
             }
+            let i = self.target(topic, partition)?;
             let dir = self.log.dir.clone();
             let t = self.txn.as_mut().unwrap();
-            if !t.partitions.contains(&tp) {
-                partition_dir(&dir, topic, partition)?;
+            let target = &mut self.targets[i];
+            if target.txn_gen != t.txn_gen {
                 // Record the partition before writing to it, so a crash leaves
                 // a state that names every partition holding our records.
+                let tp = (topic.to_string(), partition);
                 let mut g = StateGuard::take(&dir)?;
                 let res = Self::check_entry(t, &g.state);
                 t.stamp = stamp(&g.path);
@@ -497,16 +576,31 @@ impl Producer {
                 e.partitions.insert(tp.clone());
                 g.save()?;
                 t.stamp = stamp(&g.path);
-                t.partitions.insert(tp.clone());
+                t.partitions.insert(tp);
+                target.txn_gen = t.txn_gen;
             }
-            let seq = t.sequences.entry(tp.clone()).or_insert(0);
-            let m = BatchMeta { producer_id: t.producer_id, producer_epoch: t.epoch, base_sequence: *seq, transactional: true, ..Default::default() };
-            *seq = seq.wrapping_add(1) & i32::MAX;
+            let m = BatchMeta {
+                producer_id: t.producer_id,
+                producer_epoch: t.epoch,
+                base_sequence: target.seq,
+                transactional: true,
+                ..Default::default()
+            };
+            target.seq = target.seq.wrapping_add(1) & i32::MAX;
             m
         } else {
             BatchMeta::default()
         };
-        let w = self.log.writer(topic, partition)?;
+        let i = self.target(topic, partition)?;
+        let w = match self.targets[i].writer.upgrade() {
+            Some(w) => w,
+            None => {
+                self.check_fenced()?;
+                let w = self.log.writer(topic, partition)?;
+                self.targets[i].writer = Arc::downgrade(&w);
+                w
+            }
+        };
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
         w.send(meta, timestamp.unwrap_or_else(now_ms), key, value, headers)
     }
@@ -528,6 +622,7 @@ impl Producer {
         }
         let t = self.txn.as_mut().unwrap();
         t.in_txn = true;
+        t.txn_gen += 1;
         t.partitions.clear();
         Ok(())
     }
