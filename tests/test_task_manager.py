@@ -1,0 +1,251 @@
+"""TaskManager: processing API, commit under both guarantees, corruption handling (reference §7, 47-50)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from rocksdict import Options, Rdict
+
+from statestore import IllegalStateError, LogError, SegmentLog, TaskId
+from statestore.store import OFFSETS_CF, STATUS_KEY, STATUS_OPEN, encode_i64
+from statestore.task import ActiveTask, TaskState
+from statestore.task_manager import TaskManager
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
+from support import STORE, Events, changelog_tp, close_all, manager, produce
+
+T = TaskId(0, 0)
+T2 = TaskId(0, 1)
+TP = changelog_tp(T)
+TP2 = changelog_tp(T2)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "log").mkdir()
+    return tmp_path
+
+
+def running(root: Path, guarantee: str, offsets: str = "store", *, active: list[TaskId] | None = None,
+            standby: list[TaskId] | None = None, **kw: object) -> TaskManager:
+    tm = manager(root, guarantee, offsets, **kw)  # type: ignore[arg-type]
+    tm.start()
+    tm.assign(active if active is not None else [T], standby or [])
+    assert tm.restore()
+    return tm
+
+
+def committed(root: Path, tp: object = TP) -> dict[bytes, bytes | None]:
+    return {r.key: r.value for r in SegmentLog(root / "log").read(tp) if r.key is not None}  # type: ignore[arg-type]
+
+
+def on_disk(root: Path, task: TaskId = T) -> tuple[dict[bytes, bytes], dict[str, int]]:
+    from statestore import _native
+
+    entries, offsets, _ = _native.store_dump(str(root / "state" / "app" / str(task) / "rocksdb" / STORE))
+    return {bytes(k): bytes(v) for k, v in entries}, offsets
+
+
+# -- processing API and commit -------------------------------------------------------------------
+
+
+def test_writes_are_read_back_before_commit_and_reach_the_changelog(root: Path) -> None:
+    tm = running(root, "exactly_once_v2")
+    task = tm.task(T)
+    assert isinstance(task, ActiveTask)
+    view = task.store(STORE)
+    view.put(b"a", b"1")
+    view.put(b"b", b"2")
+    view.delete(b"a")
+    assert view.get(b"a") is None and view.get(b"b") == b"2"
+    assert dict(view) == {b"b": b"2"}
+    assert committed(root) == {}, "read_committed sees nothing before the transaction commits"
+    assert on_disk(root)[0] == {}, "nothing uncommitted reaches RocksDB"
+    tm.commit()
+    assert committed(root) == {b"a": None, b"b": b"2"}
+    data, offsets = on_disk(root)
+    assert data == {b"b": b"2"}
+    assert offsets == {str(TP): 2}, "the offset of the last write, in the same batch as the data"
+    close_all(tm)
+
+
+def test_failed_changelog_commit_drops_the_staged_writes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tm = running(root, "exactly_once_v2")
+    view = tm.active_task(T).store(STORE)
+    view.put(b"a", b"1")
+    tm.commit()
+    view.put(b"b", b"2")
+
+    def fail() -> None:
+        raise LogError("disk full")
+
+    monkeypatch.setattr(tm.collector.producer, "commit", fail)
+    with pytest.raises(LogError):
+        tm.commit()
+    monkeypatch.undo()
+    assert dict(view) == {b"a": b"1"}, "the transaction was aborted: its writes are gone"
+    assert b"b" not in committed(root)
+    close_all(tm)
+
+
+def test_at_least_once_commit_flushes_the_changelog_then_applies(root: Path) -> None:
+    tm = running(root, "at_least_once")
+    view = tm.active_task(T).store(STORE)
+    for i in range(5):
+        view.put(b"k%d" % i, b"%d" % i)
+    tm.commit()
+    assert len(committed(root)) == 5
+    assert on_disk(root) == ({b"k%d" % i: b"%d" % i for i in range(5)}, {str(TP): 4})
+    close_all(tm)
+
+
+def test_dirty_close_under_exactly_once_aborts_the_transaction(root: Path) -> None:
+    tm = running(root, "exactly_once_v2")
+    tm.active_task(T).store(STORE).put(b"a", b"1")
+    tm.close(clean=False)
+    tm.directory.close()
+    assert committed(root) == {}
+    assert SegmentLog(root / "log").last_stable_offset(TP) == SegmentLog(root / "log").end_offset(TP)
+
+
+def test_poll_reports_running_only_when_every_active_task_is(root: Path) -> None:
+    produce(SegmentLog(root / "log"), TP2, [(b"k%d" % i, b"v") for i in range(100)])
+    tm = manager(root, "at_least_once", chunk_offsets=10, time_slice_ms=0)
+    tm.start()
+    tm.assign([T, T2], [])
+    assert tm.poll() is False
+    assert tm.task(T).state is TaskState.RUNNING and tm.task(T2).state is TaskState.RESTORING
+    with pytest.raises(IllegalStateError, match="RESTORING"):
+        tm.active_task(T2).store(STORE)
+    assert tm.restore()
+    assert set(tm.tasks()) == {T, T2}
+    with pytest.raises(KeyError):
+        tm.task(TaskId(9, 9))
+    close_all(tm)
+
+
+def test_assign_rejects_a_task_both_active_and_standby(root: Path) -> None:
+    tm = manager(root, "at_least_once")
+    with pytest.raises(ValueError, match="both"):
+        tm.assign([T], [T])
+    close_all(tm)
+
+
+def test_commit_interval_commits_from_poll(root: Path) -> None:
+    now = [0.0]
+    tm = running(root, "exactly_once_v2", commit_interval_ms=1000, clock=lambda: now[0])
+    tm.active_task(T).store(STORE).put(b"a", b"1")
+    tm.poll()
+    assert committed(root) == {}
+    now[0] += 1.5
+    tm.poll()
+    assert committed(root) == {b"a": b"1"}
+    close_all(tm)
+
+
+# -- corruption (TaskManagerTest 47, 48; KIP-1035 integration 50) ---------------------------------
+
+
+def test_47_corrupted_running_task_is_wiped_revived_and_restored_others_keep_running(root: Path) -> None:
+    events = Events()
+    tm = running(root, "exactly_once_v2", active=[T, T2], listener=events)
+    for t in (T, T2):
+        tm.active_task(t).store(STORE).put(b"k", b"%s" % str(t).encode())
+    tm.commit()
+    tm.active_task(T2).store(STORE).put(b"pending", b"x")
+    events.calls.clear()
+    tm.handle_corruption([T])
+    assert tm.task(T).state is TaskState.CREATED
+    assert tm.task(T2).state is TaskState.RUNNING
+    assert committed(root, TP2)[b"pending"] == b"x", "the others' open work was committed first"
+    assert tm.restore()
+    assert events.calls[0] == ("start", TP, STORE, 0, SegmentLog(root / "log").end_offset(TP)), "restored from the start"
+    assert dict(tm.active_task(T).store(STORE)) == {b"k": b"0_0"}
+    close_all(tm)
+
+
+def test_48_corrupted_standby_is_revived_even_when_the_commit_fails(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tm = running(root, "exactly_once_v2", active=[T], standby=[T2])
+    tm.active_task(T).store(STORE).put(b"k", b"v")
+
+    def fail() -> None:
+        raise LogError("commit failed")
+
+    monkeypatch.setattr(tm.collector.producer, "commit", fail)
+    with pytest.raises(LogError):
+        tm.handle_corruption([T2])
+    monkeypatch.undo()
+    assert tm.task(T2).state is TaskState.CREATED, "revived before the failing commit"
+    tm.poll()
+    assert tm.task(T2).state is TaskState.RUNNING
+    close_all(tm)
+
+
+def _close_with_state(root: Path, guarantee: str, offsets: str, n: int = 10) -> None:
+    tm = running(root, guarantee, offsets)
+    for i in range(n):
+        tm.active_task(T).store(STORE).put(b"k%d" % i, b"%d" % i)
+    tm.commit()
+    close_all(tm)
+
+
+def _store_db(root: Path) -> Rdict:
+    path = root / "state" / "app" / str(T) / "rocksdb" / STORE
+    return Rdict(str(path), Options(raw_mode=True), column_families={OFFSETS_CF: Options(raw_mode=True)})
+
+
+def _force_status_open(root: Path) -> None:
+    db = _store_db(root)
+    db.get_column_family(OFFSETS_CF)[STATUS_KEY] = encode_i64(STATUS_OPEN)
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "offsets", "wiped"),
+    [
+        ("at_least_once", "store", False),
+        ("exactly_once_v2", "store", False),  # nothing uncommitted ever reaches RocksDB
+        ("at_least_once", "checkpoint", False),
+        ("exactly_once_v2", "checkpoint", True),  # the store may hold aborted writes
+    ],
+)
+def test_50_status_open_after_a_crash(root: Path, guarantee: str, offsets: str, wiped: bool) -> None:
+    _close_with_state(root, guarantee, offsets)
+    _force_status_open(root)
+    events = Events()
+    tm = running(root, guarantee, offsets, listener=events)
+    start = next(c for c in events.calls if c[0] == "start")
+    assert (start[3] == 0) is wiped
+    assert dict(tm.active_task(T).store(STORE)) == {b"k%d" % i: b"%d" % i for i in range(10)}
+    close_all(tm)
+
+
+def test_50_missing_offsets_under_exactly_once_wipe_and_restore(root: Path) -> None:
+    _close_with_state(root, "exactly_once_v2", "store")
+    db = _store_db(root)
+    del db.get_column_family(OFFSETS_CF)[str(TP).encode()]
+    db.close()
+    events = Events()
+    tm = running(root, "exactly_once_v2", listener=events)
+    assert events.calls[0][3] == 0 and events.total_restored() == 10
+    assert len(dict(tm.active_task(T).store(STORE))) == 10
+    close_all(tm)
+
+
+def test_offset_beyond_the_changelog_end_is_corruption(root: Path) -> None:
+    _close_with_state(root, "at_least_once", "store")
+    shutil.rmtree(root / "log" / str(TP))  # the changelog was deleted and recreated
+    tm = running(root, "at_least_once")
+    assert dict(tm.active_task(T).store(STORE)) == {}, "wiped: the local data matches no changelog"
+    close_all(tm)
+
+
+def test_store_that_fails_to_open_is_corruption(root: Path) -> None:
+    _close_with_state(root, "at_least_once", "store")
+    (root / "state" / "app" / str(T) / "rocksdb" / STORE / "CURRENT").write_text("not a manifest\n")
+    tm = running(root, "at_least_once")
+    assert len(dict(tm.active_task(T).store(STORE))) == 10, "wiped and restored from the changelog"
+    close_all(tm)
