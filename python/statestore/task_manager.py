@@ -212,16 +212,19 @@ class TaskManager:
         for task_id in self.directory.non_empty_task_dirs():
             task = StandbyTask(task_id, self._state_manager(task_id, standby=True), self.changelog)
             try:
-                self._initialize(task)
+                task.initialize()
             except LockError as e:
                 log.info("task %s: not opened as a startup standby: %s", task_id, e)
                 continue
-            if task.state is not TaskState.RUNNING or self.directory.is_empty(task_id):
-                self._close(task, clean=True)  # wiped: nothing worth keeping open
-            elif len(self._startup) < self.max_startup_tasks:
+            except TaskCorruptedError as e:
+                log.warning("startup: %s", e)
+                task.close_dirty_and_revive(wipe=True)  # wiped now, before any assignment
+                self._close(task, clean=True)
+                continue
+            if len(self._startup) < self.max_startup_tasks:
                 self._startup[task_id] = task
             else:
-                self._close(task, clean=True)
+                self._close(task, clean=True)  # verified; closed to bound memory
 
     def startup_tasks(self) -> list[StandbyTask]:
         """Startup standbys not yet claimed by an assignment."""
