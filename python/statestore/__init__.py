@@ -5,6 +5,7 @@ design's vocabulary (``checkpoint``, ``directory``, ``log``, ``restore`` ...).
 """
 
 from statestore.checkpoint import OffsetCheckpoint
+from statestore.directory import StateDirectory, TaskLock
 from statestore.errors import (
     CheckpointError,
     CorruptLogError,
@@ -21,6 +22,7 @@ from statestore.errors import (
 )
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
 from statestore.log import LogReader, Producer, Record, SegmentLog
+from statestore.policy import Event, Guarantee, OffsetsMode, Policy
 from statestore.restore import (
     RestoreListener,
     RestoreResult,
@@ -29,6 +31,8 @@ from statestore.restore import (
     restore_many,
     restore_store,
 )
+from statestore.state_manager import StateManager
+from statestore.store import InMemoryStore, Store
 
 __version__ = "0.1.0"
 
@@ -36,11 +40,16 @@ __all__ = [
     "OFFSET_UNKNOWN",
     "CheckpointError",
     "CorruptLogError",
+    "Event",
+    "Guarantee",
     "IllegalStateError",
+    "InMemoryStore",
     "LockError",
     "LogError",
     "LogReader",
     "OffsetCheckpoint",
+    "OffsetsMode",
+    "Policy",
     "Producer",
     "ProducerFencedError",
     "Record",
@@ -50,10 +59,14 @@ __all__ = [
     "RestoreSpec",
     "SegmentLog",
     "SkippedRecords",
+    "StateDirectory",
+    "StateManager",
     "StateStoreError",
+    "Store",
     "StoreError",
     "TaskCorruptedError",
     "TaskId",
+    "TaskLock",
     "TopicPartition",
     "TransactionStateError",
     "UnsupportedCompressionError",
