@@ -405,3 +405,22 @@ def test_close_releases_the_lock_held_by_another_thread(sd: StateDirectory) -> N
     t.join()
     sm.close()
     assert sd.lock(TASK)
+
+
+def test_release_and_reopen_stores_for_the_restore_engine(sd: StateDirectory) -> None:
+    """While released, the Rust engine can open the store; offsets and the lock stay with the manager."""
+    sm = manager(sd, EOS_STORE)
+    sm.initialize()
+    sm.store("persistent").put(b"a", b"1")
+    with pytest.raises(IllegalStateError, match="uncommitted"):
+        sm.release_stores()
+    sm.commit({P: 3})
+    sm.release_stores()
+    assert sm.initialized and sd.owner(TASK) is threading.current_thread()
+    _native.store_write_batch(str(sd.store_dir(TASK, "persistent")), [(b"b", b"2")], {str(P): 4})
+    sm.reopen_stores()
+    sm.update_offsets({P: 4})
+    assert sm.store("persistent").get(b"b") == b"2"
+    assert sm.offsets()[P] == 4
+    sm.close()
+    assert not sm.initialized

@@ -387,6 +387,26 @@ class StateManager:
         if first is not None:
             raise first
 
+    @property
+    def initialized(self) -> bool:
+        """Whether :meth:`initialize` succeeded and the manager is not closed or wiped since."""
+        return self._state == "initialized"
+
+    def release_stores(self) -> None:
+        """Close the RocksDB stores cleanly but keep the lock and the offsets: for the Rust restore engine.
+
+        rocksdict and the restore engine must never hold one store open at the
+        same time. Staged writes must have been committed first.
+        """
+        self._check_initialized("release stores")
+        self._require_committed("release the stores")
+        self._close_stores(clean=True)
+
+    def reopen_stores(self) -> None:
+        """Open the stores again after :meth:`release_stores` (the lock must still be held)."""
+        self._check_initialized("reopen stores")
+        self._open_stores()
+
     def _holds_lock(self) -> bool:
         try:
             self.directory.ensure_held(self._lock)
