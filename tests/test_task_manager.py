@@ -249,3 +249,48 @@ def test_store_that_fails_to_open_is_corruption(root: Path) -> None:
     tm = running(root, "at_least_once")
     assert len(dict(tm.active_task(T).store(STORE))) == 10, "wiped and restored from the changelog"
     close_all(tm)
+
+
+# -- offset sums (TaskManagerTest 49) ---------------------------------------------------------------
+
+
+def _two_store_manager(root: Path, offsets: str) -> TaskManager:
+    from statestore.directory import StateDirectory
+
+    return TaskManager(StateDirectory(root / "state", "app"), SegmentLog(root / "log"), ["s", "t"],
+                       guarantee="at_least_once", offsets=offsets)
+
+
+def _write_checkpoint(root: Path, task: TaskId, entries: dict[object, int]) -> None:
+    from statestore import OffsetCheckpoint
+
+    (root / "state" / "app" / str(task) / "rocksdb" / "s").mkdir(parents=True)  # local state present
+    OffsetCheckpoint(root / "state" / "app" / str(task) / ".checkpoint").write(entries)  # type: ignore[arg-type]
+
+
+def test_49_offset_sum_from_checkpoint_file_of_an_uninitialized_task(root: Path) -> None:
+    tm = _two_store_manager(root, "checkpoint")
+    _write_checkpoint(root, T, {changelog_tp(T, "s"): 5, changelog_tp(T, "t"): 10})
+    assert tm.task_offset_sums() == {T: 15}
+    assert tm.directory.locked_tasks() == [], "directories read for offset sums are unlocked again"
+    close_all(tm)
+
+
+def test_49_unknown_offsets_are_skipped_and_sums_pinned(root: Path) -> None:
+    tm = _two_store_manager(root, "checkpoint")
+    _write_checkpoint(root, T, {changelog_tp(T, "s"): -4, changelog_tp(T, "t"): 10})
+    _write_checkpoint(root, T2, {changelog_tp(T2, "s"): 2**63 - 1, changelog_tp(T2, "t"): 2**63 - 1})
+    assert tm.task_offset_sums() == {T: 10, T2: 2**63 - 1}
+    close_all(tm)
+
+
+def test_49_offset_sums_of_owned_tasks_and_of_offsets_kept_in_stores(root: Path) -> None:
+    _close_with_state(root, "at_least_once", "store", n=12)
+    tm = running(root, "at_least_once", active=[T2])
+    assert tm.task_offset_sums() == {T: 11, T2: 0}
+    assert tm.directory.locked_tasks() == [T2]
+    empty = TaskId(3, 3)
+    assert tm.directory.lock(empty)
+    tm.directory.unlock(empty)
+    assert empty not in tm.task_offset_sums(), "empty task directories are skipped, never left locked"
+    close_all(tm)

@@ -26,6 +26,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from rocksdict import AccessType, Options, Rdict
+
+from statestore.checkpoint import OffsetCheckpoint
 from statestore.directory import StateDirectory
 from statestore.errors import (
     IllegalStateError,
@@ -35,10 +38,11 @@ from statestore.errors import (
     StateStoreError,
     TaskCorruptedError,
 )
-from statestore.ids import TaskId, TopicPartition
+from statestore.ids import TaskId, TopicPartition, changelog_topic
 from statestore.log import Producer, SegmentLog
 from statestore.policy import Guarantee, OffsetsMode, Policy
 from statestore.state_manager import StateManager
+from statestore.store import OFFSETS_CF, decode_i64
 from statestore.task import ActiveTask, StandbyTask, Task, TaskState, build_state_manager
 from statestore.updater import (
     DEFAULT_CHUNK_OFFSETS,
@@ -428,6 +432,56 @@ class TaskManager:
         """The standby tasks."""
         return dict(self._standby)
 
+    # -- offset sums ---------------------------------------------------------------------------
+
+    def task_offset_sums(self) -> dict[TaskId, int]:
+        """Sum of changelog offsets per local task, so an assignor can place tasks where their state is.
+
+        Owned and startup tasks report the offsets they hold in memory. Other
+        non-empty task directories are read under their task lock, released
+        at once; a directory locked elsewhere is skipped, an empty one is never
+        locked. Unknown offsets are skipped; a sum is pinned at ``2**63 - 1``.
+        """
+        sums: dict[TaskId, int] = {}
+        owned: dict[TaskId, Task] = {**self._startup, **self._standby, **self._active}
+        for tid, task in owned.items():
+            sums[tid] = _offset_sum(task.offsets().values())
+        for tid in self.directory.non_empty_task_dirs():
+            if tid in owned or not self.directory.lock(tid):
+                continue
+            try:
+                sums[tid] = _offset_sum(self._recorded_offsets(tid).values())
+            finally:
+                self.directory.unlock(tid)
+        return sums
+
+    def _recorded_offsets(self, task_id: TaskId) -> dict[TopicPartition, int]:
+        """Offsets recorded on disk for an unowned task (caller holds its lock); nothing is modified."""
+        wanted = {
+            name: TopicPartition(changelog_topic(self.directory.application_id, name), task_id.partition)
+            for name in self.store_names
+        }
+        if self.policy.offsets is OffsetsMode.CHECKPOINT:
+            loaded = OffsetCheckpoint(self.directory.checkpoint_path(task_id)).read()
+            return {tp: loaded[tp] for tp in wanted.values() if tp in loaded}
+        out: dict[TopicPartition, int] = {}
+        for name, tp in wanted.items():
+            path = self.directory.store_dir(task_id, name)
+            if not (path / "CURRENT").exists():
+                continue
+            raw_opts = Options(raw_mode=True)
+            db = Rdict(str(path), raw_opts, column_families={OFFSETS_CF: Options(raw_mode=True)},
+                       access_type=AccessType.read_only())
+            try:
+                cf = db.get_column_family(OFFSETS_CF)
+                raw = cf.get(str(tp).encode())
+                del cf
+            finally:
+                db.close()
+            if raw is not None:
+                out[tp] = decode_i64(raw, what=f"offset of {tp}", path=path)
+        return out
+
     # -- commit and close ----------------------------------------------------------------------
 
     def commit(self) -> None:
@@ -505,4 +559,12 @@ class TaskManager:
         self.close(clean=exc == (None, None, None))
 
 
-__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "RecordCollector", "TaskManager"]
+#: Largest offset sum reported (Kafka pins overflowing sums at Long.MAX_VALUE).
+MAX_OFFSET_SUM = 2**63 - 1
+
+
+def _offset_sum(offsets: Iterable[int | None]) -> int:
+    return min(MAX_OFFSET_SUM, sum(o for o in offsets if o is not None and o >= 0))
+
+
+__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "MAX_OFFSET_SUM", "RecordCollector", "TaskManager"]
