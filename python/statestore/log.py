@@ -199,9 +199,8 @@ class SegmentLog:
 
     def reader(self, tp: PartitionLike, start_offset: int | None = None, *, isolation: Isolation = "read_committed") -> LogReader:
         """A cursor over ``tp`` from ``start_offset`` (default: the start of the log)."""
-        t = _tp(tp)
-        start = self.start_offset(t) if start_offset is None else start_offset
-        return LogReader(self.log_dir, t, start, isolation)
+        # Offsets below the start of the log begin at its first record.
+        return LogReader(self.log_dir, _tp(tp), 0 if start_offset is None else start_offset, isolation)
 
     def read(
         self,

@@ -28,21 +28,39 @@ pub enum Outcome {
     Open,
 }
 
-/// A header-only walk over the log, for finding markers ahead of a reader.
-/// Reads 61-byte headers with positioned reads and the whole batch only for
-/// control batches.
+/// Read size of a header scan: many small batches per read, few bytes wasted
+/// on large ones.
+const SCAN_CHUNK: usize = 256 * 1024;
+
+/// A header-only walk over the log, for finding markers ahead of a reader and
+/// for computing offsets. Reads the files in chunks, parses each batch header
+/// and skips its records (the whole batch is decoded only for control
+/// batches, which are tiny); a batch larger than a chunk costs one read.
 struct HeaderScan {
     dir: PathBuf,
     segments: Vec<Segment>,
     seg: usize,
     file: Option<File>,
+    file_len: u64,
     pos: u64,
-    head: [u8; HEADER_LEN],
+    buf: Vec<u8>,
+    buf_pos: u64,
+    buf_len: usize,
 }
 
 impl HeaderScan {
     fn new(dir: &Path, segments: Vec<Segment>, seg: usize, pos: u64) -> Result<Self, LogError> {
-        let mut s = HeaderScan { dir: dir.to_path_buf(), segments, seg, file: None, pos, head: [0; HEADER_LEN] };
+        let mut s = HeaderScan {
+            dir: dir.to_path_buf(),
+            segments,
+            seg,
+            file: None,
+            file_len: 0,
+            pos,
+            buf: Vec::new(),
+            buf_pos: 0,
+            buf_len: 0,
+        };
         if !s.segments.is_empty() {
             s.open()?;
         }
@@ -52,7 +70,44 @@ impl HeaderScan {
     fn open(&mut self) -> Result<(), LogError> {
         let p = &self.segments[self.seg].path;
         self.file = Some(File::open(p).map_err(|e| LogError::io("open", p, e))?);
+        self.file_len = 0;
+        self.buf_len = 0;
         Ok(())
+    }
+
+    fn stat(&mut self) -> Result<u64, LogError> {
+        let p = &self.segments[self.seg].path;
+        let f = self.file.as_ref().expect("a segment is open");
+        self.file_len = f.metadata().map_err(|e| LogError::io("stat", p, e))?.len();
+        Ok(self.file_len)
+    }
+
+    /// `n` bytes at `pos` of the current file (the caller checked they exist).
+    fn bytes_at(&mut self, pos: u64, n: usize) -> Result<&[u8], LogError> {
+        let inside = pos >= self.buf_pos && pos + n as u64 <= self.buf_pos + self.buf_len as u64;
+        if !inside {
+            let want = n.max(SCAN_CHUNK).min((self.file_len - pos) as usize).max(n);
+            if self.buf.len() < want {
+                self.buf.resize(want, 0);
+            }
+            let p = &self.segments[self.seg].path;
+            let f = self.file.as_ref().expect("a segment is open");
+            let mut got = 0;
+            while got < want {
+                let r = f.read_at(&mut self.buf[got..want], pos + got as u64).map_err(|e| LogError::io("read", p, e))?;
+                if r == 0 {
+                    break;
+                }
+                got += r;
+            }
+            if got < n {
+                return Err(LogError::Other(format!("{} shrank while being read (at byte {pos})", p.display())));
+            }
+            self.buf_pos = pos;
+            self.buf_len = got;
+        }
+        let at = (pos - self.buf_pos) as usize;
+        Ok(&self.buf[at..at + n])
     }
 
     /// The next batch header (and the marker type of a control batch), or
@@ -69,20 +124,24 @@ impl HeaderScan {
                 self.pos = 0;
                 self.open()?;
             }
-            let f = self.file.as_ref().unwrap();
-            let path = &self.segments[self.seg].path.clone();
-            let len = f.metadata().map_err(|e| LogError::io("stat", path, e))?.len();
-            if self.pos + HEADER_LEN as u64 <= len {
-                f.read_exact_at(&mut self.head, self.pos).map_err(|e| LogError::io("read", path, e))?;
-                let base = codec::peek_offset_and_length(&self.head).unwrap().0;
-                let h = BatchHeader::parse(&self.head).map_err(|e| LogError::corrupt(path, self.pos, base, e))?;
+            let pos = self.pos;
+            if pos + HEADER_LEN as u64 > self.file_len {
+                self.stat()?;
+            }
+            if pos + HEADER_LEN as u64 <= self.file_len {
+                let path = self.segments[self.seg].path.clone();
+                let head = self.bytes_at(pos, HEADER_LEN)?;
+                let base = codec::peek_offset_and_length(head).unwrap().0;
+                let h = BatchHeader::parse(head).map_err(|e| LogError::corrupt(&path, pos, base, e))?;
                 let total = h.total_len() as u64;
-                if self.pos + total <= len {
+                if pos + total > self.file_len {
+                    self.stat()?;
+                }
+                if pos + total <= self.file_len {
                     let ct = if h.is_control() {
-                        let mut batch = vec![0u8; total as usize];
-                        f.read_exact_at(&mut batch, self.pos).map_err(|e| LogError::io("read", path, e))?;
-                        codec::verify_crc(&h, &batch).map_err(|e| LogError::corrupt(path, self.pos, base, e))?;
-                        Some(codec::control_type(&h, &batch).map_err(|e| LogError::corrupt(path, self.pos, base, e))?)
+                        let batch = self.bytes_at(pos, total as usize)?;
+                        codec::verify_crc(&h, batch).map_err(|e| LogError::corrupt(&path, pos, base, e))?;
+                        Some(codec::control_type(&h, batch).map_err(|e| LogError::corrupt(&path, pos, base, e))?)
                     } else {
                         None
                     };
@@ -100,9 +159,8 @@ impl HeaderScan {
                 self.segments = fresh;
                 self.seg = self.segments.iter().position(|s| s.base == cur).unwrap_or(self.seg);
                 // The writer finished this segment before rolling: re-check its length.
-                let f = self.file.as_ref().unwrap();
-                let len2 = f.metadata().map_err(|e| LogError::io("stat", path, e))?.len();
-                if len2 > len {
+                let before = self.file_len;
+                if self.stat()? > before {
                     continue;
                 }
             }

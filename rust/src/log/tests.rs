@@ -228,3 +228,51 @@ fn second_process_writer_is_refused() {
     let Err(LogError::Lock(msg)) = other else { panic!("expected a lock error") };
     assert!(msg.contains("t-0") && msg.contains("another process"), "{msg}");
 }
+
+#[test]
+fn exhausted_epoch_gets_a_new_producer_id_after_aborting() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    let mut p = log.producer(Some("e")).unwrap();
+    p.begin().unwrap();
+    p.send("t", 0, None, Some(b"v"), &[], None).unwrap();
+    p.flush().unwrap();
+    let path = d.path().join("transactions.state");
+    let text = fs::read_to_string(&path).unwrap();
+    let (pid, epoch) = p.identity();
+    let text = text.replace(&format!(" {pid} {epoch} ongoing"), &format!(" {pid} {} ongoing", i16::MAX - 1));
+    fs::write(&path, text).unwrap();
+    let q = log.producer(Some("e")).unwrap();
+    assert_ne!(q.identity().0, pid);
+    assert_eq!(q.identity().1, 0);
+    let o = partition_offsets(d.path(), "t", 0).unwrap();
+    assert_eq!((o.end, o.last_stable), (2, 2), "the old transaction was aborted under the old id");
+}
+
+#[test]
+fn many_small_batches_scan_quickly_and_correctly() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(8 << 10)).unwrap());
+    let mut a = log.producer(Some("a")).unwrap();
+    let mut b = log.producer(Some("b")).unwrap();
+    let mut want = Vec::new();
+    for i in 0..300i64 {
+        let (p, commit) = if i % 3 == 0 { (&mut b, false) } else { (&mut a, true) };
+        p.begin().unwrap();
+        let off = p.send("t", 0, None, Some(&i.to_be_bytes()), &[], None).unwrap();
+        if commit {
+            p.commit().unwrap();
+            want.push(off);
+        } else {
+            p.abort().unwrap();
+        }
+    }
+    let o = partition_offsets(d.path(), "t", 0).unwrap();
+    assert_eq!((o.end, o.last_stable), (600, 600));
+    assert!(segment::list_segments(&d.path().join("t-0")).unwrap().len() > 1);
+    let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
+    let got: Vec<i64> = drain(src.as_mut(), o.end).into_iter().map(|r| r.0).collect();
+    assert_eq!(got, want);
+    assert_eq!(src.skipped().aborted, 100);
+    assert_eq!(src.skipped().control, 300);
+}

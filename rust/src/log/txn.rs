@@ -315,6 +315,11 @@ impl Log {
         }
         self.ensure_dir()?;
         let mut g = StateGuard::take(&self.dir)?;
+        if g.state.entries.get(id).is_some_and(|e| e.epoch >= i16::MAX - 1 && e.state != TxnState::Empty) {
+            // Epochs are used up: the next producer gets a new id, so first
+            // finish the old transaction under the old one.
+            self.complete(&mut g, id)?;
+        }
         let next = g.state.next_producer_id;
         let entry = match g.state.entries.get(id) {
             Some(e) if e.epoch < i16::MAX - 1 => TxnEntry { epoch: e.epoch + 1, ..e.clone() },
