@@ -33,11 +33,15 @@ from statestore.restore import (
 )
 from statestore.state_manager import StateManager
 from statestore.store import InMemoryStore, Store
+from statestore.task import ActiveTask, StandbyTask, TaskState
+from statestore.task_manager import TaskManager
+from statestore.updater import StandbyUpdateListener, StateUpdater, SuspendReason
 
 __version__ = "0.1.0"
 
 __all__ = [
     "OFFSET_UNKNOWN",
+    "ActiveTask",
     "CheckpointError",
     "CorruptLogError",
     "Event",
@@ -59,14 +63,20 @@ __all__ = [
     "RestoreSpec",
     "SegmentLog",
     "SkippedRecords",
+    "StandbyTask",
+    "StandbyUpdateListener",
     "StateDirectory",
     "StateManager",
     "StateStoreError",
+    "StateUpdater",
     "Store",
     "StoreError",
+    "SuspendReason",
     "TaskCorruptedError",
     "TaskId",
     "TaskLock",
+    "TaskManager",
+    "TaskState",
     "TopicPartition",
     "TransactionStateError",
     "UnsupportedCompressionError",

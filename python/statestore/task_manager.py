@@ -41,6 +41,7 @@ from statestore.errors import (
 from statestore.ids import TaskId, TopicPartition, changelog_topic
 from statestore.log import Producer, SegmentLog
 from statestore.policy import Guarantee, OffsetsMode, Policy
+from statestore.restore import RestoreListener as EngineRestoreListener
 from statestore.state_manager import StateManager
 from statestore.store import OFFSETS_CF, decode_i64
 from statestore.task import ActiveTask, StandbyTask, Task, TaskState, build_state_manager
@@ -48,7 +49,6 @@ from statestore.updater import (
     DEFAULT_CHUNK_OFFSETS,
     DEFAULT_TIME_SLICE_MS,
     DEFAULT_TRANSACTION_TIMEOUT_MS,
-    RestoreListener,
     StandbyUpdateListener,
     StateUpdater,
     SuspendReason,
@@ -119,7 +119,7 @@ class TaskManager:
         *,
         guarantee: Guarantee | str,
         offsets: OffsetsMode | str = "store",
-        listener: RestoreListener | None = None,
+        listener: EngineRestoreListener | None = None,
         standby_listener: StandbyUpdateListener | None = None,
         commit_interval_ms: int = 30_000,
         application_id: str | None = None,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from statestore.errors import LogError, RestoreError, StateStoreError, StoreError, TaskCorruptedError
 from statestore.ids import TaskId, TopicPartition
 from statestore.log import SegmentLog
+from statestore.restore import RestoreListener as EngineRestoreListener
 from statestore.restore import RestoreResult, RestoreSpec, restore_many
 from statestore.task import ActiveTask, ChangelogStore, StandbyTask, Task, TaskState
 
@@ -60,12 +61,14 @@ class SuspendReason(enum.Enum):
     """The standby was revoked from this instance."""
 
 
-class RestoreListener:
+class RestoreListener(EngineRestoreListener):
     """Restoration of active tasks' changelogs, with the shape of Kafka's ``StateRestoreListener``.
 
-    Subclass and override what you need; every method is called from the
-    thread that calls :meth:`StateUpdater.poll`, once per restored chunk,
-    never per record.
+    The restore engine's listener (:class:`statestore.RestoreListener`) plus
+    :meth:`on_restore_suspended`. Subclass and override what you need; the
+    updater also accepts any object with the engine listener's three methods.
+    Every method is called from the thread that calls
+    :meth:`StateUpdater.poll`, once per restored chunk, never per record.
     """
 
     def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
@@ -156,7 +159,7 @@ class StateUpdater:
         self,
         changelog: SegmentLog,
         *,
-        listener: RestoreListener | None = None,
+        listener: EngineRestoreListener | None = None,
         standby_listener: StandbyUpdateListener | None = None,
         commit_interval_ms: int = 30_000,
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
@@ -235,8 +238,9 @@ class StateUpdater:
         del self._tasks[task_id]
         for cl in entry.changelogs:
             if entry.active:
-                if cl.phase is ChangelogPhase.RESTORING and self.listener is not None:
-                    self.listener.on_restore_suspended(cl.store.tp, cl.store.name, cl.restored)
+                suspended = getattr(self.listener, "on_restore_suspended", None)
+                if cl.phase is ChangelogPhase.RESTORING and suspended is not None:
+                    suspended(cl.store.tp, cl.store.name, cl.restored)
             elif self.standby_listener is not None:
                 offset = entry.task.offsets().get(cl.store.tp)
                 self.standby_listener.on_update_suspended(
