@@ -178,13 +178,13 @@ class Task:
     def release_stores(self) -> None:
         """Close the rocksdict handles (cleanly) so the restore engine may open the stores."""
         if not self._stores_released:
-            self.state_manager._close_stores(clean=True)
+            self.state_manager.release_stores()
             self._stores_released = True
 
     def acquire_stores(self) -> None:
         """Reopen the rocksdict handles after the restore engine is done with the stores."""
         if self._stores_released:
-            self.state_manager._open_stores()
+            self.state_manager.reopen_stores()
             self._stores_released = False
 
     @property
@@ -202,7 +202,7 @@ class Task:
         the changelog's end or before its start.
         """
         sm = self.state_manager
-        if sm.lock_token is None or not self._sm_initialized():
+        if sm.lock_token is None or not self.state_manager.initialized:
             try:
                 sm.initialize()
             except StoreError as e:
@@ -216,9 +216,6 @@ class Task:
             self._stores_released = False
             self._verify_local_state()
         self.release_stores()
-
-    def _sm_initialized(self) -> bool:
-        return self.state_manager._state == "initialized"
 
     def _verify_local_state(self) -> None:
         sm = self.state_manager
@@ -291,7 +288,7 @@ class Task:
             return
         was = self._state
         self._transition(TaskState.SUSPENDED)
-        if was is not TaskState.CREATED and self._sm_initialized():
+        if was is not TaskState.CREATED and self.state_manager.initialized:
             self.state_manager.suspend()
 
     def close(self, *, clean: bool = True) -> None:
@@ -550,7 +547,7 @@ class StandbyTask(Task):
 
     def commit(self) -> bool:
         """Record the offsets applied so far, as the policy says for standbys (both guarantees)."""
-        if self._state not in (TaskState.RUNNING, TaskState.SUSPENDED) or not self._sm_initialized():
+        if self._state not in (TaskState.RUNNING, TaskState.SUSPENDED) or not self.state_manager.initialized:
             return False
         return self.state_manager.commit()
 

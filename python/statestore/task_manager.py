@@ -56,6 +56,8 @@ from statestore.updater import (
 
 log = logging.getLogger(__name__)
 
+#: How long restore() waits between polls that made no progress, in seconds.
+_IDLE_WAIT = 0.01
 #: Default most startup standbys kept open until the first assignment.
 DEFAULT_MAX_STARTUP_TASKS = 64
 
@@ -402,6 +404,8 @@ class TaskManager:
         while not self.poll():
             if deadline is not None and time.monotonic() >= deadline:
                 return False
+            if not self.updater.made_progress:
+                time.sleep(_IDLE_WAIT)  # blocked (e.g. on an open transaction): do not spin
         return True
 
     # -- access ------------------------------------------------------------------------------

@@ -190,6 +190,8 @@ class StateUpdater:
         self._inflight: Future[list[RestoreResult]] | None = None
         self._inflight_plan: list[tuple[_Updating, _Changelog, int]] = []
         self._completed: list[ActiveTask] = []
+        #: Whether the last poll applied a restored chunk.
+        self.made_progress = False
 
     # -- membership -----------------------------------------------------------------------
 
@@ -315,6 +317,7 @@ class StateUpdater:
         results are collected when it finishes (waiting up to ``timeout``).
         """
         slice_ = self.time_slice if timeout is None else timeout
+        self.made_progress = False
         self._complete_ready()
         if self._executor is not None:
             if self._inflight is None:
@@ -355,6 +358,7 @@ class StateUpdater:
             if result.error is not None:
                 self._fail(entry, result.error, cl)
                 continue
+            self.made_progress = True
             cl.position = max(cl.position, result.end_offset)
             cl.restored += result.records_applied
             if result.offset is not None:
