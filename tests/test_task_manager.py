@@ -294,3 +294,22 @@ def test_49_offset_sums_of_owned_tasks_and_of_offsets_kept_in_stores(root: Path)
     tm.directory.unlock(empty)
     assert empty not in tm.task_offset_sums(), "empty task directories are skipped, never left locked"
     close_all(tm)
+
+
+def test_background_restore_while_another_task_processes(root: Path) -> None:
+    log = SegmentLog(root / "log")
+    produce(log, TP2, [(b"k%d" % i, b"%d" % i) for i in range(3000)])
+    tm = manager(root, "exactly_once_v2", background_restore=True, chunk_offsets=500, log=log)
+    tm.start()
+    tm.assign([T, T2], [])
+    processed = 0
+    while not tm.poll(timeout=0.01):
+        if tm.task(T).state is TaskState.RUNNING:  # processing goes on while T2 restores
+            tm.active_task(T).store(STORE).put(b"n", b"%d" % processed)
+            processed += 1
+            tm.commit()
+    assert processed >= 1
+    data = dict(tm.active_task(T2).store(STORE))
+    assert len(data) == 3000 and data[b"k2999"] == b"2999"
+    assert dict(tm.active_task(T).store(STORE)) == {b"n": b"%d" % (processed - 1)}
+    close_all(tm)
