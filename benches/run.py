@@ -60,6 +60,42 @@ def table(results: dict[str, object]) -> str:
     return "\n".join(rows)
 
 
+def chart(results: dict[str, object], path: Path) -> bool:
+    """Bar chart of each benchmark's ratio against its goal; False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install matplotlib)")
+        return False
+    rows = [
+        (b["name"].removeprefix("test_"), b["extra_info"]["ratio"], b["extra_info"].get("goal"))
+        for b in results.get("benchmarks", [])  # type: ignore[union-attr]
+        if "ratio" in b.get("extra_info", {})
+    ]
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+    names = [r[0] for r in rows]
+    ratios = [r[1] for r in rows]
+    colors = ["#2a9d8f" if r[2] is None or r[1] >= r[2] else "#e76f51" for r in rows]
+    ax.barh(names, ratios, color=colors)
+    for i, (_n, ratio, goal) in enumerate(rows):
+        if goal is not None:
+            ax.plot([goal, goal], [i - 0.4, i + 0.4], color="black", linewidth=2)
+        ax.text(ratio, i, f" {ratio:.2f}x", va="center")
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio (higher is better; black tick = goal)")
+    ax.set_title("statestore benchmarks: candidate vs baseline, same run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", type=Path, default=ROOT / ".benchmarks" / "latest.json")
@@ -90,6 +126,9 @@ def main() -> int:
         table(results),
         "",
     ]
+    png = ROOT / "docs" / "benchmarks.png"
+    if chart(results, png):
+        doc += ["![benchmark ratios](docs/benchmarks.png)", ""]
     (ROOT / "BENCHMARKS.md").write_text("\n".join(doc))
     print((ROOT / "BENCHMARKS.md").read_text())
     return 0
