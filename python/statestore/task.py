@@ -152,15 +152,6 @@ class Task:
         """The task's offsets policy."""
         return self.state_manager.policy
 
-    @property
-    def initialized(self) -> bool:
-        """Whether the state manager holds the lock and has loaded offsets."""
-        return self.state_manager.lock_token is not None and self._state in (
-            TaskState.RESTORING,
-            TaskState.RUNNING,
-            TaskState.SUSPENDED,
-        )
-
     # -- stores and offsets -------------------------------------------------------------
 
     def changelog_stores(self) -> list[ChangelogStore]:
@@ -202,7 +193,7 @@ class Task:
         the changelog's end or before its start.
         """
         sm = self.state_manager
-        if sm.lock_token is None or not self.state_manager.initialized:
+        if not sm.initialized:
             try:
                 sm.initialize()
             except StoreError as e:
