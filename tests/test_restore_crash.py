@@ -32,7 +32,7 @@ from statestore.log import SegmentLog
 from statestore.restore import restore_store
 
 TP = TopicPartition("app-crash-changelog", 0)
-KILLS = 32
+KILLS = 30
 
 CHILD = r"""
 import sys
@@ -180,6 +180,8 @@ def test_sigkill_during_restore_leaves_a_consistent_store(
 @pytest.mark.torture
 @pytest.mark.parametrize("mode", ["replay", "bulk"])
 def test_sigkill_during_restore_torture(
-    tmp_path: Path, changelog: tuple[Path, Records, int], mode: str
+    request: pytest.FixtureRequest, tmp_path: Path, changelog: tuple[Path, Records, int], mode: str
 ) -> None:
+    if "torture" not in str(request.config.getoption("markexpr")):
+        pytest.skip("300 kills: run with -m torture (make torture)")
     run_kills(tmp_path, changelog, mode, 300, seed=99)

@@ -197,6 +197,9 @@ def restore_store(
 def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) -> list[RestoreResult]:
     """Run many restores on ``threads`` native threads (default: one per core, at most one per spec).
 
+    Each restore runs on one thread (a lone :func:`restore_store` also decodes
+    ahead on a second one): ``threads`` is the number of cores to use.
+
     Results come back in the order of ``specs``. A failing restore does not
     raise: its result carries the exception in ``error`` and the other
     restores go on. Two specs must not name the same store.

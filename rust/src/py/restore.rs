@@ -173,7 +173,11 @@ fn restore_many(
         engine::run_pool(
             jobs,
             threads,
-            |mut j| engine::restore(&j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)),
+            |mut j| {
+                // The pool's threads are the parallelism: one thread per restore.
+                j.spec.read_ahead = false;
+                engine::restore(&j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener))
+            },
             |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
         )
     });

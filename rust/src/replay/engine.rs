@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::prefetch::Prefetch;
 use super::{
     replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, DEFAULT_CHUNK_BYTES,
     DEFAULT_WRITE_BUFFER_BYTES,
@@ -79,6 +80,10 @@ pub struct RestoreSpec {
     pub chunk_bytes: usize,
     /// Memtable size of the store while restoring.
     pub write_buffer_bytes: usize,
+    /// Decode the log on a second thread while applying (one restore alone).
+    /// [`restore_many`] turns it off: there the pool's threads are the
+    /// parallelism, one per partition.
+    pub read_ahead: bool,
 }
 
 impl RestoreSpec {
@@ -93,6 +98,7 @@ impl RestoreSpec {
             progress_interval: Duration::from_millis(100),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             write_buffer_bytes: DEFAULT_WRITE_BUFFER_BYTES,
+            read_ahead: true,
         }
     }
 
@@ -204,6 +210,10 @@ pub fn restore(
     };
     if start < end {
         let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
+        if spec.read_ahead {
+            // Decode ahead on a second thread while this one applies.
+            source = Box::new(Prefetch::spawn(source, end, spec.chunk_bytes, 2));
+        }
         let applied: Applied = match mode {
             Mode::Bulk => {
                 let opts = BulkOptions {
@@ -272,8 +282,9 @@ pub fn run_pool<T: Send, R: Send>(
     results.into_iter().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).expect("every job ran")).collect()
 }
 
-/// Restore many (store, partition) pairs on `threads` threads. Each pair's
-/// result is its own: a failure leaves the other restores running.
+/// Restore many (store, partition) pairs on `threads` threads, each restore
+/// on one thread (no read-ahead). Each pair's result is its own: a failure
+/// leaves the other restores running.
 pub fn restore_many(
     log: &dyn ChangelogLog,
     specs: Vec<(RestoreSpec, Option<Box<dyn Listener>>)>,
@@ -282,7 +293,10 @@ pub fn restore_many(
     run_pool(
         specs,
         threads,
-        |(spec, mut listener)| restore(log, &spec, listener.as_mut().map(|b| &mut **b as &mut dyn Listener)),
+        |(mut spec, mut listener)| {
+            spec.read_ahead = false;
+            restore(log, &spec, listener.as_mut().map(|b| &mut **b as &mut dyn Listener))
+        },
         |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
     )
 }

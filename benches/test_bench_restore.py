@@ -1,0 +1,219 @@
+"""Restore engine benchmarks (issue 4), each baseline measured in the same run.
+
+(a) Rust replay vs a pure-Python restore of the same segments (goal >= 10x).
+(b) Rust replay vs the raw RocksDB write ceiling: the same records decoded
+    beforehand, written from Rust with the same batching and options (>= 0.8).
+(c) Bulk vs replay: >= 3x with 10 updates per key, >= 1.2x with unique keys.
+(d) ``restore_many`` on 4 partitions, 2 threads vs 1 (>= 1.7x).
+(e) Peak RSS of a bulk restore vs its memory budget (peak <= budget + 128 MiB).
+
+Changelogs hold >= 2M records of 100-byte values at scale 1.0.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import scaled
+from restore_baseline import restore_python
+from restore_data import write_changelog
+from statestore import TopicPartition, _native
+from statestore.restore import RestoreSpec, restore_many, restore_store
+
+N = scaled(2_000_000, minimum=20_000)
+SHAPES = {"updates10": N // 10, "unique": N}
+ROUNDS = 3
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("restore-bench") / "log"
+    t0 = time.perf_counter()
+    for shape, keys in SHAPES.items():
+        write_changelog(d, f"bench-{shape}", 1, N, keys)
+    write_changelog(d, "bench-many", 4, N // 4, N // 40)
+    print(f"\nrestore benchmark data: {N:,} records per shape written in {time.perf_counter() - t0:.1f}s")
+    return d
+
+
+def fresh(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def timed(benchmark: Any, fn: Callable[[], Any], reset: Callable[[], None]) -> float:
+    """Run ``fn`` ``ROUNDS`` times under pytest-benchmark, ``reset`` before each; returns the mean seconds."""
+    benchmark.pedantic(fn, setup=reset, rounds=ROUNDS, iterations=1)
+    return float(benchmark.stats.stats.mean)
+
+
+def record(
+    benchmark: Any, baseline: str, candidate: str, base_s: float, cand_s: float, goal: float, **extra: Any
+) -> None:
+    ratio = base_s / cand_s
+    benchmark.extra_info.update(
+        {"baseline": baseline, "candidate": candidate, "ratio": ratio, "goal": goal, **extra}
+    )
+    print(f"\n{candidate} vs {baseline}: {ratio:.2f}x (goal >= {goal}) {extra}")
+
+
+def test_a_replay_vs_python(benchmark: Any, logs: Path, tmp_path: Path) -> None:
+    tp = TopicPartition("bench-updates10", 0)
+    t0 = time.perf_counter()
+    n = restore_python(logs, tp.topic, tp.partition, tmp_path / "py")
+    base = time.perf_counter() - t0
+    store = tmp_path / "rust" / "s"
+    cand = timed(
+        benchmark,
+        lambda: restore_store(store, logs, tp, mode="replay"),
+        lambda: fresh(store.parent),
+    )
+    assert _native.store_dump(str(store))[:2] == _native.store_dump(str(tmp_path / "py"))[:2], (
+        "python and rust disagree"
+    )
+    record(
+        benchmark,
+        "python (kafka-python + rocksdict)",
+        "rust replay",
+        base,
+        cand,
+        10.0,
+        records=n,
+        python_records_per_s=n / base,
+        rust_records_per_s=N / cand,
+    )
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_b_replay_vs_write_ceiling(benchmark: Any, logs: Path, tmp_path: Path, shape: str) -> None:
+    tp = TopicPartition(f"bench-{shape}", 0)
+    ceil, n = _native.restore_write_ceiling(str(tmp_path / "ceiling"), str(logs), tp)
+    store = tmp_path / "r" / "s"
+    cand = timed(
+        benchmark, lambda: restore_store(store, logs, tp, mode="replay"), lambda: fresh(store.parent)
+    )
+    # ratio = speed of replay relative to the ceiling: ceiling seconds / replay seconds
+    record(
+        benchmark,
+        "raw RocksDB writes of pre-decoded records",
+        f"rust replay ({shape})",
+        ceil,
+        cand,
+        0.8,
+        records=n,
+        ceiling_records_per_s=n / ceil,
+        replay_records_per_s=n / cand,
+    )
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_c_bulk_vs_replay(benchmark: Any, logs: Path, tmp_path: Path, shape: str) -> None:
+    tp = TopicPartition(f"bench-{shape}", 0)
+    replay_s = []
+    for _ in range(ROUNDS):
+        fresh(tmp_path / "r")
+        t0 = time.perf_counter()
+        restore_store(tmp_path / "r" / "s", logs, tp, mode="replay")
+        replay_s.append(time.perf_counter() - t0)
+    base = sum(replay_s) / len(replay_s)
+    store = tmp_path / "b" / "s"
+    cand = timed(benchmark, lambda: restore_store(store, logs, tp, mode="bulk"), lambda: fresh(store.parent))
+    same = _native.store_dump(str(store)) == _native.store_dump(str(tmp_path / "r" / "s"))
+    assert same, "bulk and replay disagree"
+    record(
+        benchmark,
+        f"rust replay ({shape})",
+        f"rust bulk ({shape})",
+        base,
+        cand,
+        3.0 if shape == "updates10" else 1.2,
+        records=N,
+        keys=SHAPES[shape],
+        bulk_records_per_s=N / cand,
+        replay_records_per_s=N / base,
+    )
+
+
+def test_d_restore_many_two_threads_vs_one(benchmark: Any, logs: Path, tmp_path: Path) -> None:
+    def specs(root: Path) -> list[RestoreSpec]:
+        return [RestoreSpec(root / f"s{p}", logs, TopicPartition("bench-many", p)) for p in range(4)]
+
+    one = []
+    for _ in range(ROUNDS):
+        fresh(tmp_path / "one")
+        t0 = time.perf_counter()
+        out = restore_many(specs(tmp_path / "one"), threads=1)
+        one.append(time.perf_counter() - t0)
+        assert all(r.ok for r in out)
+    base = sum(one) / len(one)
+    cand = timed(
+        benchmark, lambda: restore_many(specs(tmp_path / "two"), threads=2), lambda: fresh(tmp_path / "two")
+    )
+    record(
+        benchmark,
+        "restore_many threads=1",
+        "restore_many threads=2",
+        base,
+        cand,
+        1.7,
+        partitions=4,
+        records=N,
+    )
+
+
+# VmHWM, not ru_maxrss: the latter keeps the (pytest) parent's peak across fork + exec
+RSS_CHILD = r"""
+import sys
+from statestore import TopicPartition
+from statestore.restore import restore_store
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+before = hwm()
+r = restore_store(sys.argv[1], sys.argv[2], TopicPartition(sys.argv[3], 0), mode="bulk",
+                  memory_budget_bytes=int(sys.argv[4]))
+print(before, hwm(), r.records_applied, r.bytes_read)
+"""
+
+
+@pytest.mark.parametrize("budget_mib", [2, 64])
+def test_e_bulk_peak_rss_vs_budget(benchmark: Any, logs: Path, tmp_path: Path, budget_mib: int) -> None:
+    tp = TopicPartition("bench-unique", 0)
+    budget = budget_mib * MiB
+    result: dict[str, int] = {}
+
+    def run() -> None:
+        fresh(tmp_path / "rss")
+        out = subprocess.run(
+            [sys.executable, "-c", RSS_CHILD, str(tmp_path / "rss" / "s"), str(logs), tp.topic, str(budget)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        result.update(zip(["before", "peak", "records", "bytes_read"], map(int, out), strict=True))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    limit = budget + 128 * MiB
+    # ratio >= 1 means the peak stayed within budget + 128 MiB
+    record(
+        benchmark,
+        f"budget {budget_mib} MiB + 128 MiB",
+        "bulk restore peak RSS",
+        limit,
+        result["peak"],
+        1.0,
+        peak_rss_mib=result["peak"] / MiB,
+        rss_before_restore_mib=result["before"] / MiB,
+        log_mib=result["bytes_read"] / MiB,
+        log_to_budget=result["bytes_read"] / budget,
+    )
