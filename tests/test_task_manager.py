@@ -313,3 +313,30 @@ def test_background_restore_while_another_task_processes(root: Path) -> None:
     assert len(data) == 3000 and data[b"k2999"] == b"2999"
     assert dict(tm.active_task(T).store(STORE)) == {b"n": b"%d" % (processed - 1)}
     close_all(tm)
+
+
+def test_offset_before_the_changelog_start_is_corruption(root: Path) -> None:
+    log = SegmentLog(root / "log", segment_bytes=2048, sync=False)
+    tm = running(root, "at_least_once", log=log)
+    for i in range(20):
+        tm.active_task(T).store(STORE).put(b"mine%d" % i, b"v")
+    tm.commit()  # the store records offset 19
+    close_all(tm)
+    writer = log.producer()
+    for i in range(280):
+        writer.send(TP.topic, TP.partition, b"k%d" % i, b"x" * 20)
+        if i % 20 == 19:
+            writer.flush()
+    log.close()
+    first = sorted((root / "log" / str(TP)).glob("*.log"))[0]
+    first.unlink()  # retention deleted the oldest segment: offsets 20.. and more are gone
+    first.with_suffix(".index").unlink(missing_ok=True)
+    log = SegmentLog(root / "log", segment_bytes=2048, sync=False)
+    start = log.start_offset(TP)
+    assert start > 20
+    events = Events()
+    tm = running(root, "at_least_once", log=log, listener=events)
+    assert events.calls[0][3] == start, "wiped: restored from the log's new start"
+    data = dict(tm.active_task(T).store(STORE))
+    assert not any(k.startswith(b"mine") for k in data), "the records between offset 19 and the start are lost"
+    close_all(tm)
