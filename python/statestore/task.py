@@ -306,7 +306,9 @@ class Task:
         With ``wipe`` the task lock stays held across the wipe, so nobody can
         slip in between; the next initialization restores from the changelog's
         start. Without it the state manager is closed dirty (the policy may
-        still wipe) and a new one is built.
+        still wipe) and a new one is built. A task that does not hold its lock
+        (or is already CLOSED) cannot be wiped here: it is revived with a new
+        state manager, whose initialization finds the corruption again.
         """
         self._abort_staged()
         if self._state not in (TaskState.SUSPENDED, TaskState.CLOSED):
