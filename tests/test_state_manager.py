@@ -424,3 +424,17 @@ def test_release_and_reopen_stores_for_the_restore_engine(sd: StateDirectory) ->
     assert sm.offsets()[P] == 4
     sm.close()
     assert not sm.initialized
+
+
+def test_clean_close_after_corruption_records_nothing(sd: StateDirectory) -> None:
+    """A task found corrupted must not paper over it: a clean close writes no offsets, the next init fails again."""
+    make_non_empty(sd)
+    sm = manager(sd, EOS_CKPT)
+    with pytest.raises(TaskCorruptedError):
+        sm.initialize()
+    with pytest.raises(IllegalStateError):
+        sm.store("persistent")  # closed: nothing is trusted
+    sm.close()
+    assert not OffsetCheckpoint(sd.checkpoint_path(TASK)).exists()
+    with pytest.raises(TaskCorruptedError):
+        manager(sd, EOS_CKPT).initialize()

@@ -163,7 +163,8 @@ class StateManager:
         later), ``CheckpointError`` for a damaged checkpoint file, and
         ``TaskCorruptedError`` when a logged persistent store has no offset but
         local state exists under exactly-once: wipe (:meth:`wipe`) and
-        initialize again, which restores it from the changelog.
+        initialize again, which restores it from the changelog. After such a
+        failure the stores are closed and the lock is still held.
         """
         if self._state == "closed":
             raise IllegalStateError(f"task {self.task_id}: state manager is closed; create a new one")
@@ -189,8 +190,20 @@ class StateManager:
         # From here on, everything happens under the lock.
         dir_was_empty = self.directory.is_empty(self.task_id)
         self._open_stores()
+        try:
+            self._load_offsets(self.policy.decide(Event.INIT), dir_was_empty)
+        except BaseException:
+            # Nothing is trusted: stores closed, offsets unknown, lock kept so the
+            # caller can wipe() and initialize() again, or close() (which then
+            # records nothing, so the evidence of corruption stays on disk).
+            for meta in self._stores.values():
+                meta.offset = None
+            try:
+                self._close_stores(clean=False)
+            except StateStoreError as e:
+                log.error("task %s: closing stores after a failed initialization: %s", self.task_id, e)
+            raise
         self._state = "initialized"
-        self._load_offsets(self.policy.decide(Event.INIT), dir_was_empty)
 
     def _open_stores(self) -> None:
         stores_dir = self.directory.stores_dir(self.task_id)
