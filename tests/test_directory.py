@@ -279,6 +279,7 @@ def test_release_by_token_from_any_thread(sd: StateDirectory) -> None:
 
 
 def test_cleaner_never_deletes_a_locked_directory_even_when_old(tmp_path: Path) -> None:
+    """Item 18a: the cleaner leaves locked tasks alone -- startup standbys hold their locks."""
     with StateDirectory(tmp_path, "app", cleanup_delay_ms=0) as sd:
         assert sd.lock(T0)
         (sd.store_dir(T0, "s")).mkdir(parents=True)

@@ -305,16 +305,20 @@ def test_flush_then_checkpoint_on_close(sd: StateDirectory, monkeypatch: pytest.
     assert events[:4] == ["flush persistent", "flush zeta", "flush alpha", "checkpoint"]
 
 
-def test_checkpoint_into_deleted_directory_fails_and_never_recreates_it(sd: StateDirectory) -> None:
+@pytest.mark.parametrize("policy", [ALOS_CKPT, EOS_CKPT, ALOS_STORE, EOS_STORE], ids=lambda p: f"{p.guarantee.value}-{p.offsets.value}")
+def test_offsets_into_deleted_directory_fail_and_never_recreate_it(sd: StateDirectory, policy: Policy) -> None:
     """Item 28, with the bug fixed: Kafka logs a WARN and moves on; we refuse with LockError.
 
-    The state directory was deleted under the task; writing offsets must not
-    re-create it (KAFKA-8187), and the caller must learn that its state is gone.
+    The task directory was deleted under the task; writing offsets (file or
+    store) must not re-create it (KAFKA-8187), and the caller must learn that
+    its state is gone.
     """
-    sm = manager(sd, ALOS_CKPT)
+    sm = manager(sd, policy)
     sm.initialize()
     sm.update_offsets({P: 5})
     shutil.rmtree(sd.task_dir(TASK))
+    with pytest.raises(LockError, match="deleted while locked"):
+        sm.commit({P: 6})
     with pytest.raises(LockError, match="deleted while locked"):
         sm.close()
     assert not sd.task_dir(TASK).exists()
