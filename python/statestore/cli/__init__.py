@@ -43,6 +43,7 @@ def _register() -> None:
     from statestore.cli.demo import demo
     from statestore.cli.inspect import inspect
     from statestore.cli.log import log
+    from statestore.cli.restore import restore
     from statestore.cli.verify import verify
 
     main.add_command(demo)
@@ -50,6 +51,7 @@ def _register() -> None:
     main.add_command(verify)
     main.add_command(clean)
     main.add_command(log)
+    main.add_command(restore)
 
 
 _register()

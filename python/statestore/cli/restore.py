@@ -1,0 +1,166 @@
+"""``statestore restore``: rebuild stores from their changelogs, in this process or on Spark."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from statestore.directory import StateDirectory
+from statestore.errors import LockError
+from statestore.policy import Guarantee
+from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, RestoreSpec, restore_many
+from statestore.spark import (
+    DEFAULT_LOCK_TIMEOUT,
+    PartitionWork,
+    RestoreRow,
+    can_resume_from,
+    changelog_stores,
+    parse_partitions,
+    plan,
+)
+
+
+def restore_local(
+    work: list[PartitionWork],
+    *,
+    log_dir: Path,
+    state_dir: Path,
+    application_id: str,
+    mode: str,
+    guarantee: Guarantee,
+    memory_budget_bytes: int,
+    threads: int | None,
+) -> list[RestoreRow]:
+    """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
+
+    A store holding data without an offset is deleted first under
+    exactly-once (unknown state), as the Spark engine does.
+    """
+    with StateDirectory(state_dir, application_id) as sd:
+        for task_id in sorted({w.task_id for w in work}):
+            if not sd.lock(task_id):
+                raise LockError(f"task {task_id}: {sd.task_dir(task_id)} is locked by another thread",
+                                path=sd.task_dir(task_id), task_id=task_id)
+        specs = []
+        for w in work:
+            target = sd.store_dir(w.task_id, w.store)
+            if target.exists() and not can_resume_from(target, w.tp, guarantee):
+                shutil.rmtree(target)
+            target.parent.mkdir(exist_ok=True)
+            specs.append(RestoreSpec(target, log_dir, w.tp, mode=mode, memory_budget_bytes=memory_budget_bytes))
+        results = restore_many(specs, threads=threads)
+    rows = []
+    for w, r in zip(work, results, strict=True):
+        failed = r.error is not None
+        rows.append(RestoreRow(
+            task_id=str(w.task_id), store=w.store, topic=w.tp.topic, partition=w.tp.partition,
+            start_offset=None if failed else r.start_offset, end_offset=None if failed else r.end_offset,
+            records_applied=r.records_applied, records_skipped=r.records_skipped.total, bytes_read=r.bytes_read,
+            seconds=r.seconds, mode=r.mode, status="failed" if failed else "ok",
+            error=None if r.error is None else f"task {w.task_id} store {w.store} ({w.tp}): {r.error}",
+        ))
+    return rows
+
+
+def _table(rows: list[RestoreRow]) -> Table:
+    t = Table(title="restore", title_justify="left")
+    for col, right in [("task", False), ("store", False), ("partition", True), ("mode", False),
+                       ("start", True), ("end", True), ("applied", True), ("skipped", True),
+                       ("MiB read", True), ("seconds", True), ("status", False), ("error", False)]:
+        t.add_column(col, justify="right" if right else "left", overflow="fold")
+    for r in rows:
+        t.add_row(
+            r.task_id, r.store, str(r.partition), r.mode,
+            "" if r.start_offset is None else str(r.start_offset), "" if r.end_offset is None else str(r.end_offset),
+            f"{r.records_applied:,}", f"{r.records_skipped:,}", f"{r.bytes_read / 2**20:,.1f}", f"{r.seconds:.2f}",
+            "ok" if r.ok else "[red]failed[/red]", r.error or "",
+        )
+    return t
+
+
+@click.command()
+@click.option("--log-dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The changelog segment log (as executors see it, with --engine spark).")
+@click.option("--state-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The state directory; stores go to <state-dir>/<app-id>/<task>/rocksdb/<store>.")
+@click.option("--app-id", "application_id", required=True, help="The application id.")
+@click.option("--store", "stores", multiple=True, metavar="NAME",
+              help="Store to restore (repeatable; default: every store with a changelog under --log-dir).")
+@click.option("--partitions", default=None, metavar="LIST",
+              help="Partitions, e.g. 0-7 or 0,2,5-7 (default: every partition of each changelog).")
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
+              help="auto: bulk for an empty store, replay otherwise.")
+@click.option("--guarantee", type=click.Choice([g.value for g in Guarantee]),
+              default=Guarantee.EXACTLY_ONCE_V2.value, show_default=True,
+              help="What a store holding data without an offset means (exactly-once: restore it from nothing).")
+@click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True,
+              help="local: threads of this process; spark: one Spark task per (store, partition).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads of the local engine (default: one per core).")
+@click.option("--master", default="local[2]", show_default=True,
+              help="Spark master for --engine spark (ignored when a session is already active).")
+@click.option("--memory-budget", "memory_mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_BUDGET // 2**20,
+              show_default=True, help="Memory budget of each bulk restore, MiB.")
+def restore(log_dir: Path, state_dir: Path, application_id: str, stores: tuple[str, ...], partitions: str | None,
+            mode: str, guarantee: str, engine: str, threads: int | None, master: str, memory_mib: int) -> None:
+    """Rebuild stores from their changelogs and print one row per (store, partition).
+
+    Exits with status 1 if any partition failed.
+
+    \b
+    Examples:
+      statestore restore --log-dir /data/changelog --state-dir /var/lib/app --app-id app --threads 4
+      statestore restore --engine spark --master local[2] --log-dir /data/changelog \\
+          --state-dir /var/lib/app --app-id app --store counts --partitions 0-7
+    """
+    try:
+        parts = parse_partitions(partitions) if partitions is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--partitions") from e
+    names = list(stores) or changelog_stores(log_dir, application_id)
+    if not names:
+        raise click.UsageError(f"no changelog of application {application_id!r} under {log_dir}; "
+                               "check --app-id or name the stores with --store")
+    work = plan(log_dir, application_id, names, parts)
+    budget = memory_mib * 2**20
+    t0 = time.perf_counter()
+    if engine == "local":
+        rows = restore_local(work, log_dir=log_dir, state_dir=state_dir, application_id=application_id, mode=mode,
+                             guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads)
+    else:
+        rows = _restore_spark(names, parts, log_dir=log_dir, state_dir=state_dir, application_id=application_id,
+                              mode=mode, guarantee=guarantee, memory_budget_bytes=budget, master=master)
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(_table(rows))
+    failed = sum(1 for r in rows if not r.ok)
+    console.print(f"{len(rows) - failed} ok, {failed} failed in {time.perf_counter() - t0:.1f} s ({engine})")
+    if failed:
+        sys.exit(1)
+
+
+def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path, state_dir: Path,
+                   application_id: str, mode: str, guarantee: str, memory_budget_bytes: int,
+                   master: str) -> list[RestoreRow]:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as e:
+        raise click.ClickException(f"--engine spark needs pyspark: pip install 'statestore[spark]' ({e})") from e
+    from statestore.spark import restore_on_spark, spark_session
+
+    active = SparkSession.getActiveSession()
+    session = active if active is not None else spark_session(master)
+    try:
+        df = restore_on_spark(session, log_dir=log_dir.resolve(), state_dir=state_dir.resolve(),
+                              application_id=application_id, stores=names, partitions=parts, mode=mode,
+                              guarantee=guarantee, memory_budget_bytes=memory_budget_bytes,
+                              lock_timeout=DEFAULT_LOCK_TIMEOUT)
+        return [RestoreRow(*r) for r in df.collect()]
+    finally:
+        if active is None:
+            session.stop()
