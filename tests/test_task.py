@@ -269,3 +269,22 @@ def test_46_unclean_close_of_a_standby_under_exactly_once_wipes(tm_root: Path) -
     tm.close(clean=False)
     assert not (tm.directory.task_dir(T) / "rocksdb").exists()
     tm.directory.close()
+
+
+def test_restoring_active_recycled_to_standby_keeps_its_progress(tm_root: Path) -> None:
+    produce(SegmentLog(tm_root / "log"), TP, [(b"k%d" % i, b"v") for i in range(100)])
+    events = Events()
+    tm = manager(tm_root, "exactly_once_v2", listener=events, standby_listener=events, chunk_offsets=30,
+                 time_slice_ms=0)
+    tm.start()
+    tm.assign([T], [])
+    tm.poll()
+    task = tm.active_task(T)
+    assert task.state is S.RESTORING and task.offsets() == {TP: 29}
+    sm = task.state_manager
+    tm.assign([], [T])
+    assert ("suspended", TP, STORE, 30) in events.calls, "the interrupted restoration is reported"
+    standby = tm.task(T)
+    assert isinstance(standby, StandbyTask) and standby.state_manager is sm
+    assert events.calls[-1] == ("update_start", TP, STORE, 30), "the standby goes on from where it stopped"
+    close_all(tm)
