@@ -148,7 +148,9 @@ def test_counting_processor_survives_sigkills(tmp_path: Path, guarantee: str, mo
 
 @pytest.mark.torture
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
-def test_counting_processor_torture(tmp_path: Path, guarantee: str, mode: str) -> None:
+def test_counting_processor_torture(request: pytest.FixtureRequest, tmp_path: Path, guarantee: str, mode: str) -> None:
+    if "torture" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("500 kills per combination: select with -m torture (make torture)")
     stats = run_kills(tmp_path, guarantee, mode, kills_wanted=500, seed=random.randrange(2**31))
     print(f"{guarantee}/{mode}: {stats}")
     final_check(tmp_path, guarantee, mode)
