@@ -411,3 +411,44 @@ def test_zombie_in_another_process_is_fenced(tmp_path: Path) -> None:
     fresh.send("t", 0, b"k", b"fresh")
     fresh.commit()
     assert values(list(log.read(("t", 0)))) == [b"fresh"]
+
+
+_APPENDER = textwrap.dedent(
+    """
+    import sys
+    from statestore import SegmentLog
+    log = SegmentLog(sys.argv[1], segment_bytes=8192)
+    part = int(sys.argv[2])
+    p = log.producer("writer-%d" % part)
+    for t in range(25):
+        p.begin()
+        for i in range(10):
+            p.send("shared", part, b"%d" % t, b"%d:%d" % (t, i))
+        p.commit()
+    """
+)
+
+
+def test_processes_append_to_different_partitions_while_readers_read(tmp_path: Path) -> None:
+    children = [
+        subprocess.Popen([sys.executable, "-c", _APPENDER, str(tmp_path), str(part)], stderr=subprocess.PIPE)
+        for part in range(3)
+    ]
+    log = SegmentLog(tmp_path)
+
+    def committed_prefix_is_whole(part: int) -> int:
+        got = [r.value for r in log.read(("shared", part))]
+        assert len(got) % 10 == 0, "read_committed never shows part of a transaction"
+        assert got == [b"%d:%d" % (t, i) for t in range(len(got) // 10) for i in range(10)]
+        return len(got)
+
+    while any(c.poll() is None for c in children):
+        for part in range(3):
+            if (tmp_path / f"shared-{part}").exists():
+                committed_prefix_is_whole(part)
+    for c in children:
+        _, err = c.communicate(timeout=60)
+        assert c.returncode == 0, err.decode()
+    assert [committed_prefix_is_whole(p) for p in range(3)] == [250, 250, 250]
+    ids = {log.producer(f"writer-{p}").producer_id for p in range(3)}
+    assert len(ids) == 3, "each transactional id got its own producer id"
