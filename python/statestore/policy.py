@@ -105,91 +105,91 @@ class Decision:
     why: str = ""
 
 
-ALOS = Guarantee.AT_LEAST_ONCE
-EOS = Guarantee.EXACTLY_ONCE_V2
-STORE = OffsetsMode.STORE
-CKPT = OffsetsMode.CHECKPOINT
-A = OffsetAction
+_ALOS = Guarantee.AT_LEAST_ONCE
+_EOS = Guarantee.EXACTLY_ONCE_V2
+_STORE = OffsetsMode.STORE
+_CKPT = OffsetsMode.CHECKPOINT
+_A = OffsetAction
 
 #: Every decision, keyed by (event, guarantee, mode). The single source of truth.
 POLICY_TABLE: Mapping[tuple[Event, Guarantee, OffsetsMode], Decision] = {
     # -- INIT
-    (Event.INIT, ALOS, STORE): Decision(A.LOAD, False, False, "resume",
+    (Event.INIT, _ALOS, _STORE): Decision(_A.LOAD, False, False, "resume",
         why="offsets in the store match its data; no offset means restore from the beginning"),
-    (Event.INIT, EOS, STORE): Decision(A.LOAD, False, False, "resume", corrupt_if_missing=True,
+    (Event.INIT, _EOS, _STORE): Decision(_A.LOAD, False, False, "resume", corrupt_if_missing=True,
         why="nothing uncommitted ever reaches RocksDB, so even status OPEN resumes; data without offset is unknown state"),
-    (Event.INIT, ALOS, CKPT): Decision(A.LOAD, False, False, "resume",
+    (Event.INIT, _ALOS, _CKPT): Decision(_A.LOAD, False, False, "resume",
         why="the file stays: a crash replays from it, duplicates are allowed"),
-    (Event.INIT, EOS, CKPT): Decision(A.LOAD_DELETE, False, False, "wipe", corrupt_if_missing=True,
+    (Event.INIT, _EOS, _CKPT): Decision(_A.LOAD_DELETE, False, False, "wipe", corrupt_if_missing=True,
         why="no file may outlive init, so a crash from here on finds none and wipes"),
     # -- RESTORE_PROGRESS
-    (Event.RESTORE_PROGRESS, ALOS, STORE): Decision(A.WRITE, False, False, "resume",
+    (Event.RESTORE_PROGRESS, _ALOS, _STORE): Decision(_A.WRITE, False, False, "resume",
         why="the restore engine writes offsets in the batch with the data"),
-    (Event.RESTORE_PROGRESS, EOS, STORE): Decision(A.WRITE, False, False, "resume",
+    (Event.RESTORE_PROGRESS, _EOS, _STORE): Decision(_A.WRITE, False, False, "resume",
         why="restored data is committed data"),
-    (Event.RESTORE_PROGRESS, ALOS, CKPT): Decision(A.WRITE_IF_MOVED, True, False, "resume",
+    (Event.RESTORE_PROGRESS, _ALOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
         why="periodic checkpoint while restoring"),
-    (Event.RESTORE_PROGRESS, EOS, CKPT): Decision(A.WRITE_IF_MOVED, True, False, "resume",
+    (Event.RESTORE_PROGRESS, _EOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
         why="restored data is committed data, so a checkpoint of it is safe"),
     # -- RESTORE_COMPLETE
-    (Event.RESTORE_COMPLETE, ALOS, STORE): Decision(A.WRITE, True, False, "resume",
+    (Event.RESTORE_COMPLETE, _ALOS, _STORE): Decision(_A.WRITE, True, False, "resume",
         why="offsets of the restored data, flushed"),
-    (Event.RESTORE_COMPLETE, EOS, STORE): Decision(A.WRITE, True, False, "resume",
+    (Event.RESTORE_COMPLETE, _EOS, _STORE): Decision(_A.WRITE, True, False, "resume",
         why="offsets of the restored data, flushed"),
-    (Event.RESTORE_COMPLETE, ALOS, CKPT): Decision(A.WRITE, True, False, "resume",
+    (Event.RESTORE_COMPLETE, _ALOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
         why="enforced checkpoint at restoration end"),
-    (Event.RESTORE_COMPLETE, EOS, CKPT): Decision(A.DELETE, False, False, "wipe",
+    (Event.RESTORE_COMPLETE, _EOS, _CKPT): Decision(_A.DELETE, False, False, "wipe",
         why="KAFKA-20685: no checkpoint may exist while RUNNING"),
     # -- COMMIT (active, RUNNING)
-    (Event.COMMIT, ALOS, STORE): Decision(A.WRITE, False, False, "resume",
+    (Event.COMMIT, _ALOS, _STORE): Decision(_A.WRITE, False, False, "resume",
         why="offsets go in the commit's WriteBatch"),
-    (Event.COMMIT, EOS, STORE): Decision(A.WRITE, False, False, "resume",
+    (Event.COMMIT, _EOS, _STORE): Decision(_A.WRITE, False, False, "resume",
         why="applied only after the transaction committed, with its offsets"),
-    (Event.COMMIT, ALOS, CKPT): Decision(A.WRITE_IF_MOVED, True, False, "resume",
+    (Event.COMMIT, _ALOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
         why="flush then checkpoint when offsets moved enough"),
-    (Event.COMMIT, EOS, CKPT): Decision(A.KEEP, False, False, "wipe",
+    (Event.COMMIT, _EOS, _CKPT): Decision(_A.KEEP, False, False, "wipe",
         why="never a checkpoint while RUNNING under exactly-once; no flush either"),
     # -- STANDBY_COMMIT
-    (Event.STANDBY_COMMIT, ALOS, STORE): Decision(A.WRITE, False, False, "resume",
+    (Event.STANDBY_COMMIT, _ALOS, _STORE): Decision(_A.WRITE, False, False, "resume",
         why="offsets go in the commit's WriteBatch"),
-    (Event.STANDBY_COMMIT, EOS, STORE): Decision(A.WRITE, False, False, "resume",
+    (Event.STANDBY_COMMIT, _EOS, _STORE): Decision(_A.WRITE, False, False, "resume",
         why="standbys apply committed data only"),
-    (Event.STANDBY_COMMIT, ALOS, CKPT): Decision(A.WRITE_IF_MOVED, True, False, "resume",
+    (Event.STANDBY_COMMIT, _ALOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
         why="flush then checkpoint when offsets moved enough"),
-    (Event.STANDBY_COMMIT, EOS, CKPT): Decision(A.WRITE_IF_MOVED, True, False, "resume",
+    (Event.STANDBY_COMMIT, _EOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
         why="standbys apply committed data only, so a checkpoint is safe under both guarantees"),
     # -- SUSPEND
-    (Event.SUSPEND, ALOS, STORE): Decision(A.WRITE, True, False, "resume",
+    (Event.SUSPEND, _ALOS, _STORE): Decision(_A.WRITE, True, False, "resume",
         why="final commit's offsets, flushed"),
-    (Event.SUSPEND, EOS, STORE): Decision(A.WRITE, True, False, "resume",
+    (Event.SUSPEND, _EOS, _STORE): Decision(_A.WRITE, True, False, "resume",
         why="final commit's offsets, flushed"),
-    (Event.SUSPEND, ALOS, CKPT): Decision(A.WRITE, True, False, "resume",
+    (Event.SUSPEND, _ALOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
         why="enforced checkpoint after flush"),
-    (Event.SUSPEND, EOS, CKPT): Decision(A.WRITE, True, False, "resume",
+    (Event.SUSPEND, _EOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
         why="the transaction committed and the stores are flushed: the file is true until resume"),
     # -- RESUME
-    (Event.RESUME, ALOS, STORE): Decision(A.KEEP, False, False, "resume", why="nothing to do"),
-    (Event.RESUME, EOS, STORE): Decision(A.KEEP, False, False, "resume", why="nothing to do"),
-    (Event.RESUME, ALOS, CKPT): Decision(A.KEEP, False, False, "resume", why="the file stays"),
-    (Event.RESUME, EOS, CKPT): Decision(A.DELETE, False, False, "wipe",
+    (Event.RESUME, _ALOS, _STORE): Decision(_A.KEEP, False, False, "resume", why="nothing to do"),
+    (Event.RESUME, _EOS, _STORE): Decision(_A.KEEP, False, False, "resume", why="nothing to do"),
+    (Event.RESUME, _ALOS, _CKPT): Decision(_A.KEEP, False, False, "resume", why="the file stays"),
+    (Event.RESUME, _EOS, _CKPT): Decision(_A.DELETE, False, False, "wipe",
         why="KAFKA-10362: processing resumes, so the file must go"),
     # -- CLOSE_CLEAN
-    (Event.CLOSE_CLEAN, ALOS, STORE): Decision(A.WRITE, True, False, "resume",
+    (Event.CLOSE_CLEAN, _ALOS, _STORE): Decision(_A.WRITE, True, False, "resume",
         why="flush, status CLOSED"),
-    (Event.CLOSE_CLEAN, EOS, STORE): Decision(A.WRITE, True, False, "resume",
+    (Event.CLOSE_CLEAN, _EOS, _STORE): Decision(_A.WRITE, True, False, "resume",
         why="flush, status CLOSED"),
-    (Event.CLOSE_CLEAN, ALOS, CKPT): Decision(A.WRITE, True, False, "resume",
+    (Event.CLOSE_CLEAN, _ALOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
         why="enforced checkpoint after flush"),
-    (Event.CLOSE_CLEAN, EOS, CKPT): Decision(A.WRITE, True, False, "resume",
+    (Event.CLOSE_CLEAN, _EOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
         why="enforced checkpoint after flush, read and deleted at the next init"),
     # -- CLOSE_DIRTY
-    (Event.CLOSE_DIRTY, ALOS, STORE): Decision(A.KEEP, False, False, "resume",
+    (Event.CLOSE_DIRTY, _ALOS, _STORE): Decision(_A.KEEP, False, False, "resume",
         why="store offsets match store data; uncommitted staged writes are dropped"),
-    (Event.CLOSE_DIRTY, EOS, STORE): Decision(A.KEEP, False, False, "resume",
+    (Event.CLOSE_DIRTY, _EOS, _STORE): Decision(_A.KEEP, False, False, "resume",
         why="staged writes never reached RocksDB: no wipe needed"),
-    (Event.CLOSE_DIRTY, ALOS, CKPT): Decision(A.KEEP, False, False, "resume",
+    (Event.CLOSE_DIRTY, _ALOS, _CKPT): Decision(_A.KEEP, False, False, "resume",
         why="duplicates are allowed; files kept"),
-    (Event.CLOSE_DIRTY, EOS, CKPT): Decision(A.DELETE, False, True, "wipe",
+    (Event.CLOSE_DIRTY, _EOS, _CKPT): Decision(_A.DELETE, False, True, "wipe",
         why="the store may hold data the changelog aborted: wipe the task"),
 }
 

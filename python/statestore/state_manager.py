@@ -27,6 +27,7 @@ from statestore.store import InMemoryStore, Store
 
 log = logging.getLogger(__name__)
 
+#: Either kind of store a state manager holds.
 AnyStore = Store | InMemoryStore
 
 
