@@ -43,6 +43,7 @@ DEFAULT_MEMORY_BUDGET: int = 256 * 2**20
 #: Default least time, in seconds, between two progress calls of a listener.
 DEFAULT_PROGRESS_INTERVAL: float = 0.1
 
+#: The restore modes `restore_store` accepts.
 MODES = ("auto", "replay", "bulk")
 
 

@@ -19,7 +19,7 @@ struct Entry {
 }
 
 const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
-/// Index slots per entry (load factor 1/2), 4 bytes each.
+/// Index slots per entry (load factor 1/2), 8 bytes each.
 const SLOTS_PER_ENTRY: usize = 2;
 
 fn prefix_of(key: &[u8]) -> u64 {
@@ -42,7 +42,13 @@ fn hash(key: &[u8]) -> u64 {
         w[..rest.len()].copy_from_slice(rest);
         h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x517C_C1B7_2722_0A95);
     }
-    h ^ (h >> 29)
+    // MurmurHash3's finaliser: every input bit reaches the low bits used as
+    // the slot index (keys often differ only in their last bytes).
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^ (h >> 33)
 }
 
 /// What [`Collector::add`] asks of its caller.
@@ -61,9 +67,12 @@ pub struct Collector {
     arena_cap: usize,
     entries: Vec<Entry>,
     max_entries: usize,
-    /// Entry index + 1; 0 is empty.
-    table: Vec<u32>,
+    /// Per slot: high 32 bits of the key's hash (compared before the key),
+    /// low 32 bits entry index + 1; 0 is empty.
+    table: Vec<u64>,
     mask: usize,
+    /// The table grows by doubling up to this many slots (load <= 1/2).
+    max_slots: usize,
     garbage: usize,
 }
 
@@ -74,8 +83,10 @@ impl Collector {
         let budget = budget.max(4096);
         let arena_cap = budget / 2;
         let meta = budget - budget / 2 - budget / 6;
-        let max_entries = (meta / (ENTRY_BYTES + SLOTS_PER_ENTRY * 4)).clamp(16, u32::MAX as usize / 4);
-        let slots = (max_entries * SLOTS_PER_ENTRY).next_power_of_two();
+        let max_entries = (meta / (ENTRY_BYTES + SLOTS_PER_ENTRY * 8)).clamp(16, u32::MAX as usize / 4);
+        let max_slots = (max_entries * SLOTS_PER_ENTRY).next_power_of_two();
+        // Start small: a table sized to the keys held stays in cache.
+        let slots = max_slots.min(1 << 12);
         Self {
             arena: Vec::new(),
             arena_cap,
@@ -83,8 +94,26 @@ impl Collector {
             max_entries,
             table: vec![0; slots],
             mask: slots - 1,
+            max_slots,
             garbage: 0,
         }
+    }
+
+    /// Double the index and re-insert every entry.
+    fn grow(&mut self) {
+        let slots = self.table.len() * 2;
+        let mut table = vec![0u64; slots];
+        let mask = slots - 1;
+        for (n, e) in self.entries.iter().enumerate() {
+            let h = hash(&self.arena[e.key_off..e.key_off + e.key_len as usize]);
+            let mut i = h as usize & mask;
+            while table[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            table[i] = (h & 0xFFFF_FFFF_0000_0000) | (n as u64 + 1);
+        }
+        self.table = table;
+        self.mask = mask;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -131,14 +160,17 @@ impl Collector {
         let vlen = value.map_or(0, <[u8]>::len);
         assert!(key.len() < u32::MAX as usize && vlen < TOMBSTONE as usize, "record too large");
         let prefix = prefix_of(key);
-        let mut i = hash(key) as usize & self.mask;
+        let h = hash(key);
+        let tag = h & 0xFFFF_FFFF_0000_0000;
+        let mut i = h as usize & self.mask;
         loop {
-            let s = self.table[i];
-            if s == 0 {
+            let slot = self.table[i];
+            if slot == 0 {
                 break;
             }
+            let s = slot as u32;
             let e = self.entries[s as usize - 1];
-            if e.prefix == prefix && self.key(&e) == key {
+            if slot & 0xFFFF_FFFF_0000_0000 == tag && e.prefix == prefix && self.key(&e) == key {
                 let old = if e.val_len == TOMBSTONE { 0 } else { e.val_len as usize };
                 if old >= vlen {
                     // Overwrite in place: no garbage beyond the shrink.
@@ -179,7 +211,10 @@ impl Collector {
             key_len: key.len() as u32,
             val_len: value.map_or(TOMBSTONE, |_| vlen as u32),
         });
-        self.table[i] = self.entries.len() as u32;
+        self.table[i] = tag | self.entries.len() as u64;
+        if self.entries.len() * SLOTS_PER_ENTRY > self.table.len() && self.table.len() < self.max_slots {
+            self.grow();
+        }
         true
     }
 

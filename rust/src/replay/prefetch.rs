@@ -160,10 +160,9 @@ mod tests {
     use super::super::testing::*;
     use super::*;
 
-    fn collect(
-        s: &mut dyn ChangelogSource,
-        end: i64,
-    ) -> Result<Vec<(i64, Option<Vec<u8>>, Option<Vec<u8>>)>, SourceError> {
+    type Owned = Vec<(i64, Option<Vec<u8>>, Option<Vec<u8>>)>;
+
+    fn collect(s: &mut dyn ChangelogSource, end: i64) -> Result<Owned, SourceError> {
         let mut out = Vec::new();
         while s.next_chunk(end, 100, &mut |r| {
             out.push((r.offset, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec)))
