@@ -1,0 +1,185 @@
+"""Restoring on Spark (issue 7), each baseline measured in the same run.
+
+(a) ``restore_on_spark`` on local[2] vs local[1]: 8 partitions of 500k records
+    each at scale 1.0 (goal >= 1.7x).
+(b) ``restore_on_spark`` on local[2] vs in-process ``restore_many(threads=2)``
+    on the same work (goal >= 0.8: Spark's overhead stays small), with Spark's
+    fixed costs: ``job_overhead_s``, the wall time of a job of one task with
+    nothing to restore (the store is up to date), and ``task_overhead_s``, the
+    wall time each further such task adds to a job on local[2] (so about half
+    of the core time a task costs, with two slots).
+
+Every timed restore starts from an empty state directory (bulk mode).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import scaled
+from statestore import TopicPartition, changelog_topic
+from statestore.log import SegmentLog
+from statestore.restore import RestoreSpec, restore_many
+
+pyspark = pytest.importorskip("pyspark")
+
+from statestore.spark import restore_on_spark, spark_session  # noqa: E402
+
+APP = "bench"
+STORE = "s"
+PARTITIONS = 8
+N = scaled(500_000, minimum=20_000)  # records per partition
+KEYS = N // 5
+ROUNDS = 3
+NOOP_ROUNDS = 5
+
+
+def write_changelogs(log_dir: Path) -> None:
+    """``N`` records of 100-byte values per partition over ``KEYS`` keys, written in large batches."""
+    rng = random.Random(3)
+    values = [rng.randbytes(100) for _ in range(997)]
+    producer = SegmentLog(log_dir, sync=False).producer()
+    topic = changelog_topic(APP, STORE)
+    for p in range(PARTITIONS):
+        keys = [rng.randrange(KEYS) for _ in range(N)]
+        for start in range(0, N, 20_000):
+            chunk = [(b"key-%012d" % k, values[(start + i) % 997]) for i, k in enumerate(keys[start:start + 20_000])]
+            producer.send_many(topic, p, chunk)
+        producer.flush()
+    producer.close()
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("spark-bench") / "log"
+    t0 = time.perf_counter()
+    write_changelogs(d)
+    print(f"\nspark benchmark data: {PARTITIONS} x {N:,} records written in {time.perf_counter() - t0:.1f}s")
+    return d
+
+
+def session(master: str) -> Any:
+    """A fresh session on ``master`` (the previous one stopped), its two Python workers started."""
+    active = pyspark.sql.SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    s = spark_session(master, "statestore-bench")
+    s.sparkContext.parallelize(range(4), 4).map(lambda x: x).collect()
+    return s
+
+
+@pytest.fixture(scope="module")
+def spark2() -> Iterator[Any]:
+    s = session("local[2]")
+    yield s
+    s.stop()
+
+
+def fresh(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def spark_restore(spark: Any, log_dir: Path, state: Path, partitions: list[int] | None = None) -> list[Any]:
+    rows = restore_on_spark(spark, log_dir=log_dir, state_dir=state, application_id=APP, stores=[STORE],
+                            partitions=partitions).collect()
+    assert all(r.status == "ok" for r in rows), [r.error for r in rows if r.status != "ok"]
+    return rows
+
+
+def load() -> float:
+    """The 1-minute load average: on a shared machine, the context of every figure."""
+    return round(os.getloadavg()[0], 2)
+
+
+def task_seconds(rows: list[Any]) -> float:
+    """Sum of the tasks' own wall times: grows with contention for cores, not with Spark's scheduling."""
+    return round(sum(r.seconds for r in rows), 3)
+
+
+def mean_of(fn: Callable[[], Any], reset: Callable[[], None], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        reset()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sum(times) / len(times)
+
+
+def record(benchmark: Any, baseline: str, candidate: str, base_s: float, cand_s: float, goal: float,
+           **extra: Any) -> None:
+    ratio = base_s / cand_s
+    benchmark.extra_info.update(
+        {"baseline": baseline, "candidate": candidate, "ratio": ratio, "goal": goal, **extra}
+    )
+    print(f"\n{candidate} vs {baseline}: {ratio:.2f}x (goal >= {goal}) {extra}")
+
+
+def test_a_spark_two_slots_vs_one(benchmark: Any, log_dir: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    load_before = load()
+    rows: dict[str, list[Any]] = {}
+    one = session("local[1]")
+    try:
+        spark_restore(one, log_dir, state)  # warm-up: workers import statestore
+        fresh(state)
+        base = mean_of(lambda: rows.__setitem__("one", spark_restore(one, log_dir, state)),
+                       lambda: fresh(state), ROUNDS)
+    finally:
+        one.stop()
+    two = session("local[2]")
+    try:
+        spark_restore(two, log_dir, state)
+        benchmark.pedantic(lambda: rows.__setitem__("two", spark_restore(two, log_dir, state)),
+                           setup=lambda: fresh(state), rounds=ROUNDS, iterations=1)
+    finally:
+        two.stop()
+    cand = float(benchmark.stats.stats.mean)
+    record(benchmark, "restore_on_spark local[1]", "restore_on_spark local[2]", base, cand, 1.7,
+           partitions=PARTITIONS, records_per_partition=N, local1_s=base, local2_s=cand,
+           local1_task_s_sum=task_seconds(rows["one"]), local2_task_s_sum=task_seconds(rows["two"]),
+           load_before=load_before, load_after=load())
+
+
+def test_b_spark_vs_restore_many(benchmark: Any, log_dir: Path, tmp_path: Path, spark2: Any) -> None:
+    state = tmp_path / "state"
+    local = tmp_path / "local"
+    tps = [TopicPartition(changelog_topic(APP, STORE), p) for p in range(PARTITIONS)]
+
+    def in_process() -> None:
+        specs = []
+        for tp in tps:
+            parent = local / APP / f"0_{tp.partition}" / "rocksdb"
+            parent.mkdir(parents=True, exist_ok=True)
+            specs.append(RestoreSpec(parent / STORE, log_dir, tp))
+        assert all(r.ok for r in restore_many(specs, threads=2))
+
+    load_before = load()
+    base = mean_of(in_process, lambda: fresh(local), ROUNDS)
+    spark_restore(spark2, log_dir, state)  # warm-up
+    benchmark.pedantic(lambda: spark_restore(spark2, log_dir, state), setup=lambda: fresh(state),
+                       rounds=ROUNDS, iterations=1)
+    cand = float(benchmark.stats.stats.mean)
+
+    # Fixed costs: jobs whose tasks find their stores up to date (state restored by the last round).
+    def noop(parts: list[int]) -> float:
+        return mean_of(lambda: spark_restore(spark2, log_dir, state, parts), lambda: None, NOOP_ROUNDS)
+
+    job1 = noop([0])
+    job8 = noop(list(range(PARTITIONS)))
+    per_task = (job8 - job1) / (PARTITIONS - 1)
+    record(benchmark, "restore_many threads=2", "restore_on_spark local[2]", base, cand, 0.8,
+           partitions=PARTITIONS, records_per_partition=N, in_process_s=base, spark_s=cand,
+           job_overhead_s=job1, task_overhead_s=per_task, noop_job_8_tasks_s=job8,
+           load_before=load_before, load_after=load())
