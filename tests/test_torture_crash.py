@@ -100,10 +100,10 @@ def run_kills(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: in
                 proc.wait(timeout=20)
             else:
                 if rng.random() < 0.5:  # during start-up or restoration
-                    time.sleep(rng.uniform(0.05, 0.6))
+                    time.sleep(rng.uniform(0.02, 0.4))
                 else:  # while processing
                     proc.stdout.readline()
-                    time.sleep(rng.uniform(0, 0.3))
+                    time.sleep(rng.uniform(0, 0.15))
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
