@@ -303,14 +303,15 @@ def test_open_transaction_of_a_dead_producer_is_aborted_after_the_timeout(sd: St
     dead.send(TP.topic, TP.partition, b"b", b"aborted")
     dead.flush()
     del dead
-    updater = StateUpdater(log, transaction_timeout_ms=3_600_000)
+    clock = Clock()
+    updater = StateUpdater(log, transaction_timeout_ms=3_600_000, clock=clock)
     task = active(sd, log, policy=Policy.of("exactly_once_v2"))
     updater.add(task)
     for _ in range(5):
         assert updater.poll() == []
+        clock.now += 1
     assert task.state is TaskState.RESTORING, "blocked by the open transaction, which has not timed out"
-    updater.transaction_timeout_ms = 0
-    updater._last_abort_check = float("-inf")
+    updater.transaction_timeout_ms = 0  # as if an hour had passed
     assert poll_until_restored(updater) == [task]
     assert contents(task) == {b"a": b"1"}, "the dead producer's records were aborted, never applied"
     task.suspend()
