@@ -577,8 +577,9 @@ def restore_on_spark(
     is work item *i*). ``stores`` lists store names (subtopology 0) or maps
     names to subtopologies; ``partitions=None`` restores every partition of each
     store's changelog found under ``log_dir`` (read on the driver). ``log_dir``
-    and ``state_dir`` are paths as the executors see them: a shared filesystem,
-    or local disks holding the same log (see the README).
+    and ``state_dir`` are paths as the executors see them (relative ones are
+    made absolute on the driver): a shared filesystem, or local disks holding
+    the same log (see the README).
 
     The job runs now; the returned DataFrame holds the rows
     (:data:`RESULT_COLUMNS`), ordered by store then partition. A partition that
@@ -598,7 +599,7 @@ def restore_on_spark(
     _default_python(sc)
     max_attempts = _max_attempts(sc.master or "local", sc.getConf().get("spark.task.maxFailures"))
     items: list[_Item] = [
-        (w.store, w.task_id.subtopology, w.tp.partition, os.fspath(log_dir), os.fspath(state_dir),
+        (w.store, w.task_id.subtopology, w.tp.partition, os.path.abspath(log_dir), os.path.abspath(state_dir),
          application_id, mode, memory_budget_bytes, lock_timeout, max_attempts, g.value)
         for w in work
     ]
