@@ -126,9 +126,10 @@ class StateDirectory:
             )
         try:
             self.app_dir.mkdir(parents=True, exist_ok=True)
-            self.app_dir.chmod(0o750)
         except OSError as e:
             raise StateStoreError(f"cannot create state directory {self.app_dir}: {e}", path=self.app_dir) from e
+        with contextlib.suppress(OSError):  # as Kafka: rwxr-x---, best effort
+            self.app_dir.chmod(0o750)
         self._process_fd = self._lock_process()
         try:
             self.process_id = self._load_process_id()

@@ -58,6 +58,9 @@ class StateManager:
     decision for their event. Under exactly-once, call :meth:`commit` only
     after the changelog transaction has committed: that is what keeps
     uncommitted data out of RocksDB.
+
+    Not thread-safe: one thread at a time (not necessarily the lock owner --
+    the lock token travels with the manager).
     """
 
     def __init__(
