@@ -282,7 +282,8 @@ def test_errors_come_back_as_rows_naming_task_and_file(tmp_path: Path, changelog
     _native.store_write_batch(str(target), [(b"a", b"b")], {str(TopicPartition(changelog_topic(APP, "counts"), 0)): 10**6})
     before = dump(target)
     row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=0)
-    assert row.status == "failed" and "0_0" in (row.error or "") and row.start_offset is None
+    assert row.status == "failed" and "task 0_0" in (row.error or "") and row.start_offset is None
+    assert f"{target} (restored in" in (row.error or ""), "the error names the store, not only its staging copy"
     assert dump(target) == before
     assert no_staging_left(state)
 

@@ -427,6 +427,8 @@ def restore_partition(
     except StateStoreError as e:
         return row(status="failed", error=f"task {task_id} store {store}: {e}")
     attempt_dir: Path | None = None
+    staged: Path | None = None
+    target: Path | None = None
     try:
         token = _acquire(sd, task_id, lock_timeout)
         target = sd.store_dir(task_id, store)
@@ -455,6 +457,8 @@ def restore_partition(
         )
     except StateStoreError as e:
         msg = str(e)
+        if staged is not None and target is not None:  # the staging store started as a copy of the store
+            msg = msg.replace(str(staged), f"{target} (restored in {staged})")
         if f"task {task_id}" not in msg:
             msg = f"task {task_id} store {store} ({tp}): {msg}"
         return row(status="failed", error=msg)
