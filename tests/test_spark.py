@@ -384,3 +384,20 @@ def test_executors_default_to_this_interpreter(monkeypatch: pytest.MonkeyPatch) 
     sc.pythonExec = "/opt/python"
     _default_python(sc)
     assert sc.pythonExec == "/opt/python"
+
+
+def test_unexpected_errors_raise_while_spark_can_retry_then_become_rows(
+    tmp_path: Path, changelogs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from statestore.spark import _max_attempts, _spark_task
+
+    assert [_max_attempts(m, None) for m in ("local", "local[2]", "local[*]", "local[2,3]", "yarn")] == [1, 1, 1, 3, 4]
+    assert _max_attempts("spark://h:7077", "8") == 8
+    monkeypatch.setenv(FAIL_ATTEMPT_ENV, "counts:6:0")
+    item = ("counts", 0, 6, str(changelogs), str(tmp_path / "state"), APP, "auto", 1 << 24, 10.0, 2,
+            "exactly_once_v2")
+    with pytest.raises(InjectedFailure):
+        _spark_task(item, 0)  # attempt 1 of 2: Spark retries it
+    last = _spark_task((*item[:9], 1, item[10]), 0)  # attempt 1 of 1: the row says why
+    assert last.status == "failed" and "InjectedFailure" in (last.error or "") and "attempt 1 of 1" in (last.error or "")
+    assert no_staging_left(tmp_path / "state")
