@@ -358,12 +358,25 @@ _HOLDER = textwrap.dedent(
 )
 
 
-def test_second_writer_process_gets_a_clear_lock_error(tmp_path: Path) -> None:
+def start_child(script: str, *args: str) -> subprocess.Popen[str]:
+    """Run ``script`` in a new interpreter and wait until it prints ``ready``."""
     child = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    assert child.stdout is not None
+    if child.stdout.readline().strip() != "ready":
+        _, err = child.communicate(timeout=30)
+        pytest.fail(f"child process did not start: {err}")
+    return child
+
+
+def test_second_writer_process_gets_a_clear_lock_error(tmp_path: Path) -> None:
+    child = start_child(_HOLDER, str(tmp_path))
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         log = SegmentLog(tmp_path)
         with pytest.raises(LockError) as ei:
             log.producer().send("t", 0, None, b"y")
@@ -398,10 +411,7 @@ _ZOMBIE = textwrap.dedent(
 
 
 def test_zombie_in_another_process_is_fenced(tmp_path: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", _ZOMBIE, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    child = start_child(_ZOMBIE, str(tmp_path))
     log = SegmentLog(tmp_path)
     fresh = log.producer("shared-id")
     out, _ = child.communicate("\n", timeout=30)
