@@ -401,3 +401,21 @@ def test_unexpected_errors_raise_while_spark_can_retry_then_become_rows(
     last = _spark_task((*item[:9], 1, item[10]), 0)  # attempt 1 of 1: the row says why
     assert last.status == "failed" and "InjectedFailure" in (last.error or "") and "attempt 1 of 1" in (last.error or "")
     assert no_staging_left(tmp_path / "state")
+
+
+def test_sweep_removes_what_killed_attempts_left_unless_the_task_is_locked(tmp_path: Path, changelogs: Path) -> None:
+    from statestore.spark import sweep_staging
+
+    state = tmp_path / "state"
+    for p in (3, 4):
+        killed = state / APP / f"0_{p}" / STAGING_DIR_NAME / "counts" / "s0-t9-a1-123-abc"
+        killed.mkdir(parents=True)
+        restore_store(killed / "store", changelogs, TopicPartition(changelog_topic(APP, "counts"), p), end_offset=20)
+    work = plan(changelogs, APP, ["counts"], [3, 4, 5])
+    with StateDirectory(state, APP, shared=True) as other:  # another attempt is running on task 0_4
+        assert other.lock(TaskId(0, 4))
+        assert sweep_staging(state, APP, work) == 1  # the lock is an OS lock: a second opener is excluded
+    assert not (state / APP / "0_3" / STAGING_DIR_NAME).exists()
+    assert (state / APP / "0_4" / STAGING_DIR_NAME / "counts" / "s0-t9-a1-123-abc" / "store").is_dir()
+    assert sweep_staging(state, APP, work) == 1 and no_staging_left(state)
+    assert sweep_staging(tmp_path / "elsewhere", APP, work) == 0

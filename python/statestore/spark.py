@@ -468,6 +468,44 @@ def restore_partition(
         sd.close()
 
 
+def sweep_staging(state_dir: str | os.PathLike[str], application_id: str, work: Iterable[PartitionWork]) -> int:
+    """Remove what killed attempts left in the staging directories of ``work``'s tasks; best effort.
+
+    An attempt that Spark kills (the loser of a speculative race) cannot clean
+    up, and no later attempt of its partition may come. Each task whose lock
+    is free right now is swept under that lock (an interrupted swap is rolled
+    back first); a task locked by someone is skipped, as is a state directory
+    this process cannot see (executors' local disks). Never raises; returns
+    how many tasks were swept.
+    """
+    app_dir = Path(state_dir) / application_id
+    tasks: dict[TaskId, set[str]] = {}
+    for w in work:
+        tasks.setdefault(w.task_id, set()).add(w.store)
+    if not any((app_dir / str(t) / STAGING_DIR_NAME).is_dir() for t in tasks):
+        return 0
+    swept = 0
+    try:
+        with StateDirectory(Path(state_dir), application_id, shared=True) as sd:
+            for task_id, stores in sorted(tasks.items()):
+                staging = sd.task_dir(task_id) / STAGING_DIR_NAME
+                if not staging.is_dir() or sd.acquire(task_id) is None:
+                    continue
+                try:
+                    for store in sorted(stores):
+                        _recover_staging(staging / store, sd.store_dir(task_id, store), task_id)
+                        with contextlib.suppress(OSError):
+                            (staging / store).rmdir()
+                    with contextlib.suppress(OSError):
+                        staging.rmdir()
+                    swept += 1
+                finally:
+                    sd.unlock(task_id)
+    except (StateStoreError, OSError) as e:
+        log.warning("could not sweep the staging directories under %s: %s", app_dir, e)
+    return swept
+
+
 # -- Spark ----------------------------------------------------------------------------------
 
 
@@ -620,6 +658,7 @@ def restore_on_spark(
     failed = sum(1 for r in rows if r[11] != "ok")
     log.info("restored %d (store, partition) pairs on Spark in %.2f s, %d failed",
              len(rows), time.perf_counter() - t0, failed)
+    sweep_staging(state_dir, application_id, work)
     return spark.createDataFrame(rows, result_schema())
 
 
@@ -664,4 +703,5 @@ __all__ = [
     "restore_partition",
     "result_schema",
     "spark_session",
+    "sweep_staging",
 ]
