@@ -419,3 +419,35 @@ def test_sweep_removes_what_killed_attempts_left_unless_the_task_is_locked(tmp_p
     assert (state / APP / "0_4" / STAGING_DIR_NAME / "counts" / "s0-t9-a1-123-abc" / "store").is_dir()
     assert sweep_staging(state, APP, work) == 1 and no_staging_left(state)
     assert sweep_staging(tmp_path / "elsewhere", APP, work) == 0
+
+
+def test_attempt_killed_while_restoring_leaves_the_previous_store(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    log_dir = tmp_path / "log"
+    write_changelogs(log_dir, stores=("counts",), partitions=1, records=60_000)
+    state = tmp_path / "state"
+    tp = TopicPartition(changelog_topic(APP, "counts"), 0)
+    target = store_path(state, "counts", 0)
+    target.parent.mkdir(parents=True)
+    restore_store(target, log_dir, tp, end_offset=50)
+    before = dump(target)
+    (tmp_path / "ref").mkdir()
+    restore_store(tmp_path / "ref" / "s", log_dir, tp)
+    full = dump(tmp_path / "ref" / "s")
+    child = (
+        "from statestore.spark import restore_partition\n"
+        f"restore_partition(log_dir={str(log_dir)!r}, state_dir={str(state)!r}, application_id={APP!r}, "
+        "store='counts', partition=0, mode='replay')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child])
+    staging = state / APP / "0_0" / STAGING_DIR_NAME / "counts"
+    while proc.poll() is None and not any(staging.glob("*/store")):
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert dump(target) in (before, full), "the store in place is the previous one or the complete new one"
+    row = restore_partition(log_dir=log_dir, state_dir=state, application_id=APP, store="counts", partition=0)
+    assert row.ok and dump(target) == full
+    assert no_staging_left(state)

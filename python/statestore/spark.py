@@ -446,6 +446,7 @@ def restore_partition(
             )
         sd.ensure_held(token, what=f"move the restored store {store} into place")
         target.parent.mkdir(exist_ok=True)
+        _fsync_dir(staged)  # the hard links made by the copy
         _swap_into_place(staged, target, attempt_dir)
         return row(
             start_offset=result.start_offset,
