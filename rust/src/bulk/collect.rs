@@ -29,6 +29,18 @@ fn prefix_of(key: &[u8]) -> u64 {
     u64::from_be_bytes(w)
 }
 
+#[inline]
+fn prefetch_read<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it never faults, whatever the address,
+    // and SSE is part of the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 fn hash(key: &[u8]) -> u64 {
     let mut h = 0x9E37_79B9_7F4A_7C15u64 ^ key.len() as u64;
     let mut chunks = key.chunks_exact(8);
@@ -145,8 +157,38 @@ impl Collector {
     /// Record that `key` now holds `value` (`None`: deleted). On
     /// [`Full::Spill`] nothing was recorded.
     pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Full {
+        self.add_hashed(key, value, hash(key))
+    }
+
+    /// The hash [`Collector::add_hashed`] and [`Collector::prefetch`] take.
+    pub fn hash(key: &[u8]) -> u64 {
+        hash(key)
+    }
+
+    /// Hint the CPU to load what adding a key of hash `h` will touch: with
+    /// `deep`, the entry and key its slot points to (call that a few records
+    /// after the shallow hint, once the slot is in cache). A hint only:
+    /// correctness never depends on it.
+    #[inline]
+    pub fn prefetch(&self, h: u64, deep: bool) {
+        let i = h as usize & self.mask;
+        if !deep {
+            prefetch_read(self.table.as_ptr().wrapping_add(i));
+            return;
+        }
+        let slot = self.table[i];
+        if slot != 0 {
+            if let Some(e) = self.entries.get((slot as u32) as usize - 1) {
+                prefetch_read(e as *const Entry);
+                prefetch_read(self.arena.as_ptr().wrapping_add(e.key_off));
+            }
+        }
+    }
+
+    /// [`Collector::add`] with the key's hash computed beforehand.
+    pub fn add_hashed(&mut self, key: &[u8], value: Option<&[u8]>, h: u64) -> Full {
         loop {
-            if self.try_add(key, value) {
+            if self.try_add(key, value, h) {
                 return Full::No;
             }
             if !self.compact() {
@@ -156,11 +198,10 @@ impl Collector {
     }
 
     /// False when there is no room.
-    fn try_add(&mut self, key: &[u8], value: Option<&[u8]>) -> bool {
+    fn try_add(&mut self, key: &[u8], value: Option<&[u8]>, h: u64) -> bool {
         let vlen = value.map_or(0, <[u8]>::len);
         assert!(key.len() < u32::MAX as usize && vlen < TOMBSTONE as usize, "record too large");
         let prefix = prefix_of(key);
-        let h = hash(key);
         let tag = h & 0xFFFF_FFFF_0000_0000;
         let mut i = h as usize & self.mask;
         loop {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
 
-use crate::replay::{restore_options, Applied, ErrorKind, Progress, RestoreError};
+use crate::replay::{restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError};
 use crate::source::ChangelogSource;
 use crate::store::Store;
 use collect::{Collector, Full};
@@ -132,41 +132,48 @@ fn run(
         c.drain_sorted(|k, v| w.add(k, v))?;
         w.finish()
     };
+    // A chunk is buffered, then added with the index slots of the records a
+    // few places ahead already requested from memory (the adds are bound by
+    // cache misses, not by work).
+    let mut ops = ChunkOps::default();
+    let mut hashes: Vec<u64> = Vec::new();
+    const AHEAD: usize = 16;
     loop {
-        let mut spill_err = None;
-        let mut in_chunk = 0u64;
+        ops.clear();
         let mut last = None;
         let more = source
             .next_chunk(end, opts.chunk_bytes, &mut |r| {
-                if spill_err.is_some() {
-                    return;
-                }
                 last = Some(r.offset);
-                let Some(k) = r.key else {
-                    applied.null_keys += 1;
-                    return;
-                };
-                in_chunk += 1;
-                if collector.add(k, r.value) == Full::Spill {
-                    match spill(&mut collector, &mut seq) {
-                        Ok(p) => runs.push(p),
-                        Err(e) => {
-                            spill_err = Some(e);
-                            return;
-                        }
-                    }
-                    let again = collector.add(k, r.value);
-                    debug_assert_eq!(again, Full::No);
+                match r.key {
+                    None => applied.null_keys += 1,
+                    Some(k) => ops.push(k, r.value),
                 }
             })
             .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
-        if let Some(e) = spill_err {
-            return Err(e.into());
+        hashes.clear();
+        hashes.extend((0..ops.len()).map(|i| Collector::hash(ops.get(i).0)));
+        for &h in hashes.iter().take(AHEAD) {
+            collector.prefetch(h, false);
+        }
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                collector.prefetch(ahead, false);
+            }
+            if let Some(&near) = hashes.get(i + AHEAD / 2) {
+                collector.prefetch(near, true);
+            }
+            let (k, v) = ops.get(i);
+            if collector.add_hashed(k, v, h) == Full::Spill {
+                runs.push(spill(&mut collector, &mut seq)?);
+                let again = collector.add_hashed(k, v, h);
+                debug_assert_eq!(again, Full::No);
+            }
         }
         if let Some(off) = last {
-            applied.records += in_chunk;
+            let n = ops.len() as u64;
+            applied.records += n;
             applied.last_offset = Some(off);
-            progress.batch(off, in_chunk)?;
+            progress.batch(off, n)?;
         }
         if !more {
             break;

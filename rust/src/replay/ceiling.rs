@@ -4,9 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rocksdb::WriteBatch;
-
-use super::RestoreError;
+use super::{ChunkOps, RestoreError};
 use crate::source::{ChangelogSource, SourceError};
 use crate::store::Store;
 
@@ -34,19 +32,20 @@ pub fn decode(
     }
 }
 
-/// Write `chunks` as replay would (one batch per chunk with its offset, WAL
-/// off, flush at the end) and return how long it took.
+/// Write `chunks` as replay would (one batch per chunk, in key order with the
+/// last operation per key, with its offset, WAL off, flush at the end) and
+/// return how long it took.
 pub fn write(store: &Store, tp: &str, chunks: &[Vec<Decoded>]) -> Result<Duration, RestoreError> {
     let t0 = Instant::now();
+    let mut ops = ChunkOps::default();
     for chunk in chunks {
-        let mut b = WriteBatch::default();
+        ops.clear();
         for (_, k, v) in chunk {
-            match (k, v) {
-                (None, _) => {}
-                (Some(k), Some(v)) => b.put(k, v),
-                (Some(k), None) => b.delete(k),
+            if let Some(k) = k {
+                ops.push(k, v.as_deref());
             }
         }
+        let mut b = ops.to_batch();
         if let Some((off, _, _)) = chunk.last() {
             store.put_offset(&mut b, tp, *off);
         }
