@@ -12,6 +12,7 @@ Changelogs hold >= 2M records of 100-byte values at scale 1.0.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,8 @@ def record(
     benchmark: Any, baseline: str, candidate: str, base_s: float, cand_s: float, goal: float, **extra: Any
 ) -> None:
     ratio = base_s / cand_s
+    # the machine is shared: record how busy it was, ratios mean little under load
+    extra["load_avg_1min"] = os.getloadavg()[0]
     benchmark.extra_info.update(
         {"baseline": baseline, "candidate": candidate, "ratio": ratio, "goal": goal, **extra}
     )
