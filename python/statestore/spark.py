@@ -28,7 +28,9 @@ Safety under Spark's retries and speculative execution: an attempt
 
 So a failed or killed attempt never damages the store that was there before,
 and two attempts of one partition running at once leave one correct store: the
-second waits for the lock, then finds the first one's store up to date.
+second waits for the lock, then finds the first one's store up to date. After
+the job, the driver sweeps what killed attempts left in staging directories it
+can see (:func:`sweep_staging`).
 
 Importing this module does not import pyspark; only :func:`restore_on_spark`
 and :func:`spark_session` do.
