@@ -46,6 +46,9 @@ lint: build
 	$(VENV)/bin/mypy
 	cargo clippy --release --manifest-path rust/Cargo.toml --all-targets --features python -- -D warnings
 
+torture: build
+	$(PY) -m pytest -q -m torture $(PYTEST_ARGS)
+
 bench: build
 	$(PY) benches/run.py
 

@@ -76,7 +76,14 @@ impl Store {
             return Err(StoreError::new(path, "no store here (directory missing)"));
         }
         let opts = store_options(false);
-        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF];
+        // A process killed while creating the store can leave it without the
+        // offsets family; such a store claims no offset, it is not an error.
+        let present = DB::list_cf(&opts, path)
+            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB read-only: {e}")))?;
+        let cfs: Vec<&str> = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF]
+            .into_iter()
+            .filter(|cf| present.iter().any(|p| p == cf))
+            .collect();
         let db = DB::open_cf_for_read_only(&opts, path, cfs, false)
             .map_err(|e| StoreError::new(path, format!("cannot open RocksDB read-only: {e}")))?;
         Ok(Self { db, path: path.to_path_buf() })
@@ -122,7 +129,8 @@ impl Store {
     /// A value that is not 8 bytes long is an error naming the key.
     pub fn offsets(&self) -> Result<BTreeMap<String, i64>, StoreError> {
         let mut out = BTreeMap::new();
-        for item in self.db.iterator_cf(self.offsets_cf(), IteratorMode::Start) {
+        let Some(cf) = self.db.cf_handle(OFFSETS_CF) else { return Ok(out) };
+        for item in self.db.iterator_cf(cf, IteratorMode::Start) {
             let (k, v) = item.map_err(|e| self.err("reading offsets", e))?;
             if &*k == STATUS_KEY {
                 continue;
@@ -139,7 +147,8 @@ impl Store {
 
     /// The offset recorded for one topic partition (`"<topic>-<partition>"`).
     pub fn offset(&self, tp: &str) -> Result<Option<i64>, StoreError> {
-        let v = self.db.get_cf(self.offsets_cf(), tp.as_bytes()).map_err(|e| self.err("reading offset", e))?;
+        let Some(cf) = self.db.cf_handle(OFFSETS_CF) else { return Ok(None) };
+        let v = self.db.get_cf(cf, tp.as_bytes()).map_err(|e| self.err("reading offset", e))?;
         v.map(|v| {
             decode_i64(&v)
                 .ok_or_else(|| StoreError::new(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len())))
@@ -149,7 +158,8 @@ impl Store {
 
     /// The status marker, if one was ever written.
     pub fn status(&self) -> Result<Option<i64>, StoreError> {
-        let v = self.db.get_cf(self.offsets_cf(), STATUS_KEY).map_err(|e| self.err("reading status", e))?;
+        let Some(cf) = self.db.cf_handle(OFFSETS_CF) else { return Ok(None) };
+        let v = self.db.get_cf(cf, STATUS_KEY).map_err(|e| self.err("reading status", e))?;
         v.map(|v| {
             decode_i64(&v)
                 .ok_or_else(|| StoreError::new(&self.path, format!("status marker is {} bytes, expected 8", v.len())))
@@ -198,8 +208,13 @@ pub struct Comparison {
     pub expected_entries: u64,
     pub actual_entries: u64,
     /// `(key, expected value, actual value)`; a missing side is `None`.
-    pub first_difference: Option<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)>,
+    pub first_difference: Option<Difference>,
 }
+
+/// `(key, expected value, actual value)`; a missing side is `None`.
+pub type Difference = (Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+type RawEntry = Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>;
 
 fn digest_entry(h: &mut sha2::Sha256, k: &[u8], v: &[u8]) {
     use sha2::Digest;
@@ -217,7 +232,7 @@ fn hex(bytes: &[u8]) -> String {
 /// length-prefixed keys and values) and note the first difference.
 pub fn compare(expected: &Store, actual: &Store) -> Result<Comparison, StoreError> {
     use sha2::Digest;
-    let read = |s: &Store, item: Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>| {
+    let read = |s: &Store, item: RawEntry| {
         item.map_err(|e| StoreError::new(s.path(), format!("reading data: {e}")))
     };
     let mut ia = expected.db.iterator(IteratorMode::Start);
@@ -353,6 +368,26 @@ mod tests {
         s.flush().unwrap();
         let ro = Store::open_read_only(&p).unwrap();
         assert_eq!(ro.offset("t-0").unwrap(), Some(7));
+    }
+
+    #[test]
+    fn read_only_open_of_a_store_without_offsets_family_claims_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        {
+            // a store as a process killed between creating the DB and its offsets family leaves it
+            let mut o = Options::default();
+            o.create_if_missing(true);
+            let db = DB::open(&o, &p).unwrap();
+            db.put(b"k", b"v").unwrap();
+        }
+        let ro = Store::open_read_only(&p).unwrap();
+        assert_eq!(ro.offsets().unwrap().len(), 0);
+        assert_eq!(ro.status().unwrap(), None);
+        assert_eq!(ro.offset("t-0").unwrap(), None);
+        drop(ro);
+        let rw = Store::open(&p, false).unwrap();
+        assert_eq!(rw.offset("t-0").unwrap(), None, "a read-write open adds the family");
     }
 
     #[test]

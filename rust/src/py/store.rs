@@ -81,7 +81,6 @@ fn store_info(py: Python<'_>, path: PathBuf) -> PyResult<(BTreeMap<String, i64>,
     .map_err(store_err)
 }
 
-type Difference = Option<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)>;
 
 /// Compare the data of two stores (read-only): `(expected digest, actual
 /// digest, expected entries, actual entries, first difference)` where the
@@ -91,7 +90,7 @@ fn store_compare(
     py: Python<'_>,
     expected: PathBuf,
     actual: PathBuf,
-) -> PyResult<(String, String, u64, u64, Difference)> {
+) -> PyResult<(String, String, u64, u64, Option<store::Difference>)> {
     py.detach(|| {
         let e = Store::open_read_only(&expected)?;
         let a = Store::open_read_only(&actual)?;
