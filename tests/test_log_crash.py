@@ -147,7 +147,9 @@ def test_sigkill_while_appending_transactions(tmp_path: Path) -> None:
 
 
 @pytest.mark.torture
-def test_sigkill_while_appending_transactions_torture(tmp_path: Path) -> None:
+def test_sigkill_while_appending_transactions_torture(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if "torture" not in str(request.config.getoption("markexpr")):
+        pytest.skip("500 kills: run with -m torture (make torture)")
     run_kills(tmp_path, kills=500, max_delay=0.4)
 
 

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::segment::{list_segments, BatchCursor, Segment, DEFAULT_CHUNK};
+use super::segment::{list_segments, not_a_torn_tail, BatchCursor, Segment, DEFAULT_CHUNK, MAX_TORN_TAIL};
 use super::LogError;
 use crate::codec::{self, BatchHeader, ControlType, RecordRef, HEADER_LEN};
 use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
@@ -136,6 +136,9 @@ impl HeaderScan {
                 let total = h.total_len() as u64;
                 if pos + total > self.file_len {
                     self.stat()?;
+                    if pos + total > self.file_len && self.file_len - pos > MAX_TORN_TAIL {
+                        return Err(not_a_torn_tail(&path, pos, base, h.batch_length, self.file_len));
+                    }
                 }
                 if pos + total <= self.file_len {
                     let ct = if h.is_control() {

@@ -18,6 +18,25 @@ use crate::codec::{self, BatchHeader, HEADER_LEN, LOG_OVERHEAD};
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
 /// Default read size of a cursor.
 pub const DEFAULT_CHUNK: usize = 1 << 20;
+/// The most bytes an interrupted append can leave after the last complete
+/// batch (a prefix of one batch). An "incomplete batch" with more bytes after
+/// it than this is a damaged length field, not a torn tail: it is reported as
+/// corruption instead of silently ending the log (or being cut off) there.
+pub const MAX_TORN_TAIL: u64 = 16 << 20;
+
+/// The error for an incomplete batch too far from the end to be a torn tail.
+pub fn not_a_torn_tail(path: &Path, position: u64, offset: i64, len: i32, file_len: u64) -> LogError {
+    LogError::corrupt(
+        path,
+        position,
+        offset,
+        format!(
+            "batch length {len} runs past the end of the file, but {} bytes follow, more than an interrupted \
+             append leaves ({MAX_TORN_TAIL}): the length field is damaged",
+            file_len - position
+        ),
+    )
+}
 
 /// One segment: its base offset and `.log` path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,6 +340,9 @@ impl BatchCursor {
                     self.fill(total)?;
                     continue;
                 }
+                if file_len - pos > MAX_TORN_TAIL {
+                    return Err(not_a_torn_tail(&self.segments[self.seg].path, pos, base, len, file_len));
+                }
             } else if self.fill(LOG_OVERHEAD)? {
                 continue;
             }
@@ -431,6 +453,9 @@ pub fn scan_segment(seg: &Segment) -> Result<ScanResult, LogError> {
         let (base, len) = codec::peek_offset_and_length(&head).unwrap();
         let total = (len as i64) + LOG_OVERHEAD as i64;
         if len < (HEADER_LEN - LOG_OVERHEAD) as i32 || pos + total as u64 > file_len {
+            if file_len - pos > MAX_TORN_TAIL && len >= (HEADER_LEN - LOG_OVERHEAD) as i32 {
+                return Err(not_a_torn_tail(&seg.path, pos, base, len, file_len));
+            }
             if tail_is_torn(&f, pos, file_len, len)? {
                 break;
             }

@@ -276,3 +276,32 @@ fn many_small_batches_scan_quickly_and_correctly() {
     assert_eq!(src.skipped().aborted, 100);
     assert_eq!(src.skipped().control, 300);
 }
+
+#[test]
+fn damaged_length_far_from_the_end_is_corruption_not_a_torn_tail() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+        let mut p = log.producer(None).unwrap();
+        let v = vec![7u8; 4096];
+        for _ in 0..5000 {
+            p.send("t", 0, None, Some(&v), &[], None).unwrap();
+        }
+        log.close().unwrap();
+    }
+    let seg = d.path().join("t-0").join(segment::log_file_name(0));
+    let mut data = fs::read(&seg).unwrap();
+    let len = data.len();
+    assert!(len as u64 > segment::MAX_TORN_TAIL);
+    data[8] = 0x7f; // the first batch now claims ~2 GB
+    fs::write(&seg, &data).unwrap();
+    let err = match open_committed_source(d.path(), "t", 0, 0) {
+        Err(e) => e,
+        Ok(mut src) => src.next_chunk(i64::MAX, 1 << 20, &mut |_| {}).unwrap_err(),
+    };
+    assert!(matches!(err, SourceError::Corrupt(ref m) if m.contains("damaged")), "{err}");
+    assert!(matches!(partition_offsets(d.path(), "t", 0), Err(SourceError::Corrupt(_))));
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))));
+    assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
+}
