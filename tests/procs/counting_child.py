@@ -153,7 +153,7 @@ def main(argv: list[str]) -> None:
             guarantee=guarantee,
             offsets=offsets,
             listener=KillingListener(),
-            chunk_offsets=rng.choice([16, 64, 1000]),
+            chunk_offsets=rng.choice([256, 4096, 50_000]),
             checkpoint_delta=rng.choice([0, 5, 50]),
             transaction_timeout_ms=0,
         )
