@@ -181,15 +181,13 @@ pub struct TxnResolver {
     scan: Option<HeaderScan>,
     dir: PathBuf,
     start: (usize, u64),
-    /// Offset below which every marker has been queued.
-    scanned_to: i64,
     markers: HashMap<i64, VecDeque<(i64, bool)>>,
 }
 
 impl TxnResolver {
     /// A resolver whose look-ahead starts at `position` of segment `seg`.
     pub fn new(dir: &Path, seg: usize, position: u64) -> Self {
-        TxnResolver { scan: None, dir: dir.to_path_buf(), start: (seg, position), scanned_to: 0, markers: HashMap::new() }
+        TxnResolver { scan: None, dir: dir.to_path_buf(), start: (seg, position), markers: HashMap::new() }
     }
 
     /// The outcome of the transaction of `producer_id` that holds a batch at `offset`.
@@ -212,7 +210,6 @@ impl TxnResolver {
             match scan.next()? {
                 None => return Ok(Outcome::Open),
                 Some((h, ct)) => {
-                    self.scanned_to = h.next_offset();
                     if let Some(ct) = ct {
                         if matches!(ct, ControlType::Commit | ControlType::Abort) {
                             self.markers
@@ -319,8 +316,9 @@ impl PartitionReader {
     /// Feed the records with offsets in `[position, end)` that the isolation
     /// level lets through to `sink`, batch by batch, until about `max_bytes`
     /// of log were consumed. When `sink` returns false the reader stops after
-    /// the current batch. Returns true if it stopped early (bytes or sink), so
-    /// more may follow; false at `end`, at the end of the log, or at an open
+    /// that record (the next read resumes inside its batch). Returns true if
+    /// it stopped early (bytes or sink), so more may follow; false at `end`,
+    /// at the end of the log, or at an open
     /// transaction (the last stable offset).
     pub fn read<F>(&mut self, end: i64, max_bytes: usize, mut sink: F) -> Result<bool, LogError>
     where

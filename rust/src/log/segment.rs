@@ -422,13 +422,15 @@ impl BatchCursor {
     }
 }
 
-/// Scan `seg` from `from_position` and return the end of its last valid batch
-/// (verifying CRCs), the next offset, and index entries. Bytes after that end
-/// are a torn tail if `Ok`; a bad batch followed by more data is an error.
+/// What [`scan_segment`] found in one segment file.
 pub struct ScanResult {
+    /// End of the last complete, valid batch; bytes after it are a torn tail.
     pub valid_len: u64,
+    /// The offset after the last valid batch (the base offset if none).
     pub next_offset: i64,
+    /// Fresh sparse index entries `(relative offset, position)`.
     pub index: Vec<(u32, u32)>,
+    /// Size of the file when scanned.
     pub file_len: u64,
 }
 
