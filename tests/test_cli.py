@@ -146,9 +146,13 @@ def test_clean_removes_unlocked_old_tasks_and_all(app: tuple[Path, Path]) -> Non
 
 
 def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:
-    out = run("demo", "--records", "20000", "--partitions", "3", "--dir", str(tmp_path / "demo"))
+    out = run("demo", "--records", "20000", "--partitions", "3", "--counter-records", "6000",
+              "--dir", str(tmp_path / "demo"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 of 3 stores equal the committed changelog exactly" in out.stdout
+    assert "killed with SIGKILL after committing input position 3,000" in out.stdout  # commits every 1,000
+    assert "a commit boundary (commits every 1,000)" in out.stdout
+    assert "counted once each): exact" in out.stdout
     assert str(tmp_path / "demo") in out.stdout
     assert (tmp_path / "demo" / "state" / "demo-app" / "0_2" / "rocksdb" / "profiles").is_dir()
     # what the demo tells the user to run next works
