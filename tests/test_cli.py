@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,10 @@ TOPIC = f"{APP}-{STORE}-changelog"
 
 
 def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250"}  # no wrapping of rich output in assertions
     return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, input=input, timeout=120
+        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, input=input, timeout=120,
+        env=env,
     )
 
 
