@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The bundled RocksDB takes many minutes to compile: keep cargo's output
 # outside the clone so every clone and every rebuild reuses it.
-export CARGO_TARGET_DIR ?= $(HOME)/.cache/statestore/target
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/statestore/cargo-target
 export VIRTUAL_ENV := $(abspath $(VENV))
 PYTEST_ARGS ?=
 

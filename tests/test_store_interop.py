@@ -76,3 +76,18 @@ def test_bad_offset_value_names_store_and_key(tmp_path: Path) -> None:
     db.close()
     with pytest.raises(StoreError, match=r"t-0.*2 bytes"):
         _native.store_dump(str(path))
+
+
+def _options_version(store: Path) -> tuple[int, ...]:
+    options = sorted(store.glob("OPTIONS-*"))[-1].read_text()
+    line = next(x for x in options.splitlines() if x.strip().startswith("rocksdb_version="))
+    return tuple(int(p) for p in line.split("=", 1)[1].strip().split("."))
+
+
+def test_rust_side_bundles_the_rocksdb_major_of_rocksdict(tmp_path: Path) -> None:
+    """Stores written from Rust must stay readable by rocksdict's RocksDB (9.8.4): same major, close minor."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    _native.store_write_batch(str(ours), [(b"k", b"v")], {})
+    _open_rocksdict(theirs, create=True).close()
+    assert _options_version(ours)[0] == _options_version(theirs)[0] == 9
+    assert _options_version(ours) >= _options_version(theirs)
