@@ -29,7 +29,7 @@ def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str
 
 @pytest.mark.parametrize(
     "command",
-    [[], ["demo"], ["inspect"], ["verify"], ["clean"], ["log"], ["log", "dump"]],
+    [[], ["demo"], ["restore"], ["inspect"], ["verify"], ["clean"], ["log"], ["log", "dump"]],
     ids=lambda c: " ".join(c) or "main",
 )
 def test_help_of_every_command(command: list[str]) -> None:
