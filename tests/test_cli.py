@@ -163,3 +163,13 @@ def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:
     again = run("verify", "--state-dir", str(tmp_path / "demo" / "state"), "--app-id", "demo-app",
                 "--log-dir", str(tmp_path / "demo" / "log"))
     assert again.returncode == 0, again.stderr
+
+
+def test_restore_in_process_shows_a_bar_per_store_and_a_table(app: tuple[Path, Path], tmp_path: Path) -> None:
+    _, log_dir = app
+    out = run("restore", "--log-dir", str(log_dir), "--state-dir", str(tmp_path / "fresh"), "--app-id", APP,
+              "--threads", "2")
+    assert out.returncode == 0, out.stderr
+    for part in (0, 1):
+        assert f"task 0_{part} {STORE}" in out.stdout  # its progress bar
+    assert "2 ok, 0 failed" in out.stdout

@@ -8,6 +8,18 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from statestore.ids import TopicPartition
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,3 +68,40 @@ def show_bytes(b: bytes | None, limit: int = 40) -> str:
         return "(missing)"
     text = repr(b)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class RateColumn(ProgressColumn):
+    """Offsets restored per second."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:>12,.0f} rec/s", style="cyan")
+
+
+class BarListener:
+    """A RestoreListener that moves one progress bar (called from restoring threads)."""
+
+    def __init__(self, progress: Progress, description: str) -> None:
+        self.progress = progress
+        self.task = progress.add_task(description, total=None, start=False)
+        self.start = 0
+
+    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+        self.start = start_offset
+        self.progress.update(self.task, total=max(0, end_offset - start_offset))
+        self.progress.start_task(self.task)
+
+    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+        self.progress.update(self.task, completed=batch_end_offset - self.start)
+
+    def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
+        total = self.progress.tasks[self.task].total or 0
+        self.progress.update(self.task, completed=total)
+
+
+def restore_progress(console: Console) -> Progress:
+    """Live progress bars for restorations: one bar per store, offsets done, records/s, ETA."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeRemainingColumn(),
+        console=console,
+    )

@@ -13,19 +13,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
-from rich.text import Text
 
 from statestore import _native
+from statestore.cli.common import BarListener, restore_progress
 from statestore.demo import DEMO_APP, DEMO_STORE, build_changelog, restore_partitions
 from statestore.demo_processor import APP as CounterApp
 from statestore.demo_processor import POS_KEY, expected_counts
@@ -33,35 +25,6 @@ from statestore.ids import TopicPartition, changelog_topic
 from statestore.log import SegmentLog
 from statestore.restore import RestoreListener, RestoreResult
 from statestore.verify import verify_app
-
-
-class RateColumn(ProgressColumn):
-    """Offsets restored per second."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:>12,.0f} rec/s", style="cyan")
-
-
-class _BarListener:
-    """A RestoreListener that moves one progress bar (called from restoring threads)."""
-
-    def __init__(self, progress: Progress, tp: TopicPartition) -> None:
-        self.progress = progress
-        self.task = progress.add_task(f"partition {tp.partition}", total=None, start=False)
-        self.start = 0
-
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
-        self.start = start_offset
-        self.progress.update(self.task, total=max(0, end_offset - start_offset))
-        self.progress.start_task(self.task)
-
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
-        self.progress.update(self.task, completed=batch_end_offset - self.start)
-
-    def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
-        total = self.progress.tasks[self.task].total or 0
-        self.progress.update(self.task, completed=total)
 
 
 def _crash_and_recover(root: Path, records: int, console: Console) -> bool:
@@ -187,15 +150,10 @@ def demo(out_dir: Path | None, records: int, partitions: int, threads: int | Non
 
     console.rule("[bold]2. restore every partition in parallel")
     threads = threads or os.cpu_count() or 1
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeRemainingColumn(),
-        console=console,
-    ) as progress:
-        listeners: dict[TopicPartition, RestoreListener] = {}
+    with restore_progress(console) as progress:
 
         def listener_for(tp: TopicPartition) -> RestoreListener:
-            listeners[tp] = _BarListener(progress, tp)
-            return listeners[tp]
+            return BarListener(progress, f"partition {tp.partition}")
 
         t0 = time.perf_counter()
         results = restore_partitions(log, state_dir, range(partitions), threads=threads, listener_for=listener_for)

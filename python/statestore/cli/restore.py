@@ -5,16 +5,18 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from statestore.cli.common import BarListener, restore_progress
 from statestore.directory import StateDirectory
 from statestore.errors import LockError
 from statestore.policy import Guarantee
-from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, RestoreSpec, restore_many
+from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, RestoreListener, RestoreSpec, restore_many
 from statestore.spark import (
     DEFAULT_LOCK_TIMEOUT,
     PartitionWork,
@@ -36,6 +38,7 @@ def restore_local(
     guarantee: Guarantee,
     memory_budget_bytes: int,
     threads: int | None,
+    listener_for: Callable[[PartitionWork], RestoreListener | None] | None = None,
 ) -> list[RestoreRow]:
     """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
 
@@ -53,7 +56,9 @@ def restore_local(
             if target.exists() and not can_resume_from(target, w.tp, guarantee):
                 shutil.rmtree(target)
             target.parent.mkdir(exist_ok=True)
-            specs.append(RestoreSpec(target, log_dir, w.tp, mode=mode, memory_budget_bytes=memory_budget_bytes))
+            listener = listener_for(w) if listener_for is not None else None
+            specs.append(RestoreSpec(target, log_dir, w.tp, mode=mode, memory_budget_bytes=memory_budget_bytes,
+                                     listener=listener))
         results = restore_many(specs, threads=threads)
     rows = []
     for w, r in zip(work, results, strict=True):
@@ -130,13 +135,17 @@ def restore(log_dir: Path, state_dir: Path, application_id: str, stores: tuple[s
     work = plan(log_dir, application_id, names, parts)
     budget = memory_mib * 2**20
     t0 = time.perf_counter()
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     if engine == "local":
-        rows = restore_local(work, log_dir=log_dir, state_dir=state_dir, application_id=application_id, mode=mode,
-                             guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads)
+        with restore_progress(console) as progress:
+            rows = restore_local(
+                work, log_dir=log_dir, state_dir=state_dir, application_id=application_id, mode=mode,
+                guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
+                listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
+            )
     else:
         rows = _restore_spark(names, parts, log_dir=log_dir, state_dir=state_dir, application_id=application_id,
                               mode=mode, guarantee=guarantee, memory_budget_bytes=budget, master=master)
-    console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(_table(rows))
     failed = sum(1 for r in rows if not r.ok)
     console.print(f"{len(rows) - failed} ok, {failed} failed in {time.perf_counter() - t0:.1f} s ({engine})")
