@@ -203,5 +203,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+    # fall back to the source tree only when statestore is not installed (the CI wheel job tests the wheel)
+    sys.path.append(str(Path(__file__).resolve().parents[2] / "python"))
     main(sys.argv[1:])
