@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from procs.killer import Killer
 
 TOPIC_PARTITION = ("app-s-changelog", 0)
 
@@ -101,17 +102,6 @@ def check_invariants(
 # -- the child ---------------------------------------------------------------------------
 
 
-class _Killer:
-    def __init__(self, kill_at: int) -> None:
-        self.kill_at = kill_at
-        self.step = 0
-
-    def point(self) -> None:
-        self.step += 1
-        if self.step == self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def child_main(argv: list[str]) -> None:
     """``helpers_crash.py <root> <guarantee> <offsets-mode> <seed> <kill-at>``."""
     from statestore import TaskCorruptedError, TaskId, TopicPartition
@@ -121,7 +111,7 @@ def child_main(argv: list[str]) -> None:
 
     root, guarantee, mode, seed, kill_at = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
     rng = random.Random(seed)
-    killer = _Killer(kill_at)
+    killer = Killer(kill_at)
     eos = guarantee == "exactly_once_v2"
     tp = TopicPartition(*TOPIC_PARTITION)
     changelog_path = Path(root) / "changelog.txt"

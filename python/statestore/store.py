@@ -93,6 +93,21 @@ class _Staging:
                 yield key, staged
 
 
+class _StagedWrites:
+    """What both stores share about writes staged until commit."""
+
+    _staging: _Staging
+
+    @property
+    def uncommitted(self) -> int:
+        """Number of staged writes not yet committed."""
+        return len(self._staging.writes)
+
+    def abort(self) -> None:
+        """Drop every staged write (the transaction they belonged to did not commit)."""
+        self._staging.writes.clear()
+
+
 def _check_bytes(what: str, value: object) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -101,7 +116,7 @@ def _check_bytes(what: str, value: object) -> bytes:
     raise TypeError(f"{what} must be bytes, got {type(value).__name__}")
 
 
-class Store:
+class Store(_StagedWrites):
     """A RocksDB store at ``path``, opened (created if missing) for processing.
 
     Opening writes status OPEN and remembers the status found
@@ -236,15 +251,6 @@ class Store:
         self._open_db()
         self._staging.writes[_check_bytes("key", key)] = None
 
-    @property
-    def uncommitted(self) -> int:
-        """Number of staged writes not yet committed."""
-        return len(self._staging.writes)
-
-    def abort(self) -> None:
-        """Drop every staged write (the transaction they belonged to did not commit)."""
-        self._staging.writes.clear()
-
     def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Apply the staged writes and ``offsets`` to RocksDB in one WriteBatch, atomically.
 
@@ -356,7 +362,7 @@ class Store:
         self.close(clean=exc == (None, None, None))
 
 
-class InMemoryStore:
+class InMemoryStore(_StagedWrites):
     """A non-persistent store with :class:`Store`'s processing API, for stores that need no disk.
 
     It keeps no offsets (nothing survives a restart, so it always restores from
@@ -404,15 +410,6 @@ class InMemoryStore:
     def approximate_num_entries(self) -> int:
         """Number of committed keys plus staged puts."""
         return len(self._data) + sum(1 for v in self._staging.writes.values() if v is not None)
-
-    @property
-    def uncommitted(self) -> int:
-        """Number of staged writes not yet committed."""
-        return len(self._staging.writes)
-
-    def abort(self) -> None:
-        """Drop every staged write."""
-        self._staging.writes.clear()
 
     def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Apply the staged writes (offsets are not kept: the store restores from the beginning)."""

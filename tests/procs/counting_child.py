@@ -28,13 +28,12 @@ kills at random moments.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from killer import Killer
 
 TASK_PARTITION = 0
 STORE = "counts"
@@ -85,32 +84,6 @@ def check(store: dict[bytes, bytes], model: dict[bytes, bytes], *, eos: bool) ->
     if lost:
         return f"committed updates missing from the store: {lost}"
     return None
-
-
-class Killer:
-    """Counts steps and SIGKILLs this process at step ``kill_at``."""
-
-    def __init__(self, kill_at: int) -> None:
-        self.kill_at = kill_at
-        self.step = 0
-
-    def point(self) -> None:
-        self.step += 1
-        if self.step == self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def wrap(self, cls: Any, name: str) -> None:
-        """Make ``cls.name`` pass a kill point before and after it runs."""
-        original: Callable[..., Any] = getattr(cls, name)
-        killer = self
-
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            killer.point()
-            out = original(*args, **kwargs)
-            killer.point()
-            return out
-
-        setattr(cls, name, wrapped)
 
 
 def main(argv: list[str]) -> None:
