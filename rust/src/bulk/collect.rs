@@ -22,7 +22,23 @@ const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
 /// Index slots per entry (load factor 1/2), 8 bytes each.
 const SLOTS_PER_ENTRY: usize = 2;
 
-fn prefix_of(key: &[u8]) -> u64 {
+/// Length of the longest common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_ne_bytes(a[i..i + 8].try_into().expect("8")) ^ u64::from_ne_bytes(b[i..i + 8].try_into().expect("8"));
+        if x != 0 {
+            return i + (if cfg!(target_endian = "little") { x.trailing_zeros() } else { x.leading_zeros() } / 8) as usize;
+        }
+        i += 8;
+    }
+    i + a[i..n].iter().zip(&b[i..n]).take_while(|(x, y)| x == y).count()
+}
+
+/// First 8 bytes of `key`, big-endian, zero padded: comparing two of these
+/// orders keys as their bytes do, up to ties.
+pub fn prefix_of(key: &[u8]) -> u64 {
     let mut w = [0u8; 8];
     let n = key.len().min(8);
     w[..n].copy_from_slice(&key[..n]);
@@ -284,12 +300,25 @@ impl Collector {
 
     /// Sort the held keys and hand each `(key, value or None)` to `f` in key
     /// order, then empty the collector.
+    ///
+    /// Keys often share a long common prefix (a namespace, zero padding), so
+    /// the sort compares the 8 bytes that follow the prefix common to all
+    /// held keys, and only on a tie the rest of the keys.
     pub fn drain_sorted<E>(&mut self, mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>) -> Result<(), E> {
         let mut entries = std::mem::take(&mut self.entries);
         let arena = &self.arena;
         let key = |e: &Entry| &arena[e.key_off..e.key_off + e.key_len as usize];
+        let lcp = match entries.first() {
+            None => 0,
+            Some(first) => entries.iter().fold(key(first).len(), |n, e| common_prefix(&key(first)[..n], key(e))),
+        };
+        if lcp > 0 {
+            for e in &mut entries {
+                e.prefix = prefix_of(&arena[e.key_off + lcp..e.key_off + e.key_len as usize]);
+            }
+        }
         entries.sort_unstable_by(|a, b| match a.prefix.cmp(&b.prefix) {
-            Ordering::Equal => key(a).cmp(key(b)),
+            Ordering::Equal => key(a)[lcp..].cmp(&key(b)[lcp..]),
             o => o,
         });
         let result = entries.iter().try_for_each(|e| f(self.key(e), self.value(e)));
@@ -331,6 +360,30 @@ mod tests {
         assert_eq!(c.len(), model.len());
         assert_eq!(drain(&mut c), model.into_iter().collect::<Vec<_>>());
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn common_prefix_counts_equal_leading_bytes() {
+        assert_eq!(common_prefix(b"", b"abc"), 0);
+        assert_eq!(common_prefix(b"abc", b"abd"), 2);
+        assert_eq!(common_prefix(b"key-000000001234", b"key-000000001299"), 14);
+        assert_eq!(common_prefix(b"key-0000", b"key-00001"), 8);
+        assert_eq!(common_prefix(b"same-long-key-xyz", b"same-long-key-xyz"), 17);
+    }
+
+    #[test]
+    fn keys_with_a_long_common_prefix_sort_by_their_tails() {
+        let mut c = Collector::new(1 << 20);
+        let mut model = BTreeMap::new();
+        for i in 0..3000u32 {
+            // shared 12-byte prefix, then tails of different lengths, some ending early
+            let k = format!("namespace/0/{}", (i * 7919) % 2503).into_bytes();
+            assert_eq!(c.add(&k, Some(&i.to_le_bytes())), Full::No);
+            model.insert(k, Some(i.to_le_bytes().to_vec()));
+        }
+        c.add(b"namespace/0/", None);
+        model.insert(b"namespace/0/".to_vec(), None);
+        assert_eq!(drain(&mut c), model.into_iter().collect::<Vec<_>>());
     }
 
     #[test]

@@ -123,10 +123,10 @@ fn run(
     let base_empty = store.is_data_empty();
 
     let mut collector = Collector::new(budget * 3 / 5);
-    let mut runs: Vec<PathBuf> = Vec::new();
+    let mut runs: Vec<runs::Run> = Vec::new();
     let mut seq = 0usize;
     let mut applied = Applied::default();
-    let spill = |c: &mut Collector, seq: &mut usize| -> io::Result<PathBuf> {
+    let spill = |c: &mut Collector, seq: &mut usize| -> io::Result<runs::Run> {
         *seq += 1;
         let mut w = runs::RunWriter::create(&dir.join(format!("run-{:06}", *seq)), buffer.max(64 << 10))?;
         c.drain_sorted(|k, v| w.add(k, v))?;

@@ -7,22 +7,39 @@
 //! key); only the final output may drop them.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
+use super::collect::{common_prefix, prefix_of};
+
 const TOMBSTONE: u32 = u32::MAX;
+
+/// A sorted run on disk, with the first and last key it holds (all its keys
+/// share their common prefix, which lets a merge skip comparing it).
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub path: PathBuf,
+    first: Vec<u8>,
+    last: Vec<u8>,
+}
 
 /// Writes one sorted run.
 pub struct RunWriter {
     out: BufWriter<File>,
     path: PathBuf,
+    first: Option<Vec<u8>>,
+    last: Vec<u8>,
 }
 
 impl RunWriter {
     pub fn create(path: &Path, buffer: usize) -> io::Result<Self> {
-        Ok(Self { out: BufWriter::with_capacity(buffer, File::create(path)?), path: path.to_path_buf() })
+        Ok(Self {
+            out: BufWriter::with_capacity(buffer, File::create(path)?),
+            path: path.to_path_buf(),
+            first: None,
+            last: Vec::new(),
+        })
     }
 
     pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> io::Result<()> {
@@ -32,72 +49,81 @@ impl RunWriter {
         if let Some(v) = value {
             self.out.write_all(v)?;
         }
+        if self.first.is_none() {
+            self.first = Some(key.to_vec());
+        }
+        self.last.clear();
+        self.last.extend_from_slice(key);
         Ok(())
     }
 
-    /// Flush and close; returns the run's path.
-    pub fn finish(self) -> io::Result<PathBuf> {
+    /// Flush and close.
+    pub fn finish(self) -> io::Result<Run> {
         let f = self.out.into_inner().map_err(|e| e.into_error())?;
         drop(f);
-        Ok(self.path)
+        Ok(Run { path: self.path, first: self.first.unwrap_or_default(), last: self.last })
     }
 }
 
-struct Head {
-    key: Vec<u8>,
-    value: Option<Vec<u8>>,
-    /// Index of the run; larger is newer.
-    run: usize,
+/// Longest prefix common to every key of every run in `runs`.
+fn common_prefix_len(runs: &[Run]) -> usize {
+    let Some(r0) = runs.first() else { return 0 };
+    runs.iter()
+        .flat_map(|r| [&r.first, &r.last])
+        .fold(r0.first.len(), |n, k| common_prefix(&r0.first[..n], k))
 }
 
-impl PartialEq for Head {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Head {}
-impl PartialOrd for Head {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Head {
-    /// Reversed for the max-heap: smallest key first, newest run first.
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.key.cmp(&self.key).then(self.run.cmp(&o.run))
-    }
-}
-
-struct RunReader {
+/// One run being read: its current record, in buffers reused record after record.
+struct Cursor {
     input: BufReader<File>,
     path: PathBuf,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    tombstone: bool,
+    /// `prefix_of` the key after the runs' common prefix.
+    prefix: u64,
 }
 
-impl RunReader {
+impl Cursor {
     fn open(path: &Path, buffer: usize) -> io::Result<Self> {
-        Ok(Self { input: BufReader::with_capacity(buffer, File::open(path)?), path: path.to_path_buf() })
+        Ok(Self {
+            input: BufReader::with_capacity(buffer, File::open(path)?),
+            path: path.to_path_buf(),
+            key: Vec::new(),
+            value: Vec::new(),
+            tombstone: false,
+            prefix: 0,
+        })
     }
 
-    fn next(&mut self, run: usize) -> io::Result<Option<Head>> {
+    /// Read the next record; false at the end of the run.
+    fn advance(&mut self, lcp: usize) -> io::Result<bool> {
         let mut hdr = [0u8; 8];
         match self.input.read_exact(&mut hdr[..1]) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
             Err(e) => return Err(e),
         }
         self.input.read_exact(&mut hdr[1..]).map_err(|e| self.truncated(e))?;
         let klen = u32::from_le_bytes(hdr[..4].try_into().expect("4")) as usize;
         let vlen = u32::from_le_bytes(hdr[4..].try_into().expect("4"));
-        let mut key = vec![0u8; klen];
-        self.input.read_exact(&mut key).map_err(|e| self.truncated(e))?;
-        let value = if vlen == TOMBSTONE {
-            None
-        } else {
-            let mut v = vec![0u8; vlen as usize];
-            self.input.read_exact(&mut v).map_err(|e| self.truncated(e))?;
-            Some(v)
-        };
-        Ok(Some(Head { key, value, run }))
+        self.key.resize(klen, 0);
+        self.input.read_exact(&mut self.key).map_err(|e| self.truncated(e))?;
+        self.tombstone = vlen == TOMBSTONE;
+        self.value.resize(if self.tombstone { 0 } else { vlen as usize }, 0);
+        self.input.read_exact(&mut self.value).map_err(|e| self.truncated(e))?;
+        if self.key.len() < lcp {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("spilled run {} holds a key outside its recorded range", self.path.display()),
+            ));
+        }
+        self.prefix = prefix_of(&self.key[lcp..]);
+        Ok(true)
+    }
+
+    fn value(&self) -> Option<&[u8]> {
+        (!self.tombstone).then_some(&self.value[..])
     }
 
     fn truncated(&self, e: io::Error) -> io::Error {
@@ -105,32 +131,88 @@ impl RunReader {
     }
 }
 
+/// A binary min-heap of run indices ordered by their cursors' keys, the
+/// newest run first among equal keys.
+struct Heap {
+    cursors: Vec<Cursor>,
+    order: Vec<usize>,
+    lcp: usize,
+}
+
+impl Heap {
+    fn less(&self, a: usize, b: usize) -> bool {
+        let (x, y) = (&self.cursors[a], &self.cursors[b]);
+        match x.prefix.cmp(&y.prefix).then_with(|| x.key[self.lcp..].cmp(&y.key[self.lcp..])) {
+            Ordering::Equal => a > b,
+            o => o == Ordering::Less,
+        }
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        let n = self.order.len();
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < n && self.less(self.order[l], self.order[m]) {
+                m = l;
+            }
+            if r < n && self.less(self.order[r], self.order[m]) {
+                m = r;
+            }
+            if m == i {
+                return;
+            }
+            self.order.swap(i, m);
+            i = m;
+        }
+    }
+
+    /// Move the top run to its next record (dropping it at its end) and restore the order.
+    fn advance_top(&mut self) -> io::Result<()> {
+        let top = self.order[0];
+        if !self.cursors[top].advance(self.lcp)? {
+            let last = self.order.pop().expect("non-empty");
+            if self.order.is_empty() {
+                return Ok(());
+            }
+            self.order[0] = last;
+        }
+        self.sift_down(0);
+        Ok(())
+    }
+}
+
 /// Merge `runs` (oldest first) into one key-ordered stream handed to `f`,
 /// keeping for each key the entry of the newest run. Each reader gets a
 /// buffer of `buffer` bytes.
 pub fn merge<E: From<io::Error>>(
-    runs: &[PathBuf],
+    runs: &[Run],
     buffer: usize,
     mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>,
 ) -> Result<(), E> {
-    let mut readers = runs.iter().map(|p| RunReader::open(p, buffer)).collect::<io::Result<Vec<_>>>()?;
-    let mut heap = BinaryHeap::with_capacity(readers.len());
-    for (i, r) in readers.iter_mut().enumerate() {
-        if let Some(h) = r.next(i)? {
-            heap.push(h);
+    let lcp = common_prefix_len(runs);
+    let mut heap = Heap { cursors: Vec::with_capacity(runs.len()), order: Vec::new(), lcp };
+    for (i, r) in runs.iter().enumerate() {
+        let mut c = Cursor::open(&r.path, buffer)?;
+        if c.advance(lcp)? {
+            heap.order.push(i);
         }
+        heap.cursors.push(c);
     }
-    while let Some(top) = heap.pop() {
-        if let Some(h) = readers[top.run].next(top.run)? {
-            heap.push(h);
+    for i in (0..heap.order.len() / 2).rev() {
+        heap.sift_down(i);
+    }
+    let mut emitted: Vec<u8> = Vec::new();
+    while let Some(&top) = heap.order.first() {
+        let c = &heap.cursors[top];
+        f(&c.key, c.value())?;
+        emitted.clear();
+        emitted.extend_from_slice(&c.key);
+        heap.advance_top()?;
+        // older runs holding the same key: their entries are overwritten
+        while heap.order.first().is_some_and(|&t| heap.cursors[t].key == emitted) {
+            heap.advance_top()?;
         }
-        while heap.peek().is_some_and(|h| h.key == top.key) {
-            let older = heap.pop().expect("peeked");
-            if let Some(h) = readers[older.run].next(older.run)? {
-                heap.push(h);
-            }
-        }
-        f(&top.key, top.value.as_deref())?;
     }
     Ok(())
 }
@@ -139,12 +221,12 @@ pub fn merge<E: From<io::Error>>(
 /// `fan_in` are left; returns the remaining runs, oldest first. Merged inputs
 /// are deleted as soon as they are merged.
 pub fn reduce(
-    mut runs: Vec<PathBuf>,
+    mut runs: Vec<Run>,
     fan_in: usize,
     buffer: usize,
     dir: &Path,
     seq: &mut usize,
-) -> io::Result<Vec<PathBuf>> {
+) -> io::Result<Vec<Run>> {
     let fan_in = fan_in.max(2);
     while runs.len() > fan_in {
         let mut next = Vec::with_capacity(runs.len() / fan_in + 1);
@@ -157,8 +239,8 @@ pub fn reduce(
             let mut w = RunWriter::create(&dir.join(format!("run-{:06}", *seq)), buffer)?;
             merge::<io::Error>(group, buffer, |k, v| w.add(k, v))?;
             next.push(w.finish()?);
-            for p in group {
-                std::fs::remove_file(p)?;
+            for r in group {
+                std::fs::remove_file(&r.path)?;
             }
         }
         runs = next;
