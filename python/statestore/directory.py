@@ -39,6 +39,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,34 @@ class TaskLock:
     generation: int
 
 
+@dataclass(frozen=True)
+class LockEvent:
+    """One step of a task lock's life, reported to the ``audit`` hook of :class:`StateDirectory`.
+
+    ``event`` is one of:
+
+    * ``"created"`` -- :meth:`StateDirectory.acquire` created the task directory
+      (``inode`` is the new directory's inode number);
+    * ``"locked"`` / ``"unlocking"`` -- a task lock of generation ``generation``
+      was taken, or is about to be released (by unlock, release or close);
+    * ``"clean-locked"`` / ``"clean-unlocking"`` -- the cleaner took, or is about
+      to release, the lock of a directory it examines (``generation`` 0);
+    * ``"deleting"`` -- the cleaner is about to delete the directory, under its lock.
+
+    Every event is reported while the lock it speaks of is held, so an audit
+    log written by the hook orders lock holders exactly as they held the lock.
+    """
+
+    event: str
+    task_id: TaskId
+    generation: int = 0
+    inode: int = 0
+
+
+#: The ``audit`` hook: called with every :class:`LockEvent`, under the directory's mutex.
+AuditHook = Callable[[LockEvent], None]
+
+
 @dataclass
 class _Held:
     owner: threading.Thread
@@ -95,6 +124,11 @@ class StateDirectory:
 
     ``cleanup_delay_ms`` is how long an unlocked task directory must stay
     unmodified before :meth:`clean_removed_tasks` deletes it.
+
+    ``audit``, if given, is called with a :class:`LockEvent` for every task
+    lock taken and released, every task directory created and every directory
+    the cleaner deletes. It exists so race tests can prove that no lock ever
+    had two holders; it must be quick and must not call back into this object.
     """
 
     def __init__(
@@ -104,6 +138,7 @@ class StateDirectory:
         *,
         cleanup_delay_ms: int = DEFAULT_CLEANUP_DELAY_MS,
         shared: bool = False,
+        audit: AuditHook | None = None,
     ) -> None:
         if not application_id or "/" in application_id or application_id in (".", ".."):
             raise ValueError(f"application id {application_id!r} cannot name a directory")
@@ -114,6 +149,7 @@ class StateDirectory:
         self.app_dir = self.root / application_id
         self.cleanup_delay_ms = cleanup_delay_ms
         self.shared = shared
+        self._audit = audit
         self._mutex = threading.RLock()
         self._held: dict[TaskId, _Held] = {}
         self._generation = 0
@@ -197,7 +233,8 @@ class StateDirectory:
             if self._closed:
                 return
             self._closed = True
-            for held in self._held.values():
+            for task_id, held in self._held.items():
+                self._report("unlocking", task_id, held.generation)
                 self._release_os_lock(held.fd)
             self._held.clear()
             self._release_process_lock()
@@ -263,6 +300,10 @@ class StateDirectory:
 
     # -- task locks -----------------------------------------------------------------
 
+    def _report(self, event: str, task_id: TaskId, generation: int = 0, inode: int = 0) -> None:
+        if self._audit is not None:
+            self._audit(LockEvent(event, task_id, generation, inode))
+
     def _check_open(self) -> None:
         if self._closed:
             raise IllegalStateError(f"{self!r} is closed; open a new StateDirectory")
@@ -279,13 +320,18 @@ class StateDirectory:
         for _ in range(10):
             if create:
                 try:
-                    task_dir.mkdir(exist_ok=True)
+                    task_dir.mkdir()
+                except FileExistsError:
+                    pass
                 except FileNotFoundError as e:
                     raise IllegalStateError(
                         f"the state directory {self.app_dir} has been deleted; restart the application",
                         path=self.app_dir,
                         task_id=task_id,
                     ) from e
+                else:
+                    with contextlib.suppress(OSError):
+                        self._report("created", task_id, inode=os.stat(task_dir).st_ino)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:
@@ -341,6 +387,7 @@ class StateDirectory:
                 return None
             self._generation += 1
             self._held[task_id] = _Held(me, got[0], got[1], self._generation)
+            self._report("locked", task_id, self._generation)
             return TaskLock(task_id, self._generation)
 
     def lock(self, task_id: TaskId) -> bool:
@@ -361,6 +408,7 @@ class StateDirectory:
                               threading.current_thread().name, held.owner.name)
                 return
             del self._held[task_id]
+            self._report("unlocking", task_id, held.generation)
             self._release_os_lock(held.fd)
 
     def release(self, token: TaskLock) -> bool:
@@ -374,6 +422,7 @@ class StateDirectory:
             if held is None or held.generation != token.generation:
                 return False
             del self._held[token.task_id]
+            self._report("unlocking", token.task_id, held.generation)
             self._release_os_lock(held.fd)
             return True
 
@@ -494,16 +543,19 @@ class StateDirectory:
                 if got is None:
                     continue
                 fd = got[0]
+                self._report("clean-locked", task_id)
                 try:
                     if now - self.cleanup_delay_ms > modified_ms:
                         log.info("task %s: deleting obsolete state directory %s (last modified %d ms ago)",
                                  task_id, task_dir, now - modified_ms)
+                        self._report("deleting", task_id)
                         shutil.rmtree(task_dir)
                         removed.append(task_id)
                 except OSError as e:
                     if e.errno != errno.ENOENT:
                         log.warning("task %s: could not clean %s: %s", task_id, self.task_dir(task_id), e)
                 finally:
+                    self._report("clean-unlocking", task_id)
                     self._release_os_lock(fd)
         return removed
 
@@ -516,6 +568,8 @@ class StateDirectory:
 __all__ = [
     "DEFAULT_CLEANUP_DELAY_MS",
     "LOCK_FILE_NAME",
+    "AuditHook",
+    "LockEvent",
     "PROCESS_FILE_NAME",
     "STORES_DIR_NAME",
     "StateDirectory",

@@ -1,0 +1,93 @@
+"""Shared by the race children and tests/test_races.py: the lock audit log and its checks.
+
+Every race child opens its :class:`~statestore.directory.StateDirectory` with
+an ``audit`` hook that appends one line per :class:`LockEvent` to one file
+opened with ``O_APPEND`` (all processes share it). The directory reports an
+event while the lock it concerns is held, and a small ``O_APPEND`` write is
+atomic, so the file orders lock holders exactly as they held the locks: two
+owners of one lock show up as a "locked" line while another owner's lock is
+still open.
+
+Line format: ``<pid> <thread ident> <event> <task> <generation> <inode>``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from statestore.directory import LockEvent
+
+
+class AuditLog:
+    """The hook: one appended line per lock event."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.pid = os.getpid()
+
+    def __call__(self, ev: LockEvent) -> None:
+        line = f"{self.pid} {threading.get_ident()} {ev.event} {ev.task_id} {ev.generation} {ev.inode}\n"
+        os.write(self.fd, line.encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass
+class AuditReport:
+    """What the audit log shows: counts and every violation found."""
+
+    events: int = 0
+    acquisitions: int = 0
+    cleaner_holds: int = 0
+    deletions: int = 0
+    created: set[tuple[str, int]] = field(default_factory=set)
+    violations: list[str] = field(default_factory=list)
+
+
+def check_audit(lines: Iterable[str]) -> AuditReport:
+    """Replay the audit log: per task, every lock is released by its holder before anyone else locks.
+
+    The holder of a task lock is ``(pid, generation)``; the cleaner's hold is
+    ``(pid, thread, "clean")``. A ``deleting`` event must come from the
+    cleaner that holds the lock.
+    """
+    report = AuditReport()
+    holder: dict[str, tuple[str, ...]] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        pid, thread, event, task, gen, inode = line.split()
+        report.events += 1
+        if event == "created":
+            report.created.add((task, int(inode)))
+            continue
+        owner: tuple[str, ...]
+        if event.startswith("clean-") or event == "deleting":
+            owner = (pid, thread, "clean")
+        else:
+            owner = (pid, gen)
+        current = holder.get(task)
+        if event in ("locked", "clean-locked"):
+            if current is not None:
+                report.violations.append(f"line {n}: task {task} locked by {owner} while held by {current}")
+            holder[task] = owner
+            if event == "locked":
+                report.acquisitions += 1
+            else:
+                report.cleaner_holds += 1
+        elif event in ("unlocking", "clean-unlocking"):
+            if current != owner:
+                report.violations.append(f"line {n}: task {task} released by {owner} but held by {current}")
+            holder.pop(task, None)
+        elif event == "deleting":
+            report.deletions += 1
+            if current != owner:
+                report.violations.append(f"line {n}: task {task} deleted by {owner} but held by {current}")
+        else:
+            report.violations.append(f"line {n}: unknown event {event!r}")
+    return report
