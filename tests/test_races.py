@@ -17,10 +17,10 @@ Afterwards, from the files alone:
 
 * no lock was ever held by two owners: the audit log every directory writes
   (see ``procs/race_audit.py``) replays without overlap;
-* no task directory was created other than by taking its lock: every task
-  directory inode seen while running, or left at the end, was reported as
-  created by a lock acquisition (a stale writer re-creating a directory the
-  cleaner deleted, as in seed 001, would show up as an unknown inode);
+* no task directory was re-created by a stale writer: monitors log every task
+  directory (by inode) they see holding files, and each must have been locked
+  by someone before (a stale writer re-creating a directory the cleaner
+  deleted, as in seed 001, writes into an inode nobody locked);
 * every store equals the model of its changelog: a store holding its offsets
   equals the committed changelog replayed up to that offset; after a final
   restore every store equals the whole changelog; and every counter in the
@@ -47,7 +47,7 @@ import pytest
 PROCS = Path(__file__).resolve().parent / "procs"
 sys.path.insert(0, str(PROCS))
 
-from race_audit import AuditReport, check_audit  # noqa: E402
+from race_audit import TASK_DIR, AuditReport, check_audit  # noqa: E402
 
 PROCESSES = 3
 THREADS = 3
@@ -103,17 +103,15 @@ def record_figures(name: str, seed: int, seconds: float, figures: dict[str, Any]
             f.write(line + "\n")
 
 
-def check_directory_inodes(run: Run, app_dir: Path, seen: set[tuple[str, int]]) -> list[str]:
-    """Every task directory seen or left must have been created by a lock acquisition."""
-    left = set()
+def check_left_directories(run: Run, app_dir: Path) -> list[str]:
+    """Every task directory left holding files must be one that was locked (see ``check_audit``)."""
+    out = []
     for entry in os.scandir(app_dir) if app_dir.is_dir() else []:
-        if entry.is_dir(follow_symlinks=False) and "_" in entry.name and not entry.name.startswith("."):
-            left.add((entry.name, os.stat(entry.path).st_ino))
-    return [
-        f"task directory {name} (inode {ino}) was not created by taking its lock: re-created by a stale writer?"
-        for name, ino in sorted(seen | left)
-        if (name, ino) not in run.audit.created
-    ]
+        if entry.is_dir(follow_symlinks=False) and TASK_DIR.match(entry.name):
+            ino = os.stat(entry.path).st_ino
+            if os.listdir(entry.path) not in ([], [".lock"]) and (entry.name, ino) not in run.audit.locked_dirs:
+                out.append(f"task directory {entry.name} (inode {ino}) holds files but was never locked")
+    return out
 
 
 # -- locks ---------------------------------------------------------------------------------
@@ -129,13 +127,12 @@ def race_locks(tmp_path: Path, seed: int, seconds: float) -> None:
         timeout=seconds + 120,
     )
     run = Run(outputs, check_audit(audit.read_text().splitlines()))
-    seen = {(name, ino) for o in outputs for name, ino in o["seen"]}
     violations = [v for o in outputs for v in o["violations"]] + run.audit.violations
-    violations += check_directory_inodes(run, tmp_path / "state" / "app", seen)
+    violations += check_left_directories(run, tmp_path / "state" / "app")
     figures = {
         "processes": PROCESSES, "threads_per_process": THREADS, "tasks": n_tasks,
         "acquisitions": run.audit.acquisitions, "cleaner_holds": run.audit.cleaner_holds,
-        "directories_deleted": run.audit.deletions, "directories_created": len(run.audit.created),
+        "directories_deleted": run.audit.deletions, "directories_seen_with_files": run.audit.seen,
         "owner_writes": run.stat("owner_writes"), "checkpoint_writes": run.stat("checkpoint_writes"),
         "wipes": run.stat("wipes"), "stale_writes_refused": run.stat("stale_writes_refused"),
         "busy": run.stat("busy"), "audit_events": run.audit.events, "violations": len(violations),
@@ -144,7 +141,7 @@ def race_locks(tmp_path: Path, seed: int, seconds: float) -> None:
     assert not violations, f"seed {seed}: {len(violations)} violations:\n" + "\n".join(violations[:30])
     # The run must have raced for real: every kind of operation happened, locks changed hands
     # between processes, and the cleaner deleted directories that were then created again.
-    assert run.audit.acquisitions > 50 and run.audit.deletions > 5 and len(run.audit.created) > 5, figures
+    assert run.audit.acquisitions > 50 and run.audit.deletions > 5 and run.audit.seen > 50, figures
     assert run.stat("stale_writes_refused") > 0 and run.stat("wipes") > 0 and run.stat("busy") > 0, figures
 
 
@@ -157,3 +154,43 @@ def test_lock_races_across_processes(tmp_path: Path, seed: int) -> None:
 @pytest.mark.parametrize("seed", seeds([101]))
 def test_lock_races_across_processes_torture(tmp_path: Path, seed: int) -> None:
     race_locks(tmp_path, seed, TORTURE_SECONDS)
+
+
+def test_no_one_can_lock_a_directory_the_cleaner_is_half_way_through_deleting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the lock harness found: deleting in place unlinks ``.lock`` midway, and another
+    process (here: a second shared opener, whose flock is just as separate) could lock a new
+    ``.lock`` in the half-deleted directory -- two holders, and old files under the new lock."""
+    from statestore import TaskId
+    from statestore import directory as directory_module
+    from statestore.directory import StateDirectory
+
+    task = TaskId(0, 0)
+    cleaner = StateDirectory(tmp_path, "app", shared=True, cleanup_delay_ms=0)
+    other = StateDirectory(tmp_path, "app", shared=True)
+    assert cleaner.lock(task)
+    cleaner.store_dir(task, "s").mkdir(parents=True)
+    (cleaner.store_dir(task, "s") / "CURRENT").write_text("MANIFEST-000001\n")
+    cleaner.checkpoint_path(task).write_text("0\n1\napp-s-changelog 0 41\n")
+    cleaner.unlock(task)
+    real_rmtree = directory_module.shutil.rmtree
+    midway: dict[str, Any] = {}
+
+    def rmtree_midway(path: Any, *args: Any, **kwargs: Any) -> None:
+        (Path(path) / ".lock").unlink(missing_ok=True)  # rmtree may unlink the lock file first
+        token = other.acquire(task)
+        midway["token"] = token
+        midway["files"] = sorted(os.listdir(other.task_dir(task))) if token else None
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(directory_module.shutil, "rmtree", rmtree_midway)
+    try:
+        assert cleaner.clean_removed_tasks(now_ms=10**15) == [task]
+        assert midway["token"] is not None  # the task was free: its old directory was gone as a whole
+        assert midway["files"] == [".lock"], "locked a half-deleted directory"
+        other.ensure_held(midway["token"])  # and the cleaner did not delete the new one
+        assert sorted(os.listdir(tmp_path / "app")) == [".lock", "0_0", "kafka-streams-process-metadata"]
+    finally:
+        cleaner.close()
+        other.close()

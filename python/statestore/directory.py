@@ -56,6 +56,8 @@ LOCK_FILE_NAME = ".lock"
 PROCESS_FILE_NAME = "kafka-streams-process-metadata"
 #: Directory of the RocksDB stores inside a task directory.
 STORES_DIR_NAME = "rocksdb"
+#: Prefix of a task directory the cleaner renamed away and is deleting (never a task id).
+_DOOMED_PREFIX = ".deleting-"
 #: Kafka's default ``state.cleanup.delay.ms``.
 DEFAULT_CLEANUP_DELAY_MS = 600_000
 
@@ -82,7 +84,8 @@ class LockEvent:
     * ``"created"`` -- :meth:`StateDirectory.acquire` created the task directory
       (``inode`` is the new directory's inode number);
     * ``"locked"`` / ``"unlocking"`` -- a task lock of generation ``generation``
-      was taken, or is about to be released (by unlock, release or close);
+      was taken (``inode``: of the task directory now locked), or is about to
+      be released (by unlock, release or close);
     * ``"clean-locked"`` / ``"clean-unlocking"`` -- the cleaner took, or is about
       to release, the lock of a directory it examines (``generation`` 0);
     * ``"deleting"`` -- the cleaner is about to delete the directory, under its lock.
@@ -387,7 +390,11 @@ class StateDirectory:
                 return None
             self._generation += 1
             self._held[task_id] = _Held(me, got[0], got[1], self._generation)
-            self._report("locked", task_id, self._generation)
+            if self._audit is not None:
+                ino = 0
+                with contextlib.suppress(OSError):
+                    ino = os.stat(self.task_dir(task_id)).st_ino
+                self._report("locked", task_id, self._generation, ino)
             return TaskLock(task_id, self._generation)
 
     def lock(self, task_id: TaskId) -> bool:
@@ -525,10 +532,14 @@ class StateDirectory:
         A directory locked by any thread of this process or by another process
         is never touched, nor is anything that is not a task directory. Each
         deleted directory goes whole, checkpoint included, while the cleaner
-        holds its lock. ``now_ms`` defaults to the wall clock (tests pass it).
+        holds its lock: it is first renamed to ``.deleting-<task>-<random>`` (one
+        atomic step, so nobody can lock a half-deleted directory), then deleted;
+        such leftovers of a crashed cleaner are deleted by the next call.
+        ``now_ms`` defaults to the wall clock (tests pass it).
         """
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = []
+        self._delete_doomed()
         for task_id in self.task_dirs():
             with self._mutex:
                 self._check_open()
@@ -544,20 +555,42 @@ class StateDirectory:
                     continue
                 fd = got[0]
                 self._report("clean-locked", task_id)
+                holds = True
                 try:
                     if now - self.cleanup_delay_ms > modified_ms:
                         log.info("task %s: deleting obsolete state directory %s (last modified %d ms ago)",
                                  task_id, task_dir, now - modified_ms)
                         self._report("deleting", task_id)
-                        shutil.rmtree(task_dir)
+                        # Renamed away first, in one step: deleting in place would unlink .lock
+                        # midway, and another process could then lock a new .lock in the
+                        # half-deleted directory while this cleaner is still deleting it.
+                        doomed = self.app_dir / f"{_DOOMED_PREFIX}{task_id}-{uuid.uuid4().hex}"
+                        # Once renamed, the task has no directory: its lock is free for the
+                        # next owner, who creates a new one (the lock kept here is on the doomed
+                        # copy). Reported before the rename, while nobody else can lock it.
+                        self._report("clean-unlocking", task_id)
+                        holds = False
+                        os.rename(task_dir, doomed)
                         removed.append(task_id)
+                        shutil.rmtree(doomed, ignore_errors=True)
                 except OSError as e:
                     if e.errno != errno.ENOENT:
                         log.warning("task %s: could not clean %s: %s", task_id, self.task_dir(task_id), e)
                 finally:
-                    self._report("clean-unlocking", task_id)
+                    if holds:
+                        self._report("clean-unlocking", task_id)
                     self._release_os_lock(fd)
         return removed
+
+    def _delete_doomed(self) -> None:
+        """Finish deletions a crashed cleaner left behind (directories renamed away, not yet deleted)."""
+        try:
+            entries = list(os.scandir(self.app_dir))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.startswith(_DOOMED_PREFIX) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
     def locked_tasks(self) -> list[TaskId]:
         """Tasks locked by some thread of this process (a snapshot)."""
@@ -568,10 +601,10 @@ class StateDirectory:
 __all__ = [
     "DEFAULT_CLEANUP_DELAY_MS",
     "LOCK_FILE_NAME",
-    "AuditHook",
-    "LockEvent",
     "PROCESS_FILE_NAME",
     "STORES_DIR_NAME",
+    "AuditHook",
+    "LockEvent",
     "StateDirectory",
     "TaskLock",
 ]

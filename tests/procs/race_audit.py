@@ -9,17 +9,27 @@ owners of one lock show up as a "locked" line while another owner's lock is
 still open.
 
 Line format: ``<pid> <thread ident> <event> <task> <generation> <inode>``.
+Monitors add ``seen`` lines: a task directory (inode) seen holding more than
+its lock file. Files appear in a directory only after a holder locked it, and
+the holder logs ``locked`` with the directory's inode before writing, so a
+``seen`` inode that no earlier ``locked`` line names was written by someone
+who never held its lock -- a stale writer re-creating a deleted directory (an
+inode reused by the filesystem could hide one; nothing can make one up).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from statestore.directory import LockEvent
+
+TASK_DIR = re.compile(r"^\d+_\d+$")
 
 
 class AuditLog:
@@ -33,8 +43,44 @@ class AuditLog:
         line = f"{self.pid} {threading.get_ident()} {ev.event} {ev.task_id} {ev.generation} {ev.inode}\n"
         os.write(self.fd, line.encode())
 
+    def seen(self, task: str, inode: int) -> None:
+        """A monitor saw task directory ``inode`` holding more than its lock file."""
+        os.write(self.fd, f"{self.pid} {threading.get_ident()} seen {task} 0 {inode}\n".encode())
+
     def close(self) -> None:
         os.close(self.fd)
+
+
+def watch_directories(app_dir: Path, audit: AuditLog, until: float, lock_file: str = ".lock") -> int:
+    """Until ``time.monotonic() >= until``, log every task directory seen holding more than its lock file.
+
+    The directory is opened first and listed through its descriptor, so the
+    inode logged is the one whose contents were seen. Returns the number of scans.
+    """
+    scans = 0
+    while time.monotonic() < until:
+        scans += 1
+        try:
+            entries = [e.name for e in os.scandir(app_dir)]
+        except FileNotFoundError:
+            continue
+        for name in entries:
+            if not TASK_DIR.match(name):
+                continue
+            try:
+                fd = os.open(app_dir / name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                ino = os.fstat(fd).st_ino
+                if any(n != lock_file for n in os.listdir(fd)):
+                    audit.seen(name, ino)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        time.sleep(0.0005)
+    return scans
 
 
 @dataclass
@@ -46,6 +92,8 @@ class AuditReport:
     cleaner_holds: int = 0
     deletions: int = 0
     created: set[tuple[str, int]] = field(default_factory=set)
+    locked_dirs: set[tuple[str, int]] = field(default_factory=set)
+    seen: int = 0
     violations: list[str] = field(default_factory=list)
 
 
@@ -66,6 +114,15 @@ def check_audit(lines: Iterable[str]) -> AuditReport:
         if event == "created":
             report.created.add((task, int(inode)))
             continue
+        if event == "seen":
+            # Contents appear only after a holder locked this very directory (and logged it).
+            report.seen += 1
+            if (task, int(inode)) not in report.locked_dirs:
+                report.violations.append(
+                    f"line {n}: task directory {task} (inode {inode}) holds files but nobody had locked it: "
+                    "written by a stale writer?"
+                )
+            continue
         owner: tuple[str, ...]
         if event.startswith("clean-") or event == "deleting":
             owner = (pid, thread, "clean")
@@ -78,6 +135,7 @@ def check_audit(lines: Iterable[str]) -> AuditReport:
             holder[task] = owner
             if event == "locked":
                 report.acquisitions += 1
+                report.locked_dirs.add((task, int(inode)))
             else:
                 report.cleaner_holds += 1
         elif event in ("unlocking", "clean-unlocking"):

@@ -9,8 +9,8 @@ an owner file and read it back (nobody else may change it), write a
 checkpoint, or wipe the task; some release the lock and then try to write
 with the old token, as a stale writer would (it must be refused). A cleaner
 thread deletes unlocked directories with a zero cleanup delay, and a monitor
-thread records the inode of every task directory it sees, so the parent can
-tell whether any directory was created other than by taking its lock.
+thread logs every task directory it sees holding files, so the parent can
+tell whether files appeared in a directory nobody had locked.
 
 Every lock event goes to the shared audit log (see ``race_audit.py``). At the
 end the child prints one JSON line: operation counts, the inodes seen and the
@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from race_audit import AuditLog
+from race_audit import AuditLog, watch_directories
 
 from statestore import LockError, OffsetCheckpoint, TaskId, TopicPartition
 from statestore.directory import LOCK_FILE_NAME, StateDirectory
@@ -44,7 +44,6 @@ def main() -> None:
     deadline = time.monotonic() + seconds
     stats: Counter[str] = Counter()
     violations: list[str] = []
-    seen: set[tuple[str, int]] = set()
     guard = threading.Lock()
 
     def violation(msg: str) -> None:
@@ -126,19 +125,7 @@ def main() -> None:
             time.sleep(rng.random() / 1000)
 
     def monitor() -> None:
-        while time.monotonic() < deadline:
-            try:
-                entries = list(os.scandir(sd.app_dir))
-            except FileNotFoundError:
-                continue
-            for e in entries:
-                try:
-                    TaskId.parse(e.name)
-                    ino = os.stat(e.path).st_ino
-                except (ValueError, OSError):
-                    continue
-                seen.add((e.name, ino))
-            time.sleep(0.0005)
+        stats["monitor_scans"] = watch_directories(sd.app_dir, audit, deadline)
 
     threads = [threading.Thread(target=worker, args=(i,), name=f"worker-{i}") for i in range(n_threads)]
     threads += [threading.Thread(target=cleaner, name="cleaner"), threading.Thread(target=monitor, name="monitor")]
@@ -148,7 +135,7 @@ def main() -> None:
         t.join()
     sd.close()
     audit.close()
-    print(json.dumps({"stats": dict(stats), "violations": violations, "seen": sorted(seen)}), flush=True)
+    print(json.dumps({"stats": dict(stats), "violations": violations}), flush=True)
 
 
 if __name__ == "__main__":
