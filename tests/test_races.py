@@ -156,6 +156,153 @@ def test_lock_races_across_processes_torture(tmp_path: Path, seed: int) -> None:
     race_locks(tmp_path, seed, TORTURE_SECONDS)
 
 
+# -- tasks ---------------------------------------------------------------------------------
+
+TASK_PARTITIONS = 6
+TASK_STORE = "s"
+
+
+def changelog_model(log: Any, partition: int, upto: int | None = None) -> tuple[dict[bytes, bytes], list[str]]:
+    """Last committed value per key of the changelog of ``partition`` (through offset ``upto``), and
+    every place a counter did not go up by exactly one."""
+    from statestore import TopicPartition
+
+    tp = TopicPartition(f"app-{TASK_STORE}-changelog", partition)
+    model: dict[bytes, bytes] = {}
+    broken: list[str] = []
+    if not (log.log_dir / str(tp)).is_dir():
+        return model, broken
+    for rec in log.read(tp):
+        if upto is not None and rec.offset > upto:
+            break
+        assert rec.key is not None and rec.value is not None
+        before = int(model.get(rec.key, b"0"))
+        if int(rec.value) != before + 1:
+            broken.append(f"{tp} offset {rec.offset}: counter {rec.key!r} went from {before} to "
+                          f"{int(rec.value)} (history lost or made up)")
+        model[rec.key] = rec.value
+    return model, broken
+
+
+def check_stores_at_rest(state_dir: Path, log: Any) -> tuple[int, list[str]]:
+    """Every store holding its offsets equals the committed changelog replayed through that offset."""
+    from statestore import TaskId, TopicPartition
+    from statestore.store import Store
+
+    checked, out = 0, []
+    app = state_dir / "app"
+    for entry in sorted(os.scandir(app), key=lambda e: e.name) if app.is_dir() else []:
+        if not TASK_DIR.match(entry.name):
+            continue
+        task = TaskId.parse(entry.name)
+        path = Path(entry.path) / "rocksdb" / TASK_STORE
+        if not (path / "CURRENT").exists():
+            continue
+        tp = TopicPartition(f"app-{TASK_STORE}-changelog", task.partition)
+        store = Store(path)
+        try:
+            offset = store.offset(tp)
+            content = dict(store.range())
+        finally:
+            store.close()
+        model = changelog_model(log, task.partition, offset)[0] if offset is not None else {}
+        checked += 1
+        if content != model:
+            out.append(f"{path}: holds {len(content)} keys at offset {offset}, the changelog through that "
+                       f"offset {len(model)}; differing keys: "
+                       f"{sorted(k for k in content.keys() | model.keys() if content.get(k) != model.get(k))[:5]}")
+    return checked, out
+
+
+def check_final_restore(root: Path, index: int, log: Any, guarantee: str, offsets: str) -> list[str]:
+    """Restore every partition as an active task of instance ``index``: each store equals its changelog."""
+    from statestore import TaskId
+    from statestore.directory import StateDirectory
+    from statestore.task_manager import TaskManager
+
+    out = []
+    tm = TaskManager(StateDirectory(root / f"state-{index}", "app"), log, [TASK_STORE],
+                     guarantee=guarantee, offsets=offsets)
+    try:
+        tm.assign([TaskId(0, p) for p in range(TASK_PARTITIONS)], [])
+        assert tm.restore(timeout=120), "final restore did not finish"
+        for p in range(TASK_PARTITIONS):
+            content = dict(tm.active_task(TaskId(0, p)).store(TASK_STORE).range())
+            model = changelog_model(log, p)[0]
+            if content != model:
+                out.append(f"state-{index} task 0_{p}: after restoring, the store holds {len(content)} keys, "
+                           f"the changelog {len(model)}")
+    finally:
+        tm.close()
+        tm.directory.close()
+    return out
+
+
+def race_tasks(tmp_path: Path, seed: int, seconds: float, guarantee: str, offsets: str) -> None:
+    from statestore import SegmentLog
+
+    outputs = run_children(
+        "race_tasks.py",
+        [[str(tmp_path), str(i), str(PROCESSES), str(seconds), str(seed), str(THREADS), str(TASK_PARTITIONS),
+          guarantee, offsets] for i in range(PROCESSES)],
+        timeout=seconds + 180,
+    )
+    violations = [v for o in outputs for v in o["violations"]]
+    run = Run(outputs)
+    for i in range(PROCESSES):
+        report = check_audit((tmp_path / f"audit-{i}.log").read_text().splitlines())
+        violations += [f"state-{i}: {v}" for v in report.violations]
+        violations += check_left_directories(Run(audit=report), tmp_path / f"state-{i}" / "app")
+        run.audit.acquisitions += report.acquisitions
+        run.audit.deletions += report.deletions
+        run.audit.seen += report.seen
+    log = SegmentLog(tmp_path / "log", sync=False)
+    records = 0
+    for p in range(TASK_PARTITIONS):
+        model, broken = changelog_model(log, p)
+        violations += broken
+        records += sum(int(v) for v in model.values())
+    stores_checked = 0
+    if offsets == "store":
+        for i in range(PROCESSES):
+            checked, bad = check_stores_at_rest(tmp_path / f"state-{i}", log)
+            stores_checked += checked
+            violations += bad
+    for i in range(PROCESSES):
+        violations += check_final_restore(tmp_path, i, log, guarantee, offsets)
+    figures = {
+        "guarantee": guarantee, "offsets": offsets, "processes": PROCESSES, "threads_per_process": THREADS,
+        "tasks": TASK_PARTITIONS, "increments_written": records, "process_calls": run.stat("increments"),
+        "commits": run.stat("commits"), "rebalances": run.stat("rebalances"),
+        "assignments": run.stat("assignments"), "crashes": run.stat("crashes"),
+        "lock_acquisitions": run.audit.acquisitions, "directories_deleted": run.audit.deletions,
+        "directories_seen_with_files": run.audit.seen, "stores_checked_at_rest": stores_checked,
+        "stores_restored_and_checked": PROCESSES * TASK_PARTITIONS, "violations": len(violations),
+    }
+    record_figures("tasks", seed, seconds, figures)
+    assert not violations, f"seed {seed}: {len(violations)} violations:\n" + "\n".join(violations[:30])
+    assert records > 100 and run.stat("crashes") > 0 and run.audit.deletions > 0, figures
+
+
+MODES = [("at_least_once", "store"), ("exactly_once_v2", "store"), ("at_least_once", "checkpoint"),
+         ("exactly_once_v2", "checkpoint")]
+
+
+@pytest.mark.parametrize(("guarantee", "offsets"), MODES)
+@pytest.mark.parametrize("seed", seeds([1]))
+def test_task_races_across_threads_and_processes(tmp_path: Path, seed: int, guarantee: str, offsets: str) -> None:
+    race_tasks(tmp_path, seed, SHORT_SECONDS, guarantee, offsets)
+
+
+@pytest.mark.torture
+@pytest.mark.parametrize(("guarantee", "offsets"), MODES)
+@pytest.mark.parametrize("seed", seeds([101]))
+def test_task_races_across_threads_and_processes_torture(
+    tmp_path: Path, seed: int, guarantee: str, offsets: str
+) -> None:
+    race_tasks(tmp_path, seed, TORTURE_SECONDS, guarantee, offsets)
+
+
 def test_no_one_can_lock_a_directory_the_cleaner_is_half_way_through_deleting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,3 +341,106 @@ def test_no_one_can_lock_a_directory_the_cleaner_is_half_way_through_deleting(
     finally:
         cleaner.close()
         other.close()
+
+
+def test_active_task_that_never_got_its_lock_can_be_moved_to_standby(tmp_path: Path) -> None:
+    """The first race the task harness found. Stream thread B is assigned active task 0_0 while
+    thread A still holds it: B cannot lock it and keeps it CREATED (retrying on its next poll,
+    seed 001's setting). The next rebalance makes it B's standby: recycling a task that was never
+    initialized must not fail (it raised ``IllegalStateError`` and left B's assignment half done)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from statestore import SegmentLog, TaskId
+    from statestore.directory import StateDirectory
+    from statestore.task import TaskState
+    from statestore.task_manager import TaskManager
+
+    task = TaskId(0, 0)
+    a, b = ThreadPoolExecutor(1), ThreadPoolExecutor(1)  # task locks belong to threads
+    sd = StateDirectory(tmp_path / "state", "app")
+    log = SegmentLog(tmp_path / "log", sync=False)
+    tm_a = TaskManager(sd, log, ["s"], guarantee="at_least_once", client_id="a")
+    tm_b = TaskManager(sd, log, ["s"], guarantee="at_least_once", client_id="b")
+    try:
+        a.submit(tm_a.assign, [task], []).result()
+        assert a.submit(tm_a.restore, 30).result()
+        b.submit(tm_b.assign, [task], []).result()  # A still holds it
+        assert tm_b.active_task(task).state is TaskState.CREATED
+        b.submit(tm_b.assign, [], [task]).result()  # now B's standby
+        a.submit(tm_a.assign, [], []).result()  # A lets go
+        b.submit(tm_b.poll, 0).result()
+        assert tm_b.standby_tasks()[task].state is TaskState.RUNNING
+    finally:
+        a.submit(tm_a.close).result()
+        b.submit(tm_b.close).result()
+        a.shutdown()
+        b.shutdown()
+        sd.close()
+
+
+def test_at_least_once_dirty_close_flushes_what_it_sent_before_letting_go_of_its_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream thread crashes (dirty close) with changelog records still buffered in the
+    process's shared partition writer. If it released its task locks first and flushed after,
+    another thread could restore the task to an end offset that misses those records, then
+    commit an offset past them: its store would lack records its offset vouches for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from statestore import SegmentLog, TaskId
+    from statestore.directory import StateDirectory
+    from statestore.task_manager import RecordCollector, TaskManager
+
+    task = TaskId(0, 0)
+    a, b = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    sd = StateDirectory(tmp_path / "state", "app")
+    log = SegmentLog(tmp_path / "log", sync=False)
+    tm_a = TaskManager(sd, log, ["s"], guarantee="at_least_once", client_id="a")
+    tm_b = TaskManager(sd, log, ["s"], guarantee="at_least_once", client_id="b")
+
+    def increment(tm: TaskManager) -> None:
+        store = tm.active_task(task).store("s")
+        raw = store.get(b"k")
+        store.put(b"k", b"%d" % (int(raw) + 1 if raw is not None else 1))
+
+    def b_takes_over() -> None:
+        tm_b.assign([task], [])
+        assert tm_b.restore(30)
+        increment(tm_b)
+        tm_b.commit()
+
+    real_close = RecordCollector.close
+
+    def close(self: RecordCollector) -> None:
+        if self is tm_a.collector:  # A's tasks may be free now: B takes over, then A's buffer goes out
+            b.submit(b_takes_over).result()
+        real_close(self)
+
+    monkeypatch.setattr(RecordCollector, "close", close)
+    try:
+        a.submit(tm_a.assign, [task], []).result()
+        assert a.submit(tm_a.restore, 30).result()
+        a.submit(increment, tm_a).result()
+        a.submit(tm_a.commit).result()
+        a.submit(increment, tm_a).result()  # sent, still buffered
+        a.submit(tm_a.close, False).result()  # crash
+        b.submit(tm_b.close).result()
+        model, broken = changelog_model_of(log, "app-s-changelog", 0)
+        assert not broken, broken
+        assert model == {b"k": b"3"}
+    finally:
+        a.shutdown()
+        b.shutdown()
+        sd.close()
+
+
+def changelog_model_of(log: Any, topic: str, partition: int) -> tuple[dict[bytes, bytes], list[str]]:
+    """Counters of one changelog partition and where they did not go up by one."""
+    model: dict[bytes, bytes] = {}
+    broken = []
+    for rec in log.read((topic, partition)):
+        before = int(model.get(rec.key, b"0"))
+        if int(rec.value) != before + 1:
+            broken.append(f"offset {rec.offset}: {rec.key!r} {before} -> {int(rec.value)}")
+        model[rec.key] = rec.value
+    return model, broken
