@@ -1,11 +1,14 @@
 """Race child: one application instance whose stream threads fight over tasks under random rebalances.
 
-``race_tasks.py <root> <index> <processes> <seconds> <seed> <threads> <partitions> <guarantee> <offsets>``
+``race_tasks.py <root> <index> <processes> <seconds> <seed> <threads> <partitions> <guarantee> <offsets> <layout>``
 
-The instance has its own state directory ``<root>/state-<index>`` (one
-:class:`StateDirectory`, a zero cleanup delay) and ``threads`` stream threads,
-each a :class:`TaskManager` over that directory; all instances share the
-changelog ``<root>/log``. Partition ``p`` is written only by the instance
+With layout ``own`` the instance has its own state directory
+``<root>/state-<index>``; with ``shared`` all instances use
+``<root>/state-shared``, opened ``shared=True``, so stream threads of
+different processes contend for the same task directories. Either way the
+instance opens one :class:`StateDirectory` (a zero cleanup delay) and runs
+``threads`` stream threads, each a :class:`TaskManager` over it; all instances
+share the changelog ``<root>/log``. Partition ``p`` is written only by the instance
 ``p % processes`` (one process writes a changelog partition at a time);
 every instance keeps standbys of any partition, reading while others write.
 
@@ -20,7 +23,7 @@ manager is closed dirty) and starts a new one. A cleaner thread deletes
 unlocked task directories continuously; a monitor logs every task directory
 it sees holding files (see ``race_audit.py``).
 
-Lock events go to ``<root>/audit-<index>.log``. At the end every thread
+Lock events go to ``<root>/audit-<index>.log`` (``audit-shared.log`` when shared). At the end every thread
 closes cleanly and the child prints one JSON line of counts and of the
 unexpected errors it met (each one a violation).
 """
@@ -87,9 +90,10 @@ class Rebalancer:
 def main() -> None:
     root, index, processes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     seconds, seed, n_threads, partitions = float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
-    guarantee, offsets = sys.argv[8], sys.argv[9]
-    audit = AuditLog(root / f"audit-{index}.log")
-    sd = StateDirectory(root / f"state-{index}", "app", cleanup_delay_ms=0, audit=audit)
+    guarantee, offsets, shared = sys.argv[8], sys.argv[9], sys.argv[10] == "shared"
+    name = "shared" if shared else str(index)
+    audit = AuditLog(root / f"audit-{name}.log")
+    sd = StateDirectory(root / f"state-{name}", "app", cleanup_delay_ms=0, audit=audit, shared=shared)
     changelog = SegmentLog(root / "log", sync=False)
     deadline = time.monotonic() + seconds
     stats: Counter[str] = Counter()
@@ -108,7 +112,7 @@ def main() -> None:
     def new_manager(thread: int) -> TaskManager:
         return TaskManager(sd, changelog, [STORE], guarantee=guarantee, offsets=offsets,
                            commit_interval_ms=50, time_slice_ms=20, chunk_offsets=500,
-                           transaction_timeout_ms=2_000, client_id=f"t{thread}")
+                           transaction_timeout_ms=2_000, client_id=f"p{index}t{thread}")
 
     def stream_thread(thread: int) -> None:
         rng = random.Random(f"{seed}-{index}-{thread}")
@@ -153,7 +157,7 @@ def main() -> None:
 
     def process(task: ActiveTask, rng: random.Random) -> None:
         store = task.store(STORE)
-        for _ in range(rng.randrange(1, 6)):
+        for _ in range(rng.randrange(1, 20)):
             key = rng.choice(KEYS)
             raw = store.get(key)
             store.put(key, b"%d" % (int(raw) + 1 if raw is not None else 1))
