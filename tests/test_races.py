@@ -140,7 +140,7 @@ def race_locks(tmp_path: Path, seed: int, seconds: float) -> None:
     record_figures("locks", seed, seconds, figures)
     assert not violations, f"seed {seed}: {len(violations)} violations:\n" + "\n".join(violations[:30])
     # The run must have raced for real: every kind of operation happened, locks changed hands
-    # between processes, and the cleaner deleted directories that were then created again.
+    # between processes, and the cleaner deleted directories that were then locked again.
     assert run.audit.acquisitions > 50 and run.audit.deletions > 5 and run.audit.seen > 50, figures
     assert run.stat("stale_writes_refused") > 0 and run.stat("wipes") > 0 and run.stat("busy") > 0, figures
 

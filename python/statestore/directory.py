@@ -81,8 +81,6 @@ class LockEvent:
 
     ``event`` is one of:
 
-    * ``"created"`` -- :meth:`StateDirectory.acquire` created the task directory
-      (``inode`` is the new directory's inode number);
     * ``"locked"`` / ``"unlocking"`` -- a task lock of generation ``generation``
       was taken (``inode``: of the task directory now locked), or is about to
       be released (by unlock, release or close);
@@ -129,8 +127,8 @@ class StateDirectory:
     unmodified before :meth:`clean_removed_tasks` deletes it.
 
     ``audit``, if given, is called with a :class:`LockEvent` for every task
-    lock taken and released, every task directory created and every directory
-    the cleaner deletes. It exists so race tests can prove that no lock ever
+    lock taken and released, and every directory the cleaner examines and
+    deletes. It exists so race tests can prove that no lock ever
     had two holders; it must be quick and must not call back into this object.
     """
 
@@ -323,18 +321,13 @@ class StateDirectory:
         for _ in range(10):
             if create:
                 try:
-                    task_dir.mkdir()
-                except FileExistsError:
-                    pass
+                    task_dir.mkdir(exist_ok=True)
                 except FileNotFoundError as e:
                     raise IllegalStateError(
                         f"the state directory {self.app_dir} has been deleted; restart the application",
                         path=self.app_dir,
                         task_id=task_id,
                     ) from e
-                else:
-                    with contextlib.suppress(OSError):
-                        self._report("created", task_id, inode=os.stat(task_dir).st_ino)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:

@@ -91,7 +91,6 @@ class AuditReport:
     acquisitions: int = 0
     cleaner_holds: int = 0
     deletions: int = 0
-    created: set[tuple[str, int]] = field(default_factory=set)
     locked_dirs: set[tuple[str, int]] = field(default_factory=set)
     seen: int = 0
     violations: list[str] = field(default_factory=list)
@@ -111,9 +110,6 @@ def check_audit(lines: Iterable[str]) -> AuditReport:
             continue
         pid, thread, event, task, gen, inode = line.split()
         report.events += 1
-        if event == "created":
-            report.created.add((task, int(inode)))
-            continue
         if event == "seen":
             # Contents appear only after a holder locked this very directory (and logged it).
             report.seen += 1
