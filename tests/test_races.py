@@ -485,3 +485,35 @@ def test_stream_threads_sharing_a_state_directory_under_exactly_once_each_have_a
     with pytest.raises(ProducerFencedError):
         run((None, None))
     run(("t0", "t1"))
+
+
+def test_acquire_survives_another_process_deleting_the_directory_it_is_creating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the task harness (shared layout): ``mkdir(exist_ok=True)`` raises
+    ``FileExistsError`` when the directory exists at ``mkdir`` but is gone by the time pathlib
+    checks ``is_dir()`` -- another process's cleaner deleted it in between. ``acquire`` must
+    treat that as the vanished directory it is, and create it again."""
+    from statestore import TaskId
+    from statestore.directory import StateDirectory
+
+    task = TaskId(0, 0)
+    sd = StateDirectory(tmp_path, "app", shared=True)
+    real_mkdir = os.mkdir
+    calls = []
+
+    def mkdir_then_cleaned(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path) == sd.task_dir(task) and not calls:
+            calls.append(path)
+            real_mkdir(path, *args, **kwargs)  # it was there ...
+            os.rmdir(path)  # ... and another process's cleaner took it away
+            raise FileExistsError(17, "File exists", str(path))
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_cleaned)
+    try:
+        token = sd.acquire(task)
+        assert token is not None and calls
+        sd.ensure_held(token)
+    finally:
+        sd.close()

@@ -321,7 +321,11 @@ class StateDirectory:
         for _ in range(10):
             if create:
                 try:
-                    task_dir.mkdir(exist_ok=True)
+                    # Not Path.mkdir(exist_ok=True): it raises FileExistsError when the directory
+                    # is deleted (by another process's cleaner) between its mkdir and is_dir.
+                    os.mkdir(task_dir)
+                except FileExistsError:
+                    pass  # if it vanished since, opening the lock file below finds out
                 except FileNotFoundError as e:
                     raise IllegalStateError(
                         f"the state directory {self.app_dir} has been deleted; restart the application",
