@@ -39,6 +39,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,8 @@ LOCK_FILE_NAME = ".lock"
 PROCESS_FILE_NAME = "kafka-streams-process-metadata"
 #: Directory of the RocksDB stores inside a task directory.
 STORES_DIR_NAME = "rocksdb"
+#: Prefix of a task directory the cleaner renamed away and is deleting (never a task id).
+_DOOMED_PREFIX = ".deleting-"
 #: Kafka's default ``state.cleanup.delay.ms``.
 DEFAULT_CLEANUP_DELAY_MS = 600_000
 
@@ -70,6 +73,33 @@ class TaskLock:
 
     task_id: TaskId
     generation: int
+
+
+@dataclass(frozen=True)
+class LockEvent:
+    """One step of a task lock's life, reported to the ``audit`` hook of :class:`StateDirectory`.
+
+    ``event`` is one of:
+
+    * ``"locked"`` / ``"unlocking"`` -- a task lock of generation ``generation``
+      was taken (``inode``: of the task directory now locked), or is about to
+      be released (by unlock, release or close);
+    * ``"clean-locked"`` / ``"clean-unlocking"`` -- the cleaner took, or is about
+      to release, the lock of a directory it examines (``generation`` 0);
+    * ``"deleting"`` -- the cleaner is about to delete the directory, under its lock.
+
+    Every event is reported while the lock it speaks of is held, so an audit
+    log written by the hook orders lock holders exactly as they held the lock.
+    """
+
+    event: str
+    task_id: TaskId
+    generation: int = 0
+    inode: int = 0
+
+
+#: The ``audit`` hook: called with every :class:`LockEvent`, under the directory's mutex.
+AuditHook = Callable[[LockEvent], None]
 
 
 @dataclass
@@ -95,6 +125,11 @@ class StateDirectory:
 
     ``cleanup_delay_ms`` is how long an unlocked task directory must stay
     unmodified before :meth:`clean_removed_tasks` deletes it.
+
+    ``audit``, if given, is called with a :class:`LockEvent` for every task
+    lock taken and released, and every directory the cleaner examines and
+    deletes. It exists so race tests can prove that no lock ever
+    had two holders; it must be quick and must not call back into this object.
     """
 
     def __init__(
@@ -104,6 +139,7 @@ class StateDirectory:
         *,
         cleanup_delay_ms: int = DEFAULT_CLEANUP_DELAY_MS,
         shared: bool = False,
+        audit: AuditHook | None = None,
     ) -> None:
         if not application_id or "/" in application_id or application_id in (".", ".."):
             raise ValueError(f"application id {application_id!r} cannot name a directory")
@@ -114,6 +150,7 @@ class StateDirectory:
         self.app_dir = self.root / application_id
         self.cleanup_delay_ms = cleanup_delay_ms
         self.shared = shared
+        self._audit = audit
         self._mutex = threading.RLock()
         self._held: dict[TaskId, _Held] = {}
         self._generation = 0
@@ -197,7 +234,8 @@ class StateDirectory:
             if self._closed:
                 return
             self._closed = True
-            for held in self._held.values():
+            for task_id, held in self._held.items():
+                self._report("unlocking", task_id, held.generation)
                 self._release_os_lock(held.fd)
             self._held.clear()
             self._release_process_lock()
@@ -263,6 +301,10 @@ class StateDirectory:
 
     # -- task locks -----------------------------------------------------------------
 
+    def _report(self, event: str, task_id: TaskId, generation: int = 0, inode: int = 0) -> None:
+        if self._audit is not None:
+            self._audit(LockEvent(event, task_id, generation, inode))
+
     def _check_open(self) -> None:
         if self._closed:
             raise IllegalStateError(f"{self!r} is closed; open a new StateDirectory")
@@ -279,7 +321,11 @@ class StateDirectory:
         for _ in range(10):
             if create:
                 try:
-                    task_dir.mkdir(exist_ok=True)
+                    # Not Path.mkdir(exist_ok=True): it raises FileExistsError when the directory
+                    # is deleted (by another process's cleaner) between its mkdir and is_dir.
+                    os.mkdir(task_dir)
+                except FileExistsError:
+                    pass  # if it vanished since, opening the lock file below finds out
                 except FileNotFoundError as e:
                     raise IllegalStateError(
                         f"the state directory {self.app_dir} has been deleted; restart the application",
@@ -341,6 +387,11 @@ class StateDirectory:
                 return None
             self._generation += 1
             self._held[task_id] = _Held(me, got[0], got[1], self._generation)
+            if self._audit is not None:
+                ino = 0
+                with contextlib.suppress(OSError):
+                    ino = os.stat(self.task_dir(task_id)).st_ino
+                self._report("locked", task_id, self._generation, ino)
             return TaskLock(task_id, self._generation)
 
     def lock(self, task_id: TaskId) -> bool:
@@ -361,6 +412,7 @@ class StateDirectory:
                               threading.current_thread().name, held.owner.name)
                 return
             del self._held[task_id]
+            self._report("unlocking", task_id, held.generation)
             self._release_os_lock(held.fd)
 
     def release(self, token: TaskLock) -> bool:
@@ -374,6 +426,7 @@ class StateDirectory:
             if held is None or held.generation != token.generation:
                 return False
             del self._held[token.task_id]
+            self._report("unlocking", token.task_id, held.generation)
             self._release_os_lock(held.fd)
             return True
 
@@ -476,10 +529,14 @@ class StateDirectory:
         A directory locked by any thread of this process or by another process
         is never touched, nor is anything that is not a task directory. Each
         deleted directory goes whole, checkpoint included, while the cleaner
-        holds its lock. ``now_ms`` defaults to the wall clock (tests pass it).
+        holds its lock: it is first renamed to ``.deleting-<task>-<random>`` (one
+        atomic step, so nobody can lock a half-deleted directory), then deleted;
+        such leftovers of a crashed cleaner are deleted by the next call.
+        ``now_ms`` defaults to the wall clock (tests pass it).
         """
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = []
+        self._delete_doomed()
         for task_id in self.task_dirs():
             with self._mutex:
                 self._check_open()
@@ -494,18 +551,43 @@ class StateDirectory:
                 if got is None:
                     continue
                 fd = got[0]
+                self._report("clean-locked", task_id)
+                holds = True
                 try:
                     if now - self.cleanup_delay_ms > modified_ms:
                         log.info("task %s: deleting obsolete state directory %s (last modified %d ms ago)",
                                  task_id, task_dir, now - modified_ms)
-                        shutil.rmtree(task_dir)
+                        self._report("deleting", task_id)
+                        # Renamed away first, in one step: deleting in place would unlink .lock
+                        # midway, and another process could then lock a new .lock in the
+                        # half-deleted directory while this cleaner is still deleting it.
+                        doomed = self.app_dir / f"{_DOOMED_PREFIX}{task_id}-{uuid.uuid4().hex}"
+                        # Once renamed, the task has no directory: its lock is free for the
+                        # next owner, who creates a new one (the lock kept here is on the doomed
+                        # copy). Reported before the rename, while nobody else can lock it.
+                        self._report("clean-unlocking", task_id)
+                        holds = False
+                        os.rename(task_dir, doomed)
                         removed.append(task_id)
+                        shutil.rmtree(doomed, ignore_errors=True)
                 except OSError as e:
                     if e.errno != errno.ENOENT:
                         log.warning("task %s: could not clean %s: %s", task_id, self.task_dir(task_id), e)
                 finally:
+                    if holds:
+                        self._report("clean-unlocking", task_id)
                     self._release_os_lock(fd)
         return removed
+
+    def _delete_doomed(self) -> None:
+        """Finish deletions a crashed cleaner left behind (directories renamed away, not yet deleted)."""
+        try:
+            entries = list(os.scandir(self.app_dir))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.startswith(_DOOMED_PREFIX) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
     def locked_tasks(self) -> list[TaskId]:
         """Tasks locked by some thread of this process (a snapshot)."""
@@ -518,6 +600,8 @@ __all__ = [
     "LOCK_FILE_NAME",
     "PROCESS_FILE_NAME",
     "STORES_DIR_NAME",
+    "AuditHook",
+    "LockEvent",
     "StateDirectory",
     "TaskLock",
 ]

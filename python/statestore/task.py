@@ -512,9 +512,12 @@ class ActiveTask(Task):
                 f"active task {self.id}: only a SUSPENDED task can be recycled, it is {self._state.value}",
                 task_id=self.id,
             )
-        self.release_stores()
+        if self.state_manager.initialized:
+            self.release_stores()
+        # A task that never got its lock (another stream thread held it) has nothing open:
+        # the standby initializes it like a new one.
         standby = StandbyTask(self.id, self.state_manager, self.changelog)
-        standby._stores_released = True
+        standby._stores_released = self._stores_released
         self._transition(TaskState.CLOSED)
         return standby
 

@@ -108,6 +108,12 @@ class TaskManager:
     ``offsets`` is ``"store"`` (offsets inside RocksDB, the default) or
     ``"checkpoint"`` (Kafka's ``.checkpoint`` file).
 
+    Several task managers may share one :class:`StateDirectory` (the stream
+    threads of one instance; task locks keep them apart). Under exactly-once
+    give each its own ``client_id``: the changelog producer's transactional id
+    is ``<application id>-<process id>[-<client_id>]``, and two managers with
+    the same one fence each other.
+
     Call :meth:`start`, then :meth:`assign`; :meth:`poll` until it returns True
     (every active task RUNNING) or use :meth:`restore`; process through
     ``task(task_id).store(name)``; :meth:`commit`; :meth:`close`.
@@ -132,6 +138,7 @@ class TaskManager:
         background_restore: bool = False,
         checkpoint_delta: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        client_id: str | None = None,
     ) -> None:
         if isinstance(state_dir, StateDirectory):
             self.directory = state_dir
@@ -153,6 +160,7 @@ class TaskManager:
             else Policy.of(guarantee, offsets, checkpoint_delta=checkpoint_delta)
         )
         self.max_startup_tasks = max_startup_tasks
+        self.client_id = client_id
         self.commit_interval = commit_interval_ms / 1000
         self._clock = clock
         self.updater = StateUpdater(
@@ -213,7 +221,11 @@ class TaskManager:
             return
         self._started = True
         self.changelog.log_dir.mkdir(parents=True, exist_ok=True)  # an empty changelog is a valid one
-        tid = f"{self.directory.application_id}-{self.directory.process_id}" if self.policy.eos else None
+        tid = None
+        if self.policy.eos:
+            tid = f"{self.directory.application_id}-{self.directory.process_id}"
+            if self.client_id is not None:
+                tid += f"-{self.client_id}"
         self._collector = RecordCollector(self.changelog, tid)
         for task_id in self.directory.non_empty_task_dirs():
             task = StandbyTask(task_id, self._state_manager(task_id, standby=True), self.changelog)
@@ -522,7 +534,8 @@ class TaskManager:
     def close(self, clean: bool = True) -> None:
         """Close every task (committing first when clean), the updater and the producer.
 
-        A dirty close aborts the open transaction and records nothing beyond
+        A dirty close aborts the open transaction (at-least-once: flushes what
+        was sent, before any task lock is released) and records nothing beyond
         what the policy keeps for a dirty close.
         """
         if self._closed:
@@ -537,8 +550,14 @@ class TaskManager:
             if not clean and self._collector is not None:
                 try:
                     self._collector.abort()
+                    if not self._collector.transactional:
+                        # At-least-once: what was sent reaches the changelog, and it must get there
+                        # before the task locks go. Flushed later (by this process's shared partition
+                        # writer), it would land behind the back of a next owner that restored to an
+                        # end offset without it, and whose committed offset would then vouch for it.
+                        self._collector.producer.flush()
                 except StateStoreError as e:
-                    log.warning("aborting the transaction failed: %s", e)
+                    log.warning("aborting or flushing the changelog producer failed: %s", e)
             self.updater.close()
             for task in [*self._active.values(), *self._standby.values(), *self._startup.values()]:
                 self.updater.remove(task.id)
