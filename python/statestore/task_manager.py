@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT = 0.01
 #: Default most startup standbys kept open until the first assignment.
 DEFAULT_MAX_STARTUP_TASKS = 64
+#: Most times in a row a task that restores nothing is wiped before poll() raises instead.
+MAX_WIPES = 3
 
 
 class RecordCollector:
@@ -169,6 +171,7 @@ class TaskManager:
         self._active: dict[TaskId, ActiveTask] = {}
         self._standby: dict[TaskId, StandbyTask] = {}
         self._startup: dict[TaskId, StandbyTask] = {}
+        self._wipes: dict[TaskId, int] = {}
         self._collector: RecordCollector | None = None
         self._started = False
         self._closed = False
@@ -276,6 +279,42 @@ class TaskManager:
         if isinstance(task, ActiveTask):
             task.abort()
         task.close_dirty_and_revive(wipe=True)
+
+    def _handle_failed(self, task: Task, error: StateStoreError) -> StateStoreError | None:
+        """A restore or standby update failed: wipe and restore the task, unless that cannot help.
+
+        Returns the error to raise instead: when the changelog itself cannot
+        be read (a ``LogError``, e.g. a corrupt segment), wiping the local
+        state would only lose it and fail again; and when the task failed
+        again without restoring anything :data:`MAX_WIPES` times in a row since
+        it was wiped (e.g. the disk is full), wiping again would loop forever.
+        Such a task is closed dirty and revived unwiped; the next poll tries
+        it again.
+        """
+        cause = error.__cause__ if isinstance(error.__cause__, StateStoreError) else error
+        if isinstance(cause, LogError):
+            log.error("%s task %s: its changelog cannot be read (%s); not wiping it", task.kind, task.id, cause)
+            task.close_dirty_and_revive(wipe=False)
+            return cause
+        if all(off is None for off in task.offsets().values()):
+            self._wipes[task.id] = self._wipes.get(task.id, 0) + 1
+        else:
+            self._wipes[task.id] = 1
+        if self._wipes[task.id] > MAX_WIPES:
+            self._wipes[task.id] = MAX_WIPES  # one more attempt on the next poll
+            task.close_dirty_and_revive(wipe=False)
+            failed = TaskCorruptedError(
+                f"{task.kind} task {task.id}: restoring failed {MAX_WIPES + 1} times in a row without "
+                f"restoring anything since it was wiped ({cause}); fix the cause (disk space, permissions) "
+                "and poll again",
+                task_ids=frozenset({task.id}),
+                task_id=task.id,
+                path=cause.path or self.directory.task_dir(task.id),
+            )
+            failed.__cause__ = cause
+            return failed
+        self._handle_corrupted(task, error)
+        return None
 
     def handle_corruption(self, task_ids: Iterable[TaskId]) -> None:
         """Wipe and restore these tasks (standbys first); other tasks keep running.
@@ -387,8 +426,11 @@ class TaskManager:
         self._check_open()
         self._initialize_pending()
         self.updater.poll(timeout)
+        stop: StateStoreError | None = None
         for task, error in self.updater.drain_failed():
-            self._handle_corrupted(task, error)
+            stop = self._handle_failed(task, error) or stop
+        if stop is not None:
+            raise stop
         self._initialize_pending()
         if self._clock() - self._last_commit >= self.commit_interval:
             self.commit()
