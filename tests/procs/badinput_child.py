@@ -56,9 +56,14 @@ def drop_to(user: str) -> None:
     os.setuid(pw.pw_uid)
 
 
+def _limit(root: Path, spec: dict[str, Any]) -> int:
+    """The file size limit to set mid-run."""
+    return int(spec["fsize"])
+
+
 def act_manager(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """Start, assign, restore; read the store; then process and commit ``commits`` transactions."""
-    tm = manager(root, spec["guarantee"], spec["offsets"])
+    tm = manager(root, spec["guarantee"], spec["offsets"], **spec.get("manager_options", {}))
     out: dict[str, Any] = {"committed": []}
     try:
         tm.start()
@@ -72,7 +77,10 @@ def act_manager(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
         after = spec.get("limit_after_commits")
         for n in range(spec.get("commits", 1)):
             if after is not None and n == after:
-                set_fsize(spec["fsize"])
+                if spec.get("drop_to"):
+                    drop_to(spec["drop_to"])  # files it cannot write from now on: an I/O error mid-run
+                else:
+                    set_fsize(_limit(root, spec))
             for i in range(spec.get("writes", 8)):
                 key = f"new{n:03d}-{i:03d}".encode()
                 view.put(key, key * spec.get("value_repeat", 4))
@@ -83,11 +91,18 @@ def act_manager(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
             print(f"committed {n}", flush=True)
         out["after"] = _hex(dict(view.range()))
         out["after_offsets"] = {str(tp): off for tp, off in task.offsets().items()}
-    finally:
+    except Exception as e:
+        # Close as a user would after the error; a second error must be one of ours too.
         try:
-            tm.close()
-        finally:
+            tm.close(clean=False)
             tm.directory.close()
+        except Exception as second:
+            e.add_note(f"closing afterwards failed too: {type(second).__name__}: {second}")
+            if not isinstance(second, StateStoreError):
+                raise second from e
+        raise
+    tm.close()
+    tm.directory.close()
     return {"ok": True, **out}
 
 
@@ -95,7 +110,7 @@ def act_restore(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """restore_store into the task's store (no task manager), then read it back."""
     path = store_dir(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = restore_store(path, root / "log", TP, mode=spec.get("mode", "auto"))
+    result = restore_store(path, root / "log", TP, mode=spec.get("mode", "auto"), end_offset=spec.get("end_offset"))
     with Store(path) as s:
         return {"ok": True, "mode": result.mode, "store": _hex(dict(s.range())), "offset": s.offset(TP)}
 
@@ -142,7 +157,37 @@ def act_directory(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
         d.close()
 
 
+def act_consistency(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Read the store as it is on disk (no restore) and the changelog up to the offset it records.
+
+    Data and offset must agree: the store holds exactly the committed
+    changelog up to its offset (nothing if it records none).
+    """
+    path = store_dir(root)
+    store: dict[bytes, bytes] = {}
+    offset = None
+    if (path / "CURRENT").exists():
+        with Store(path) as s:
+            store = dict(s.range())
+            offset = s.offset(TP)
+    log = SegmentLog(root / "log")
+    expected: dict[bytes, bytes] = {}
+    if offset is not None:
+        for rec in log.read(TP):
+            if rec.offset > offset:
+                break
+            assert rec.key is not None
+            if rec.value is None:
+                expected.pop(rec.key, None)
+            else:
+                expected[rec.key] = rec.value
+    start, end, lso = log.offsets(TP)
+    return {"ok": True, "store": _hex(store), "offset": offset, "log_upto_offset": _hex(expected),
+            "log_offsets": [start, end, lso]}
+
+
 ACTIONS = {
+    "consistency": act_consistency,
     "manager": act_manager,
     "restore": act_restore,
     "read_store": act_read_store,

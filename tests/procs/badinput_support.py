@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from statestore import SegmentLog, TaskId, TopicPartition
 from statestore.directory import StateDirectory
@@ -103,19 +104,22 @@ def value_of(txn: int, i: int) -> bytes:
     return (head * (VALUE_BYTES // len(head) + 1))[:VALUE_BYTES]
 
 
-def write_changelog(log_dir: Path) -> Model:
+def write_changelog(
+    log_dir: Path, *, txns: int = TXNS, txn_records: int = TXN_RECORDS, keys: int = KEYS,
+    segment_bytes: int = SEGMENT_BYTES,
+) -> Model:
     """Write the changelog and return its model."""
     model = Model()
     state: dict[bytes, bytes] = {}
-    log = SegmentLog(log_dir, segment_bytes=SEGMENT_BYTES, sync=False)
+    log = SegmentLog(log_dir, segment_bytes=segment_bytes, sync=False)
     try:
         producer = log.producer("generator")
-        for txn in range(TXNS):
+        for txn in range(txns):
             committed = txn % 3 != 2
             producer.begin()
             pending: list[tuple[int, bytes, bytes | None]] = []
-            for i in range(TXN_RECORDS):
-                key = f"k{(txn * 7 + i * 3) % KEYS:03d}".encode()
+            for i in range(txn_records):
+                key = f"k{(txn * 7 + i * 3) % keys:03d}".encode()
                 value = None if (txn + i) % 5 == 4 else value_of(txn, i)
                 offset = producer.send(TP.topic, TP.partition, key, value)
                 pending.append((offset, key, value))
@@ -139,7 +143,7 @@ def write_changelog(log_dir: Path) -> Model:
     return model
 
 
-def manager(root: Path, guarantee: str, offsets: str) -> TaskManager:
+def manager(root: Path, guarantee: str, offsets: str, **kw: Any) -> TaskManager:
     """A task manager over ``root/state`` and ``root/log`` with the one store ``kv``."""
     return TaskManager(
         StateDirectory(root / "state", APP),
@@ -149,13 +153,15 @@ def manager(root: Path, guarantee: str, offsets: str) -> TaskManager:
         offsets=offsets,
         transaction_timeout_ms=TXN_TIMEOUT_MS,
         commit_interval_ms=3_600_000,
+        **kw,
     )
 
 
-def build_world(root: Path, guarantee: str, offsets: str) -> Model:
-    """Write the changelog, restore task 0_0 from it and close cleanly; return the model."""
+def build_world(root: Path, guarantee: str, offsets: str, **size: int) -> Model:
+    """Write the changelog (``size``: see :func:`write_changelog`), restore task 0_0 from it and
+    close cleanly; return the model."""
     root.mkdir(parents=True, exist_ok=True)
-    model = write_changelog(root / "log")
+    model = write_changelog(root / "log", **size)
     tm = manager(root, guarantee, offsets)
     try:
         tm.start()
