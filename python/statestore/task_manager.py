@@ -36,6 +36,7 @@ from statestore.errors import (
     LogError,
     ProducerFencedError,
     StateStoreError,
+    StoreError,
     TaskCorruptedError,
 )
 from statestore.ids import TaskId, TopicPartition, changelog_topic
@@ -497,6 +498,10 @@ class TaskManager:
                 continue
             try:
                 sums[tid] = _offset_sum(self._recorded_offsets(tid).values())
+            except StateStoreError as e:
+                # As Kafka does: a task whose offsets cannot be read reports no sum
+                # (the assignor treats it as holding no state); opening it wipes it.
+                log.warning("task %s: offsets unreadable, no offset sum reported: %s", tid, e)
             finally:
                 self.directory.unlock(tid)
         return sums
@@ -516,14 +521,19 @@ class TaskManager:
             if not (path / "CURRENT").exists():
                 continue
             raw_opts = Options(raw_mode=True)
-            db = Rdict(str(path), raw_opts, column_families={OFFSETS_CF: Options(raw_mode=True)},
-                       access_type=AccessType.read_only())
             try:
-                cf = db.get_column_family(OFFSETS_CF)
-                raw = cf.get(str(tp).encode())
-                del cf
-            finally:
-                db.close()
+                db = Rdict(str(path), raw_opts, column_families={OFFSETS_CF: Options(raw_mode=True)},
+                           access_type=AccessType.read_only())
+                try:
+                    cf = db.get_column_family(OFFSETS_CF)
+                    raw = cf.get(str(tp).encode())
+                    del cf
+                finally:
+                    db.close()
+            except Exception as e:  # rocksdict raises plain Exception for damaged files
+                raise StoreError(
+                    f"task {task_id}: cannot read the offsets of store {path}: {e}", path=path, task_id=task_id
+                ) from e
             if raw is not None:
                 out[tp] = decode_i64(raw, what=f"offset of {tp}", path=path)
         return out

@@ -248,7 +248,7 @@ class Case:
     world: str
     file: str
     damage: str
-    #: ``error`` or ``restored``.
+    #: ``error`` or ``restored`` (``skipped``/``reported`` for offset sums).
     expect: str
     action: str = "manager"
     #: Remove the task directory first, so the path must restore everything from the changelog.
@@ -302,6 +302,11 @@ def check(case: Case, outcome: Outcome, model: Model, target: Path) -> str:
         if case.error_class is not None:
             assert result["cls"] == case.error_class, f"{case.id}: {outcome.describe()}"
         ending = "error"
+    elif case.action == "offset_sums":
+        # An assignor's question: a damaged task reports no sum (it holds no usable state).
+        sums = result["sums"]
+        assert sums.get("0_0") in (None, 0, model.commits[-1][0]), f"{case.id}: offset sum made up: {sums}"
+        ending = "skipped" if not sums.get("0_0") else "reported"
     else:
         got = unhex(result["store"]) if "store" in result else model.final
         if case.prefix_ok:

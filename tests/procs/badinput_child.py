@@ -186,7 +186,18 @@ def act_consistency(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
             "log_offsets": [start, end, lso]}
 
 
+def act_offset_sums(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """TaskManager.task_offset_sums() over the state directory, nothing started (what an assignor asks)."""
+    tm = manager(root, spec["guarantee"], spec["offsets"])
+    try:
+        return {"ok": True, "sums": {str(t): s for t, s in tm.task_offset_sums().items()}}
+    finally:
+        tm.close()
+        tm.directory.close()
+
+
 ACTIONS = {
+    "offset_sums": act_offset_sums,
     "consistency": act_consistency,
     "manager": act_manager,
     "restore": act_restore,
