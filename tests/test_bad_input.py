@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict
 
-from procs.badinput_cases import WORLDS, Case, Outcome, check, prepare, run_child
+from procs.badinput_cases import WORLDS, Case, Outcome, check, prepare, run_child, traversable_tmpdir
 from procs.badinput_support import TP, Model, build_world, store_dir
 from statestore.store import OFFSETS_CF, STATUS_KEY
 
@@ -144,14 +144,16 @@ def outcomes(
         for item in request.session.items
         if hasattr(item, "callspec") and "case" in item.callspec.params and item.module is request.module
     }
-    base = tmp_path_factory.mktemp("cases")
-    prepared: dict[str, tuple[dict[str, Any], Path]] = {}
-    for case in CASES:
-        if case.id in wanted:
-            prepared[case.id] = prepare(case, worlds[case.world][0], base / case.id, _damage_for(case))
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {cid: pool.submit(run_child, spec) for cid, (spec, _) in prepared.items()}
-        return {cid: (f.result(), prepared[cid][1]) for cid, f in futures.items()}
+    with traversable_tmpdir() as base:
+        prepared: dict[str, tuple[dict[str, Any], Path]] = {}
+        for case in CASES:
+            if case.id in wanted:
+                prepared[case.id] = prepare(case, worlds[case.world][0], base / case.id, _damage_for(case))
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = {cid: pool.submit(run_child, spec) for cid, (spec, _) in prepared.items()}
+            out = {cid: (f.result(), prepared[cid][1]) for cid, f in futures.items()}
+        # The damaged files are gone with the directory; the checks need only their paths.
+        return out
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from procs.badinput_cases import NOBODY, Outcome, chown_tree, run_child, unhex
+from procs.badinput_cases import NOBODY, Outcome, chown_tree, run_child, traversable_tmpdir, unhex
 from procs.badinput_support import Model, build_world, partition_dir, store_dir, task_dir
 
 pytestmark = pytest.mark.timeout(300)
@@ -151,9 +151,17 @@ COMMIT_CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("world", "target", "options"), COMMIT_CASES, ids=[f"{w}-{t}" for w, t, _ in COMMIT_CASES]
 )
 def test_commit_hits_disk_full(
-    worlds: dict[str, tuple[Path, Model]], tmp_path: Path, world: str, target: str, options: dict[str, Any]
+    worlds: dict[str, tuple[Path, Model]], world: str, target: str, options: dict[str, Any]
 ) -> None:
-    root = _copy(worlds, world, tmp_path / "w")
+    """A commit fails on ``target`` (see COMMIT_CASES); the previous committed state stays intact."""
+    with traversable_tmpdir() as base:
+        _commit_hits_disk_full(worlds, base / "w", world, options)
+
+
+def _commit_hits_disk_full(
+    worlds: dict[str, tuple[Path, Model]], root: Path, world: str, options: dict[str, Any]
+) -> None:
+    _copy(worlds, world, root)
     model = worlds[world][1]
     spec = _spec(root, world, "manager", commits=6, limit_after_commits=1, value_repeat=VALUE_REPEAT)
     spec.update(options)
@@ -163,14 +171,12 @@ def test_commit_hits_disk_full(
         chown_tree(root, NOBODY)
         os.chown(task_dir(root), 0, 0)
         task_dir(root).chmod(0o755)
-        for parent in root.parents:
-            parent.chmod(parent.stat().st_mode | 0o001)
         spec["drop_to"] = "nobody"
     outcome = run_child(spec)
     result = assert_failed_cleanly(outcome)
     done = committed_count(outcome)
     assert done >= 1, f"the limit hit before the first commit: {outcome.describe()}"
-    print(f"{world}/{target}: commit {done} failed: {result['cls']}: {result['msg'][:300]}")
+    print(f"{world}: commit {done} failed: {result['cls']}: {result['msg'][:300]}")
     assert_consistent(root, world)
     before = model.final
     for n in range(done):

@@ -17,13 +17,15 @@ that differs from the model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,17 +190,29 @@ def chown_tree(root: Path, uid: int) -> None:
     os.chown(root, uid, uid)
 
 
+@contextlib.contextmanager
+def traversable_tmpdir() -> Iterator[Path]:
+    """A temporary directory other users can traverse, removed afterwards.
+
+    Permission cases give their tree to ``nobody``, who must reach it. pytest's
+    own temporary directories will not do: every pytest session that starts
+    meanwhile (another test run on the machine) makes ``/tmp/pytest-of-<user>``
+    private again.
+    """
+    path = Path(tempfile.mkdtemp(prefix="statestore-badinput-"))
+    try:
+        path.chmod(0o711)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def deny(root: Path, path: Path) -> None:
     """The tree belongs to nobody except ``path``, which only root may read or write.
 
-    The directories above ``root`` (test temp directories are private) are made
-    traversable, so nobody can reach the tree at all.
+    ``root`` must be reachable by nobody (see :func:`traversable_tmpdir`).
     """
     chown_tree(root, NOBODY)
-    for parent in root.parents:
-        mode = parent.stat().st_mode
-        if not mode & 0o001:
-            parent.chmod(mode | 0o001)
     os.chown(path, 0, 0)
     path.chmod(0o600)
 
