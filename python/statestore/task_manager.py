@@ -623,4 +623,4 @@ def _offset_sum(offsets: Iterable[int | None]) -> int:
     return min(MAX_OFFSET_SUM, sum(o for o in offsets if o is not None and o >= 0))
 
 
-__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "MAX_OFFSET_SUM", "RecordCollector", "TaskManager"]
+__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "MAX_OFFSET_SUM", "MAX_WIPES", "RecordCollector", "TaskManager"]
