@@ -75,6 +75,10 @@ def _cases() -> list[Case]:
     add("rocksdict-config", "eos-store", {T: R, Z: R, X: R, V: R, D: R, P: R})
     for damage in OFFSETS_DAMAGE:
         c.append(Case("eos-store", "offsets-cf", damage, R))
+    # -- directories nobody may enter --
+    add("partition-dir", "eos-store", {P: E})
+    add("partition-dir", "eos-store", {P: E}, action="read_log")
+    add("store-dir", "eos-store", {P: E})
     # -- what an assignor asks of unowned task directories: offset sums --
     S = "skipped"
     add("checkpoint", "alos-ckpt", {T: S, X: S, D: S, P: S}, action="offset_sums")

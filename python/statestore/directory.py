@@ -496,7 +496,15 @@ class StateDirectory:
                     task_id=task_id,
                 )
             self.ensure_held(TaskLock(task_id, held.generation), what="wipe the task")
-            self._delete_contents(self.task_dir(task_id), keep_lock=True)
+            try:
+                self._delete_contents(self.task_dir(task_id), keep_lock=True)
+            except OSError as e:  # e.g. permission denied: part of the state is left on disk
+                raise StateStoreError(
+                    f"task {task_id}: cannot wipe {self.task_dir(task_id)}: {e.strerror} ({e.filename}); fix "
+                    "the owner and permissions of the task directory and what is in it, then start again",
+                    path=self.task_dir(task_id),
+                    task_id=task_id,
+                ) from e
             log.info("task %s: wiped local state in %s", task_id, self.task_dir(task_id))
 
     def clean_removed_tasks(self, now_ms: int | None = None) -> list[TaskId]:

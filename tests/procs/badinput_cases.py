@@ -79,6 +79,8 @@ FILES: dict[str, Callable[[Path], Path]] = {
     "SST": lambda r: _one(largest(list(store_dir(r).glob("*.sst"))), "SST"),
     "OPTIONS": lambda r: _one(sorted(store_dir(r).glob("OPTIONS-*"))[::-1], "OPTIONS"),
     "rocksdict-config": lambda r: store_dir(r) / "rocksdict-config.json",
+    "partition-dir": partition_dir,
+    "store-dir": store_dir,
 }
 
 
@@ -312,6 +314,8 @@ def check(case: Case, outcome: Outcome, model: Model, target: Path) -> str:
         assert result["statestore"], f"{case.id}: not a statestore error: {outcome.describe()}"
         assert result["cls"] != "Hang", f"{case.id}: {outcome.describe()}"
         named = str(target.parent) if case.file in ROCKSDB_FILES - {"offsets-cf"} else str(target)
+        if case.file == "store-dir":
+            named = str(target.parent.parent)  # the task directory it could not wipe
         assert named in result["msg"], f"{case.id}: the error does not name {named}: {outcome.describe()}"
         if case.error_class is not None:
             assert result["cls"] == case.error_class, f"{case.id}: {outcome.describe()}"
