@@ -178,7 +178,14 @@ class StateDirectory:
 
     def _lock_process(self) -> int:
         path = self.app_dir / LOCK_FILE_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:  # e.g. permission denied: the lock file belongs to another user
+            raise StateStoreError(
+                f"cannot open the process lock file {path}: {e.strerror}; check the owner and permissions "
+                "of the state directory",
+                path=path,
+            ) from e
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -192,8 +199,16 @@ class StateDirectory:
             ) from None
         if not self.shared:
             me = {"pid": os.getpid(), "host": socket.gethostname()}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+            except OSError as e:  # e.g. the disk is full
+                os.close(fd)
+                raise StateStoreError(
+                    f"cannot write the process lock file {path}: {e.strerror}; free space on the disk of the "
+                    "state directory",
+                    path=path,
+                ) from e
         return fd
 
     @staticmethod
@@ -213,7 +228,14 @@ class StateDirectory:
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
             log.warning("process id file %s is unreadable (%s); generating a new process id", path, e)
         pid = uuid.uuid4()
-        _native.atomic_write(str(path), json.dumps({"processId": str(pid)}).encode())
+        try:
+            _native.atomic_write(str(path), json.dumps({"processId": str(pid)}).encode())
+        except OSError as e:  # e.g. the disk is full, or the directory is not writable
+            raise StateStoreError(
+                f"cannot write the process id file {path}: {e}; free space on the disk of the state directory "
+                "or fix its permissions",
+                path=path,
+            ) from e
         if self.shared:  # a concurrent shared opener may have won the race: use what is on disk
             with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError):
                 return uuid.UUID(json.loads(path.read_text("utf-8"))["processId"])
@@ -338,6 +360,13 @@ class StateDirectory:
                 if not create:
                     return None
                 continue  # the directory vanished between mkdir and open: try again
+            except OSError as e:  # e.g. permission denied: not a lock held elsewhere, so never retried
+                raise StateStoreError(
+                    f"task {task_id}: cannot open the task lock file {path}: {e.strerror}; check the owner "
+                    "and permissions of the state directory",
+                    path=path,
+                    task_id=task_id,
+                ) from e
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -520,7 +549,15 @@ class StateDirectory:
                     task_id=task_id,
                 )
             self.ensure_held(TaskLock(task_id, held.generation), what="wipe the task")
-            self._delete_contents(self.task_dir(task_id), keep_lock=True)
+            try:
+                self._delete_contents(self.task_dir(task_id), keep_lock=True)
+            except OSError as e:  # e.g. permission denied: part of the state is left on disk
+                raise StateStoreError(
+                    f"task {task_id}: cannot wipe {self.task_dir(task_id)}: {e.strerror} ({e.filename}); fix "
+                    "the owner and permissions of the task directory and what is in it, then start again",
+                    path=self.task_dir(task_id),
+                    task_id=task_id,
+                ) from e
             log.info("task %s: wiped local state in %s", task_id, self.task_dir(task_id))
 
     def clean_removed_tasks(self, now_ms: int | None = None) -> list[TaskId]:

@@ -203,8 +203,20 @@ class Store(_StagedWrites):
         key = _check_bytes("key", key)
         if key in self._staging.writes:
             return self._staging.writes[key]
-        value: bytes | None = self._open_db().get(key)
+        db = self._open_db()
+        try:
+            value: bytes | None = db.get(key)
+        except Exception as e:  # rocksdict raises plain Exception, e.g. for a block with a bad checksum
+            raise self._read_failed(e) from e
         return value
+
+    def _read_failed(self, e: Exception) -> StoreError:
+        return StoreError(
+            f"{self._who()}: reading {self.path} failed: {e}; its files are damaged -- wipe the task to "
+            "restore it from its changelog",
+            path=self.path,
+            task_id=self.task_id,
+        )
 
     def _committed(self, start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         it = self._open_db().iter()
@@ -216,9 +228,15 @@ class Store(_StagedWrites):
             while it.valid():
                 key: bytes = it.key()
                 if end is not None and key >= end:
-                    break
+                    return
                 yield key, it.value()
                 it.next()
+            # An iterator that hit an error (a damaged block) just stops being valid:
+            # without this check a damaged store would read as if it ended there.
+            try:
+                it.status()
+            except Exception as e:
+                raise self._read_failed(e) from e
         finally:
             del it
 

@@ -36,6 +36,7 @@ from statestore.errors import (
     LogError,
     ProducerFencedError,
     StateStoreError,
+    StoreError,
     TaskCorruptedError,
 )
 from statestore.ids import TaskId, TopicPartition, changelog_topic
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT = 0.01
 #: Default most startup standbys kept open until the first assignment.
 DEFAULT_MAX_STARTUP_TASKS = 64
+#: Most times in a row a task that restores nothing is wiped before poll() raises instead.
+MAX_WIPES = 3
 
 
 class RecordCollector:
@@ -177,6 +180,7 @@ class TaskManager:
         self._active: dict[TaskId, ActiveTask] = {}
         self._standby: dict[TaskId, StandbyTask] = {}
         self._startup: dict[TaskId, StandbyTask] = {}
+        self._wipes: dict[TaskId, int] = {}
         self._collector: RecordCollector | None = None
         self._started = False
         self._closed = False
@@ -289,6 +293,42 @@ class TaskManager:
             task.abort()
         task.close_dirty_and_revive(wipe=True)
 
+    def _handle_failed(self, task: Task, error: StateStoreError) -> StateStoreError | None:
+        """A restore or standby update failed: wipe and restore the task, unless that cannot help.
+
+        Returns the error to raise instead: when the changelog itself cannot
+        be read (a ``LogError``, e.g. a corrupt segment), wiping the local
+        state would only lose it and fail again; and when the task failed
+        again without restoring anything :data:`MAX_WIPES` times in a row since
+        it was wiped (e.g. the disk is full), wiping again would loop forever.
+        Such a task is closed dirty and revived unwiped; the next poll tries
+        it again.
+        """
+        cause = error.__cause__ if isinstance(error.__cause__, StateStoreError) else error
+        if isinstance(cause, LogError):
+            log.error("%s task %s: its changelog cannot be read (%s); not wiping it", task.kind, task.id, cause)
+            task.close_dirty_and_revive(wipe=False)
+            return cause
+        if all(off is None for off in task.offsets().values()):
+            self._wipes[task.id] = self._wipes.get(task.id, 0) + 1
+        else:
+            self._wipes[task.id] = 1
+        if self._wipes[task.id] > MAX_WIPES:
+            self._wipes[task.id] = MAX_WIPES  # one more attempt on the next poll
+            task.close_dirty_and_revive(wipe=False)
+            failed = TaskCorruptedError(
+                f"{task.kind} task {task.id}: restoring failed {MAX_WIPES + 1} times in a row without "
+                f"restoring anything since it was wiped ({cause}); fix the cause (disk space, permissions) "
+                "and poll again",
+                task_ids=frozenset({task.id}),
+                task_id=task.id,
+                path=cause.path or self.directory.task_dir(task.id),
+            )
+            failed.__cause__ = cause
+            return failed
+        self._handle_corrupted(task, error)
+        return None
+
     def handle_corruption(self, task_ids: Iterable[TaskId]) -> None:
         """Wipe and restore these tasks (standbys first); other tasks keep running.
 
@@ -399,8 +439,11 @@ class TaskManager:
         self._check_open()
         self._initialize_pending()
         self.updater.poll(timeout)
+        stop: StateStoreError | None = None
         for task, error in self.updater.drain_failed():
-            self._handle_corrupted(task, error)
+            stop = self._handle_failed(task, error) or stop
+        if stop is not None:
+            raise stop
         self._initialize_pending()
         if self._clock() - self._last_commit >= self.commit_interval:
             self.commit()
@@ -467,6 +510,10 @@ class TaskManager:
                 continue
             try:
                 sums[tid] = _offset_sum(self._recorded_offsets(tid).values())
+            except StateStoreError as e:
+                # As Kafka does: a task whose offsets cannot be read reports no sum
+                # (the assignor treats it as holding no state); opening it wipes it.
+                log.warning("task %s: offsets unreadable, no offset sum reported: %s", tid, e)
             finally:
                 self.directory.unlock(tid)
         return sums
@@ -486,14 +533,19 @@ class TaskManager:
             if not (path / "CURRENT").exists():
                 continue
             raw_opts = Options(raw_mode=True)
-            db = Rdict(str(path), raw_opts, column_families={OFFSETS_CF: Options(raw_mode=True)},
-                       access_type=AccessType.read_only())
             try:
-                cf = db.get_column_family(OFFSETS_CF)
-                raw = cf.get(str(tp).encode())
-                del cf
-            finally:
-                db.close()
+                db = Rdict(str(path), raw_opts, column_families={OFFSETS_CF: Options(raw_mode=True)},
+                           access_type=AccessType.read_only())
+                try:
+                    cf = db.get_column_family(OFFSETS_CF)
+                    raw = cf.get(str(tp).encode())
+                    del cf
+                finally:
+                    db.close()
+            except Exception as e:  # rocksdict raises plain Exception for damaged files
+                raise StoreError(
+                    f"task {task_id}: cannot read the offsets of store {path}: {e}", path=path, task_id=task_id
+                ) from e
             if raw is not None:
                 out[tp] = decode_i64(raw, what=f"offset of {tp}", path=path)
         return out
@@ -590,4 +642,4 @@ def _offset_sum(offsets: Iterable[int | None]) -> int:
     return min(MAX_OFFSET_SUM, sum(o for o in offsets if o is not None and o >= 0))
 
 
-__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "MAX_OFFSET_SUM", "RecordCollector", "TaskManager"]
+__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "MAX_OFFSET_SUM", "MAX_WIPES", "RecordCollector", "TaskManager"]

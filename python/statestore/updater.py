@@ -402,6 +402,7 @@ class StateUpdater:
     def _fail(self, entry: _Updating, error: StateStoreError, cl: _Changelog | None) -> None:
         entry.failed = True
         task = entry.task
+        original = error
         if isinstance(error, (LogError, StoreError, RestoreError)) and not isinstance(error, TaskCorruptedError):
             where = f" restoring {cl.store.name} from {cl.store.tp}" if cl is not None else ""
             error = TaskCorruptedError(
@@ -412,6 +413,7 @@ class StateUpdater:
                 path=cl.store.path if cl is not None else None,
                 offset=cl.position if cl is not None else None,
             )
+            error.__cause__ = original
         log.warning("%s", error)
         self.remove(task.id, SuspendReason.MIGRATED)
         self._failed.append((task, error))

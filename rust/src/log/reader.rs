@@ -14,7 +14,9 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::segment::{list_segments, not_a_torn_tail, BatchCursor, Segment, DEFAULT_CHUNK, MAX_TORN_TAIL};
+use super::segment::{
+    damaged_length, list_segments, not_a_torn_tail, valid_batch_after, BatchCursor, Segment, DEFAULT_CHUNK, MAX_TORN_TAIL,
+};
 use super::LogError;
 use crate::codec::{self, BatchHeader, ControlType, RecordRef, HEADER_LEN};
 use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
@@ -138,6 +140,12 @@ impl HeaderScan {
                     self.stat()?;
                     if pos + total > self.file_len && self.file_len - pos > MAX_TORN_TAIL {
                         return Err(not_a_torn_tail(&path, pos, base, h.batch_length, self.file_len));
+                    }
+                    if pos + total > self.file_len {
+                        let f = self.file.as_ref().expect("a segment is open");
+                        if let Some(next) = valid_batch_after(f, &path, pos, self.file_len, base)? {
+                            return Err(damaged_length(&path, pos, base, h.batch_length, next));
+                        }
                     }
                 }
                 if pos + total <= self.file_len {

@@ -38,6 +38,50 @@ pub fn not_a_torn_tail(path: &Path, position: u64, offset: i64, len: i32, file_l
     )
 }
 
+/// Where a complete, valid batch with a base offset above `after` starts in
+/// `f` between `pos` and `file_len`, if anywhere (only the last
+/// [`MAX_TORN_TAIL`] bytes are looked at, and only when a batch's length runs
+/// past the end of the file). An interrupted append leaves a prefix of one
+/// batch and never a valid batch after it, so a batch found here means the
+/// length field at `pos` is damaged and the "tail" holds committed data.
+pub fn valid_batch_after(f: &File, path: &Path, pos: u64, file_len: u64, after: i64) -> Result<Option<u64>, LogError> {
+    let n = (file_len - pos).min(MAX_TORN_TAIL) as usize;
+    if n < 2 * HEADER_LEN {
+        return Ok(None);
+    }
+    let mut tail = vec![0u8; n];
+    f.read_exact_at(&mut tail, pos).map_err(|e| LogError::io("read", path, e))?;
+    for p in 1..=n - HEADER_LEN {
+        if tail[p + 16] != 2 {
+            continue; // the magic byte of a v2 batch
+        }
+        let Some((base, len)) = codec::peek_offset_and_length(&tail[p..]) else { continue };
+        if base <= after || len < (HEADER_LEN - LOG_OVERHEAD) as i32 || p + len as usize + LOG_OVERHEAD > n {
+            continue;
+        }
+        let batch = &tail[p..p + len as usize + LOG_OVERHEAD];
+        let Ok(header) = BatchHeader::parse(batch) else { continue };
+        if codec::verify_crc(&header, batch).is_ok() {
+            return Ok(Some(pos + p as u64));
+        }
+    }
+    Ok(None)
+}
+
+/// The error for a length field that runs past the end of the file although a
+/// valid batch follows (see [`valid_batch_after`]).
+pub fn damaged_length(path: &Path, position: u64, offset: i64, len: i32, next: u64) -> LogError {
+    LogError::corrupt(
+        path,
+        position,
+        offset,
+        format!(
+            "batch length {len} runs past the end of the file, but a valid batch follows at byte {next}: the \
+             length field is damaged, this is not an interrupted append"
+        ),
+    )
+}
+
 /// One segment: its base offset and `.log` path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
@@ -343,6 +387,12 @@ impl BatchCursor {
                 if file_len - pos > MAX_TORN_TAIL {
                     return Err(not_a_torn_tail(&self.segments[self.seg].path, pos, base, len, file_len));
                 }
+                let path = &self.segments[self.seg].path;
+                if let Some(f) = &self.file {
+                    if let Some(next) = valid_batch_after(f, path, pos, file_len, base)? {
+                        return Err(damaged_length(path, pos, base, len, next));
+                    }
+                }
             } else if self.fill(LOG_OVERHEAD)? {
                 continue;
             }
@@ -457,6 +507,9 @@ pub fn scan_segment(seg: &Segment) -> Result<ScanResult, LogError> {
         if len < (HEADER_LEN - LOG_OVERHEAD) as i32 || pos + total as u64 > file_len {
             if file_len - pos > MAX_TORN_TAIL && len >= (HEADER_LEN - LOG_OVERHEAD) as i32 {
                 return Err(not_a_torn_tail(&seg.path, pos, base, len, file_len));
+            }
+            if let Some(at) = valid_batch_after(&f, &seg.path, pos, file_len, base)? {
+                return Err(damaged_length(&seg.path, pos, base, len, at));
             }
             if tail_is_torn(&f, pos, file_len, len)? {
                 break;

@@ -305,3 +305,31 @@ fn damaged_length_far_from_the_end_is_corruption_not_a_torn_tail() {
     assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))));
     assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
 }
+
+#[test]
+fn damaged_length_near_the_end_is_corruption_when_a_valid_batch_follows() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+        let mut p = log.producer(None).unwrap();
+        for i in 0..20u8 {
+            p.send("t", 0, Some(&[i]), Some(&[i; 100]), &[], None).unwrap();
+            p.flush().unwrap();
+        }
+        log.close().unwrap();
+    }
+    let seg = d.path().join("t-0").join(segment::log_file_name(0));
+    let mut data = fs::read(&seg).unwrap();
+    let len = data.len();
+    assert!((len as u64) < segment::MAX_TORN_TAIL);
+    data[8..12].copy_from_slice(&i32::MAX.to_be_bytes()); // the first batch claims 2 GB; 19 valid batches follow
+    fs::write(&seg, &data).unwrap();
+    let err = match open_committed_source(d.path(), "t", 0, 0) {
+        Err(e) => e,
+        Ok(mut src) => src.next_chunk(i64::MAX, 1 << 20, &mut |_| {}).unwrap_err(),
+    };
+    assert!(matches!(err, SourceError::Corrupt(ref m) if m.contains("a valid batch follows")), "{err}");
+    let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
+    assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))), "the writer must not cut committed batches off");
+    assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
+}
