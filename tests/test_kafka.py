@@ -136,6 +136,7 @@ def test_restore_resumes_after_the_stored_offset_and_steps_over_the_final_marker
         p.begin()
         p.send(topic, 0, b"k%d" % i, b"%d" % i)
         p.commit()
+    p.close()
     # offsets: 0 data, 1 marker, 2 data, 3 marker, 4 data, 5 marker
     assert changelog.offsets(tp) == (0, 6, 6)
     r = restore_store(tmp_path / "s", changelog, tp, end_offset=3)
@@ -152,7 +153,7 @@ def test_a_start_offset_beyond_the_log_is_task_corruption(changelog: KafkaChange
     p = changelog.producer()
     for i in range(5):
         p.send(topic, 0, b"k%d" % i, b"v")
-    p.flush()
+    p.close()
     with pytest.raises(TaskCorruptedError, match=r"offset 9 is out of range \[0, 5\]"):
         changelog.restore_feed(topic, 0, 9)
     # Through the engine a fed changelog's exception keeps its class.
@@ -284,6 +285,8 @@ def test_a_newer_transactional_producer_fences_the_older(changelog: KafkaChangel
     new.send(topic, 0, b"c", b"3")
     new.commit()
     assert new.take_offsets() == {TopicPartition(topic, 0): 2}, "offset 1 holds the abort marker"
+    new.close()
+    old.close()
 
 
 def test_changelog_topics_are_created_compacted_and_a_partition_mismatch_is_refused(

@@ -57,6 +57,7 @@ confluent-kafka is an optional dependency: ``pip install 'statestore[kafka]'``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -75,6 +76,9 @@ try:
     from confluent_kafka.admin import NewTopic as _NewTopic  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - exercised only without the extra
     _ck = None
+
+#: Where librdkafka's own log lines go.
+_CLIENT_LOG = logging.getLogger("statestore.kafka.client")
 
 #: Default seconds a broker request may take.
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -134,6 +138,7 @@ class KafkaProducer:
         self._failure: Any = None
         self._in_transaction = False
         self._closed = False
+        self._fenced = False
         if transactional_id is not None:
             self._call("initializing transactions", self._producer.init_transactions, self._timeout)
 
@@ -158,6 +163,7 @@ class KafkaProducer:
             ck.KafkaError.INVALID_PRODUCER_EPOCH,
         }
         if code in fenced:
+            self._fenced = True
             return ProducerFencedError(
                 f"{self._what()}: {what}: fenced by a newer producer with the same transactional id ({e}); "
                 "another instance owns these tasks now: close this one dirty"
@@ -256,10 +262,16 @@ class KafkaProducer:
         if self._closed:
             return
         self._closed = True
+        if self._fenced:
+            # close() would abort the transaction first, which a fenced producer cannot do
+            # (it blocked forever against tansu): drop what is queued, let the client go.
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.poll(0)
+            return
         try:
             self._producer.flush(self._timeout)
         except _require().KafkaException:
-            pass  # a fenced or failed producer has nothing left to deliver
+            pass  # a failed producer has nothing left to deliver
         self._producer.close()
 
     def __enter__(self) -> Self:
@@ -373,8 +385,12 @@ class KafkaChangelog:
         return f"KafkaChangelog({self.bootstrap_servers!r})"
 
     def client_config(self, conf: Mapping[str, Any]) -> dict[str, Any]:
-        """A librdkafka configuration: ``bootstrap.servers``, then ``conf``, then the user's properties."""
-        return {"bootstrap.servers": self.bootstrap_servers, **conf, **self._extra}
+        """A librdkafka configuration: ``bootstrap.servers``, then ``conf``, then the user's properties.
+
+        Client logs go to the ``statestore.kafka.client`` logger (not stderr)
+        unless the user's properties name a ``logger``.
+        """
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": _CLIENT_LOG, **conf, **self._extra}
 
     # -- offsets --------------------------------------------------------------------------------
 
