@@ -146,7 +146,7 @@ class _Updating:
 
 
 class StateUpdater:
-    """Restores active tasks and updates standby tasks from a segment log.
+    """Restores active tasks and updates standby tasks from their changelog (segment log or Kafka).
 
     ``add`` a task once it is initialized (active: RESTORING, standby:
     RUNNING); ``poll`` does a bounded amount of work and returns the active
