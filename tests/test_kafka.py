@@ -309,3 +309,50 @@ def test_changelog_topics_are_created_compacted_and_a_partition_mismatch_is_refu
     except Exception as e:  # a broker without DescribeConfigs cannot show it
         pytest.skip(f"the broker cannot describe topic configs: {e}")
     assert configs["cleanup.policy"].value == "compact"
+
+
+def test_a_standby_follows_the_committed_changelog_on_the_broker(changelog: KafkaChangelog, tmp_path: Path) -> None:
+    import time
+
+    app = f"app{uuid.uuid4().hex[:8]}"
+    ensure_changelog_topics(changelog, app, ["s"], 1)
+    task, tp = TaskId(0, 0), TopicPartition(f"{app}-s-changelog", 0)
+    active = TaskManager(StateDirectory(tmp_path / "a", app), changelog, ["s"], guarantee="exactly_once_v2")
+    standby = TaskManager(StateDirectory(tmp_path / "b", app), changelog, ["s"], guarantee="exactly_once_v2")
+    active.start()
+    active.assign([task], [])
+    assert active.restore()
+    standby.start()
+    standby.assign([], [task])
+    view = active.active_task(task).store("s")
+    for round_ in range(3):
+        for i in range(40):
+            view.put(b"k%d" % i, b"r%d" % round_)
+        active.commit()
+    written = active.active_task(task).offsets()[tp]
+    assert written == 3 * 41 - 2
+    deadline = time.monotonic() + 30
+    while standby.task(task).offsets().get(tp) != written:
+        assert time.monotonic() < deadline, f"standby stuck at {standby.task(task).offsets()}"
+        standby.poll()
+        time.sleep(0.01)
+    active.close()
+    active.directory.close()
+    # The standby becomes active: its store already holds everything, nothing is replayed.
+    events = Events()
+    standby.updater.listener = events
+    standby.assign([task], [])
+    assert standby.restore(timeout=30)
+    assert dict(standby.active_task(task).store("s")) == {b"k%d" % i: b"r2" for i in range(40)}
+    assert events.total_restored() == 0
+    standby.close()
+    standby.directory.close()
+
+
+def test_an_unreachable_broker_is_one_clear_error(tmp_path: Path) -> None:
+    pytest.importorskip("confluent_kafka")
+    with KafkaChangelog("127.0.0.1:1", request_timeout=1.0) as c:
+        with pytest.raises(LogError, match=r"127\.0\.0\.1:1.*cannot read its offsets.*broker reachable"):
+            c.offsets(TopicPartition("t", 0))
+        with pytest.raises(LogError, match="cannot read its offsets"):
+            restore_store(tmp_path / "s", c, TopicPartition("t", 0))
