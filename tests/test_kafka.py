@@ -356,3 +356,12 @@ def test_an_unreachable_broker_is_one_clear_error(tmp_path: Path) -> None:
             c.offsets(TopicPartition("t", 0))
         with pytest.raises(LogError, match="cannot read its offsets"):
             restore_store(tmp_path / "s", c, TopicPartition("t", 0))
+
+
+def test_client_properties_may_use_underscores_but_python_callbacks_keep_theirs() -> None:
+    pytest.importorskip("confluent_kafka")
+    with KafkaChangelog("127.0.0.1:1", security_protocol="PLAINTEXT", error_cb=print,
+                        **{"client.id": "x"}) as c:
+        conf = c.client_config({"acks": "all"})
+    assert conf["security.protocol"] == "PLAINTEXT" and conf["client.id"] == "x" and conf["acks"] == "all"
+    assert conf["error_cb"] is print and "error.cb" not in conf

@@ -109,9 +109,13 @@ def _kafka_error(e: BaseException) -> Any:
     return args[0] if args and hasattr(args[0], "code") else None
 
 
+#: confluent-kafka's own (Python) configuration keys, which keep their underscores.
+_PYTHON_KEYS = frozenset({"error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_commit", "on_delivery", "logger"})
+
+
 def _config(pairs: Mapping[str, Any]) -> dict[str, Any]:
     """librdkafka properties; ``security_protocol=...`` may be written for ``security.protocol``."""
-    return {k.replace("_", "."): v for k, v in pairs.items()}
+    return {k if k in _PYTHON_KEYS else k.replace("_", "."): v for k, v in pairs.items()}
 
 
 class KafkaProducer:
