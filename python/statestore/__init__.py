@@ -2,8 +2,15 @@
 
 The public API is re-exported here; internals live in modules named after the
 design's vocabulary (``checkpoint``, ``directory``, ``log``, ``restore`` ...).
+
+``KafkaChangelog`` and ``ensure_changelog_topics`` (``statestore.kafka``, the
+changelog on a Kafka cluster) are imported on first use, so that importing
+statestore does not load confluent-kafka (the optional ``kafka`` extra).
 """
 
+from typing import TYPE_CHECKING, Any
+
+from statestore.changelog import Changelog, ChangelogProducer
 from statestore.checkpoint import OffsetCheckpoint
 from statestore.directory import StateDirectory, TaskLock
 from statestore.errors import (
@@ -37,17 +44,36 @@ from statestore.task import ActiveTask, StandbyTask, TaskState
 from statestore.task_manager import TaskManager
 from statestore.updater import StandbyUpdateListener, StateUpdater, SuspendReason
 
+if TYPE_CHECKING:
+    from statestore.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
+
 __version__ = "0.1.0"
+
+_KAFKA_NAMES = ("KafkaChangelog", "KafkaProducer", "ensure_changelog_topics")
+
+
+def __getattr__(name: str) -> Any:
+    """``statestore.KafkaChangelog`` and friends, imported from ``statestore.kafka`` on first use."""
+    if name in _KAFKA_NAMES:
+        from statestore import kafka
+
+        return getattr(kafka, name)
+    raise AttributeError(f"module 'statestore' has no attribute {name!r}")
+
 
 __all__ = [
     "OFFSET_UNKNOWN",
     "ActiveTask",
+    "Changelog",
+    "ChangelogProducer",
     "CheckpointError",
     "CorruptLogError",
     "Event",
     "Guarantee",
     "IllegalStateError",
     "InMemoryStore",
+    "KafkaChangelog",
+    "KafkaProducer",
     "LockError",
     "LogError",
     "LogReader",
@@ -81,6 +107,7 @@ __all__ = [
     "TransactionStateError",
     "UnsupportedCompressionError",
     "changelog_topic",
+    "ensure_changelog_topics",
     "restore_many",
     "restore_store",
 ]

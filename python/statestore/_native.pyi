@@ -18,7 +18,7 @@ _Outcome = tuple[str, int, int, int, int, int, int, int, float, int | None]
 
 def restore_store(
     store_path: _Path,
-    log_dir: _Path,
+    log: _Path | object,
     tp: tuple[str, int],
     end_offset: int | None = None,
     mode: str = "auto",
@@ -29,7 +29,7 @@ def restore_store(
     chunk_bytes: int = ...,
 ) -> _Outcome: ...
 def restore_many(
-    specs: Sequence[tuple[_Path, _Path, tuple[str, int], int | None, str, int, object | None, float]],
+    specs: Sequence[tuple[_Path, _Path | object, tuple[str, int], int | None, str, int, object | None, float]],
     threads: int,
 ) -> list[tuple[_Outcome | None, Exception | None]]: ...
 def restore_write_ceiling(

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from statestore import _native
+from statestore.changelog import Changelog
 from statestore.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.directory import LOCK_FILE_NAME, STORES_DIR_NAME
 from statestore.errors import StateStoreError
@@ -131,12 +132,20 @@ class StoreReport:
 
 
 def inspect_app(
-    state_dir: str | Path, application_id: str, log_dir: str | Path | None = None
+    state_dir: str | Path,
+    application_id: str,
+    log_dir: str | Path | None = None,
+    *,
+    changelog: Changelog | None = None,
 ) -> tuple[int | None, list[StoreReport]]:
-    """The process-lock holder's pid and one report per store of the application."""
+    """The process-lock holder's pid and one report per store of the application.
+
+    Log offsets and lag come from the segment log in ``log_dir``, or from
+    ``changelog`` (e.g. a :class:`~statestore.kafka.KafkaChangelog`).
+    """
     root = app_dir(state_dir, application_id)
     holders = flock_holders()
-    log = SegmentLog(log_dir) if log_dir is not None else None
+    log: Changelog | None = SegmentLog(log_dir) if log_dir is not None else changelog
     reports = []
     for ls in local_stores(state_dir, application_id):
         problem = None

@@ -1,7 +1,7 @@
 """Restoring stores from their changelogs, in Rust, with the GIL released.
 
 ``restore_store`` brings one store up to date with one changelog partition of a
-segment log; ``restore_many`` does that for many (store, partition) pairs on a
+segment log or of a Kafka topic (:class:`~statestore.kafka.KafkaChangelog`); ``restore_many`` does that for many (store, partition) pairs on a
 pool of native threads. Two modes do the work:
 
 - **replay** applies the committed records in order, one large RocksDB
@@ -32,9 +32,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from statestore import _native
+from statestore.changelog import Changelog, FedChangelog
 from statestore.errors import RestoreError, StateStoreError
 from statestore.ids import OFFSET_UNKNOWN, TopicPartition
 
@@ -78,14 +79,22 @@ class HasLogDir(Protocol):
         ...
 
 
-#: A segment log, or the path of its directory.
-LogLike = HasLogDir | str | os.PathLike[str]
+#: A segment log, the path of its directory, or a changelog the engine reads
+#: through Python (:class:`~statestore.kafka.KafkaChangelog`). Any
+#: :class:`~statestore.changelog.Changelog` is accepted if it is one of those.
+LogLike = HasLogDir | str | os.PathLike[str] | FedChangelog | Changelog
 
 
-def _log_dir(log: LogLike) -> Path:
+def _native_log(log: LogLike) -> Any:
+    """What the native engine takes: a segment log directory, or the fed changelog itself."""
     if isinstance(log, (str, os.PathLike)):
         return Path(log)
-    return Path(log.log_dir)
+    if isinstance(log, FedChangelog):
+        return log
+    log_dir = getattr(log, "log_dir", None)
+    if log_dir is None:
+        raise TypeError(f"cannot restore from {log!r}: not a segment log, a log directory or a fed changelog")
+    return Path(log_dir)
 
 
 @dataclass(frozen=True)
@@ -190,7 +199,7 @@ def restore_store(
     tp = _tp(tp)
     path = Path(store_path)
     out = _native.restore_store(
-        path, _log_dir(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval
+        path, _native_log(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval
     )
     return _result(tp, path, out)
 
@@ -215,7 +224,7 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     native_specs = [
         (
             p,
-            _log_dir(s.log),
+            _native_log(s.log),
             _tp(s.tp),
             s.end_offset,
             s.mode,

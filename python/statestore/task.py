@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from statestore.changelog import Changelog
 from statestore.directory import StateDirectory
 from statestore.errors import IllegalStateError, StoreError, TaskCorruptedError
 from statestore.ids import TaskId, TopicPartition
-from statestore.log import SegmentLog
 from statestore.policy import Event, Policy
 from statestore.state_manager import StateManager
 from statestore.store import STATUS_OPEN, Store
@@ -125,7 +125,7 @@ class Task:
 
     kind: ClassVar[str] = "task"
 
-    def __init__(self, task_id: TaskId, state_manager: StateManager, changelog: SegmentLog) -> None:
+    def __init__(self, task_id: TaskId, state_manager: StateManager, changelog: Changelog) -> None:
         self.id = task_id
         self.state_manager = state_manager
         self.changelog = changelog
@@ -387,7 +387,7 @@ class ActiveTask(Task):
         self,
         task_id: TaskId,
         state_manager: StateManager,
-        changelog: SegmentLog,
+        changelog: Changelog,
         sender: ChangelogSender | None = None,
     ) -> None:
         super().__init__(task_id, state_manager, changelog)
@@ -471,16 +471,20 @@ class ActiveTask(Task):
         """Changelog offset of the last write per partition since the last commit."""
         return dict(self._written)
 
-    def commit(self) -> bool:
+    def commit(self, delivered: Mapping[TopicPartition, int] | None = None) -> bool:
         """Apply the staged writes with the offsets they were written at (after the changelog committed).
 
+        ``delivered`` holds the offsets a producer learnt only on delivery
+        (Kafka: ``send`` returned -1); they replace what ``send`` returned.
         Returns whether offsets were recorded. Only a RUNNING task has
         anything to commit; for others this is a no-op.
         """
         if self._state is not TaskState.RUNNING:
             return False
         written, self._written = self._written, {}
-        return self.state_manager.commit(written)
+        if delivered:
+            written = {tp: delivered.get(tp, off) for tp, off in written.items()}
+        return self.state_manager.commit({tp: off for tp, off in written.items() if off >= 0})
 
     def abort(self) -> None:
         """Drop the writes staged since the last commit (their transaction was aborted)."""
@@ -527,7 +531,7 @@ class StandbyTask(Task):
 
     kind = "standby"
 
-    def __init__(self, task_id: TaskId, state_manager: StateManager, changelog: SegmentLog) -> None:
+    def __init__(self, task_id: TaskId, state_manager: StateManager, changelog: Changelog) -> None:
         super().__init__(task_id, state_manager, changelog)
         state_manager.standby = True
 

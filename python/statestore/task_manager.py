@@ -28,6 +28,7 @@ from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict
 
+from statestore.changelog import Changelog, ChangelogProducer, DeferredOffsets
 from statestore.checkpoint import OffsetCheckpoint
 from statestore.directory import StateDirectory
 from statestore.errors import (
@@ -40,7 +41,7 @@ from statestore.errors import (
     TaskCorruptedError,
 )
 from statestore.ids import TaskId, TopicPartition, changelog_topic
-from statestore.log import Producer, SegmentLog
+from statestore.log import SegmentLog
 from statestore.policy import Guarantee, OffsetsMode, Policy
 from statestore.restore import RestoreListener as EngineRestoreListener
 from statestore.state_manager import StateManager
@@ -74,8 +75,8 @@ class RecordCollector:
     after a commit.
     """
 
-    def __init__(self, changelog: SegmentLog, transactional_id: str | None) -> None:
-        self.producer: Producer = changelog.producer(transactional_id)
+    def __init__(self, changelog: Changelog, transactional_id: str | None) -> None:
+        self.producer: ChangelogProducer = changelog.producer(transactional_id)
         self.transactional = transactional_id is not None
 
     def send(self, tp: TopicPartition, key: bytes, value: bytes | None) -> int:
@@ -84,13 +85,18 @@ class RecordCollector:
             self.producer.begin()
         return self.producer.send(tp.topic, tp.partition, key, value)
 
-    def commit(self) -> None:
-        """Make everything sent durable and visible: commit the transaction, or flush."""
+    def commit(self) -> dict[TopicPartition, int]:
+        """Make everything sent durable and visible: commit the transaction, or flush.
+
+        Returns the offsets learnt on delivery (a Kafka producer's ``send``
+        returns -1), by partition; empty for the segment log.
+        """
         if self.transactional:
             if self.producer.in_transaction:
                 self.producer.commit()
         else:
             self.producer.flush()
+        return self.producer.take_offsets() if isinstance(self.producer, DeferredOffsets) else {}
 
     def abort(self) -> None:
         """Abort the open transaction (exactly-once); at-least-once has nothing to abort."""
@@ -103,7 +109,7 @@ class RecordCollector:
 
 
 class TaskManager:
-    """Tasks of one application instance over a state directory and a segment-log changelog.
+    """Tasks of one application instance over a state directory and a changelog (segment log or Kafka).
 
     ``state_dir`` is a :class:`StateDirectory` (or its root path, with
     ``application_id``); ``stores`` names the logged persistent stores every
@@ -125,7 +131,7 @@ class TaskManager:
     def __init__(
         self,
         state_dir: StateDirectory | str | Path,
-        changelog: SegmentLog,
+        changelog: Changelog,
         stores: Iterable[str],
         *,
         guarantee: Guarantee | str,
@@ -224,7 +230,8 @@ class TaskManager:
         if self._started:
             return
         self._started = True
-        self.changelog.log_dir.mkdir(parents=True, exist_ok=True)  # an empty changelog is a valid one
+        if isinstance(self.changelog, SegmentLog):
+            self.changelog.log_dir.mkdir(parents=True, exist_ok=True)  # an empty changelog is a valid one
         tid = None
         if self.policy.eos:
             tid = f"{self.directory.application_id}-{self.directory.process_id}"
@@ -566,9 +573,10 @@ class TaskManager:
         self._check_open()
         self._last_commit = self._clock()
         running = [t for t in self._active.values() if t.state is TaskState.RUNNING]
+        delivered: dict[TopicPartition, int] = {}
         if self._collector is not None:
             try:
-                self._collector.commit()
+                delivered = self._collector.commit()
             except ProducerFencedError:
                 for t in running:
                     t.abort()
@@ -580,7 +588,7 @@ class TaskManager:
                 raise
         for t in running:
             if t.commit_needed:
-                t.commit()
+                t.commit(delivered)
         self.updater.record_offsets()
 
     def close(self, clean: bool = True) -> None:

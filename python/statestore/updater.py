@@ -33,9 +33,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from statestore.changelog import Changelog
 from statestore.errors import LogError, RestoreError, StateStoreError, StoreError, TaskCorruptedError
 from statestore.ids import TaskId, TopicPartition
-from statestore.log import SegmentLog
 from statestore.restore import RestoreListener as EngineRestoreListener
 from statestore.restore import RestoreResult, RestoreSpec, restore_many
 from statestore.task import ActiveTask, ChangelogStore, StandbyTask, Task, TaskState
@@ -146,7 +146,7 @@ class _Updating:
 
 
 class StateUpdater:
-    """Restores active tasks and updates standby tasks from a segment log.
+    """Restores active tasks and updates standby tasks from their changelog (segment log or Kafka).
 
     ``add`` a task once it is initialized (active: RESTORING, standby:
     RUNNING); ``poll`` does a bounded amount of work and returns the active
@@ -157,7 +157,7 @@ class StateUpdater:
 
     def __init__(
         self,
-        changelog: SegmentLog,
+        changelog: Changelog,
         *,
         listener: EngineRestoreListener | None = None,
         standby_listener: StandbyUpdateListener | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -19,7 +19,11 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from statestore.ids import TopicPartition
+from statestore.ids import TaskId, TopicPartition
+
+if TYPE_CHECKING:
+    from statestore.kafka import KafkaChangelog
+    from statestore.spark import PartitionWork
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,6 +54,79 @@ def log_dir_option(required: bool) -> Callable[[F], F]:
         type=click.Path(exists=True, file_okay=False, readable=True, path_type=Path),
         help="Directory of the changelog segment log (<log-dir>/<topic>-<partition>/).",
     )
+
+
+def kafka_options(func: F) -> F:
+    """``--kafka BOOTSTRAP``, repeatable ``--kafka-config key=value``, ``--kafka-end-from-fetch``.
+
+    A Kafka changelog instead of ``--log-dir``.
+    """
+    func = click.option(
+        "--kafka-end-from-fetch", "kafka_end_from_fetch", is_flag=True,
+        help="Take end offsets from a fetch, for brokers whose ListOffsets answer is wrong (tansu 0.6).",
+    )(func)
+    func = click.option(
+        "--kafka-config", "kafka_config", multiple=True, metavar="KEY=VALUE",
+        help="A librdkafka property for every Kafka client, e.g. security.protocol=SSL (repeatable).",
+    )(func)
+    func = click.option(
+        "--kafka", "kafka", default=None, metavar="BOOTSTRAP",
+        help="The changelog is on this Kafka cluster (bootstrap servers, e.g. broker1:9092,broker2:9092).",
+    )(func)
+    return func
+
+
+def kafka_changelog(bootstrap: str, config: tuple[str, ...], end_from_fetch: bool = False) -> KafkaChangelog:
+    """A KafkaChangelog from ``--kafka`` and ``--kafka-config``; a usage error names a bad option."""
+    try:
+        from statestore.kafka import KafkaChangelog
+    except ImportError as e:  # pragma: no cover - only without the extra
+        raise click.UsageError(f"--kafka needs confluent-kafka: pip install 'statestore[kafka]' ({e})") from e
+    props: dict[str, Any] = {}
+    for item in config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--kafka-config")
+        props[key.strip()] = value.strip()
+    try:
+        return KafkaChangelog(bootstrap, end_from_fetch=end_from_fetch, **props)
+    except ImportError as e:  # pragma: no cover - only without the extra
+        raise click.UsageError(f"--kafka needs confluent-kafka: pip install 'statestore[kafka]' ({e})") from e
+
+
+def kafka_plan(
+    changelog: KafkaChangelog, application_id: str, stores: list[str], partitions: list[int] | None
+) -> list[PartitionWork]:
+    """The (store, partition) pairs to restore from Kafka: every partition of each store's changelog topic.
+
+    Stores default to every ``<application_id>-<store>-changelog`` topic of
+    the cluster. A missing topic or a partition the topic lacks is a usage error.
+    """
+    from statestore.ids import changelog_topic
+    from statestore.spark import PartitionWork
+
+    topics = changelog.topics()
+    prefix, suffix = application_id + "-", "-changelog"
+    names = stores or sorted(
+        t[len(prefix):-len(suffix)] for t in topics if t.startswith(prefix) and t.endswith(suffix)
+        and len(t) > len(prefix) + len(suffix)
+    )
+    if not names:
+        raise click.UsageError(f"no changelog topic of application {application_id!r} on "
+                               f"{changelog.bootstrap_servers}; check --app-id or name the stores with --store")
+    work: list[PartitionWork] = []
+    for name in names:
+        topic = changelog_topic(application_id, name)
+        n = topics.get(topic)
+        if n is None:
+            raise click.UsageError(f"store {name}: changelog topic {topic} does not exist on "
+                                   f"{changelog.bootstrap_servers}")
+        parts = partitions if partitions is not None else list(range(n))
+        bad = [p for p in parts if p >= n]
+        if bad:
+            raise click.UsageError(f"store {name}: changelog topic {topic} has {n} partitions, no partition {bad}")
+        work.extend(PartitionWork(name, TaskId(0, p), TopicPartition(topic, p)) for p in parts)
+    return work
 
 
 def human_bytes(n: int) -> str:

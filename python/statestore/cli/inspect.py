@@ -7,8 +7,15 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from statestore.cli.common import console, human_bytes, log_dir_option, state_options
-from statestore.inspection import inspect_app, reports_json
+from statestore.cli.common import (
+    console,
+    human_bytes,
+    kafka_changelog,
+    kafka_options,
+    log_dir_option,
+    state_options,
+)
+from statestore.inspection import StoreReport, inspect_app, reports_json
 
 
 def _num(v: int | None) -> str:
@@ -18,8 +25,10 @@ def _num(v: int | None) -> str:
 @click.command()
 @state_options
 @log_dir_option(required=False)
+@kafka_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
-def inspect(state_dir: Path, app_id: str, log_dir: Path | None, as_json: bool) -> None:
+def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
+            kafka_end_from_fetch: bool, as_json: bool) -> None:
     """Show every store of an application: offsets, status, lag, size and lock holder.
 
     Reads only: stores are opened read-only and locks are looked up, never taken,
@@ -28,15 +37,25 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, as_json: bool) -
     \b
     Example:
       statestore inspect --state-dir /var/lib/app/state --app-id counts --log-dir /var/lib/app/log
+      statestore inspect --state-dir /var/lib/app/state --app-id counts --kafka broker1:9092
     """
-    holder, reports = inspect_app(state_dir, app_id, log_dir)
+    if log_dir is not None and kafka is not None:
+        raise click.UsageError("give either --log-dir or --kafka, not both")
+    holder: int | None
+    reports: list[StoreReport]
+    if kafka is not None:
+        with kafka_changelog(kafka, kafka_config, kafka_end_from_fetch) as changelog:
+            holder, reports = inspect_app(state_dir, app_id, changelog=changelog)
+    else:
+        holder, reports = inspect_app(state_dir, app_id, log_dir)
+    with_log = log_dir is not None or kafka is not None
     if as_json:
         click.echo(reports_json(holder, reports))
         return
     table = Table(title=f"{app_id} in {state_dir}  (process lock: {'pid ' + str(holder) if holder else 'free'})")
     for col in ("task", "store", "store offset", "checkpoint", "status", "keys (est.)", "size", "lock"):
         table.add_column(col, justify="right" if col in ("store offset", "checkpoint", "keys (est.)", "size") else "left")
-    if log_dir is not None:
+    if with_log:
         table.add_column("log end", justify="right")
         table.add_column("lag", justify="right")
     for r in reports:
@@ -50,7 +69,7 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, as_json: bool) -
             human_bytes(r.size_bytes),
             f"pid {r.lock_holder_pid}" if r.lock_holder_pid else "free",
         ]
-        if log_dir is not None:
+        if with_log:
             row += [_num(r.log_end), _num(r.lag)]
         table.add_row(*row)
     console.print(table)

@@ -1,4 +1,4 @@
-"""``statestore restore``: rebuild stores from their changelogs, in this process or on Spark."""
+"""``statestore restore``: rebuild stores from their changelogs (segment log or Kafka), in this process or on Spark."""
 
 from __future__ import annotations
 
@@ -12,11 +12,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from statestore.cli.common import BarListener, restore_progress
+from statestore.cli.common import BarListener, kafka_changelog, kafka_options, kafka_plan, restore_progress
 from statestore.directory import StateDirectory
 from statestore.errors import LockError
 from statestore.policy import Guarantee
-from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, RestoreListener, RestoreSpec, restore_many
+from statestore.restore import (
+    DEFAULT_MEMORY_BUDGET,
+    MODES,
+    LogLike,
+    RestoreListener,
+    RestoreSpec,
+    restore_many,
+)
 from statestore.spark import (
     DEFAULT_LOCK_TIMEOUT,
     PartitionWork,
@@ -31,7 +38,7 @@ from statestore.spark import (
 def restore_local(
     work: list[PartitionWork],
     *,
-    log_dir: Path,
+    log_dir: LogLike,
     state_dir: Path,
     application_id: str,
     mode: str,
@@ -41,6 +48,9 @@ def restore_local(
     listener_for: Callable[[PartitionWork], RestoreListener | None] | None = None,
 ) -> list[RestoreRow]:
     """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
+
+    ``log_dir`` is the segment log directory, or any changelog the engine
+    reads (a :class:`~statestore.kafka.KafkaChangelog`).
 
     A store holding data without an offset is deleted first under
     exactly-once (unknown state), as the Spark engine does.
@@ -90,8 +100,9 @@ def _table(rows: list[RestoreRow]) -> Table:
 
 
 @click.command()
-@click.option("--log-dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The changelog segment log (as executors see it, with --engine spark).")
+@click.option("--log-dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The changelog segment log (as executors see it, with --engine spark); or use --kafka.")
+@kafka_options
 @click.option("--state-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The state directory; stores go to <state-dir>/<app-id>/<task>/rocksdb/<store>.")
 @click.option("--app-id", "application_id", required=True, help="The application id.")
@@ -112,7 +123,8 @@ def _table(rows: list[RestoreRow]) -> Table:
               help="Spark master for --engine spark (ignored when a session is already active).")
 @click.option("--memory-budget", "memory_mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_BUDGET // 2**20,
               show_default=True, help="Memory budget of each bulk restore, MiB.")
-def restore(log_dir: Path, state_dir: Path, application_id: str, stores: tuple[str, ...], partitions: str | None,
+def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...], kafka_end_from_fetch: bool,
+            state_dir: Path, application_id: str, stores: tuple[str, ...], partitions: str | None,
             mode: str, guarantee: str, engine: str, threads: int | None, master: str, memory_mib: int) -> None:
     """Rebuild stores from their changelogs and print one row per (store, partition).
 
@@ -123,19 +135,37 @@ def restore(log_dir: Path, state_dir: Path, application_id: str, stores: tuple[s
       statestore restore --log-dir /data/changelog --state-dir /var/lib/app --app-id app --threads 4
       statestore restore --engine spark --master local[2] --log-dir /data/changelog \\
           --state-dir /var/lib/app --app-id app --store counts --partitions 0-7
+      statestore restore --kafka broker1:9092 --kafka-config security.protocol=SSL \\
+          --state-dir /var/lib/app --app-id app --threads 4
     """
     try:
         parts = parse_partitions(partitions) if partitions is not None else None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--partitions") from e
+    if (log_dir is None) == (kafka is None):
+        raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
+    budget = memory_mib * 2**20
+    t0 = time.perf_counter()
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    if kafka is not None:
+        if engine != "local":
+            raise click.UsageError("--kafka restores with --engine local")
+        with kafka_changelog(kafka, kafka_config, kafka_end_from_fetch) as changelog:
+            work = kafka_plan(changelog, application_id, list(stores), parts)
+            with restore_progress(console) as progress:
+                rows = restore_local(
+                    work, log_dir=changelog, state_dir=state_dir, application_id=application_id, mode=mode,
+                    guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
+                    listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
+                )
+        _report(console, rows, t0, "local, Kafka")
+        return
+    assert log_dir is not None
     names = list(stores) or changelog_stores(log_dir, application_id)
     if not names:
         raise click.UsageError(f"no changelog of application {application_id!r} under {log_dir}; "
                                "check --app-id or name the stores with --store")
     work = plan(log_dir, application_id, names, parts)
-    budget = memory_mib * 2**20
-    t0 = time.perf_counter()
-    console = Console() if sys.stdout.isatty() else Console(width=200)
     if engine == "local":
         with restore_progress(console) as progress:
             rows = restore_local(
@@ -146,6 +176,10 @@ def restore(log_dir: Path, state_dir: Path, application_id: str, stores: tuple[s
     else:
         rows = _restore_spark(names, parts, log_dir=log_dir, state_dir=state_dir, application_id=application_id,
                               mode=mode, guarantee=guarantee, memory_budget_bytes=budget, master=master)
+    _report(console, rows, t0, engine)
+
+
+def _report(console: Console, rows: list[RestoreRow], t0: float, engine: str) -> None:
     console.print(_table(rows))
     failed = sum(1 for r in rows if not r.ok)
     console.print(f"{len(rows) - failed} ok, {failed} failed in {time.perf_counter() - t0:.1f} s ({engine})")

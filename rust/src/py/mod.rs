@@ -3,6 +3,7 @@
 //! release the GIL around the work, and map errors to the classes of
 //! `statestore.errors`; they hold no logic of their own.
 
+pub mod feed;
 pub mod fileio;
 pub mod log;
 pub mod restore;

@@ -1,6 +1,10 @@
 //! Binding of the restore engine ([`crate::replay::engine`]): one call per
 //! restore (or per list of restores), the GIL released for all of it; the
 //! Python listener is called from the restoring thread, throttled.
+//!
+//! The changelog is a segment log directory (a path) or a Python changelog
+//! object such as `statestore.kafka.KafkaChangelog`, fed through
+//! [`super::feed`].
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -9,6 +13,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::error;
+use super::feed::{PyFeedLog, Raised};
 use crate::replay::engine::{self, ChangelogLog, Mode, RestoreOutcome, RestoreSpec};
 use crate::replay::segment_log::SegmentLogDir;
 use crate::replay::{
@@ -75,7 +80,12 @@ impl Listener for PyListener {
     }
 }
 
-fn to_pyerr(e: RestoreError, raised: &Arc<Mutex<Option<PyErr>>>) -> PyErr {
+fn to_pyerr(e: RestoreError, raised: &Arc<Mutex<Option<PyErr>>>, fed: Option<&Raised>) -> PyErr {
+    // An exception of the Python changelog (e.g. `TaskCorruptedError` for an
+    // offset out of range) is raised as it is: its class says what to do.
+    if let Some(cause) = fed.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take()) {
+        return cause;
+    }
     let err = error(e.kind.class_name(), e.message);
     if e.kind == ErrorKind::Listener {
         if let Some(cause) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -87,17 +97,40 @@ fn to_pyerr(e: RestoreError, raised: &Arc<Mutex<Option<PyErr>>>) -> PyErr {
 
 /// One restore as Python describes it.
 struct Job {
-    log: SegmentLogDir,
+    log: Box<dyn ChangelogLog + Send>,
     spec: RestoreSpec,
     listener: Option<PyListener>,
     raised: Arc<Mutex<Option<PyErr>>>,
+    /// Where the Python changelog keeps the exception it raised (not for a segment log).
+    fed: Option<Raised>,
+}
+
+/// Seconds a Python changelog may go without handing out anything before a
+/// restore gives up, unless it says otherwise (`restore_stall_timeout`).
+const DEFAULT_STALL_SECONDS: f64 = 60.0;
+
+/// A segment log directory (a `str` or `os.PathLike`), or a Python changelog object.
+fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn ChangelogLog + Send>, Option<Raised>)> {
+    if let Ok(dir) = log.extract::<PathBuf>() {
+        return Ok((Box::new(SegmentLogDir(dir)), None));
+    }
+    let stall = match log.getattr("restore_stall_timeout") {
+        Ok(v) => v.extract::<f64>()?,
+        Err(_) => DEFAULT_STALL_SECONDS,
+    };
+    if !(stall > 0.0 && stall.is_finite()) {
+        return Err(error("RestoreError", format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
+    }
+    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall));
+    let raised = f.raised();
+    Ok((Box::new(f), Some(raised)))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn job(
     tp: &Bound<'_, PyAny>,
     store_path: PathBuf,
-    log_dir: PathBuf,
+    log: &Bound<'_, PyAny>,
     end_offset: Option<i64>,
     mode: &str,
     memory_budget_bytes: usize,
@@ -120,21 +153,22 @@ fn job(
     let raised = Arc::new(Mutex::new(None));
     let store_name = spec.store_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let listener = listener.map(|obj| PyListener { obj, tp: tp.clone().unbind(), store_name, raised: raised.clone() });
-    Ok(Job { log: SegmentLogDir(log_dir), spec, listener, raised })
+    let (log, fed) = changelog(log)?;
+    Ok(Job { log, spec, listener, raised, fed })
 }
 
 /// Restore the store at `store_path` from partition `tp` (a `TopicPartition`)
-/// of the segment log in `log_dir`. Returns the outcome tuple; raises the
+/// of `log`: the segment log in that directory, or a Python changelog. Returns the outcome tuple; raises the
 /// `statestore.errors` class of the failure. The GIL is released throughout.
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
 /// `WriteBatch`) are tuning knobs for tests and tools.
 #[pyfunction]
-#[pyo3(signature = (store_path, log_dir, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
     store_path: PathBuf,
-    log_dir: PathBuf,
+    log: &Bound<'_, PyAny>,
     tp: &Bound<'_, PyAny>,
     end_offset: Option<i64>,
     mode: &str,
@@ -144,16 +178,16 @@ fn restore_store(
     write_buffer_bytes: usize,
     chunk_bytes: usize,
 ) -> PyResult<OutcomeTuple> {
-    let mut j = job(tp, store_path, log_dir, end_offset, mode, memory_budget_bytes, listener, progress_interval)?;
+    let mut j = job(tp, store_path, log, end_offset, mode, memory_budget_bytes, listener, progress_interval)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
     j.spec.chunk_bytes = chunk_bytes.max(1);
-    let r = py.detach(|| engine::restore(&j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)));
-    r.map(|o| outcome_tuple(&o)).map_err(|e| to_pyerr(e, &j.raised))
+    let r = py.detach(|| engine::restore(&*j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)));
+    r.map(|o| outcome_tuple(&o)).map_err(|e| to_pyerr(e, &j.raised, j.fed.as_ref()))
 }
 
-/// Spec tuple of `restore_many`: `(store_path, log_dir, tp, end_offset, mode,
-/// memory_budget_bytes, listener, progress_interval)`.
-type SpecTuple = (PathBuf, PathBuf, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64);
+/// Spec tuple of `restore_many`: `(store_path, log, tp, end_offset, mode,
+/// memory_budget_bytes, listener, progress_interval)`; `log` as in `restore_store`.
+type SpecTuple = (PathBuf, Py<PyAny>, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64);
 
 /// Restore many stores on `threads` native threads. Returns, per spec in
 /// order, `(outcome_tuple, None)` or `(None, exception)`.
@@ -165,10 +199,10 @@ fn restore_many(
     threads: usize,
 ) -> PyResult<Vec<(Option<OutcomeTuple>, Option<PyErr>)>> {
     let mut jobs = Vec::with_capacity(specs.len());
-    for (store_path, log_dir, tp, end, mode, budget, listener, interval) in specs {
-        jobs.push(job(tp.bind(py), store_path, log_dir, end, &mode, budget, listener, interval)?);
+    for (store_path, log, tp, end, mode, budget, listener, interval) in specs {
+        jobs.push(job(tp.bind(py), store_path, log.bind(py), end, &mode, budget, listener, interval)?);
     }
-    let raised: Vec<_> = jobs.iter().map(|j| j.raised.clone()).collect();
+    let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
         engine::run_pool(
             jobs,
@@ -176,7 +210,7 @@ fn restore_many(
             |mut j| {
                 // The pool's threads are the parallelism: one thread per restore.
                 j.spec.read_ahead = false;
-                engine::restore(&j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener))
+                engine::restore(&*j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener))
             },
             |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
         )
@@ -184,9 +218,9 @@ fn restore_many(
     Ok(results
         .into_iter()
         .zip(raised)
-        .map(|(r, raised)| match r {
+        .map(|(r, (raised, fed))| match r {
             Ok(o) => (Some(outcome_tuple(&o)), None),
-            Err(e) => (None, Some(to_pyerr(e, &raised))),
+            Err(e) => (None, Some(to_pyerr(e, &raised, fed.as_ref()))),
         })
         .collect())
 }
@@ -203,11 +237,12 @@ fn restore_write_ceiling(
     tp: &Bound<'_, PyAny>,
     end_offset: Option<i64>,
 ) -> PyResult<(f64, u64)> {
-    let j = job(tp, store_path, log_dir, end_offset, "replay", 0, None, 0.0)?;
+    let dir = pyo3::types::PyString::new(py, &log_dir.to_string_lossy()).into_any();
+    let j = job(tp, store_path, &dir, end_offset, "replay", 0, None, 0.0)?;
     let none = Arc::new(Mutex::new(None));
     py.detach(|| {
         let tpname = j.spec.tp();
-        let log_err = |e| RestoreError::new(ErrorKind::Log, format!("reading {tpname} in {}: {e}", j.log.0.display()));
+        let log_err = |e| RestoreError::new(ErrorKind::Log, format!("reading {tpname} in {}: {e}", log_dir.display()));
         let b = j.log.bounds(&j.spec.topic, j.spec.partition).map_err(log_err)?;
         let end = j.spec.end_offset.unwrap_or(b.last_stable);
         let mut src = j.log.open(&j.spec.topic, j.spec.partition, b.start).map_err(log_err)?;
@@ -219,7 +254,7 @@ fn restore_write_ceiling(
         let t = ceiling::write(&store, &tpname, &chunks)?;
         Ok((t.as_secs_f64(), n))
     })
-    .map_err(|e| to_pyerr(e, &none))
+    .map_err(|e| to_pyerr(e, &none, None))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

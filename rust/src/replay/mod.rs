@@ -10,6 +10,7 @@
 
 pub mod ceiling;
 pub mod engine;
+pub mod feed;
 pub mod prefetch;
 mod progress;
 pub mod segment_log;

@@ -1,0 +1,148 @@
+"""What a changelog must offer the task manager, its tasks, the state updater and the restore engine.
+
+Two implementations exist: :class:`statestore.log.SegmentLog` (the embedded
+segment log) and :class:`statestore.kafka.KafkaChangelog` (a Kafka cluster
+through confluent-kafka). Everything above them -- policies, tasks, the
+updater, the restore engine -- is typed against these protocols only, so it
+behaves the same on both.
+
+Offsets follow Kafka: the *end* offset is the next offset to be written, the
+*last stable* offset the first offset of the oldest open transaction (else the
+end), and transaction markers occupy offsets. A changelog is caught up when a
+reader's position reaches the end offset, never when a record at ``end - 1``
+was seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from statestore.ids import TopicPartition
+
+#: A partition as changelogs accept it: a TopicPartition, ``(topic, partition)`` or ``"topic-partition"``.
+PartitionLike = TopicPartition | tuple[str, int] | str
+Header = tuple[str, bytes | None]
+
+
+class ChangelogProducer(Protocol):
+    """Writes store changes to a changelog; transactional when made with a transactional id.
+
+    A transactional producer sends only between :meth:`begin` and
+    :meth:`commit` or :meth:`abort`; a newer producer with the same
+    transactional id fences it (``ProducerFencedError``).
+    """
+
+    transactional_id: str | None
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open."""
+        ...
+
+    def send(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header] | None = None,
+        *,
+        timestamp: int | None = None,
+    ) -> int:
+        """Send one record; returns its offset, or -1 when the offset is only known once delivered.
+
+        A producer that returns -1 implements :class:`DeferredOffsets`.
+        """
+        ...
+
+    def flush(self) -> None:
+        """Make every record sent so far durable in the changelog."""
+        ...
+
+    def begin(self) -> None:
+        """Open a transaction."""
+        ...
+
+    def commit(self) -> None:
+        """Commit the open transaction (its records become visible to read_committed readers)."""
+        ...
+
+    def abort(self) -> None:
+        """Abort the open transaction."""
+        ...
+
+    def close(self) -> None:
+        """Flush; an open transaction stays open (the next producer of the id, or a timeout, aborts it)."""
+        ...
+
+
+@runtime_checkable
+class DeferredOffsets(Protocol):
+    """A producer whose offsets are known only once records are delivered (Kafka)."""
+
+    def take_offsets(self) -> dict[TopicPartition, int]:
+        """Offset of the last record delivered per partition since the previous call.
+
+        Complete for every record sent before the last successful ``flush``
+        or ``commit``.
+        """
+        ...
+
+
+class Changelog(Protocol):
+    """A changelog as the task manager, tasks, updater and restore engine use it."""
+
+    def producer(self, transactional_id: str | None = None) -> ChangelogProducer:
+        """A producer; with ``transactional_id``, a transactional one that fences earlier ones of that id."""
+        ...
+
+    def offsets(self, tp: PartitionLike) -> tuple[int, int, int]:
+        """``(start, end, last_stable)`` offsets of ``tp``."""
+        ...
+
+    def start_offset(self, tp: PartitionLike) -> int:
+        """The first offset still in the log of ``tp``."""
+        ...
+
+    def end_offset(self, tp: PartitionLike) -> int:
+        """The log end offset of ``tp``: the next offset to be written."""
+        ...
+
+    def last_stable_offset(self, tp: PartitionLike) -> int:
+        """First offset of the oldest open transaction of ``tp``, else the end offset."""
+        ...
+
+    def abort_expired_transactions(self, timeout_ms: int) -> list[str]:
+        """Abort transactions open longer than ``timeout_ms``; returns their transactional ids.
+
+        A Kafka broker's transaction coordinator does this itself (there it
+        returns an empty list).
+        """
+        ...
+
+
+@runtime_checkable
+class FedChangelog(Protocol):
+    """A changelog the restore engine reads through Python, a chunk of records per call.
+
+    ``restore_feed`` returns an object with ``poll(max_records) -> list`` of
+    message objects with C-level ``error()``, ``offset()``, ``key()`` and
+    ``value()`` methods (confluent-kafka's ``Message``), ``on_error(message)
+    -> bool`` (True at the end of the partition; raises for real errors),
+    ``position() -> int | None`` and ``close()``.
+    """
+
+    #: Seconds without any record or progress after which a restore gives up.
+    restore_stall_timeout: float
+
+    def restore_bounds(self, topic: str, partition: int) -> tuple[int, int, int]:
+        """``(start, end, last_stable)`` of the partition, for the engine."""
+        ...
+
+    def restore_feed(self, topic: str, partition: int, start: int) -> Any:
+        """A read_committed feed positioned at ``start``."""
+        ...
+
+
+__all__ = ["Changelog", "ChangelogProducer", "DeferredOffsets", "FedChangelog", "PartitionLike"]

@@ -1,0 +1,134 @@
+//! A changelog reached through Python -- `statestore.kafka.KafkaChangelog`,
+//! a confluent-kafka read_committed consumer -- as the restore engine's
+//! [`ChangelogLog`].
+//!
+//! The engine runs with the GIL released; a feed takes it back once per pull
+//! (one `consume()` of up to [`crate::replay::feed::MAX_PULL_RECORDS`]
+//! messages) and reads offset, key and value of every `Message` through the
+//! C API (vectorcalls of the client's C methods, no Python bytecode per
+//! record), copying the bytes into the chunk's arena. Python code runs only
+//! per pull (`poll`, `position`) and for error events (`on_error`: the end
+//! of the partition, or an exception such as `TaskCorruptedError` for an
+//! offset out of range). An exception raised there is kept and re-raised
+//! as is by the binding, so its class survives the trip through the engine.
+//!
+//! The Python side implements:
+//! `restore_bounds(topic, partition) -> (start, end, last_stable)`,
+//! `restore_feed(topic, partition, start) -> feed` with
+//! `feed.poll(max_records) -> list[Message]`, `feed.on_error(msg) -> bool`
+//! (True: end of partition), `feed.position() -> int | None`, `feed.close()`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::replay::engine::{Bounds, ChangelogLog};
+use crate::replay::feed::{ChunkFeed, FeedChunk, FeedSource};
+use crate::source::{ChangelogSource, SourceError};
+
+/// The first Python exception a feed raised, kept for the binding to re-raise.
+pub type Raised = Arc<Mutex<Option<PyErr>>>;
+
+fn keep(raised: &Raised, e: PyErr) -> SourceError {
+    let msg = e.to_string();
+    let mut slot = raised.lock().unwrap_or_else(|p| p.into_inner());
+    if slot.is_none() {
+        *slot = Some(e);
+    }
+    SourceError::Other(msg)
+}
+
+/// A Python changelog object (see the module docs).
+pub struct PyFeedLog {
+    obj: Py<PyAny>,
+    raised: Raised,
+    stall_timeout: Duration,
+}
+
+impl PyFeedLog {
+    pub fn new(obj: Py<PyAny>, stall_timeout: Duration) -> Self {
+        Self { obj, raised: Arc::new(Mutex::new(None)), stall_timeout }
+    }
+
+    /// Where an exception raised by the Python side is kept.
+    pub fn raised(&self) -> Raised {
+        self.raised.clone()
+    }
+}
+
+impl ChangelogLog for PyFeedLog {
+    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, SourceError> {
+        Python::attach(|py| {
+            let (start, end, last_stable): (i64, i64, i64) =
+                self.obj.call_method1(py, intern!(py, "restore_bounds"), (topic, partition))?.extract(py)?;
+            Ok(Bounds { start, end, last_stable })
+        })
+        .map_err(|e| keep(&self.raised, e))
+    }
+
+    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError> {
+        let feed = Python::attach(|py| self.obj.call_method1(py, intern!(py, "restore_feed"), (topic, partition, start)))
+            .map_err(|e| keep(&self.raised, e))?;
+        let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone() };
+        Ok(Box::new(FeedSource::new(feed, start, self.stall_timeout)))
+    }
+}
+
+/// One Python feed (a positioned consumer), closed when dropped.
+struct PyChunkFeed {
+    obj: Option<Py<PyAny>>,
+    raised: Raised,
+}
+
+fn bytes<'a>(o: &'a Bound<'_, PyAny>) -> PyResult<Option<&'a [u8]>> {
+    if o.is_none() {
+        Ok(None)
+    } else {
+        Ok(Some(o.cast::<PyBytes>()?.as_bytes()))
+    }
+}
+
+impl ChunkFeed for PyChunkFeed {
+    fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), SourceError> {
+        let Some(obj) = self.obj.as_ref() else {
+            return Err(SourceError::Other("the feed is closed".into()));
+        };
+        Python::attach(|py| -> PyResult<()> {
+            let feed = obj.bind(py);
+            let msgs = feed.call_method1(intern!(py, "poll"), (max_records,))?;
+            let msgs = msgs.cast::<PyList>()?;
+            let (error, offset, key, value) =
+                (intern!(py, "error"), intern!(py, "offset"), intern!(py, "key"), intern!(py, "value"));
+            for m in msgs.iter() {
+                if !m.call_method0(error)?.is_none() {
+                    if feed.call_method1(intern!(py, "on_error"), (&m,))?.is_truthy()? {
+                        chunk.at_end = true;
+                    }
+                    continue;
+                }
+                let o: i64 = m.call_method0(offset)?.extract()?;
+                let k = m.call_method0(key)?;
+                let v = m.call_method0(value)?;
+                chunk.push(o, bytes(&k)?, bytes(&v)?);
+            }
+            chunk.position = feed.call_method0(intern!(py, "position"))?.extract()?;
+            Ok(())
+        })
+        .map_err(|e| keep(&self.raised, e))
+    }
+}
+
+impl Drop for PyChunkFeed {
+    fn drop(&mut self) {
+        if let Some(obj) = self.obj.take() {
+            Python::attach(|py| {
+                if let Err(e) = obj.call_method0(py, intern!(py, "close")) {
+                    e.write_unraisable(py, Some(obj.bind(py)));
+                }
+            });
+        }
+    }
+}
