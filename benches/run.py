@@ -3,7 +3,8 @@
 Each benchmark measures its baseline and its candidate in the same run and
 stores ``baseline``, ``candidate``, ``ratio`` and ``goal`` (plus any figures it
 likes) in pytest-benchmark's ``extra_info``; this script turns the JSON into the
-table in BENCHMARKS.md, dated and with the machine it ran on.
+table in BENCHMARKS.md, dated and with the machine it ran on, followed by the
+hand-written notes of ``benches/notes.md``.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def main() -> int:
     png = ROOT / "docs" / "benchmarks.png"
     if chart(results, png):
         doc += ["![benchmark ratios](docs/benchmarks.png)", ""]
+    notes = ROOT / "benches" / "notes.md"  # hand-written context (e.g. one-off Kafka runs), kept across runs
+    if notes.exists():
+        doc += [line for line in notes.read_text().splitlines() if not line.startswith("<!--")]
     (ROOT / "BENCHMARKS.md").write_text("\n".join(doc))
     print((ROOT / "BENCHMARKS.md").read_text())
     return 0
