@@ -14,6 +14,9 @@
 pub mod bulk;
 pub mod codec;
 pub mod fileio;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log;
 pub mod offsets;
 #[cfg(feature = "store")]

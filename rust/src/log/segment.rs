@@ -90,7 +90,7 @@ pub fn read_index(seg: &Segment) -> Vec<(i64, u64)> {
     for e in bytes.chunks_exact(8) {
         let rel = u32::from_be_bytes(e[..4].try_into().unwrap());
         let pos = u32::from_be_bytes(e[4..].try_into().unwrap()) as u64;
-        let off = seg.base + rel as i64;
+        let Some(off) = seg.base.checked_add(rel as i64) else { break };
         if off <= last.0 || (pos <= last.1 && last.0 >= 0) {
             break; // not increasing: stale or damaged from here on
         }
@@ -383,7 +383,7 @@ impl BatchCursor {
         let len = self.current_len()?;
         let mut pos = self.buf_pos + self.lo as u64;
         let f = self.file.as_ref().expect("a segment is open");
-        let mut chunk = vec![0u8; 64 * 1024];
+        let mut chunk = vec![0u8; (len.saturating_sub(pos)).min(64 * 1024) as usize];
         while pos < len {
             let n = f.read_at(&mut chunk, pos).map_err(|e| LogError::io("read", &self.segments[self.seg].path, e))?;
             if n == 0 {
@@ -445,7 +445,8 @@ pub fn scan_segment(seg: &Segment) -> Result<ScanResult, LogError> {
     let mut next = seg.base;
     let mut index = Vec::new();
     let mut since_index = 0u64;
-    let mut buf = vec![0u8; DEFAULT_CHUNK];
+    // Grown to the largest batch below; never more than the file holds.
+    let mut buf = vec![0u8; (file_len.min(DEFAULT_CHUNK as u64)) as usize];
     let mut head = [0u8; LOG_OVERHEAD];
     loop {
         if pos + LOG_OVERHEAD as u64 > file_len {

@@ -305,3 +305,32 @@ fn damaged_length_far_from_the_end_is_corruption_not_a_torn_tail() {
     assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))));
     assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
 }
+
+#[test]
+fn a_segment_at_the_last_offset_refuses_appends_instead_of_overflowing() {
+    // Found by the `segment` fuzz target: an empty segment named i64::MAX
+    // made the writer's next offset overflow on the first send.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("t-0");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join(segment::log_file_name(i64::MAX)), b"").unwrap();
+    let mut w = writer::PartitionWriter::open(&dir, cfg(1 << 20)).unwrap();
+    assert_eq!(w.next_offset(), i64::MAX);
+    let e = w.send(crate::codec::BatchMeta::default(), 0, Some(b"k"), Some(b"v"), &[]).unwrap_err();
+    assert!(e.to_string().contains("no offsets left"), "{e}");
+    assert!(w.append_marker(1, 0, true, 0).is_err());
+}
+
+#[test]
+fn index_entries_past_the_last_offset_are_ignored() {
+    let d = tempfile::tempdir().unwrap();
+    let seg = segment::Segment { base: i64::MAX - 5, path: d.path().join(segment::log_file_name(i64::MAX - 5)) };
+    // relative offsets 1 then 10 (base + 10 overflows): the second entry ends the index
+    let mut idx = Vec::new();
+    for (rel, pos) in [(1u32, 0u32), (10, 100)] {
+        idx.extend_from_slice(&rel.to_be_bytes());
+        idx.extend_from_slice(&pos.to_be_bytes());
+    }
+    fs::write(seg.index_path(), idx).unwrap();
+    assert_eq!(segment::read_index(&seg), vec![(i64::MAX - 4, 0)]);
+}
