@@ -8,6 +8,7 @@ FUZZ_SECONDS with its seed corpus ``fuzz/corpus/py_<target>/``.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ with atheris.instrument_imports(include=["statestore"]):
 
 
 def main() -> None:
+    # The parsers warn about skipped entries; a million warnings would only slow the run.
+    logging.disable(logging.WARNING)
     if len(sys.argv) < 2 or sys.argv[1] not in statestore_fuzz.TARGETS:
         sys.exit(f"usage: {sys.argv[0]} <{'|'.join(statestore_fuzz.TARGETS)}> [libFuzzer flags] [corpus dirs]")
     target = statestore_fuzz.TARGETS[sys.argv[1]]

@@ -713,13 +713,13 @@ mod tests {
     fn record_offsets_outside_the_batch_or_going_back_are_corrupt() {
         // Found by the `batch` fuzz target: a record whose offset delta is
         // beyond lastOffsetDelta was handed out with an offset of the next batch.
-        for (deltas, last) in [(&[0, 5][..], 3), (&[1, 1][..], 1), (&[2, 1][..], 2)] {
+        for (deltas, last) in [(&[0i64, 5][..], 3i32), (&[1, 1][..], 1), (&[2, 1][..], 2)] {
             let mut b = BatchBuilder::new(10, BatchMeta::default());
             for &d in deltas {
                 b.append(10 + d, 0, Some(b"k"), Some(b"v"), &[]);
             }
             let mut batch = b.finish(Compression::None);
-            batch[23..27].copy_from_slice(&(last as i32).to_be_bytes());
+            batch[23..27].copy_from_slice(&last.to_be_bytes());
             let h = BatchHeader::parse(&batch).unwrap();
             let mut scratch = Vec::new();
             let r: Vec<_> = batch_records(&h, &batch, &mut scratch).unwrap().collect();
