@@ -165,8 +165,12 @@ impl BatchCursor {
         let hint = read_index(&seg).into_iter().take_while(|&(o, _)| o <= start_offset).last();
         c.open_segment(hint.map_or(0, |(_, p)| p))?;
         if let Some((off, pos)) = hint {
-            let ok = matches!(c.peek(), Ok(Some(p)) if p.header.base_offset == off && p.position == pos);
+            let ok = matches!(c.peek(), Ok(Some(p)) if p.header.base_offset == off && p.position == pos && p.segment == c.seg);
             if !ok {
+                // The peek may have moved on to a later segment (a position past
+                // the end of this one): come back to the start of this one.
+                c.seg = c.segments.iter().position(|s| s.base == seg.base).unwrap_or(c.seg);
+                c.expected = seg.base;
                 c.open_segment(0)?;
             } else {
                 c.expected = off;

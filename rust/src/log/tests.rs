@@ -334,3 +334,36 @@ fn index_entries_past_the_last_offset_are_ignored() {
     fs::write(seg.index_path(), idx).unwrap();
     assert_eq!(segment::read_index(&seg), vec![(i64::MAX - 4, 0)]);
 }
+
+#[test]
+fn an_index_pointing_past_the_end_of_its_segment_skips_nothing() {
+    // Found by the `segment` fuzz target: an index entry beyond the end of the
+    // file made the cursor's check of the hint step into the next segment,
+    // and falling back then started *that* segment: the rest of this one was
+    // skipped without an error.
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(3000)).unwrap());
+    let mut p = log.producer(None).unwrap();
+    for i in 0..200i64 {
+        p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
+        if i % 5 == 0 {
+            p.flush().unwrap();
+        }
+    }
+    p.flush().unwrap();
+    drop(p);
+    log.close().unwrap();
+    let dir = d.path().join("t-0");
+    let segs = segment::list_segments(&dir).unwrap();
+    assert!(segs.len() >= 2);
+    let mut bad = Vec::new();
+    bad.extend_from_slice(&1u32.to_be_bytes());
+    bad.extend_from_slice(&(1u32 << 29).to_be_bytes());
+    fs::write(segs[0].index_path(), bad).unwrap();
+    let start = 3;
+    assert!(segs[1].base > start);
+    let mut src = open_committed_source(d.path(), "t", 0, start).unwrap();
+    let got = drain(src.as_mut(), 200);
+    assert_eq!(got.first().map(|r| r.0), Some(start));
+    assert_eq!(got.len(), 197);
+}
