@@ -16,8 +16,16 @@ import atheris
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-with atheris.instrument_imports(include=["statestore"]):
+# Guide the fuzzer through string comparisons too. (The RegEx hook would
+# break json's scanner, which calls pattern.match with a position.)
+atheris.enabled_hooks.add("str")
+
+with atheris.instrument_imports(include=["statestore", "statestore_fuzz"]):
     import statestore_fuzz
+
+# json.decoder, uuid and re's Python parts were imported before the block
+# above: instrument every loaded function so that coverage includes them.
+atheris.instrument_all()
 
 
 def main() -> None:
