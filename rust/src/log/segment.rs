@@ -331,6 +331,9 @@ impl BatchCursor {
                             format!("base offset {base} goes back (the previous batch ended at {})", self.expected - 1),
                         ));
                     }
+                    if let Some(limit) = self.segments.get(self.seg + 1).map(|s| s.base) {
+                        check_below_next_segment(&header, limit).map_err(|m| self.corrupt(pos, base, m))?;
+                    }
                     if self.verify_crc {
                         codec::verify_crc(&header, batch).map_err(|e| self.corrupt(pos, base, e))?;
                     }
@@ -424,6 +427,20 @@ impl BatchCursor {
     pub fn expected_offset(&self) -> i64 {
         self.expected
     }
+}
+
+/// A batch of a segment that has a successor must end below the successor's
+/// base offset. The base offset is not covered by the CRC, so a damaged one
+/// is caught here (or by the "goes back" check), not by the CRC.
+pub fn check_below_next_segment(header: &BatchHeader, next_base: i64) -> Result<(), String> {
+    if header.next_offset() > next_base {
+        return Err(format!(
+            "batch of offsets {}..={} runs into the next segment, which starts at offset {next_base}",
+            header.base_offset,
+            header.last_offset()
+        ));
+    }
+    Ok(())
 }
 
 /// What [`scan_segment`] found in one segment file.

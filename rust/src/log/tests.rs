@@ -367,3 +367,50 @@ fn an_index_pointing_past_the_end_of_its_segment_skips_nothing() {
     assert_eq!(got.first().map(|r| r.0), Some(start));
     assert_eq!(got.len(), 197);
 }
+
+#[test]
+fn a_batch_running_into_the_next_segment_is_corrupt_before_any_record_is_handed_out() {
+    // Found by the `segment` fuzz target: the base offset is not covered by
+    // the CRC, so a damaged one in the last batch of a segment was believed
+    // -- its records went out with made-up offsets (and with i64::MAX - 1 the
+    // reader stopped there for good, so later appends were never read).
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(1000)).unwrap());
+    let mut p = log.producer(None).unwrap();
+    for i in 0..40i64 {
+        p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
+        p.flush().unwrap();
+    }
+    drop(p);
+    log.close().unwrap();
+    let dir = d.path().join("t-0");
+    let segs = segment::list_segments(&dir).unwrap();
+    assert!(segs.len() >= 2);
+    // Point the last batch of the first segment at offset 1_000_000.
+    let mut bytes = fs::read(&segs[0].path).unwrap();
+    let mut pos = 0;
+    let mut last = 0;
+    while pos < bytes.len() {
+        last = pos;
+        pos += crate::codec::peek_offset_and_length(&bytes[pos..]).unwrap().1 as usize + crate::codec::LOG_OVERHEAD;
+    }
+    bytes[last..last + 8].copy_from_slice(&1_000_000i64.to_be_bytes());
+    fs::write(&segs[0].path, bytes).unwrap();
+
+    let mut r = PartitionReader::open(&dir, 0, Isolation::ReadUncommitted, 1 << 16).unwrap();
+    let mut seen = Vec::new();
+    let err = loop {
+        match r.read(i64::MAX, 1, |rec| {
+            seen.push(rec.offset);
+            true
+        }) {
+            Ok(true) => continue,
+            Ok(false) => panic!("read to the end without an error; offsets {seen:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("runs into the next segment"), "{err}");
+    assert!(seen.iter().all(|&o| o < segs[1].base), "made-up offsets handed out: {seen:?}");
+    let e = partition_offsets(d.path(), "t", 0).unwrap_err();
+    assert!(e.to_string().contains("runs into the next segment"), "{e}");
+}
