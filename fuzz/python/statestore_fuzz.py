@@ -9,8 +9,10 @@ input either parses to a valid value, or raises the documented
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -29,6 +31,7 @@ def scratch_dir() -> Path:
     if _scratch is None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         _scratch = Path(tempfile.mkdtemp(prefix="statestore-fuzz-", dir=base))
+        atexit.register(shutil.rmtree, _scratch, True)
     return _scratch
 
 
