@@ -377,7 +377,8 @@ impl Log {
             .iter()
             .filter(|(_, e)| match e.state {
                 TxnState::Empty => false,
-                TxnState::Ongoing => now - e.started_ms > timeout_ms,
+                // saturating: a start time from a damaged file must not wrap around
+                TxnState::Ongoing => now.saturating_sub(e.started_ms) > timeout_ms,
                 TxnState::PrepareCommit | TxnState::PrepareAbort => true,
             })
             .map(|(id, _)| id.clone())
@@ -700,5 +701,17 @@ mod tests {
         assert!(e.to_string().contains("line 3: bad transactional id"), "{e}");
         let ok = format!("{STATE_MAGIC}\nnext-producer-id 1\ntxn {} 0 0 empty -1 -\n", hex("aéa"));
         assert!(TxnStateFile::parse(path, &ok).unwrap().entries.contains_key("aéa"));
+    }
+
+    #[test]
+    fn an_ongoing_transaction_with_a_start_time_in_the_distant_past_expires() {
+        // now - i64::MIN wrapped to a negative age (or panicked with overflow
+        // checks), so such a transaction was never aborted.
+        let d = tempfile::tempdir().unwrap();
+        let text = format!("{STATE_MAGIC}\nnext-producer-id 1\ntxn {} 0 0 ongoing {} 0@t\n", hex("app"), i64::MIN);
+        fs::write(d.path().join(STATE_FILE), text).unwrap();
+        let log = Log::new(d.path(), WriterConfig { sync: false, ..Default::default() }).unwrap();
+        assert_eq!(log.abort_expired_transactions(60_000).unwrap(), vec!["app".to_string()]);
+        assert_eq!(log.transactions().unwrap().entries["app"].state, TxnState::Empty);
     }
 }
