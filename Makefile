@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/statestore/cargo-target
 export VIRTUAL_ENV := $(abspath $(VENV))
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz torture clean-venv
+.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz fuzz-tools fuzz-build torture clean-venv
 
 setup: build
 
@@ -51,6 +51,50 @@ torture: build
 
 bench: build
 	$(PY) benches/run.py
+
+# -- fuzzing (docs/development.md) ---------------------------------------------
+# Each target runs FUZZ_SECONDS (libFuzzer: -max_total_time) from its committed
+# seeds in fuzz/corpus/<target>/, growing a scratch corpus under FUZZ_WORK (not
+# committed). Rust targets build with cargo-fuzz on the stable toolchain
+# (RUSTC_BOOTSTRAP=1 for its -Z flags), AddressSanitizer on (FUZZ_SANITIZER=none
+# to turn it off), into their own target directory: without RocksDB (feature
+# `store` off), so no C++ is compiled with sanitizer flags. Python targets run
+# under atheris. A crash stops `make fuzz`; its input is in fuzz/artifacts/ and
+# the full output in $(FUZZ_WORK)/<target>.log.
+FUZZ_SECONDS ?= 30
+FUZZ_SANITIZER ?= address
+FUZZ_WORK ?= $(HOME)/.cache/statestore/fuzz-corpus
+FUZZ_TARGET_DIR ?= $(HOME)/.cache/statestore/fuzz-target
+FUZZ_RUST_TARGETS := batch segment offsets txn_state
+FUZZ_PY_TARGETS := checkpoint process_metadata offsets_entry task_dir_name
+# -timeout: an input taking 10 s is a hang. -rss_limit_mb / -malloc_limit_mb:
+# no input may make the process that big or ask for a single larger block (the
+# one input-independent large buffer is a batch's decompressed records, capped
+# at 256 MiB by codec::MAX_DECOMPRESSED).
+FUZZ_FLAGS ?= -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=300 -max_len=65536 -print_final_stats=1
+CARGO_FUZZ := RUSTC_BOOTSTRAP=1 cargo fuzz
+
+fuzz-tools: venv
+	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+	@$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q atheris
+
+fuzz-build: fuzz-tools
+	$(CARGO_FUZZ) build -a -s $(FUZZ_SANITIZER) --target-dir $(FUZZ_TARGET_DIR)
+
+fuzz: build fuzz-build
+	@set -e; for t in $(FUZZ_RUST_TARGETS); do \
+	  mkdir -p $(FUZZ_WORK)/$$t; echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+	  $(CARGO_FUZZ) run -a -s $(FUZZ_SANITIZER) --target-dir $(FUZZ_TARGET_DIR) $$t $(FUZZ_WORK)/$$t fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) 2>&1 | tee $(FUZZ_WORK)/$$t.log | grep -E '^(Done|stat::number_of_executed_units)|panicked|ERROR|SUMMARY|Failing' ; \
+	  test $${PIPESTATUS[0]} -eq 0; \
+	done
+	@set -e; for t in $(FUZZ_PY_TARGETS); do \
+	  mkdir -p $(FUZZ_WORK)/py_$$t fuzz/artifacts/py_$$t; echo "== fuzz python $$t ($(FUZZ_SECONDS) s)"; \
+	  $(PY) fuzz/python/fuzz_python.py $$t -max_total_time=$(FUZZ_SECONDS) $(FUZZ_FLAGS) \
+	    -artifact_prefix=fuzz/artifacts/py_$$t/ $(FUZZ_WORK)/py_$$t fuzz/corpus/py_$$t 2>&1 \
+	    | tee $(FUZZ_WORK)/py_$$t.log | grep -E '^(Done|stat::number_of_executed_units)|Traceback|Error|SUMMARY' ; \
+	  test $${PIPESTATUS[0]} -eq 0; \
+	done
 
 clean-venv:
 	rm -rf $(VENV)

@@ -36,6 +36,13 @@ _INT_RE = re.compile(r"[+-]?[0-9]+")
 _WS_RE = re.compile(r"\s+")
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
+#: Digits of the largest value any field may hold (2**63 - 1).
+_MAX_DIGITS = 19
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    """``text`` shortened for an error message (a damaged file may hold megabytes on one line)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _is_valid_offset(offset: int) -> bool:
@@ -133,7 +140,13 @@ class OffsetCheckpoint:
     def _int(self, lineno: int, field: str, text: str, bounds: tuple[int, int]) -> int:
         if not _INT_RE.fullmatch(text):
             raise self._fail(lineno, f"{field} is not a number: {text!r}")
-        value = int(text)
+        # Leading zeros are fine (as for Java's parseLong); more significant
+        # digits than a long holds are out of range -- and int() would refuse
+        # a digit string beyond sys.get_int_max_str_digits() with ValueError.
+        digits = text.lstrip("+-").lstrip("0") or "0"
+        if len(digits) > _MAX_DIGITS:
+            raise self._fail(lineno, f"{field} is out of range: {_clip(text)!r}")
+        value = -int(digits) if text.startswith("-") else int(digits)
         if not bounds[0] <= value <= bounds[1]:
             raise self._fail(lineno, f"{field} is out of range: {text!r}")
         return value

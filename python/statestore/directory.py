@@ -62,6 +62,34 @@ _DOOMED_PREFIX = ".deleting-"
 DEFAULT_CLEANUP_DELAY_MS = 600_000
 
 
+def parse_process_file(raw: bytes) -> uuid.UUID:
+    """The process id in the bytes of a ``kafka-streams-process-metadata`` file.
+
+    The file is JSON ``{"processId": "<uuid>"}``. Anything else -- not UTF-8,
+    not JSON, nested too deep for the parser, no such key, not a UUID --
+    raises ``ValueError`` (the caller then generates a new id), never another
+    exception.
+    """
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except RecursionError as e:  # "[[[[..." deeper than the interpreter's stack
+        raise ValueError("process metadata is nested too deeply to be a process id file") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("processId"), str):
+        raise ValueError('process metadata is not {"processId": "<uuid>"}')
+    return uuid.UUID(doc["processId"])
+
+
+def describe_lock_holder(raw: bytes) -> str:
+    """Who holds the process lock, from the bytes of the lock file (``{"pid": .., "host": ..}``)."""
+    try:
+        info = json.loads(raw.decode("utf-8") or "null")
+        if isinstance(info, dict) and "pid" in info and "host" in info:
+            return f"process {str(info['pid'])[:64]} on host {str(info['host'])[:255]}"
+    except (ValueError, RecursionError):
+        pass
+    return "another process (opened shared, or its id is unknown)"
+
+
 @dataclass(frozen=True)
 class TaskLock:
     """Proof that a task lock was taken: the task and the generation of that acquisition.
@@ -214,18 +242,18 @@ class StateDirectory:
     @staticmethod
     def _describe_holder(fd: int) -> str:
         try:
-            info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
-            return f"process {info['pid']} on host {info['host']}"
-        except (ValueError, TypeError, KeyError, OSError):
-            return "another process (opened shared, or its id is unknown)"
+            raw = os.pread(fd, 4096, 0)
+        except OSError:
+            raw = b""
+        return describe_lock_holder(raw)
 
     def _load_process_id(self) -> uuid.UUID:
         path = self.app_dir / PROCESS_FILE_NAME
         try:
-            return uuid.UUID(json.loads(path.read_text("utf-8"))["processId"])
+            return parse_process_file(path.read_bytes())
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        except (OSError, ValueError) as e:
             log.warning("process id file %s is unreadable (%s); generating a new process id", path, e)
         pid = uuid.uuid4()
         try:
@@ -237,8 +265,8 @@ class StateDirectory:
                 path=path,
             ) from e
         if self.shared:  # a concurrent shared opener may have won the race: use what is on disk
-            with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError):
-                return uuid.UUID(json.loads(path.read_text("utf-8"))["processId"])
+            with contextlib.suppress(OSError, ValueError):
+                return parse_process_file(path.read_bytes())
         return pid
 
     def _release_process_lock(self) -> None:

@@ -8,7 +8,13 @@ from typing import NamedTuple
 #: Offset recorded for a logged store whose position is not known (Kafka's -4).
 OFFSET_UNKNOWN: int = -4
 
-_TASK_RE = re.compile(r"^(0|[1-9][0-9]*)_(0|[1-9][0-9]*)$")
+# fullmatch, not match with "$": "$" also matches before a final newline, so
+# a directory named "0_1\n" would pass for task 0_1.
+_TASK_RE = re.compile(r"(0|[1-9][0-9]{0,9})_(0|[1-9][0-9]{0,9})")
+# Kafka's own form of a partition number: ASCII digits, no sign or leading
+# zero, so that str() of the parsed value gives back the text exactly.
+_PARTITION_RE = re.compile(r"0|[1-9][0-9]{0,9}")
+_INT32_MAX = 2**31 - 1
 
 
 class TopicPartition(NamedTuple):
@@ -24,8 +30,8 @@ class TopicPartition(NamedTuple):
     def parse(cls, text: str) -> TopicPartition:
         """Parse ``"<topic>-<partition>"`` (the topic may itself contain dashes)."""
         topic, sep, part = text.rpartition("-")
-        if not sep or not topic or not part.isdigit():
-            raise ValueError(f"not a topic partition (expected '<topic>-<partition>'): {text!r}")
+        if not sep or not topic or not _PARTITION_RE.fullmatch(part) or int(part) > _INT32_MAX:
+            raise ValueError(f"not a topic partition (expected '<topic>-<partition>'): {text[:300]!r}")
         return cls(topic, int(part))
 
 
@@ -41,9 +47,9 @@ class TaskId(NamedTuple):
     @classmethod
     def parse(cls, text: str) -> TaskId:
         """Parse a task directory name such as ``"0_3"``; anything else raises ``ValueError``."""
-        m = _TASK_RE.match(text)
-        if m is None:
-            raise ValueError(f"not a task id (expected '<subtopology>_<partition>', e.g. '0_3'): {text!r}")
+        m = _TASK_RE.fullmatch(text)
+        if m is None or int(m.group(1)) > _INT32_MAX or int(m.group(2)) > _INT32_MAX:
+            raise ValueError(f"not a task id (expected '<subtopology>_<partition>', e.g. '0_3'): {text[:300]!r}")
         return cls(int(m.group(1)), int(m.group(2)))
 
 

@@ -61,6 +61,28 @@ def decode_i64(data: bytes, *, what: str, path: Path) -> int:
     return int.from_bytes(data, "big", signed=True)
 
 
+def decode_offset_entry(
+    key: bytes, value: bytes, *, path: Path, who: str, task_id: object | None = None
+) -> tuple[TopicPartition, int]:
+    """Decode one ``"<topic>-<partition>" -> offset`` entry of the offsets column family.
+
+    The bytes come from disk: a key that is not ``<topic>-<partition>`` or a
+    value that is not 8 bytes raises ``StoreError`` naming the store, never
+    another exception.
+    """
+    try:
+        tp = TopicPartition.parse(key.decode())
+    except (UnicodeDecodeError, ValueError) as e:
+        shown = key if len(key) <= 80 else key[:80] + b"..."
+        raise StoreError(
+            f"{who}: offsets key {shown!r} in {path} is not '<topic>-<partition>'; "
+            "wipe the task to restore it from its changelog",
+            path=path,
+            task_id=task_id,
+        ) from e
+    return tp, decode_i64(value, what=f"offset of {tp}", path=path)
+
+
 class _Staging:
     """Uncommitted writes: key -> value, or None for a delete. Reads consult it first."""
 
@@ -305,16 +327,8 @@ class Store(_StagedWrites):
         for key, value in self._offsets().items():
             if not isinstance(key, bytes) or key == STATUS_KEY:
                 continue
-            try:
-                tp = TopicPartition.parse(key.decode())
-            except (UnicodeDecodeError, ValueError) as e:
-                raise StoreError(
-                    f"{self._who()}: offsets key {key!r} in {self.path} is not '<topic>-<partition>'; "
-                    "wipe the task to restore it from its changelog",
-                    path=self.path,
-                    task_id=self.task_id,
-                ) from e
-            out[tp] = decode_i64(value, what=f"offset of {tp}", path=self.path)
+            tp, offset = decode_offset_entry(key, value, path=self.path, who=self._who(), task_id=self.task_id)
+            out[tp] = offset
         return out
 
     def offset(self, tp: TopicPartition) -> int | None:
@@ -470,5 +484,6 @@ __all__ = [
     "InMemoryStore",
     "Store",
     "decode_i64",
+    "decode_offset_entry",
     "encode_i64",
 ]

@@ -5,13 +5,24 @@
 //! file I/O and the store layout shared by all of them. This file only wires
 //! them together and, with the `python` feature, binds them as
 //! `statestore._native`; there is no logic here.
+//!
+//! The modules that need RocksDB (`store`, `replay`, `bulk`) are behind the
+//! default feature `store`; without it the crate is the codec, the segment
+//! log, the source seam and file I/O (what the fuzz targets build).
 
+#[cfg(feature = "store")]
 pub mod bulk;
 pub mod codec;
 pub mod fileio;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log;
+pub mod offsets;
+#[cfg(feature = "store")]
 pub mod replay;
 pub mod source;
+#[cfg(feature = "store")]
 pub mod store;
 
 #[cfg(feature = "python")]

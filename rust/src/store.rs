@@ -13,14 +13,8 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
-/// Name of the column family that holds offsets and the status marker.
-pub const OFFSETS_CF: &str = "offsets";
-/// Key of the status marker in [`OFFSETS_CF`].
-pub const STATUS_KEY: &[u8] = b"status";
-/// Status value: the store is open (a crash leaves this behind).
-pub const STATUS_OPEN: i64 = 1;
-/// Status value: the store was closed cleanly.
-pub const STATUS_CLOSED: i64 = 0;
+pub use crate::offsets::{decode_i64, encode_i64, OFFSETS_CF, STATUS_CLOSED, STATUS_KEY, STATUS_OPEN};
+use crate::offsets::{decode_entry, OffsetsEntry};
 
 /// A store could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -36,16 +30,6 @@ impl StoreError {
     pub fn new(path: &Path, message: impl Into<String>) -> Self {
         Self { path: path.to_path_buf(), message: message.into() }
     }
-}
-
-/// Encode an offset or status value as 8-byte big-endian signed.
-pub fn encode_i64(v: i64) -> [u8; 8] {
-    v.to_be_bytes()
-}
-
-/// Decode an 8-byte big-endian signed value; any other length is `None`.
-pub fn decode_i64(bytes: &[u8]) -> Option<i64> {
-    <[u8; 8]>::try_from(bytes).ok().map(i64::from_be_bytes)
 }
 
 /// Options every statestore store is opened with.
@@ -135,12 +119,10 @@ impl Store {
             if &*k == STATUS_KEY {
                 continue;
             }
-            let key = String::from_utf8(k.to_vec())
-                .map_err(|_| StoreError::new(&self.path, format!("offsets key is not UTF-8: {k:?}")))?;
-            let off = decode_i64(&v).ok_or_else(|| {
-                StoreError::new(&self.path, format!("offset of {key} is {} bytes, expected 8", v.len()))
-            })?;
-            out.insert(key, off);
+            match decode_entry(&k, &v).map_err(|m| StoreError::new(&self.path, m))? {
+                OffsetsEntry::Offset(key, off) => out.insert(key, off),
+                OffsetsEntry::Status(_) => None,
+            };
         }
         Ok(out)
     }

@@ -71,13 +71,27 @@ const XERIAL_MAGIC: [u8; 8] = [0x82, b'S', b'N', b'A', b'P', b'P', b'Y', 0];
 const XERIAL_HEADER_LEN: usize = 16;
 const XERIAL_BLOCK: usize = 32 * 1024;
 
+/// Read all of `r` into `out`, refusing output beyond [`MAX_DECOMPRESSED`].
+/// The buffer grows by doubling but never past the bound (`read_to_end`
+/// would double a 256 MiB buffer to 512 MiB just to find out it is full).
 fn read_bounded(mut r: impl Read, out: &mut Vec<u8>) -> Result<(), String> {
-    let room = MAX_DECOMPRESSED.saturating_sub(out.len());
-    let n = r.by_ref().take(room as u64 + 1).read_to_end(out).map_err(|e| e.to_string())?;
-    if n > room {
-        return Err(format!("decompressed records exceed {MAX_DECOMPRESSED} bytes"));
+    let mut chunk = [0u8; 32 * 1024];
+    loop {
+        let n = match r.read(&mut chunk) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.to_string()),
+        };
+        if out.len() + n > MAX_DECOMPRESSED {
+            return Err(format!("decompressed records exceed {MAX_DECOMPRESSED} bytes"));
+        }
+        if out.capacity() < out.len() + n {
+            let want = (out.capacity() * 2).max(out.len() + n).min(MAX_DECOMPRESSED);
+            out.reserve_exact(want - out.len());
+        }
+        out.extend_from_slice(&chunk[..n]);
     }
-    Ok(())
 }
 
 fn snappy_raw_into(block: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
@@ -200,6 +214,22 @@ mod tests {
         let err = decompress(Compression::Snappy, &[0xff, 0xff, 0xff, 0xff, 0x0f], &mut out).unwrap_err();
         assert!(err.contains("claims"), "{err}");
         assert!(out.capacity() < 1024);
+    }
+
+    #[test]
+    fn a_decompression_bomb_stops_at_the_bound_without_a_larger_buffer() {
+        // zeros compress ~1000:1 in gzip: a few hundred KiB claim more than the bound
+        let zeros = vec![0u8; 1 << 20];
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        for _ in 0..(MAX_DECOMPRESSED >> 20) + 1 {
+            enc.write_all(&zeros).unwrap();
+        }
+        let bomb = enc.finish().unwrap();
+        assert!(bomb.len() < MAX_DECOMPRESSED / 500, "{}", bomb.len());
+        let mut out = Vec::new();
+        let err = decompress(Compression::Gzip, &bomb, &mut out).unwrap_err();
+        assert!(err.contains("exceed"), "{err}");
+        assert!(out.capacity() <= MAX_DECOMPRESSED, "buffer grew to {}", out.capacity());
     }
 
     #[test]

@@ -172,6 +172,13 @@ impl BatchHeader {
                 h.last_offset_delta, h.records_count
             )));
         }
+        // The offset after the batch must exist (offsets are below i64::MAX).
+        if h.base_offset > i64::MAX - 1 - h.last_offset_delta as i64 {
+            return Err(corrupt(format!(
+                "base offset {} plus last offset delta {} is past the largest offset",
+                h.base_offset, h.last_offset_delta
+            )));
+        }
         Ok(h)
     }
 
@@ -297,6 +304,9 @@ pub struct Records<'a> {
     base_offset: i64,
     base_timestamp: i64,
     log_append_time: Option<i64>,
+    last_offset_delta: i32,
+    /// Offset delta of the previous record (-1 before the first).
+    prev_delta: i32,
 }
 
 impl<'a> Records<'a> {
@@ -309,6 +319,8 @@ impl<'a> Records<'a> {
             base_offset: header.base_offset,
             base_timestamp: header.base_timestamp,
             log_append_time: header.is_log_append_time().then_some(header.max_timestamp),
+            last_offset_delta: header.last_offset_delta,
+            prev_delta: -1,
         }
     }
 
@@ -337,6 +349,16 @@ impl<'a> Records<'a> {
         p += 1;
         let ts_delta = read_varlong(rec, &mut p).map_err(|e| varint_err("timestamp delta", e))?;
         let off_delta = read_varint(rec, &mut p).map_err(|e| varint_err("offset delta", e))?;
+        // Offsets increase inside the batch and stay within it: a record
+        // elsewhere would collide with another batch's offsets.
+        if off_delta <= self.prev_delta || off_delta > self.last_offset_delta {
+            return Err(corrupt(format!(
+                "record offset delta {off_delta} is not after the previous one ({}) and within the batch's last \
+                 offset delta {}",
+                self.prev_delta, self.last_offset_delta
+            )));
+        }
+        self.prev_delta = off_delta;
         let key = read_bytes(rec, &mut p, "key")?;
         let value = read_bytes(rec, &mut p, "value")?;
         let header_count = read_varint(rec, &mut p).map_err(|e| varint_err("header count", e))?;
@@ -688,6 +710,25 @@ mod tests {
     }
 
     #[test]
+    fn record_offsets_outside_the_batch_or_going_back_are_corrupt() {
+        // Found by the `batch` fuzz target: a record whose offset delta is
+        // beyond lastOffsetDelta was handed out with an offset of the next batch.
+        for (deltas, last) in [(&[0i64, 5][..], 3i32), (&[1, 1][..], 1), (&[2, 1][..], 2)] {
+            let mut b = BatchBuilder::new(10, BatchMeta::default());
+            for &d in deltas {
+                b.append(10 + d, 0, Some(b"k"), Some(b"v"), &[]);
+            }
+            let mut batch = b.finish(Compression::None);
+            batch[23..27].copy_from_slice(&last.to_be_bytes());
+            let h = BatchHeader::parse(&batch).unwrap();
+            let mut scratch = Vec::new();
+            let r: Vec<_> = batch_records(&h, &batch, &mut scratch).unwrap().collect();
+            assert!(r[0].is_ok(), "{deltas:?}");
+            assert!(matches!(&r[1], Err(CodecError::Corrupt(m)) if m.contains("offset delta")), "{deltas:?}: {:?}", r[1]);
+        }
+    }
+
+    #[test]
     fn bad_headers() {
         let mut b = sample(Compression::None);
         b[MAGIC_OFFSET] = 1;
@@ -696,6 +737,12 @@ mod tests {
         b[8..12].copy_from_slice(&10i32.to_be_bytes());
         assert!(BatchHeader::parse(&b).is_err());
         assert!(BatchHeader::parse(&b[..30]).is_err());
+        // next_offset() would overflow (a fuzzed base offset near i64::MAX).
+        let mut b = sample(Compression::None);
+        b[0..8].copy_from_slice(&(i64::MAX - 2).to_be_bytes());
+        assert!(matches!(BatchHeader::parse(&b), Err(CodecError::Corrupt(m)) if m.contains("largest offset")));
+        b[0..8].copy_from_slice(&(i64::MAX - 3).to_be_bytes());
+        assert_eq!(BatchHeader::parse(&b).unwrap().next_offset(), i64::MAX);
         let mut b = sample(Compression::None);
         b[22] |= 0x07; // codec 7
         let h = BatchHeader::parse(&b).unwrap();

@@ -15,7 +15,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::segment::{
-    damaged_length, list_segments, not_a_torn_tail, valid_batch_after, BatchCursor, Segment, DEFAULT_CHUNK, MAX_TORN_TAIL,
+    check_below_next_segment, damaged_length, list_segments, not_a_torn_tail, valid_batch_after, BatchCursor, Segment,
+    DEFAULT_CHUNK, MAX_TORN_TAIL,
 };
 use super::LogError;
 use crate::codec::{self, BatchHeader, ControlType, RecordRef, HEADER_LEN};
@@ -135,6 +136,9 @@ impl HeaderScan {
                 let head = self.bytes_at(pos, HEADER_LEN)?;
                 let base = codec::peek_offset_and_length(head).unwrap().0;
                 let h = BatchHeader::parse(head).map_err(|e| LogError::corrupt(&path, pos, base, e))?;
+                if let Some(limit) = self.segments.get(self.seg + 1).map(|s| s.base) {
+                    check_below_next_segment(&h, limit).map_err(|m| LogError::corrupt(&path, pos, base, m))?;
+                }
                 let total = h.total_len() as u64;
                 if pos + total > self.file_len {
                     self.stat()?;

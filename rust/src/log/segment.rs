@@ -134,7 +134,7 @@ pub fn read_index(seg: &Segment) -> Vec<(i64, u64)> {
     for e in bytes.chunks_exact(8) {
         let rel = u32::from_be_bytes(e[..4].try_into().unwrap());
         let pos = u32::from_be_bytes(e[4..].try_into().unwrap()) as u64;
-        let off = seg.base + rel as i64;
+        let Some(off) = seg.base.checked_add(rel as i64) else { break };
         if off <= last.0 || (pos <= last.1 && last.0 >= 0) {
             break; // not increasing: stale or damaged from here on
         }
@@ -209,8 +209,12 @@ impl BatchCursor {
         let hint = read_index(&seg).into_iter().take_while(|&(o, _)| o <= start_offset).last();
         c.open_segment(hint.map_or(0, |(_, p)| p))?;
         if let Some((off, pos)) = hint {
-            let ok = matches!(c.peek(), Ok(Some(p)) if p.header.base_offset == off && p.position == pos);
+            let ok = matches!(c.peek(), Ok(Some(p)) if p.header.base_offset == off && p.position == pos && p.segment == c.seg);
             if !ok {
+                // The peek may have moved on to a later segment (a position past
+                // the end of this one): come back to the start of this one.
+                c.seg = c.segments.iter().position(|s| s.base == seg.base).unwrap_or(c.seg);
+                c.expected = seg.base;
                 c.open_segment(0)?;
             } else {
                 c.expected = off;
@@ -371,6 +375,9 @@ impl BatchCursor {
                             format!("base offset {base} goes back (the previous batch ended at {})", self.expected - 1),
                         ));
                     }
+                    if let Some(limit) = self.segments.get(self.seg + 1).map(|s| s.base) {
+                        check_below_next_segment(&header, limit).map_err(|m| self.corrupt(pos, base, m))?;
+                    }
                     if self.verify_crc {
                         codec::verify_crc(&header, batch).map_err(|e| self.corrupt(pos, base, e))?;
                     }
@@ -433,7 +440,7 @@ impl BatchCursor {
         let len = self.current_len()?;
         let mut pos = self.buf_pos + self.lo as u64;
         let f = self.file.as_ref().expect("a segment is open");
-        let mut chunk = vec![0u8; 64 * 1024];
+        let mut chunk = vec![0u8; (len.saturating_sub(pos)).min(64 * 1024) as usize];
         while pos < len {
             let n = f.read_at(&mut chunk, pos).map_err(|e| LogError::io("read", &self.segments[self.seg].path, e))?;
             if n == 0 {
@@ -472,6 +479,20 @@ impl BatchCursor {
     }
 }
 
+/// A batch of a segment that has a successor must end below the successor's
+/// base offset. The base offset is not covered by the CRC, so a damaged one
+/// is caught here (or by the "goes back" check), not by the CRC.
+pub fn check_below_next_segment(header: &BatchHeader, next_base: i64) -> Result<(), String> {
+    if header.next_offset() > next_base {
+        return Err(format!(
+            "batch of offsets {}..={} runs into the next segment, which starts at offset {next_base}",
+            header.base_offset,
+            header.last_offset()
+        ));
+    }
+    Ok(())
+}
+
 /// What [`scan_segment`] found in one segment file.
 pub struct ScanResult {
     /// End of the last complete, valid batch; bytes after it are a torn tail.
@@ -495,7 +516,8 @@ pub fn scan_segment(seg: &Segment) -> Result<ScanResult, LogError> {
     let mut next = seg.base;
     let mut index = Vec::new();
     let mut since_index = 0u64;
-    let mut buf = vec![0u8; DEFAULT_CHUNK];
+    // Grown to the largest batch below; never more than the file holds.
+    let mut buf = vec![0u8; (file_len.min(DEFAULT_CHUNK as u64)) as usize];
     let mut head = [0u8; LOG_OVERHEAD];
     loop {
         if pos + LOG_OVERHEAD as u64 > file_len {

@@ -333,3 +333,112 @@ fn damaged_length_near_the_end_is_corruption_when_a_valid_batch_follows() {
     assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))), "the writer must not cut committed batches off");
     assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
 }
+
+#[test]
+fn a_segment_at_the_last_offset_refuses_appends_instead_of_overflowing() {
+    // Found by the `segment` fuzz target: an empty segment named i64::MAX
+    // made the writer's next offset overflow on the first send.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("t-0");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join(segment::log_file_name(i64::MAX)), b"").unwrap();
+    let mut w = writer::PartitionWriter::open(&dir, cfg(1 << 20)).unwrap();
+    assert_eq!(w.next_offset(), i64::MAX);
+    let e = w.send(crate::codec::BatchMeta::default(), 0, Some(b"k"), Some(b"v"), &[]).unwrap_err();
+    assert!(e.to_string().contains("no offsets left"), "{e}");
+    assert!(w.append_marker(1, 0, true, 0).is_err());
+}
+
+#[test]
+fn index_entries_past_the_last_offset_are_ignored() {
+    let d = tempfile::tempdir().unwrap();
+    let seg = segment::Segment { base: i64::MAX - 5, path: d.path().join(segment::log_file_name(i64::MAX - 5)) };
+    // relative offsets 1 then 10 (base + 10 overflows): the second entry ends the index
+    let mut idx = Vec::new();
+    for (rel, pos) in [(1u32, 0u32), (10, 100)] {
+        idx.extend_from_slice(&rel.to_be_bytes());
+        idx.extend_from_slice(&pos.to_be_bytes());
+    }
+    fs::write(seg.index_path(), idx).unwrap();
+    assert_eq!(segment::read_index(&seg), vec![(i64::MAX - 4, 0)]);
+}
+
+#[test]
+fn an_index_pointing_past_the_end_of_its_segment_skips_nothing() {
+    // Found by the `segment` fuzz target: an index entry beyond the end of the
+    // file made the cursor's check of the hint step into the next segment,
+    // and falling back then started *that* segment: the rest of this one was
+    // skipped without an error.
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(3000)).unwrap());
+    let mut p = log.producer(None).unwrap();
+    for i in 0..200i64 {
+        p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
+        if i % 5 == 0 {
+            p.flush().unwrap();
+        }
+    }
+    p.flush().unwrap();
+    drop(p);
+    log.close().unwrap();
+    let dir = d.path().join("t-0");
+    let segs = segment::list_segments(&dir).unwrap();
+    assert!(segs.len() >= 2);
+    let mut bad = Vec::new();
+    bad.extend_from_slice(&1u32.to_be_bytes());
+    bad.extend_from_slice(&(1u32 << 29).to_be_bytes());
+    fs::write(segs[0].index_path(), bad).unwrap();
+    let start = 3;
+    assert!(segs[1].base > start);
+    let mut src = open_committed_source(d.path(), "t", 0, start).unwrap();
+    let got = drain(src.as_mut(), 200);
+    assert_eq!(got.first().map(|r| r.0), Some(start));
+    assert_eq!(got.len(), 197);
+}
+
+#[test]
+fn a_batch_running_into_the_next_segment_is_corrupt_before_any_record_is_handed_out() {
+    // Found by the `segment` fuzz target: the base offset is not covered by
+    // the CRC, so a damaged one in the last batch of a segment was believed
+    // -- its records went out with made-up offsets (and with i64::MAX - 1 the
+    // reader stopped there for good, so later appends were never read).
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(1000)).unwrap());
+    let mut p = log.producer(None).unwrap();
+    for i in 0..40i64 {
+        p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
+        p.flush().unwrap();
+    }
+    drop(p);
+    log.close().unwrap();
+    let dir = d.path().join("t-0");
+    let segs = segment::list_segments(&dir).unwrap();
+    assert!(segs.len() >= 2);
+    // Point the last batch of the first segment at offset 1_000_000.
+    let mut bytes = fs::read(&segs[0].path).unwrap();
+    let mut pos = 0;
+    let mut last = 0;
+    while pos < bytes.len() {
+        last = pos;
+        pos += crate::codec::peek_offset_and_length(&bytes[pos..]).unwrap().1 as usize + crate::codec::LOG_OVERHEAD;
+    }
+    bytes[last..last + 8].copy_from_slice(&1_000_000i64.to_be_bytes());
+    fs::write(&segs[0].path, bytes).unwrap();
+
+    let mut r = PartitionReader::open(&dir, 0, Isolation::ReadUncommitted, 1 << 16).unwrap();
+    let mut seen = Vec::new();
+    let err = loop {
+        match r.read(i64::MAX, 1, |rec| {
+            seen.push(rec.offset);
+            true
+        }) {
+            Ok(true) => continue,
+            Ok(false) => panic!("read to the end without an error; offsets {seen:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("runs into the next segment"), "{err}");
+    assert!(seen.iter().all(|&o| o < segs[1].base), "made-up offsets handed out: {seen:?}");
+    let e = partition_offsets(d.path(), "t", 0).unwrap_err();
+    assert!(e.to_string().contains("runs into the next segment"), "{e}");
+}

@@ -100,7 +100,9 @@ fn hex(s: &str) -> String {
 }
 
 fn unhex(s: &str) -> Option<String> {
-    if s.len() % 2 != 0 {
+    // ASCII hex digits only: slicing at byte offsets would otherwise split a
+    // multi-byte character and panic (found by the `txn_state` fuzz target).
+    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect();
@@ -108,7 +110,8 @@ fn unhex(s: &str) -> Option<String> {
 }
 
 impl TxnStateFile {
-    fn parse(path: &Path, text: &str) -> Result<Self, LogError> {
+    /// Parse the text of the state file at `path` (named in errors).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, LogError> {
         let bad = |line: usize, why: &str| {
             LogError::Other(format!(
                 "transaction state file {} is malformed at line {line}: {why}; it is written only by statestore, \
@@ -154,7 +157,8 @@ impl TxnStateFile {
         Ok(st)
     }
 
-    fn render(&self) -> String {
+    /// The text of the state file.
+    pub fn render(&self) -> String {
         let mut s = format!("{STATE_MAGIC}\nnext-producer-id {}\n", self.next_producer_id);
         for (id, e) in &self.entries {
             let parts = if e.partitions.is_empty() {
@@ -373,7 +377,8 @@ impl Log {
             .iter()
             .filter(|(_, e)| match e.state {
                 TxnState::Empty => false,
-                TxnState::Ongoing => now - e.started_ms > timeout_ms,
+                // saturating: a start time from a damaged file must not wrap around
+                TxnState::Ongoing => now.saturating_sub(e.started_ms) > timeout_ms,
                 TxnState::PrepareCommit | TxnState::PrepareAbort => true,
             })
             .map(|(id, _)| id.clone())
@@ -679,5 +684,34 @@ impl Producer {
     /// Abort the open transaction: ABORT markers on every partition it touched.
     pub fn abort(&mut self) -> Result<(), LogError> {
         self.end(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_file_with_a_non_ascii_transactional_id_is_malformed_not_a_panic() {
+        // Found by the `txn_state` fuzz target: "aéa" is 4 bytes, and slicing
+        // it two bytes at a time split the 'é'.
+        let path = Path::new("/x/transactions.state");
+        let text = format!("{STATE_MAGIC}\nnext-producer-id 1\ntxn aéa 0 0 empty -1 -\n");
+        let e = TxnStateFile::parse(path, &text).unwrap_err();
+        assert!(e.to_string().contains("line 3: bad transactional id"), "{e}");
+        let ok = format!("{STATE_MAGIC}\nnext-producer-id 1\ntxn {} 0 0 empty -1 -\n", hex("aéa"));
+        assert!(TxnStateFile::parse(path, &ok).unwrap().entries.contains_key("aéa"));
+    }
+
+    #[test]
+    fn an_ongoing_transaction_with_a_start_time_in_the_distant_past_expires() {
+        // now - i64::MIN wrapped to a negative age (or panicked with overflow
+        // checks), so such a transaction was never aborted.
+        let d = tempfile::tempdir().unwrap();
+        let text = format!("{STATE_MAGIC}\nnext-producer-id 1\ntxn {} 0 0 ongoing {} 0@t\n", hex("app"), i64::MIN);
+        fs::write(d.path().join(STATE_FILE), text).unwrap();
+        let log = Log::new(d.path(), WriterConfig { sync: false, ..Default::default() }).unwrap();
+        assert_eq!(log.abort_expired_transactions(60_000).unwrap(), vec!["app".to_string()]);
+        assert_eq!(log.transactions().unwrap().entries["app"].state, TxnState::Empty);
     }
 }

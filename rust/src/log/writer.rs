@@ -189,10 +189,23 @@ impl PartitionWriter {
             }
         }
         let offset = self.next_offset;
+        self.check_room(offset)?;
         let b = self.pending.get_or_insert_with(|| BatchBuilder::new(offset, meta));
         b.append(offset, timestamp, key, value, headers);
         self.next_offset += 1;
         Ok(offset)
+    }
+
+    /// Offsets end below i64::MAX (the offset after the last record must
+    /// exist); a segment named near it leaves no room to append.
+    fn check_room(&self, offset: i64) -> Result<(), LogError> {
+        if offset == i64::MAX {
+            return Err(LogError::Other(format!(
+                "partition {} has no offsets left to assign (the log ends at offset {offset})",
+                self.dir.display()
+            )));
+        }
+        Ok(())
     }
 
     /// Close the pending batch and queue its bytes for writing.
@@ -288,6 +301,7 @@ impl PartitionWriter {
     pub fn append_marker(&mut self, producer_id: i64, epoch: i16, commit: bool, timestamp: i64) -> Result<i64, LogError> {
         self.seal()?;
         let offset = self.next_offset;
+        self.check_room(offset)?;
         let batch = control_batch(offset, producer_id, epoch, commit, timestamp, 0);
         self.out.extend_from_slice(&batch);
         self.out_batches.push((offset, batch.len()));
