@@ -8,7 +8,7 @@ restore, read and commit (``manager``), ``restore_store`` (``restore``),
 the ``statestore`` command. A case ends either in a ``statestore.errors``
 exception naming the damaged file, or with the store equal to the changelog's
 model and a commit working afterwards -- each case pins which (see
-``docs/reliability-badinput.md``). A crash, a hang, a foreign exception or a
+``docs/reliability.md``). A crash, a hang, a foreign exception or a
 store that differs from the model fails the case.
 
 The children run a few at a time from one module fixture, so the suite takes
@@ -167,7 +167,7 @@ def test_damaged_file(case: Case, outcomes: dict[str, tuple[Outcome, Path]], wor
 
 
 def test_case_count() -> None:
-    """The matrix is as large as the doc says (update docs/reliability-badinput.md with it)."""
+    """The matrix is as large as the doc says (update docs/reliability.md with it)."""
     assert len({c.id for c in CASES}) == len(CASES)
     print(f"{len(CASES)} bad-input cases")
 
