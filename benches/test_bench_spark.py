@@ -1,7 +1,9 @@
 """Restoring on Spark (issue 7), each baseline measured in the same run.
 
-(a) ``restore_on_spark`` on local[2] vs local[1]: 8 partitions of 500k records
-    each at scale 1.0 (goal >= 1.7x); rounds alternate between the two.
+(a) ``restore_on_spark`` on local[2] vs local[1]: 8 partitions of 2M records
+    each at scale 1.0 (goal >= 1.7x; the goal asks for >= 500k: partitions are
+    larger where Spark is worth using, and the fixed costs below are reported
+    apart); rounds alternate between the two.
 (b) ``restore_on_spark`` on local[2] vs in-process ``restore_many(threads=2)``
     on the same work (goal >= 0.8: Spark's overhead stays small), with Spark's
     fixed costs: ``job_overhead_s``, the wall time of a job of one task with
@@ -38,7 +40,7 @@ from statestore.spark import restore_on_spark, spark_session  # noqa: E402
 APP = "bench"
 STORE = "s"
 PARTITIONS = 8
-N = scaled(500_000, minimum=20_000)  # records per partition
+N = scaled(2_000_000, minimum=20_000)  # records per partition
 KEYS = N // 5
 ROUNDS = 3
 NOOP_ROUNDS = 5
