@@ -174,6 +174,18 @@ def test_resume_from_the_middle_equals_one_restore(tmp_path: Path, mode: str) ->
     assert again.records_applied == 0 and again.offset == second.offset
 
 
+@pytest.mark.parametrize("mode", ["replay", "bulk"])
+def test_without_read_ahead_the_store_is_the_same(tmp_path: Path, mode: str) -> None:
+    model = _mixed_log(tmp_path / "log", 80, 300)
+    ahead = restore_store(tmp_path / "a", tmp_path / "log", TP, mode=mode)
+    inline = restore_store(tmp_path / "i", tmp_path / "log", TP, mode=mode, read_ahead=False)
+    assert (inline.offset, inline.records_applied, inline.records_skipped) == (
+        ahead.offset, ahead.records_applied, ahead.records_skipped
+    )
+    assert dump(tmp_path / "i") == dump(tmp_path / "a")
+    check(tmp_path / "i", model, model.end)
+
+
 def test_tiny_budget_far_below_the_data_size(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path / "log", sync=False)
     p = log.producer()

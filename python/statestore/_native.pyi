@@ -27,6 +27,7 @@ def restore_store(
     progress_interval: float = 0.1,
     write_buffer_bytes: int = ...,
     chunk_bytes: int = ...,
+    read_ahead: bool = True,
 ) -> _Outcome: ...
 def restore_many(
     specs: Sequence[tuple[_Path, _Path | object, tuple[str, int], int | None, str, int, object | None, float]],

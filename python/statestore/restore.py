@@ -187,8 +187,14 @@ def restore_store(
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
     listener: RestoreListener | None = None,
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
+    read_ahead: bool = True,
 ) -> RestoreResult:
     """Bring the store at ``store_path`` up to date with partition ``tp`` of ``log``.
+
+    With ``read_ahead`` (the default) the log is read and decoded on a second
+    thread while this one applies, so one restore uses up to two cores; turn
+    it off where each restore is granted one core, such as a Spark task with
+    ``spark.task.cpus=1`` (:func:`restore_many` always runs one thread per restore).
 
     The store is created if missing (its parent directory must exist). Raises
     :class:`~statestore.errors.RestoreError` (bad range, listener raised),
@@ -199,7 +205,8 @@ def restore_store(
     tp = _tp(tp)
     path = Path(store_path)
     out = _native.restore_store(
-        path, _native_log(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval
+        path, _native_log(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval,
+        read_ahead=read_ahead,
     )
     return _result(tp, path, out)
 

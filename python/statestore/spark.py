@@ -398,6 +398,7 @@ def restore_partition(
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     attempt: int = 0,
+    cpus: int = 2,
 ) -> RestoreRow:
     """Restore one store's changelog partition safely next to concurrent attempts (see the module doc).
 
@@ -407,7 +408,10 @@ def restore_partition(
     timeout, state directory held exclusively by an application ...) come back
     as a row with status ``failed``; anything else raises, after the staging
     directory is removed. ``attempt`` is the Spark attempt number (for
-    :data:`FAIL_ATTEMPT_ENV`).
+    :data:`FAIL_ATTEMPT_ENV`). ``cpus`` is the number of cores the task may
+    use (Spark's ``spark.task.cpus``): with one, the log is not read ahead on
+    a second thread, so tasks running side by side do not oversubscribe the
+    executor's cores.
     """
     _check_mode(mode)
     policy = Policy(_guarantee(guarantee))
@@ -441,7 +445,9 @@ def restore_partition(
         staged = attempt_dir / "store"
         if can_resume_from(target, tp, policy.guarantee):
             _link_copy(target, staged)
-        result = restore_store(staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes)
+        result = restore_store(
+            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1
+        )
         if _failure_injected(store, partition, attempt):
             raise InjectedFailure(
                 f"task {task_id} store {store}: failure injected into attempt {attempt} by {FAIL_ATTEMPT_ENV}"
@@ -525,7 +531,7 @@ def _max_attempts(master: str, conf_value: str | None) -> int:
 _Item = tuple[str, int, int, str, str, str, str, int, float | None, int, str]
 
 
-def _spark_task(item: _Item, attempt: int) -> RestoreRow:
+def _spark_task(item: _Item, attempt: int, cpus: int = 1) -> RestoreRow:
     """Run one (store, partition) inside a Spark task. Unknown errors raise while Spark may retry."""
     (store, sub, partition, log_dir, state_dir, app_id, mode, budget, lock_timeout, max_attempts, guarantee) = item
     t0 = time.perf_counter()
@@ -533,7 +539,7 @@ def _spark_task(item: _Item, attempt: int) -> RestoreRow:
         return restore_partition(
             log_dir=log_dir, state_dir=state_dir, application_id=app_id, store=store, partition=partition,
             subtopology=sub, mode=mode, guarantee=guarantee, memory_budget_bytes=budget,
-            lock_timeout=lock_timeout, attempt=attempt,
+            lock_timeout=lock_timeout, attempt=attempt, cpus=cpus,
         )
     except Exception as e:
         if attempt + 1 < max_attempts:
@@ -562,11 +568,14 @@ def _make_task_function(
 
         item = items[index]
         attempt = 0
+        cpus = 1
         try:
             from pyspark import TaskContext
 
             tc = TaskContext.get()
-            attempt = tc.attemptNumber() if tc is not None else 0
+            if tc is not None:
+                attempt = tc.attemptNumber()
+                cpus = tc.cpus()  # spark.task.cpus: the cores this task may use
         except ImportError:
             pass
         try:
@@ -582,7 +591,7 @@ def _make_task_function(
                 "interpreter that has it",
             )
             return
-        yield tuple(_spark_task(item, attempt))
+        yield tuple(_spark_task(item, attempt, cpus))
 
     return run
 

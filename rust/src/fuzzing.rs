@@ -486,6 +486,96 @@ mod tests {
         assert!(n > 0 || !corpus_dir().exists(), "the corpus directory holds no inputs");
     }
 
+    /// A small deterministic mutator (xorshift): the short fuzz run of
+    /// `make test`, without libFuzzer. `make fuzz` is the coverage-guided one.
+    struct Mutator(u64);
+
+    impl Mutator {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+
+        /// One to four edits of the kinds that break parsers: bit flips,
+        /// boundary integers over length and offset fields, truncation,
+        /// inserted or duplicated bytes, and a splice with another input.
+        fn mutate(&mut self, input: &[u8], other: &[u8]) -> Vec<u8> {
+            const EDGES: [u64; 8] = [0, 1, 0x7F, 0x80, 0xFF, 0x7FFF_FFFF, 0xFFFF_FFFF, u64::MAX];
+            let mut d = input.to_vec();
+            for _ in 0..1 + self.below(4) {
+                let at = self.below(d.len() + 1);
+                match self.below(7) {
+                    0 if !d.is_empty() => {
+                        let i = self.below(d.len());
+                        d[i] ^= 1 << self.below(8);
+                    }
+                    1 if d.len() >= 8 => {
+                        let i = self.below(d.len() - 7);
+                        let w = 1 << self.below(4); // 1, 2, 4 or 8 bytes, big-endian as Kafka writes them
+                        let v = EDGES[self.below(EDGES.len())].to_be_bytes();
+                        d[i..i + w.min(8)].copy_from_slice(&v[8 - w.min(8)..]);
+                    }
+                    2 => d.truncate(at),
+                    3 => {
+                        let n = 1 + self.below(16);
+                        let bytes: Vec<u8> = (0..n).map(|_| self.next() as u8).collect();
+                        d.splice(at..at, bytes);
+                    }
+                    4 if !d.is_empty() => {
+                        let from = self.below(d.len());
+                        let to = (from + 1 + self.below(64)).min(d.len());
+                        let chunk = d[from..to].to_vec();
+                        d.splice(at..at, chunk);
+                    }
+                    5 if !other.is_empty() => {
+                        let from = self.below(other.len());
+                        d.truncate(at);
+                        d.extend_from_slice(&other[from..]);
+                    }
+                    _ => {
+                        if !d.is_empty() {
+                            let i = self.below(d.len());
+                            d[i] = self.next() as u8;
+                        }
+                    }
+                }
+            }
+            d
+        }
+    }
+
+    /// A short blind-mutation fuzz run of every target from its corpus, in
+    /// `cargo test`: any panic (an invariant of the target or a crash) fails
+    /// it. `STATESTORE_FUZZ_SEED` picks another seed; `STATESTORE_FUZZ_ROUNDS`
+    /// scales the run.
+    #[test]
+    fn mutated_corpus_runs_cleanly() {
+        let seed = std::env::var("STATESTORE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_F00D_u64);
+        let scale: usize = std::env::var("STATESTORE_FUZZ_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+        for (t, rounds) in [("batch", 20_000), ("offsets", 20_000), ("txn_state", 10_000), ("segment", 1_500)] {
+            let mut inputs: Vec<Vec<u8>> =
+                seed_corpus().into_iter().filter(|(name, _, _)| *name == t).map(|(_, _, b)| b).collect();
+            if let Ok(entries) = fs::read_dir(corpus_dir().join(t)) {
+                inputs.extend(entries.filter_map(|e| fs::read(e.ok()?.path()).ok()));
+            }
+            assert!(!inputs.is_empty(), "no corpus for {t}");
+            let mut m = Mutator(seed ^ (t.len() as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for i in 0..rounds * scale {
+                let a = &inputs[m.below(inputs.len())];
+                let b = &inputs[m.below(inputs.len())];
+                let input = m.mutate(a, b);
+                let r = std::panic::catch_unwind(|| target(t)(&input));
+                assert!(r.is_ok(), "fuzz target {t} failed on mutation {i} (seed {seed:#x}); input: {input:?}");
+            }
+        }
+    }
+
     #[test]
     fn seed_dirs_are_readable_and_hold_records() {
         for (name, data) in seed_dirs() {

@@ -163,7 +163,7 @@ fn job(
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
 /// `WriteBatch`) are tuning knobs for tests and tools.
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -177,10 +177,12 @@ fn restore_store(
     progress_interval: f64,
     write_buffer_bytes: usize,
     chunk_bytes: usize,
+    read_ahead: bool,
 ) -> PyResult<OutcomeTuple> {
     let mut j = job(tp, store_path, log, end_offset, mode, memory_budget_bytes, listener, progress_interval)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
     j.spec.chunk_bytes = chunk_bytes.max(1);
+    j.spec.read_ahead = read_ahead;
     let r = py.detach(|| engine::restore(&*j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)));
     r.map(|o| outcome_tuple(&o)).map_err(|e| to_pyerr(e, &j.raised, j.fed.as_ref()))
 }
