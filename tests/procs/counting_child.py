@@ -45,16 +45,10 @@ def input_key(i: int) -> bytes:
     return b"k%d" % ((i * 2654435761) % 1009 % 13)
 
 
-def model_from_log(log_dir: Path) -> dict[bytes, bytes]:
-    """Last committed value per key of the changelog (tombstones remove), read without the engine."""
-    from statestore import SegmentLog, TopicPartition
-
-    tp = TopicPartition(f"app-{STORE}-changelog", TASK_PARTITION)
-    log = SegmentLog(log_dir, sync=False)
+def last_values(records: Any) -> dict[bytes, bytes]:
+    """Last value per key of ``records`` (objects with ``key`` and ``value``; tombstones remove)."""
     model: dict[bytes, bytes] = {}
-    if not (log_dir / str(tp)).exists():
-        return model
-    for rec in log.read(tp):
+    for rec in records:
         if rec.key is None:
             continue
         if rec.value is None:
@@ -62,6 +56,17 @@ def model_from_log(log_dir: Path) -> dict[bytes, bytes]:
         else:
             model[rec.key] = rec.value
     return model
+
+
+def model_from_log(log_dir: Path) -> dict[bytes, bytes]:
+    """Last committed value per key of the changelog (tombstones remove), read without the engine."""
+    from statestore import SegmentLog, TopicPartition
+
+    tp = TopicPartition(f"app-{STORE}-changelog", TASK_PARTITION)
+    log = SegmentLog(log_dir, sync=False)
+    if not (log_dir / str(tp)).exists():
+        return {}
+    return last_values(log.read(tp))
 
 
 def check(store: dict[bytes, bytes], model: dict[bytes, bytes], *, eos: bool) -> str | None:

@@ -31,16 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from counting_child import POS_KEY, STORE, TASK_PARTITION, input_key, last_values
 from killer import Killer
-
-TASK_PARTITION = 0
-STORE = "counts"
-POS_KEY = b"__pos"
-
-
-def input_key(i: int) -> bytes:
-    """The key of input record ``i``."""
-    return b"k%d" % ((i * 2654435761) % 1009 % 13)
 
 
 def expected_counts(pos: int) -> dict[bytes, int]:
@@ -55,16 +47,8 @@ def model_from_broker(changelog: Any, topic: str, upto: int | None = None) -> di
     """Last value per key of the topic's read_committed view (up to offset ``upto``, inclusive)."""
     from statestore import TopicPartition
 
-    model: dict[bytes, bytes] = {}
     end = None if upto is None else upto + 1
-    for rec in changelog.read(TopicPartition(topic, TASK_PARTITION), end_offset=end):
-        if rec.key is None:
-            continue
-        if rec.value is None:
-            model.pop(rec.key, None)
-        else:
-            model[rec.key] = rec.value
-    return model
+    return last_values(changelog.read(TopicPartition(topic, TASK_PARTITION), end_offset=end))
 
 
 def last_committed(root: Path) -> int:
