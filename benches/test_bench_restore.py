@@ -44,6 +44,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for shape, keys in SHAPES.items():
         write_changelog(d, f"bench-{shape}", 1, N, keys)
     write_changelog(d, "bench-many", 4, N // 4, N // 40)
+    os.sync()  # no writeback of the fresh log may run during the timed rounds
     print(f"\nrestore benchmark data: {N:,} records per shape written in {time.perf_counter() - t0:.1f}s")
     return d
 

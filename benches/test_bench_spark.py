@@ -66,6 +66,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("spark-bench") / "log"
     t0 = time.perf_counter()
     write_changelogs(d)
+    os.sync()  # no writeback of the fresh log may run during the timed rounds
     print(f"\nspark benchmark data: {PARTITIONS} x {N:,} records written in {time.perf_counter() - t0:.1f}s")
     return d
 
