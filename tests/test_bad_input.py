@@ -29,7 +29,7 @@ import pytest
 from rocksdict import Options, Rdict
 
 from procs.badinput_cases import WORLDS, Case, Outcome, check, prepare, run_child, traversable_tmpdir
-from procs.badinput_support import TP, Model, build_world, store_dir
+from procs.badinput_support import TP, Model, build_worlds, store_dir
 from statestore.store import OFFSETS_CF, STATUS_KEY
 
 pytestmark = pytest.mark.timeout(300)
@@ -124,11 +124,7 @@ CASES = _cases()
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Model]]:
     """One clean world per (guarantee, offsets) flavour, built once."""
-    out = {}
-    for name, (guarantee, offsets) in WORLDS.items():
-        root = tmp_path_factory.mktemp(f"world-{name}")
-        out[name] = (root, build_world(root, guarantee, offsets))
-    return out
+    return build_worlds(tmp_path_factory.mktemp, WORLDS)
 
 
 def _damage_for(case: Case) -> Any:

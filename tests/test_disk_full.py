@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from procs.badinput_cases import NOBODY, Outcome, chown_tree, run_child, traversable_tmpdir, unhex
-from procs.badinput_support import Model, build_world, partition_dir, store_dir, task_dir
+from procs.badinput_support import Model, build_world, build_worlds, partition_dir, store_dir, task_dir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,11 +46,7 @@ VALUE_REPEAT = 20
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Model]]:
     """One clean world per flavour, built once."""
-    out = {}
-    for name, (guarantee, offsets) in WORLDS.items():
-        root = tmp_path_factory.mktemp(f"world-{name}")
-        out[name] = (root, build_world(root, guarantee, offsets))
-    return out
+    return build_worlds(tmp_path_factory.mktemp, WORLDS)
 
 
 def _copy(worlds: dict[str, tuple[Path, Model]], name: str, dest: Path) -> Path:

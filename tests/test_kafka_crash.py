@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -35,6 +33,7 @@ kafka = pytest.importorskip("statestore.kafka")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
 from kafka_counting_child import STORE, check, last_committed, model_from_broker  # noqa: E402
+from killer import run_until_killed  # noqa: E402
 
 CHILD = Path(__file__).resolve().parent / "procs" / "kafka_counting_child.py"
 TASK = TaskId(0, 0)
@@ -72,31 +71,13 @@ def run_kills(root: Path, bootstrap: str, app: str, kills_wanted: int, seed: int
             assert stats["runs"] <= kills_wanted * 2, f"children keep failing to die: {stats}"
             self_kill = rng.random() < 0.5
             kill_at = rng.randint(1, 80) if self_kill else -1
-            proc = subprocess.Popen(
+            code, out, err = run_until_killed(
                 [sys.executable, str(CHILD), str(root), bootstrap, app, str(rng.randrange(2**31)), str(kill_at),
                  str(rng.choice([1, 7, 25]))],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                rng, self_kill=self_kill, startup=(0.2, 1.5), processing=(0, 0.3), timeout=30,
             )
-            assert proc.stdout is not None and proc.stderr is not None
-            try:
-                if self_kill:
-                    proc.wait(timeout=30)
-                else:
-                    if rng.random() < 0.5:  # during start-up or restoration
-                        time.sleep(rng.uniform(0.2, 1.5))
-                    else:  # while processing
-                        proc.stdout.readline()
-                        time.sleep(rng.uniform(0, 0.3))
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()  # a self-kill step that was never reached: the parent kills instead
-                proc.wait()
-            out, err = proc.stdout.read(), proc.stderr.read()
-            proc.stdout.close()
-            proc.stderr.close()
             errors = "\n".join(line for line in err.splitlines() if not line.startswith("%"))
-            assert proc.returncode == -signal.SIGKILL, f"child exited with {proc.returncode}:\n{errors}"
+            assert code == -signal.SIGKILL, f"child exited with {code}:\n{errors}"
             stats["kills"] += 1
             stats["self_kills"] += self_kill
             stats["verified"] += out.count("verified")

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from statestore.task_manager import TaskManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
 from counting_child import STORE, check, model_from_log
+from killer import run_until_killed
 
 CHILD = Path(__file__).resolve().parent / "procs" / "counting_child.py"
 TASK = TaskId(0, 0)
@@ -87,32 +86,12 @@ def run_kills(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: in
         assert stats["runs"] <= kills_wanted * 2, f"children keep failing to die: {stats}"
         self_kill = rng.random() < 0.5
         kill_at = rng.randint(1, 120) if self_kill else -1
-        proc = subprocess.Popen(
+        code, out, err = run_until_killed(
             [sys.executable, str(CHILD), str(root), guarantee, mode, str(rng.randrange(2**31)), str(kill_at),
              str(rng.choice([1, 7, 25]))],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            rng, self_kill=self_kill, startup=(0.02, 0.4), processing=(0, 0.15), timeout=20,
         )
-        assert proc.stdout is not None and proc.stderr is not None
-        try:
-            if self_kill:
-                proc.wait(timeout=20)
-            else:
-                if rng.random() < 0.5:  # during start-up or restoration
-                    time.sleep(rng.uniform(0.02, 0.4))
-                else:  # while processing
-                    proc.stdout.readline()
-                    time.sleep(rng.uniform(0, 0.15))
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # a self-kill step that was never reached: the parent kills instead
-            proc.wait()
-        out, err = proc.stdout.read(), proc.stderr.read()
-        proc.stdout.close()
-        proc.stderr.close()
-        assert proc.returncode == -signal.SIGKILL, f"child exited with {proc.returncode}:\n{err}"
+        assert code == -signal.SIGKILL, f"child exited with {code}:\n{err}"
         stats["kills"] += 1
         stats["self_kills"] += self_kill and kill_at > 0
         stats["verified"] += out.count("verified")

@@ -190,3 +190,12 @@ def store_dir(root: Path) -> Path:
 def partition_dir(root: Path) -> Path:
     """The segment directory of the changelog partition."""
     return root / "log" / str(TP)
+
+
+def build_worlds(make_dir: Any, flavours: dict[str, tuple[str, str]]) -> dict[str, tuple[Path, Model]]:
+    """One clean world per flavour ``name -> (guarantee, offsets)``, each in ``make_dir(name)``."""
+    out = {}
+    for name, (guarantee, offsets) in flavours.items():
+        root = make_dir(f"world-{name}")
+        out[name] = (root, build_world(root, guarantee, offsets))
+    return out

@@ -45,6 +45,14 @@ def input_key(i: int) -> bytes:
     return b"k%d" % ((i * 2654435761) % 1009 % 13)
 
 
+def count_one(view: Any, pos: int) -> int:
+    """Process input record ``pos``: increment its key's count and move ``__pos`` past it."""
+    key = input_key(pos)
+    view.put(key, b"%d" % (int(view.get(key) or b"0") + 1))
+    view.put(POS_KEY, b"%d" % (pos + 1))
+    return pos + 1
+
+
 def last_values(records: Any) -> dict[bytes, bytes]:
     """Last value per key of ``records`` (objects with ``key`` and ``value``; tombstones remove)."""
     model: dict[bytes, bytes] = {}
@@ -154,10 +162,7 @@ def main(argv: list[str]) -> None:
     pos = int(view.get(POS_KEY) or b"0")
     since_commit = 0
     while True:
-        key = input_key(pos)
-        view.put(key, b"%d" % (int(view.get(key) or b"0") + 1))
-        pos += 1
-        view.put(POS_KEY, b"%d" % pos)
+        pos = count_one(view, pos)
         since_commit += 1
         if rng.random() < 0.05:
             killer.point()

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from counting_child import POS_KEY, STORE, TASK_PARTITION, input_key, last_values
+from counting_child import POS_KEY, STORE, TASK_PARTITION, count_one, input_key, last_values
 from killer import Killer
 
 
@@ -131,10 +131,7 @@ def main(argv: list[str]) -> None:
     pos = int(view.get(POS_KEY) or b"0")
     since_commit = 0
     while True:
-        key = input_key(pos)
-        view.put(key, b"%d" % (int(view.get(key) or b"0") + 1))
-        pos += 1
-        view.put(POS_KEY, b"%d" % pos)
+        pos = count_one(view, pos)
         since_commit += 1
         if rng.random() < 0.05:
             killer.point()

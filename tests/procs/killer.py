@@ -1,9 +1,12 @@
-"""Kill points for crash-test children: SIGKILL this process at a chosen step."""
+"""Kill points for crash-test children (SIGKILL this process at a chosen step), and the parent's side."""
 
 from __future__ import annotations
 
 import os
+import random
 import signal
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,3 +35,42 @@ class Killer:
             return out
 
         setattr(cls, name, wrapped)
+
+
+def run_until_killed(
+    cmd: list[str],
+    rng: random.Random,
+    *,
+    self_kill: bool,
+    startup: tuple[float, float],
+    processing: tuple[float, float],
+    timeout: float,
+) -> tuple[int, str, str]:
+    """Run a crash child until it dies; returns ``(returncode, stdout, stderr)``.
+
+    With ``self_kill`` the child kills itself at a step it was given; else the
+    parent SIGKILLs it, half the time ``startup`` seconds after the start
+    (during start-up or restoration), half the time ``processing`` seconds
+    after its first line of output (while processing). A child that never
+    reaches its kill step within ``timeout`` is killed by the parent.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        if self_kill:
+            proc.wait(timeout=timeout)
+        else:
+            if rng.random() < 0.5:
+                time.sleep(rng.uniform(*startup))
+            else:
+                proc.stdout.readline()
+                time.sleep(rng.uniform(*processing))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    return proc.returncode, out, err

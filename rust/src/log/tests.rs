@@ -1,5 +1,6 @@
 use std::fs;
 use std::sync::Arc;
+use std::path::{Path, PathBuf};
 
 use super::txn::Log;
 use super::writer::WriterConfig;
@@ -363,6 +364,26 @@ fn index_entries_past_the_last_offset_are_ignored() {
     assert_eq!(segment::read_index(&seg), vec![(i64::MAX - 4, 0)]);
 }
 
+/// `n` records of 30-byte values in partition `t-0` under `root`, flushed
+/// every `flush_every`, in segments of `segment_bytes`: at least two segments.
+fn write_rolled(root: &Path, segment_bytes: u64, n: i64, flush_every: i64) -> (PathBuf, Vec<segment::Segment>) {
+    let log = Arc::new(Log::new(root, cfg(segment_bytes)).unwrap());
+    let mut p = log.producer(None).unwrap();
+    for i in 0..n {
+        p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
+        if i % flush_every == 0 {
+            p.flush().unwrap();
+        }
+    }
+    p.flush().unwrap();
+    drop(p);
+    log.close().unwrap();
+    let dir = root.join("t-0");
+    let segs = segment::list_segments(&dir).unwrap();
+    assert!(segs.len() >= 2);
+    (dir, segs)
+}
+
 #[test]
 fn an_index_pointing_past_the_end_of_its_segment_skips_nothing() {
     // Found by the `segment` fuzz target: an index entry beyond the end of the
@@ -370,20 +391,7 @@ fn an_index_pointing_past_the_end_of_its_segment_skips_nothing() {
     // and falling back then started *that* segment: the rest of this one was
     // skipped without an error.
     let d = tempfile::tempdir().unwrap();
-    let log = Arc::new(Log::new(d.path(), cfg(3000)).unwrap());
-    let mut p = log.producer(None).unwrap();
-    for i in 0..200i64 {
-        p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
-        if i % 5 == 0 {
-            p.flush().unwrap();
-        }
-    }
-    p.flush().unwrap();
-    drop(p);
-    log.close().unwrap();
-    let dir = d.path().join("t-0");
-    let segs = segment::list_segments(&dir).unwrap();
-    assert!(segs.len() >= 2);
+    let (_, segs) = write_rolled(d.path(), 3000, 200, 5);
     let mut bad = Vec::new();
     bad.extend_from_slice(&1u32.to_be_bytes());
     bad.extend_from_slice(&(1u32 << 29).to_be_bytes());
@@ -403,17 +411,7 @@ fn a_batch_running_into_the_next_segment_is_corrupt_before_any_record_is_handed_
     // -- its records went out with made-up offsets (and with i64::MAX - 1 the
     // reader stopped there for good, so later appends were never read).
     let d = tempfile::tempdir().unwrap();
-    let log = Arc::new(Log::new(d.path(), cfg(1000)).unwrap());
-    let mut p = log.producer(None).unwrap();
-    for i in 0..40i64 {
-        p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
-        p.flush().unwrap();
-    }
-    drop(p);
-    log.close().unwrap();
-    let dir = d.path().join("t-0");
-    let segs = segment::list_segments(&dir).unwrap();
-    assert!(segs.len() >= 2);
+    let (dir, segs) = write_rolled(d.path(), 1000, 40, 1);
     // Point the last batch of the first segment at offset 1_000_000.
     let mut bytes = fs::read(&segs[0].path).unwrap();
     let mut pos = 0;
