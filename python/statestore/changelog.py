@@ -16,13 +16,33 @@ was seen.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Any, Protocol, Self, runtime_checkable
 
 from statestore.ids import TopicPartition
 
 #: A partition as changelogs accept it: a TopicPartition, ``(topic, partition)`` or ``"topic-partition"``.
 PartitionLike = TopicPartition | tuple[str, int] | str
 Header = tuple[str, bytes | None]
+
+
+class ClosesOnCleanExit:
+    """A producer usable in ``with``: closed when the block ends without an exception.
+
+    On an exception it is left open, so the caller decides (abort the open
+    transaction, or let the next producer of the same id fence and abort it).
+    """
+
+    def close(self) -> None:
+        """Flush and release what the producer holds."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
 
 
 class ChangelogProducer(Protocol):

@@ -64,7 +64,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from statestore.changelog import Header, PartitionLike
+from statestore.changelog import ClosesOnCleanExit, Header, PartitionLike
 from statestore.errors import LogError, ProducerFencedError, TaskCorruptedError, TransactionStateError
 from statestore.ids import TopicPartition, changelog_topic
 from statestore.log import Record
@@ -118,7 +118,7 @@ def _config(pairs: Mapping[str, Any]) -> dict[str, Any]:
     return {k if k in _PYTHON_KEYS else k.replace("_", "."): v for k, v in pairs.items()}
 
 
-class KafkaProducer:
+class KafkaProducer(ClosesOnCleanExit):
     """A changelog producer on a Kafka cluster (confluent-kafka ``Producer``).
 
     Transactional when made with a transactional id: construction calls
@@ -277,13 +277,6 @@ class KafkaProducer:
         except _require().KafkaException:
             pass  # a failed producer has nothing left to deliver
         self._producer.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
 
 
 class _RestoreFeed:

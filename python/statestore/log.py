@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from statestore import _native as _native_module
+from statestore.changelog import ClosesOnCleanExit
 from statestore.ids import TopicPartition
 
 # The log's native classes are not in the shared ``_native.pyi`` stub; they are
@@ -97,7 +98,7 @@ class LogReader:
             yield from batch
 
 
-class Producer:
+class Producer(ClosesOnCleanExit):
     """Writes records to the log; transactional when made with a transactional id.
 
     Records are buffered into multi-record batches; ``send`` returns the
@@ -163,13 +164,6 @@ class Producer:
     def close(self) -> None:
         """Flush what is buffered. An open transaction stays open (a later producer or expiry aborts it)."""
         self._core.flush()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
 
 
 class SegmentLog:
