@@ -45,6 +45,16 @@ def input_key(i: int) -> bytes:
     return b"k%d" % ((i * 2654435761) % 1009 % 13)
 
 
+def start_with_kill_points(tm: Any, task: Any, killer: Any) -> Any:
+    """Start ``tm``, assign it ``task`` as active and restore it, with kill points between; return ``tm``."""
+    tm.start()
+    killer.point()
+    tm.assign([task], [])
+    tm.restore()
+    killer.point()
+    return tm
+
+
 def count_one(view: Any, pos: int) -> int:
     """Process input record ``pos``: increment its key's count and move ``__pos`` past it."""
     key = input_key(pos)
@@ -143,12 +153,7 @@ def main(argv: list[str]) -> None:
             checkpoint_delta=rng.choice([0, 5, 50]),
             transaction_timeout_ms=0,
         )
-        tm.start()
-        killer.point()
-        tm.assign([task], [])
-        tm.restore()
-        killer.point()
-        return tm
+        return start_with_kill_points(tm, task, killer)
 
     tm = open_manager()
     view = tm.active_task(task).store(STORE)

@@ -31,7 +31,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from counting_child import POS_KEY, STORE, TASK_PARTITION, count_one, input_key, last_values
+from counting_child import (
+    POS_KEY,
+    STORE,
+    TASK_PARTITION,
+    count_one,
+    input_key,
+    last_values,
+    start_with_kill_points,
+)
 from killer import Killer
 
 
@@ -111,12 +119,7 @@ def main(argv: list[str]) -> None:
             listener=KillingListener(),
             chunk_offsets=rng.choice([64, 1000, 50_000]),
         )
-        tm.start()
-        killer.point()
-        tm.assign([task], [])
-        tm.restore()
-        killer.point()
-        return tm
+        return start_with_kill_points(tm, task, killer)
 
     tm = open_manager()
     view = tm.active_task(task).store(STORE)
