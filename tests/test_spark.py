@@ -363,6 +363,16 @@ def test_cli_restore_on_spark(spark: Any, changelogs: Path, tmp_path: Path) -> N
     assert not spark.sparkContext._jsc.sc().isStopped(), "the CLI leaves a session it did not start running"
 
 
+
+@pytest.mark.spark
+def test_local_session_driver_runs_the_quick_compiler_only(spark: Any) -> None:
+    """The JVM that spark_session started got LOCAL_DRIVER_JAVA_OPTIONS (read back from the running JVM)."""
+    from statestore.spark import LOCAL_DRIVER_JAVA_OPTIONS
+
+    args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert LOCAL_DRIVER_JAVA_OPTIONS in args, args
+    assert LOCAL_DRIVER_JAVA_OPTIONS in spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+
 def test_executors_default_to_this_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     from statestore.spark import _default_python
 

@@ -74,6 +74,32 @@ fn prefetch_read<T>(p: *const T) {
     let _ = p;
 }
 
+/// Ask the kernel to back the spare capacity of `v` with huge pages where it
+/// can (Linux, `transparent_hugepage` set to `madvise` or `always`). The
+/// collector reads and writes its buffers at random; with 4 KiB pages nearly
+/// every access of a large collector also misses the TLB, and the page walks
+/// compete for the same memory bandwidth as the data (two restores side by
+/// side slow each other down the most there). Call it before the capacity is
+/// first written: pages already faulted in stay small. A hint only.
+fn advise_huge_pages<T>(v: &Vec<T>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = v.as_ptr() as usize;
+        let end = start + v.capacity() * std::mem::size_of::<T>();
+        let (lo, hi) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+        if hi > lo {
+            // SAFETY: [lo, hi) lies inside the allocation of `v`; MADV_HUGEPAGE
+            // changes how future faults are served, never the contents.
+            unsafe {
+                libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
+}
+
 fn hash(key: &[u8]) -> u64 {
     let mut h = 0x9E37_79B9_7F4A_7C15u64 ^ key.len() as u64;
     let mut chunks = key.chunks_exact(8);
@@ -94,6 +120,15 @@ fn hash(key: &[u8]) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
     h ^ (h >> 33)
+}
+
+/// How deep [`Collector::prefetch`] reaches: the index slot, the entry it
+/// points to, or the key and value bytes that entry points to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Slot,
+    Entry,
+    Data,
 }
 
 /// What [`Collector::add`] asks of its caller.
@@ -148,6 +183,7 @@ impl Collector {
     fn grow(&mut self) {
         let slots = self.table.len() * 2;
         let mut table = vec![0u64; slots];
+        advise_huge_pages(&table);
         let mask = slots - 1;
         for (n, e) in self.entries.iter().enumerate() {
             let h = hash(&self.arena[e.key_off..e.key_off + e.key_len as usize]);
@@ -181,6 +217,7 @@ impl Collector {
     fn push_bytes(&mut self, b: &[u8]) -> usize {
         if self.arena.capacity() == 0 {
             self.arena.reserve_exact(self.arena_cap);
+            advise_huge_pages(&self.arena);
         }
         let off = self.arena.len();
         self.arena.extend_from_slice(b);
@@ -198,22 +235,33 @@ impl Collector {
         hash(key)
     }
 
-    /// Hint the CPU to load what adding a key of hash `h` will touch: with
-    /// `deep`, the entry and key its slot points to (call that a few records
-    /// after the shallow hint, once the slot is in cache). A hint only:
-    /// correctness never depends on it.
+    /// Hint the CPU to load what adding a key of hash `h` will touch, one
+    /// level of the index per [`Stage`]: call it with [`Stage::Slot`] some
+    /// records ahead, then [`Stage::Entry`] and [`Stage::Data`] for the same
+    /// hash on later records, so that each stage reads only what the one
+    /// before brought into cache (a stage that waits for memory stalls the
+    /// whole loop). A hint only: correctness never depends on it.
     #[inline]
-    pub fn prefetch(&self, h: u64, deep: bool) {
+    pub fn prefetch(&self, h: u64, stage: Stage) {
         let i = h as usize & self.mask;
-        if !deep {
+        if stage == Stage::Slot {
             prefetch_read(self.table.as_ptr().wrapping_add(i));
             return;
         }
         let slot = self.table[i];
-        if slot != 0 {
-            if let Some(e) = self.entries.get((slot as u32) as usize - 1) {
-                prefetch_read(e as *const Entry);
-                prefetch_read(self.arena.as_ptr().wrapping_add(e.key_off));
+        if slot == 0 {
+            return;
+        }
+        let n = (slot as u32) as usize - 1;
+        if stage == Stage::Entry {
+            prefetch_read(self.entries.as_ptr().wrapping_add(n));
+        } else if let Some(e) = self.entries.get(n) {
+            let base = self.arena.as_ptr();
+            prefetch_read(base.wrapping_add(e.key_off));
+            if e.val_len != TOMBSTONE {
+                // The value is overwritten in place: its first and last lines.
+                prefetch_read(base.wrapping_add(e.val_off));
+                prefetch_read(base.wrapping_add(e.val_off + (e.val_len as usize).saturating_sub(1)));
             }
         }
     }
@@ -275,6 +323,7 @@ impl Collector {
         }
         if self.entries.capacity() == 0 {
             self.entries.reserve_exact(self.max_entries);
+            advise_huge_pages(&self.entries);
         }
         let key_off = self.push_bytes(key);
         let val_off = self.push_bytes(value.unwrap_or_default());
@@ -299,6 +348,7 @@ impl Collector {
             return false;
         }
         let mut fresh = Vec::with_capacity(self.arena_cap);
+        advise_huge_pages(&fresh);
         for e in &mut self.entries {
             let k = &self.arena[e.key_off..e.key_off + e.key_len as usize];
             let key_off = fresh.len();
@@ -338,7 +388,16 @@ impl Collector {
             Ordering::Equal => key(a)[lcp..].cmp(&key(b)[lcp..]),
             o => o,
         });
-        let result = entries.iter().try_for_each(|e| f(self.key(e), self.value(e)));
+        // Entries are sorted by key, their bytes lie in insertion order: fetch ahead.
+        const AHEAD: usize = 8;
+        let base = self.arena.as_ptr();
+        let result = entries.iter().enumerate().try_for_each(|(i, e)| {
+            if let Some(next) = entries.get(i + AHEAD) {
+                prefetch_read(base.wrapping_add(next.key_off));
+                prefetch_read(base.wrapping_add(next.val_off));
+            }
+            f(self.key(e), self.value(e))
+        });
         entries.clear();
         self.entries = entries;
         self.arena.clear();

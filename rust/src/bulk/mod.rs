@@ -24,7 +24,7 @@ use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
 use crate::replay::{restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError};
 use crate::source::ChangelogSource;
 use crate::store::Store;
-use collect::{Collector, Full};
+use collect::{Collector, Full, Stage};
 
 /// Tuning of one bulk restore.
 #[derive(Debug, Clone, Copy)]
@@ -132,12 +132,15 @@ fn run(
         c.drain_sorted(|k, v| w.add(k, v))?;
         w.finish()
     };
-    // A chunk is buffered, then added with the index slots of the records a
-    // few places ahead already requested from memory (the adds are bound by
-    // cache misses, not by work).
+    // A chunk is buffered, then added with what the records a few places
+    // ahead will touch already requested from memory, one level of the index
+    // per step (the adds are bound by cache misses, not by work; two restores
+    // side by side share the cache, so hiding the misses matters more there).
     let mut ops = ChunkOps::default();
     let mut hashes: Vec<u64> = Vec::new();
-    const AHEAD: usize = 16;
+    const SLOT_AHEAD: usize = 48;
+    const ENTRY_AHEAD: usize = 32;
+    const DATA_AHEAD: usize = 16;
     loop {
         ops.clear();
         let mut last = None;
@@ -152,15 +155,14 @@ fn run(
             .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
         hashes.clear();
         hashes.extend((0..ops.len()).map(|i| Collector::hash(ops.get(i).0)));
-        for &h in hashes.iter().take(AHEAD) {
-            collector.prefetch(h, false);
+        for &h in hashes.iter().take(SLOT_AHEAD) {
+            collector.prefetch(h, Stage::Slot);
         }
         for (i, &h) in hashes.iter().enumerate() {
-            if let Some(&ahead) = hashes.get(i + AHEAD) {
-                collector.prefetch(ahead, false);
-            }
-            if let Some(&near) = hashes.get(i + AHEAD / 2) {
-                collector.prefetch(near, true);
+            for (ahead, stage) in [(SLOT_AHEAD, Stage::Slot), (ENTRY_AHEAD, Stage::Entry), (DATA_AHEAD, Stage::Data)] {
+                if let Some(&later) = hashes.get(i + ahead) {
+                    collector.prefetch(later, stage);
+                }
             }
             let (k, v) = ops.get(i);
             if collector.add_hashed(k, v, h) == Full::Spill {
