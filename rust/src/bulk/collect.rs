@@ -1,26 +1,16 @@
 //! The in-memory side of bulk restore: the last operation per key, kept in
-//! one arena (keys and values) with an open-addressing index, within a fixed
-//! memory share. When the share is full the arena is compacted (when most of
-//! it is overwritten values) or handed out sorted as a run to spill.
+//! one arena of records (header, key, value) with an open-addressing index
+//! pointing straight at them, within a fixed memory share. When the share is
+//! full the arena is compacted (when most of it is overwritten values) or
+//! handed out sorted as a run to spill.
 
 use std::cmp::Ordering;
 
 /// `val_len` of a tombstone.
 const TOMBSTONE: u32 = u32::MAX;
 
-#[derive(Clone, Copy)]
-struct Entry {
-    /// First 8 key bytes, big-endian, zero padded: most comparisons stop here.
-    prefix: u64,
-    key_off: usize,
-    val_off: usize,
-    key_len: u32,
-    val_len: u32,
-}
-
-const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
-/// Index slots per entry (load factor 1/2), 8 bytes each.
-const SLOTS_PER_ENTRY: usize = 2;
+/// Index slots per key (load factor 1/2), 8 bytes each.
+const SLOTS_PER_KEY: usize = 2;
 
 /// `a == b`, inlined for the short keys of changelogs (a call to `memcmp`
 /// per lookup cost a tenth of a bulk restore).
@@ -122,12 +112,11 @@ fn hash(key: &[u8]) -> u64 {
     h ^ (h >> 33)
 }
 
-/// How deep [`Collector::prefetch`] reaches: the index slot, the entry it
-/// points to, or the key and value bytes that entry points to.
+/// How deep [`Collector::prefetch`] reaches: the index slot, or the record
+/// (key and value) the slot points to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     Slot,
-    Entry,
     Data,
 }
 
@@ -142,86 +131,158 @@ pub enum Full {
 }
 
 /// Last value (or tombstone) per key, in memory.
+///
+/// The arena holds records `[key_len u32][val_len u32][val_cap u32][key][value]`,
+/// each padded to 8 bytes; an index slot points straight at its record, so
+/// finding a key touches the slot and the record's first lines and nothing
+/// else. A value is overwritten in place when it fits the record's capacity;
+/// otherwise the record is copied to the arena's end and the old one marked
+/// dead. Sorting happens only when the collector is drained.
 pub struct Collector {
     arena: Vec<u8>,
     arena_cap: usize,
-    entries: Vec<Entry>,
-    max_entries: usize,
+    /// Live records (distinct keys held).
+    keys: usize,
+    max_keys: usize,
     /// Per slot: high 32 bits of the key's hash (compared before the key),
-    /// low 32 bits entry index + 1; 0 is empty.
+    /// low 32 bits the record's arena offset / 8, plus 1; 0 is empty.
     table: Vec<u64>,
     mask: usize,
     /// The table grows by doubling up to this many slots (load <= 1/2).
     max_slots: usize,
+    /// Arena bytes a compaction would give back (dead records, shrunk values).
     garbage: usize,
+    /// Sort keys of the live records, reused from drain to drain.
+    order: Vec<(u64, usize)>,
+}
+
+/// Bytes of a record's header: key length, value length, value capacity.
+const HEADER: usize = 12;
+/// Records start at multiples of this (slots store offset / ALIGN).
+const ALIGN: usize = 8;
+/// Set in a record's key length once a later copy supersedes it.
+const DEAD: u32 = 1 << 31;
+
+#[inline]
+fn padded(n: usize) -> usize {
+    n.next_multiple_of(ALIGN)
+}
+
+#[inline]
+fn read_u32(arena: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(arena[at..at + 4].try_into().expect("4 bytes"))
+}
+
+#[inline]
+fn write_u32(arena: &mut [u8], at: usize, v: u32) {
+    arena[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// A record's header, read from the arena.
+#[derive(Clone, Copy)]
+struct Record {
+    off: usize,
+    key_len: usize,
+    val_len: u32,
+    val_cap: usize,
+    dead: bool,
+}
+
+impl Record {
+    #[inline]
+    fn at(arena: &[u8], off: usize) -> Self {
+        let k = read_u32(arena, off);
+        Self {
+            off,
+            key_len: (k & !DEAD) as usize,
+            val_len: read_u32(arena, off + 4),
+            val_cap: read_u32(arena, off + 8) as usize,
+            dead: k & DEAD != 0,
+        }
+    }
+
+    fn key<'a>(&self, arena: &'a [u8]) -> &'a [u8] {
+        &arena[self.off + HEADER..self.off + HEADER + self.key_len]
+    }
+
+    fn value_at(&self) -> usize {
+        self.off + HEADER + self.key_len
+    }
+
+    fn value<'a>(&self, arena: &'a [u8]) -> Option<&'a [u8]> {
+        (self.val_len != TOMBSTONE).then(|| &arena[self.value_at()..self.value_at() + self.val_len as usize])
+    }
+
+    fn size(&self) -> usize {
+        padded(HEADER + self.key_len + self.val_cap)
+    }
 }
 
 impl Collector {
-    /// A collector using about `budget` bytes at most (arena plus index;
-    /// compaction may briefly need half an arena more).
+    /// A collector using about `budget` bytes at most (arena plus index and
+    /// sort order; compaction may briefly need half an arena more).
     pub fn new(budget: usize) -> Self {
         let budget = budget.max(4096);
-        let arena_cap = budget / 2;
+        // Slots hold offset / ALIGN in 32 bits.
+        let arena_cap = (budget / 2).min((u32::MAX as usize - 1) * ALIGN);
         let meta = budget - budget / 2 - budget / 6;
-        let max_entries = (meta / (ENTRY_BYTES + SLOTS_PER_ENTRY * 8)).clamp(16, u32::MAX as usize / 4);
-        let max_slots = (max_entries * SLOTS_PER_ENTRY).next_power_of_two();
+        let per_key = SLOTS_PER_KEY * 8 + std::mem::size_of::<(u64, usize)>();
+        let max_keys = (meta / per_key).clamp(16, u32::MAX as usize / 4);
+        let max_slots = (max_keys * SLOTS_PER_KEY).next_power_of_two();
         // Start small: a table sized to the keys held stays in cache.
         let slots = max_slots.min(1 << 12);
         Self {
             arena: Vec::new(),
             arena_cap,
-            entries: Vec::new(),
-            max_entries,
+            keys: 0,
+            max_keys,
             table: vec![0; slots],
             mask: slots - 1,
             max_slots,
             garbage: 0,
+            order: Vec::new(),
         }
-    }
-
-    /// Double the index and re-insert every entry.
-    fn grow(&mut self) {
-        let slots = self.table.len() * 2;
-        let mut table = vec![0u64; slots];
-        advise_huge_pages(&table);
-        let mask = slots - 1;
-        for (n, e) in self.entries.iter().enumerate() {
-            let h = hash(&self.arena[e.key_off..e.key_off + e.key_len as usize]);
-            let mut i = h as usize & mask;
-            while table[i] != 0 {
-                i = (i + 1) & mask;
-            }
-            table[i] = (h & 0xFFFF_FFFF_0000_0000) | (n as u64 + 1);
-        }
-        self.table = table;
-        self.mask = mask;
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.keys == 0
     }
 
     /// Number of distinct keys held.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.keys
     }
 
-    fn key(&self, e: &Entry) -> &[u8] {
-        &self.arena[e.key_off..e.key_off + e.key_len as usize]
+    /// Live records in arena order, with their hashes.
+    fn live(arena: &[u8]) -> impl Iterator<Item = Record> + '_ {
+        let mut off = 0;
+        std::iter::from_fn(move || {
+            while off < arena.len() {
+                let r = Record::at(arena, off);
+                off += r.size();
+                if !r.dead {
+                    return Some(r);
+                }
+            }
+            None
+        })
     }
 
-    fn value(&self, e: &Entry) -> Option<&[u8]> {
-        (e.val_len != TOMBSTONE).then(|| &self.arena[e.val_off..e.val_off + e.val_len as usize])
-    }
-
-    fn push_bytes(&mut self, b: &[u8]) -> usize {
-        if self.arena.capacity() == 0 {
-            self.arena.reserve_exact(self.arena_cap);
-            advise_huge_pages(&self.arena);
+    /// Rebuild the index with `slots` slots from the live records.
+    fn reindex(&mut self, slots: usize) {
+        let mut table = vec![0u64; slots];
+        advise_huge_pages(&table);
+        let mask = slots - 1;
+        for r in Self::live(&self.arena) {
+            let h = hash(r.key(&self.arena));
+            let mut i = h as usize & mask;
+            while table[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            table[i] = (h & 0xFFFF_FFFF_0000_0000) | (r.off / ALIGN + 1) as u64;
         }
-        let off = self.arena.len();
-        self.arena.extend_from_slice(b);
-        off
+        self.table = table;
+        self.mask = mask;
     }
 
     /// Record that `key` now holds `value` (`None`: deleted). On
@@ -235,12 +296,11 @@ impl Collector {
         hash(key)
     }
 
-    /// Hint the CPU to load what adding a key of hash `h` will touch, one
-    /// level of the index per [`Stage`]: call it with [`Stage::Slot`] some
-    /// records ahead, then [`Stage::Entry`] and [`Stage::Data`] for the same
-    /// hash on later records, so that each stage reads only what the one
-    /// before brought into cache (a stage that waits for memory stalls the
-    /// whole loop). A hint only: correctness never depends on it.
+    /// Hint the CPU to load what adding a key of hash `h` will touch: call it
+    /// with [`Stage::Slot`] some records ahead, then with [`Stage::Data`] for
+    /// the same hash a few records later, once the slot is in cache, for the
+    /// record it points to (a step that waits for memory stalls the whole
+    /// loop). A hint only: correctness never depends on it.
     #[inline]
     pub fn prefetch(&self, h: u64, stage: Stage) {
         let i = h as usize & self.mask;
@@ -249,20 +309,11 @@ impl Collector {
             return;
         }
         let slot = self.table[i];
-        if slot == 0 {
-            return;
-        }
-        let n = (slot as u32) as usize - 1;
-        if stage == Stage::Entry {
-            prefetch_read(self.entries.as_ptr().wrapping_add(n));
-        } else if let Some(e) = self.entries.get(n) {
-            let base = self.arena.as_ptr();
-            prefetch_read(base.wrapping_add(e.key_off));
-            if e.val_len != TOMBSTONE {
-                // The value is overwritten in place: its first and last lines.
-                prefetch_read(base.wrapping_add(e.val_off));
-                prefetch_read(base.wrapping_add(e.val_off + (e.val_len as usize).saturating_sub(1)));
-            }
+        if slot != 0 {
+            let at = self.arena.as_ptr().wrapping_add(((slot as u32) as usize - 1) * ALIGN);
+            // The header and key, and the line after (the value, overwritten in place).
+            prefetch_read(at);
+            prefetch_read(at.wrapping_add(64));
         }
     }
 
@@ -278,11 +329,31 @@ impl Collector {
         }
     }
 
+    /// Append a record; None when the arena has no room for it.
+    fn push_record(&mut self, key: &[u8], value: Option<&[u8]>) -> Option<usize> {
+        let vlen = value.map_or(0, <[u8]>::len);
+        let size = padded(HEADER + key.len() + vlen);
+        if !self.arena.is_empty() && self.arena.len() + size > self.arena_cap {
+            return None;
+        }
+        if self.arena.capacity() == 0 {
+            self.arena.reserve_exact(self.arena_cap.max(size));
+            advise_huge_pages(&self.arena);
+        }
+        let off = self.arena.len();
+        self.arena.extend_from_slice(&(key.len() as u32).to_ne_bytes());
+        self.arena.extend_from_slice(&value.map_or(TOMBSTONE, |_| vlen as u32).to_ne_bytes());
+        self.arena.extend_from_slice(&(vlen as u32).to_ne_bytes());
+        self.arena.extend_from_slice(key);
+        self.arena.extend_from_slice(value.unwrap_or_default());
+        self.arena.resize(off + size, 0);
+        Some(off)
+    }
+
     /// False when there is no room.
     fn try_add(&mut self, key: &[u8], value: Option<&[u8]>, h: u64) -> bool {
         let vlen = value.map_or(0, <[u8]>::len);
-        assert!(key.len() < u32::MAX as usize && vlen < TOMBSTONE as usize, "record too large");
-        let prefix = prefix_of(key);
+        assert!(key.len() < DEAD as usize && vlen < TOMBSTONE as usize, "record too large");
         let tag = h & 0xFFFF_FFFF_0000_0000;
         let mut i = h as usize & self.mask;
         loop {
@@ -290,78 +361,63 @@ impl Collector {
             if slot == 0 {
                 break;
             }
-            let s = slot as u32;
-            let e = self.entries[s as usize - 1];
-            if slot & 0xFFFF_FFFF_0000_0000 == tag && e.prefix == prefix && same_bytes(self.key(&e), key) {
-                let old = if e.val_len == TOMBSTONE { 0 } else { e.val_len as usize };
-                if old >= vlen {
-                    // Overwrite in place: no garbage beyond the shrink.
-                    let e = &mut self.entries[s as usize - 1];
-                    if let Some(v) = value {
-                        self.arena[e.val_off..e.val_off + vlen].copy_from_slice(v);
+            if slot & 0xFFFF_FFFF_0000_0000 == tag {
+                let r = Record::at(&self.arena, ((slot as u32) as usize - 1) * ALIGN);
+                if same_bytes(r.key(&self.arena), key) {
+                    let old = if r.val_len == TOMBSTONE { 0 } else { r.val_len as usize };
+                    if vlen <= r.val_cap {
+                        // Overwrite in place: no garbage beyond the shrink.
+                        let at = r.value_at();
+                        if let Some(v) = value {
+                            self.arena[at..at + vlen].copy_from_slice(v);
+                        }
+                        write_u32(&mut self.arena, r.off + 4, value.map_or(TOMBSTONE, |_| vlen as u32));
+                        self.garbage = (self.garbage + old).saturating_sub(vlen);
+                        return true;
                     }
-                    e.val_len = value.map_or(TOMBSTONE, |_| vlen as u32);
-                    self.garbage += old - vlen;
+                    let Some(off) = self.push_record(key, value) else { return false };
+                    write_u32(&mut self.arena, r.off, r.key_len as u32 | DEAD);
+                    self.garbage += r.size();
+                    self.table[i] = tag | (off / ALIGN + 1) as u64;
                     return true;
                 }
-                if !self.arena.is_empty() && self.arena.len() + vlen > self.arena_cap {
-                    return false;
-                }
-                let off = self.push_bytes(value.unwrap_or_default());
-                let e = &mut self.entries[s as usize - 1];
-                e.val_off = off;
-                e.val_len = value.map_or(TOMBSTONE, |_| vlen as u32);
-                self.garbage += old;
-                return true;
             }
             i = (i + 1) & self.mask;
         }
-        if self.entries.len() >= self.max_entries
-            || (!self.arena.is_empty() && self.arena.len() + key.len() + vlen > self.arena_cap)
-        {
+        if self.keys >= self.max_keys {
             return false;
         }
-        if self.entries.capacity() == 0 {
-            self.entries.reserve_exact(self.max_entries);
-            advise_huge_pages(&self.entries);
-        }
-        let key_off = self.push_bytes(key);
-        let val_off = self.push_bytes(value.unwrap_or_default());
-        self.entries.push(Entry {
-            prefix,
-            key_off,
-            val_off,
-            key_len: key.len() as u32,
-            val_len: value.map_or(TOMBSTONE, |_| vlen as u32),
-        });
-        self.table[i] = tag | self.entries.len() as u64;
-        if self.entries.len() * SLOTS_PER_ENTRY > self.table.len() && self.table.len() < self.max_slots {
-            self.grow();
+        let Some(off) = self.push_record(key, value) else { return false };
+        self.table[i] = tag | (off / ALIGN + 1) as u64;
+        self.keys += 1;
+        if self.keys * SLOTS_PER_KEY > self.table.len() && self.table.len() < self.max_slots {
+            self.reindex(self.table.len() * 2);
         }
         true
     }
 
     /// Compact the arena (instead of spilling) when at least half of it is
-    /// overwritten values and the index has room. False: spill instead.
+    /// garbage and the index has room. False: spill instead.
     fn compact(&mut self) -> bool {
-        if self.garbage == 0 || self.garbage * 2 < self.arena.len() || self.entries.len() >= self.max_entries {
+        if self.garbage == 0 || self.garbage * 2 < self.arena.len() || self.keys >= self.max_keys {
             return false;
         }
-        let mut fresh = Vec::with_capacity(self.arena_cap);
+        let mut fresh: Vec<u8> = Vec::with_capacity(self.arena_cap);
         advise_huge_pages(&fresh);
-        for e in &mut self.entries {
-            let k = &self.arena[e.key_off..e.key_off + e.key_len as usize];
-            let key_off = fresh.len();
-            fresh.extend_from_slice(k);
-            let val_off = fresh.len();
-            if e.val_len != TOMBSTONE {
-                fresh.extend_from_slice(&self.arena[e.val_off..e.val_off + e.val_len as usize]);
-            }
-            e.key_off = key_off;
-            e.val_off = val_off;
+        for r in Self::live(&self.arena) {
+            let value = r.value(&self.arena);
+            let vlen = value.map_or(0, <[u8]>::len);
+            let off = fresh.len();
+            fresh.extend_from_slice(&(r.key_len as u32).to_ne_bytes());
+            fresh.extend_from_slice(&r.val_len.to_ne_bytes());
+            fresh.extend_from_slice(&(vlen as u32).to_ne_bytes());
+            fresh.extend_from_slice(r.key(&self.arena));
+            fresh.extend_from_slice(value.unwrap_or_default());
+            fresh.resize(off + padded(HEADER + r.key_len + vlen), 0);
         }
         self.arena = fresh;
         self.garbage = 0;
+        self.reindex(self.table.len());
         true
     }
 
@@ -372,36 +428,42 @@ impl Collector {
     /// the sort compares the 8 bytes that follow the prefix common to all
     /// held keys, and only on a tie the rest of the keys.
     pub fn drain_sorted<E>(&mut self, mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>) -> Result<(), E> {
-        let mut entries = std::mem::take(&mut self.entries);
         let arena = &self.arena;
-        let key = |e: &Entry| &arena[e.key_off..e.key_off + e.key_len as usize];
-        let lcp = match entries.first() {
-            None => 0,
-            Some(first) => entries.iter().fold(key(first).len(), |n, e| common_prefix(&key(first)[..n], key(e))),
-        };
-        if lcp > 0 {
-            for e in &mut entries {
-                e.prefix = prefix_of(&arena[e.key_off + lcp..e.key_off + e.key_len as usize]);
+        let mut first: Option<&[u8]> = None;
+        let mut lcp = 0;
+        for r in Self::live(arena) {
+            let k = r.key(arena);
+            match first {
+                None => {
+                    first = Some(k);
+                    lcp = k.len();
+                }
+                Some(fk) => lcp = common_prefix(&fk[..lcp], k),
             }
         }
-        entries.sort_unstable_by(|a, b| match a.prefix.cmp(&b.prefix) {
-            Ordering::Equal => key(a)[lcp..].cmp(&key(b)[lcp..]),
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(Self::live(arena).map(|r| (prefix_of(&r.key(arena)[lcp..]), r.off)));
+        let key = |off: usize| Record::at(arena, off).key(arena);
+        order.sort_unstable_by(|a, b| match a.0.cmp(&b.0) {
+            Ordering::Equal => key(a.1)[lcp..].cmp(&key(b.1)[lcp..]),
             o => o,
         });
-        // Entries are sorted by key, their bytes lie in insertion order: fetch ahead.
+        // Records are sorted by key, their bytes lie in insertion order: fetch ahead.
         const AHEAD: usize = 8;
-        let base = self.arena.as_ptr();
-        let result = entries.iter().enumerate().try_for_each(|(i, e)| {
-            if let Some(next) = entries.get(i + AHEAD) {
-                prefetch_read(base.wrapping_add(next.key_off));
-                prefetch_read(base.wrapping_add(next.val_off));
+        let base = arena.as_ptr();
+        let result = order.iter().enumerate().try_for_each(|(i, &(_, off))| {
+            if let Some(&(_, next)) = order.get(i + AHEAD) {
+                prefetch_read(base.wrapping_add(next));
+                prefetch_read(base.wrapping_add(next + 64));
             }
-            f(self.key(e), self.value(e))
+            let r = Record::at(arena, off);
+            f(r.key(arena), r.value(arena))
         });
-        entries.clear();
-        self.entries = entries;
+        self.order = order;
         self.arena.clear();
         self.table.fill(0);
+        self.keys = 0;
         self.garbage = 0;
         result
     }
@@ -436,6 +498,33 @@ mod tests {
         assert_eq!(c.len(), model.len());
         assert_eq!(drain(&mut c), model.into_iter().collect::<Vec<_>>());
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn values_that_grow_move_and_values_that_shrink_stay_through_compactions() {
+        // 3,000 keys whose values change size and turn into tombstones and
+        // back; ~3 MB appended into a 2 MB arena, so compactions happen.
+        let mut c = Collector::new(4 << 20);
+        let mut model = BTreeMap::new();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for i in 0..60_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = format!("key-{:06}", x % 3_000).into_bytes();
+            let v = match x % 5 {
+                0 => None,
+                n => Some(vec![(i % 251) as u8; ((x >> 8) % (40 * n)) as usize]),
+            };
+            assert_eq!(c.add(&k, v.as_deref()), Full::No, "3,000 keys fit: compaction, not spilling");
+            model.insert(k, v);
+        }
+        assert_eq!(c.len(), model.len());
+        assert_eq!(drain(&mut c), model.into_iter().collect::<Vec<_>>());
+        assert!(c.is_empty());
+        // Drained collectors start over cleanly.
+        assert_eq!(c.add(b"again", Some(b"1")), Full::No);
+        assert_eq!(drain(&mut c), vec![(b"again".to_vec(), Some(b"1".to_vec()))]);
     }
 
     #[test]

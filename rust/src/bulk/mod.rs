@@ -138,8 +138,7 @@ fn run(
     // side by side share the cache, so hiding the misses matters more there).
     let mut ops = ChunkOps::default();
     let mut hashes: Vec<u64> = Vec::new();
-    const SLOT_AHEAD: usize = 48;
-    const ENTRY_AHEAD: usize = 32;
+    const SLOT_AHEAD: usize = 32;
     const DATA_AHEAD: usize = 16;
     loop {
         ops.clear();
@@ -159,7 +158,7 @@ fn run(
             collector.prefetch(h, Stage::Slot);
         }
         for (i, &h) in hashes.iter().enumerate() {
-            for (ahead, stage) in [(SLOT_AHEAD, Stage::Slot), (ENTRY_AHEAD, Stage::Entry), (DATA_AHEAD, Stage::Data)] {
+            for (ahead, stage) in [(SLOT_AHEAD, Stage::Slot), (DATA_AHEAD, Stage::Data)] {
                 if let Some(&later) = hashes.get(i + ahead) {
                     collector.prefetch(later, stage);
                 }
