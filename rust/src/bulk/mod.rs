@@ -26,6 +26,11 @@ use crate::source::ChangelogSource;
 use crate::store::Store;
 use collect::{Collector, Full, Stage};
 
+/// Largest chunk of log a bulk restore buffers at a time: a chunk is decoded,
+/// then its records are added to the collector, so a chunk that fits the
+/// core's own cache is read from there (replay batches more, for RocksDB).
+pub const BULK_CHUNK_BYTES: usize = 1 << 20;
+
 /// Tuning of one bulk restore.
 #[derive(Debug, Clone, Copy)]
 pub struct BulkOptions {
@@ -39,7 +44,7 @@ pub struct BulkOptions {
 
 impl BulkOptions {
     pub fn new(memory_budget: usize) -> Self {
-        Self { memory_budget, chunk_bytes: crate::replay::DEFAULT_CHUNK_BYTES, sst_target_bytes: 128 << 20 }
+        Self { memory_budget, chunk_bytes: BULK_CHUNK_BYTES, sst_target_bytes: 128 << 20 }
     }
 }
 

@@ -433,7 +433,10 @@ pub struct CommittedReader {
 impl CommittedReader {
     /// Open at `start_offset`.
     pub fn open(dir: &Path, start_offset: i64) -> Result<Self, LogError> {
-        Ok(CommittedReader { inner: PartitionReader::open(dir, start_offset, Isolation::ReadCommitted, 4 * DEFAULT_CHUNK)? })
+        // Reads of DEFAULT_CHUNK (1 MiB; larger batches grow the buffer) keep the
+        // bytes just read in the core's own cache until they are decoded: with
+        // 4 MiB reads, two restores side by side ran 15% slower each.
+        Ok(CommittedReader { inner: PartitionReader::open(dir, start_offset, Isolation::ReadCommitted, DEFAULT_CHUNK)? })
     }
 }
 

@@ -15,7 +15,7 @@ use super::{
     replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, DEFAULT_CHUNK_BYTES,
     DEFAULT_WRITE_BUFFER_BYTES,
 };
-use crate::bulk::{bulk, scratch_dir, BulkOptions};
+use crate::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
 use crate::source::{ChangelogSource, SkipCounts, SourceError};
 use crate::store::Store;
 
@@ -218,7 +218,7 @@ pub fn restore(
             Mode::Bulk => {
                 let opts = BulkOptions {
                     memory_budget: spec.memory_budget,
-                    chunk_bytes: spec.chunk_bytes,
+                    chunk_bytes: spec.chunk_bytes.min(BULK_CHUNK_BYTES),
                     sst_target_bytes: 128 << 20,
                 };
                 bulk(&store, source.as_mut(), &tp, end, &opts, &mut progress)?
