@@ -373,6 +373,28 @@ def test_local_session_driver_runs_the_quick_compiler_only(spark: Any) -> None:
     assert LOCAL_DRIVER_JAVA_OPTIONS in args, args
     assert LOCAL_DRIVER_JAVA_OPTIONS in spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
 
+@pytest.mark.spark
+def test_result_rows_come_back_exactly_without_another_job(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rows_frame: any text (quotes, backslashes, newlines, non-ASCII), nulls, big ints and floats survive;
+    collecting the inline table runs no Spark job; the createDataFrame fallback gives the same rows."""
+    import statestore.spark as ss
+
+    rows = [
+        ("0_3", "s", "app-s-changelog", 3, 0, 2**40, 2**40, 7, 2**33, 1e-05, "bulk", "ok", None),
+        ("1_0", "t'x", "app-t'x-changelog", 0, None, None, 0, 0, 0, 0.25, "replay", "failed",
+         "it's a \\ 'quoted' \"error\" ü\nsecond line; DROP TABLE x; --"),
+    ]
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+    got = [tuple(r) for r in ss.rows_frame(spark, rows).collect()]
+    assert got == rows
+    assert set(tracker.getJobIdsForGroup(None)) == before, "collecting the inline table ran a Spark job"
+    assert [f.name for f in ss.rows_frame(spark, rows).schema.fields] == [c for c, _ in ss.RESULT_COLUMNS]
+    monkeypatch.setattr(ss, "INLINE_ROWS_MAX", 1)
+    assert [tuple(r) for r in ss.rows_frame(spark, rows).collect()] == rows
+
+
 def test_executors_default_to_this_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     from statestore.spark import _default_python
 
