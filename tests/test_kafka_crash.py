@@ -18,7 +18,6 @@ The broker (tansu) delivers aborted records to read_committed consumers, so
 from __future__ import annotations
 
 import random
-import signal
 import sys
 import uuid
 from pathlib import Path
@@ -33,7 +32,7 @@ kafka = pytest.importorskip("statestore.kafka")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
 from kafka_counting_child import STORE, check, last_committed, model_from_broker  # noqa: E402
-from killer import run_until_killed  # noqa: E402
+from killer import kill_counting_children  # noqa: E402
 
 CHILD = Path(__file__).resolve().parent / "procs" / "kafka_counting_child.py"
 TASK = TaskId(0, 0)
@@ -64,25 +63,14 @@ def check_store_on_disk(root: Path, app: str, changelog: kafka.KafkaChangelog) -
 
 def run_kills(root: Path, bootstrap: str, app: str, kills_wanted: int, seed: int) -> dict[str, int]:
     rng = random.Random(seed)
-    stats = {"kills": 0, "self_kills": 0, "runs": 0, "verified": 0}
     with _changelog(bootstrap) as changelog:
-        while stats["kills"] < kills_wanted:
-            stats["runs"] += 1
-            assert stats["runs"] <= kills_wanted * 2, f"children keep failing to die: {stats}"
-            self_kill = rng.random() < 0.5
-            kill_at = rng.randint(1, 80) if self_kill else -1
-            code, out, err = run_until_killed(
-                [sys.executable, str(CHILD), str(root), bootstrap, app, str(rng.randrange(2**31)), str(kill_at),
-                 str(rng.choice([1, 7, 25]))],
-                rng, self_kill=self_kill, startup=(0.2, 1.5), processing=(0, 0.3), timeout=30,
-            )
-            errors = "\n".join(line for line in err.splitlines() if not line.startswith("%"))
-            assert code == -signal.SIGKILL, f"child exited with {code}:\n{errors}"
-            stats["kills"] += 1
-            stats["self_kills"] += self_kill
-            stats["verified"] += out.count("verified")
-            check_store_on_disk(root, app, changelog)
-    return stats
+        return kill_counting_children(
+            rng, kills_wanted,
+            lambda kill_at: [sys.executable, str(CHILD), str(root), bootstrap, app, str(rng.randrange(2**31)),
+                             str(kill_at), str(rng.choice([1, 7, 25]))],
+            lambda: check_store_on_disk(root, app, changelog),
+            max_kill_at=80, startup=(0.2, 1.5), processing=(0, 0.3), timeout=30,
+        )
 
 
 def final_check(root: Path, bootstrap: str, app: str) -> dict[bytes, bytes]:

@@ -23,7 +23,6 @@ otherwise), and once more here at the end:
 from __future__ import annotations
 
 import random
-import signal
 import sys
 import zlib
 from pathlib import Path
@@ -36,7 +35,7 @@ from statestore.task_manager import TaskManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
 from counting_child import STORE, check, model_from_log
-from killer import run_until_killed
+from killer import kill_counting_children
 
 CHILD = Path(__file__).resolve().parent / "procs" / "counting_child.py"
 TASK = TaskId(0, 0)
@@ -80,24 +79,13 @@ def check_store_on_disk(root: Path) -> None:
 
 def run_kills(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: int) -> dict[str, int]:
     rng = random.Random(seed)
-    stats = {"kills": 0, "self_kills": 0, "runs": 0, "verified": 0}
-    while stats["kills"] < kills_wanted:
-        stats["runs"] += 1
-        assert stats["runs"] <= kills_wanted * 2, f"children keep failing to die: {stats}"
-        self_kill = rng.random() < 0.5
-        kill_at = rng.randint(1, 120) if self_kill else -1
-        code, out, err = run_until_killed(
-            [sys.executable, str(CHILD), str(root), guarantee, mode, str(rng.randrange(2**31)), str(kill_at),
-             str(rng.choice([1, 7, 25]))],
-            rng, self_kill=self_kill, startup=(0.02, 0.4), processing=(0, 0.15), timeout=20,
-        )
-        assert code == -signal.SIGKILL, f"child exited with {code}:\n{err}"
-        stats["kills"] += 1
-        stats["self_kills"] += self_kill and kill_at > 0
-        stats["verified"] += out.count("verified")
-        if mode == "store":
-            check_store_on_disk(root)
-    return stats
+    return kill_counting_children(
+        rng, kills_wanted,
+        lambda kill_at: [sys.executable, str(CHILD), str(root), guarantee, mode, str(rng.randrange(2**31)),
+                         str(kill_at), str(rng.choice([1, 7, 25]))],
+        lambda: check_store_on_disk(root) if mode == "store" else None,
+        max_kill_at=120, startup=(0.02, 0.4), processing=(0, 0.15), timeout=20,
+    )
 
 
 def final_check(root: Path, guarantee: str, mode: str) -> dict[bytes, bytes]:

@@ -55,6 +55,14 @@ def start_with_kill_points(tm: Any, task: Any, killer: Any) -> Any:
     return tm
 
 
+def reopen(tm: Any, open_manager: Any, killer: Any) -> Any:
+    """Close ``tm`` and its state directory, with a kill point after, and return ``open_manager()``."""
+    tm.close()
+    tm.directory.close()
+    killer.point()
+    return open_manager()
+
+
 def count_one(view: Any, pos: int) -> int:
     """Process input record ``pos``: increment its key's count and move ``__pos`` past it."""
     key = input_key(pos)
@@ -183,10 +191,7 @@ def main(argv: list[str]) -> None:
                 tm.restore()
                 killer.point()
             elif roll < 0.06:
-                tm.close()
-                tm.directory.close()
-                killer.point()
-                tm = open_manager()
+                tm = reopen(tm, open_manager, killer)
             view = tm.active_task(task).store(STORE)
 
 

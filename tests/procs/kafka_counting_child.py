@@ -38,6 +38,7 @@ from counting_child import (
     count_one,
     input_key,
     last_values,
+    reopen,
     start_with_kill_points,
 )
 from killer import Killer
@@ -144,10 +145,7 @@ def main(argv: list[str]) -> None:
             os.fsync(ledger)
             since_commit = 0
             if rng.random() < 0.03:
-                tm.close()
-                tm.directory.close()
-                killer.point()
-                tm = open_manager()
+                tm = reopen(tm, open_manager, killer)
             view = tm.active_task(task).store(STORE)
 
 

@@ -74,3 +74,41 @@ def run_until_killed(
     proc.stdout.close()
     proc.stderr.close()
     return proc.returncode, out, err
+
+
+def kill_counting_children(
+    rng: random.Random,
+    kills_wanted: int,
+    command: Callable[[int], list[str]],
+    after_kill: Callable[[], None],
+    *,
+    max_kill_at: int,
+    startup: tuple[float, float],
+    processing: tuple[float, float],
+    timeout: float,
+) -> dict[str, int]:
+    """SIGKILL crash children until ``kills_wanted`` died that way; returns the counts.
+
+    Each run is ``command(kill_at)`` (``kill_at`` -1: the parent kills it,
+    see :func:`run_until_killed`; else the child kills itself at that step,
+    half the time). Every run must end by SIGKILL; ``after_kill`` then checks
+    what is on disk. ``verified`` counts the children that checked their
+    restored store (each prints ``verified``) before dying.
+    """
+    stats = {"kills": 0, "self_kills": 0, "runs": 0, "verified": 0}
+    while stats["kills"] < kills_wanted:
+        stats["runs"] += 1
+        assert stats["runs"] <= kills_wanted * 2, f"children keep failing to die: {stats}"
+        self_kill = rng.random() < 0.5
+        kill_at = rng.randint(1, max_kill_at) if self_kill else -1
+        code, out, err = run_until_killed(
+            command(kill_at), rng, self_kill=self_kill, startup=startup, processing=processing, timeout=timeout
+        )
+        errors = "\n".join(line for line in err.splitlines() if not line.startswith("%"))  # librdkafka's logs
+        assert code == -signal.SIGKILL, f"child exited with {code}:\n{errors}"
+        stats["kills"] += 1
+        stats["self_kills"] += self_kill
+        stats["verified"] += out.count("verified")
+        after_kill()
+    return stats
+
