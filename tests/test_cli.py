@@ -77,7 +77,8 @@ def test_inspect_json_shows_offsets_and_lag(app: tuple[Path, Path]) -> None:
         # 200 records + commit marker (201), aborted record + marker (203), tombstone at 203, marker 204
         assert r["store_offset"] == 203
         assert r["log_end"] == 205
-        assert r["lag"] == 1  # only the last commit marker lies beyond the last applied record
+        assert r["lag"] == 0  # every committed record is applied
+        assert r["offset_lag"] == 1  # only the last commit marker lies beyond the last applied record
         assert r["store"] == STORE and r["changelog"] == f"{TOPIC}-{r['task_id'][-1]}"
         assert r["size_bytes"] > 0 and r["lock_holder_pid"] is None
     table = run("inspect", "--state-dir", str(state_dir), "--app-id", APP)

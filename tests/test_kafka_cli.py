@@ -56,9 +56,9 @@ def test_restore_and_inspect_from_kafka(kafka_bootstrap: str, tmp_path: Path) ->
     out = run("inspect", *bootstrap, "--state-dir", str(state), "--app-id", app, "--json")
     assert out.returncode == 0, out.stderr
     stores = json.loads(out.stdout)["stores"]
-    assert [(s["task_id"], s["log_end"], s["lag"]) for s in stores] == [("0_0", 604, 1), ("0_1", 604, 1)], (
-        "each partition: 4 x 150 records + 4 markers; the store stops before the last marker"
-    )
+    assert [(s["task_id"], s["log_end"], s["lag"], s["offset_lag"]) for s in stores] == [
+        ("0_0", 604, 0, 1), ("0_1", 604, 0, 1)
+    ], "each partition: 4 x 150 records + 4 markers; the store holds every record and stops before the last marker"
 
     out = run("restore", *bootstrap, "--state-dir", str(state), "--app-id", "no-such-app")
     assert out.returncode == 2 and "no changelog topic" in out.stderr

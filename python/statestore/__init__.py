@@ -28,7 +28,9 @@ from statestore.errors import (
     UnsupportedCompressionError,
 )
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
+from statestore.lag import Lag, store_lag
 from statestore.log import LogReader, Producer, Record, SegmentLog
+from statestore.metrics import MetricsPublisher, MetricsSnapshot, RestoreMetrics, StoreMetrics
 from statestore.policy import Event, Guarantee, OffsetsMode, Policy
 from statestore.restore import (
     RestoreListener,
@@ -74,9 +76,12 @@ __all__ = [
     "InMemoryStore",
     "KafkaChangelog",
     "KafkaProducer",
+    "Lag",
     "LockError",
     "LogError",
     "LogReader",
+    "MetricsPublisher",
+    "MetricsSnapshot",
     "OffsetCheckpoint",
     "OffsetsMode",
     "Policy",
@@ -85,6 +90,7 @@ __all__ = [
     "Record",
     "RestoreError",
     "RestoreListener",
+    "RestoreMetrics",
     "RestoreResult",
     "RestoreSpec",
     "SegmentLog",
@@ -97,6 +103,7 @@ __all__ = [
     "StateUpdater",
     "Store",
     "StoreError",
+    "StoreMetrics",
     "SuspendReason",
     "TaskCorruptedError",
     "TaskId",
@@ -110,4 +117,5 @@ __all__ = [
     "ensure_changelog_topics",
     "restore_many",
     "restore_store",
+    "store_lag",
 ]

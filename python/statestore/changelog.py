@@ -133,6 +133,15 @@ class Changelog(Protocol):
         """First offset of the oldest open transaction of ``tp``, else the end offset."""
         ...
 
+    def committed_records(self, tp: PartitionLike, start: int, end: int) -> int:
+        """How many committed data records of ``tp`` lie in ``[start, end)``: what a restore would apply.
+
+        Aborted records and transaction markers occupy offsets but are not
+        counted, so this is a store's lag in records, where ``end - start`` is
+        only its distance in offsets.
+        """
+        ...
+
     def abort_expired_transactions(self, timeout_ms: int) -> list[str]:
         """Abort transactions open longer than ``timeout_ms``; returns their transactional ids.
 

@@ -19,6 +19,7 @@ from statestore.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.directory import LOCK_FILE_NAME, STORES_DIR_NAME
 from statestore.errors import StateStoreError
 from statestore.ids import TaskId, TopicPartition, changelog_topic
+from statestore.lag import store_lag
 from statestore.log import SegmentLog
 
 STATUS_NAMES = {1: "open", 0: "closed"}
@@ -123,7 +124,12 @@ class StoreReport:
     lock_holder_pid: int | None
     log_start: int | None = None
     log_end: int | None = None
+    #: Committed records past the store's offset: what a restore would apply
+    #: (aborted records and transaction markers are not lag). None: unknown.
     lag: int | None = None
+    #: Offsets between the store's offset and the log end (markers and
+    #: aborted records included), beside ``lag``.
+    offset_lag: int | None = None
     problem: str | None = None
 
     def to_json(self) -> dict[str, object]:
@@ -152,22 +158,30 @@ def inspect_app(
         offset: int | None = None
         status = "none"
         keys: int | None = None
+        store_unreadable = False
         try:
             offsets, st, keys = _native.store_info(ls.path)
             offset = offsets.get(str(ls.changelog))
             status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"
         except StateStoreError as e:
             problem = str(e)
+            store_unreadable = True
         ckpt_offset = None
         try:
             ckpt_offset = OffsetCheckpoint(ls.path.parent.parent / CHECKPOINT_FILE_NAME).read().get(ls.changelog)
         except StateStoreError as e:
             problem = (problem + "; " if problem else "") + str(e)
-        start = end = lag = None
+        start = end = lag = offset_lag = None
         if log is not None:
-            start, end, _lso = log.offsets(ls.changelog)
             known = offset if offset is not None else ckpt_offset
-            lag = end - (known + 1) if known is not None and known >= 0 else end - start
+            try:
+                lg = store_lag(log, ls.changelog, known)
+                start, end, lag, offset_lag = lg.log_start, lg.log_end, lg.records, lg.offsets
+            except StateStoreError as e:
+                problem = (problem + "; " if problem else "") + f"lag unknown: {e}"
+            if store_unreadable:
+                # The store's own offset is unknown: any lag would be a guess.
+                lag = offset_lag = None
         reports.append(
             StoreReport(
                 task_id=str(ls.task_id),
@@ -182,6 +196,7 @@ def inspect_app(
                 log_start=start,
                 log_end=end,
                 lag=lag,
+                offset_lag=offset_lag,
                 problem=problem,
             )
         )

@@ -557,6 +557,12 @@ class KafkaChangelog:
         finally:
             feed.close()
 
+    def committed_records(self, tp: PartitionLike, start: int, end: int) -> int:
+        """How many committed data records of ``tp`` lie in ``[start, end)`` (markers and aborted records are not)."""
+        if end <= start:
+            return 0
+        return sum(1 for _ in self.read(tp, start, end_offset=end))
+
     # -- topics ---------------------------------------------------------------------------------
 
     def admin(self) -> Any:

@@ -246,6 +246,14 @@ class SegmentLog:
         """First offset of the oldest open transaction of ``tp``, else the end offset."""
         return self.offsets(tp)[2]
 
+    def committed_records(self, tp: PartitionLike, start: int, end: int) -> int:
+        """How many committed data records of ``tp`` lie in ``[start, end)`` (markers and aborted records are not)."""
+        t = _tp(tp)
+        if end <= start:
+            return 0
+        records, _bytes, _position, _read = _native.log_committed_stats(str(self.log_dir), t.topic, t.partition, start, end)
+        return int(records)
+
     def recover(self, tp: PartitionLike) -> int:
         """Open ``tp`` for writing now: take its writer lock, cut a torn tail, rebuild its index.
 

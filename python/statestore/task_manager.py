@@ -41,7 +41,9 @@ from statestore.errors import (
     TaskCorruptedError,
 )
 from statestore.ids import TaskId, TopicPartition, changelog_topic
+from statestore.lag import Lag, store_lag
 from statestore.log import SegmentLog
+from statestore.metrics import RestoreMetrics
 from statestore.policy import Guarantee, OffsetsMode, Policy
 from statestore.restore import RestoreListener as EngineRestoreListener
 from statestore.state_manager import StateManager
@@ -138,6 +140,7 @@ class TaskManager:
         offsets: OffsetsMode | str = "store",
         listener: EngineRestoreListener | None = None,
         standby_listener: StandbyUpdateListener | None = None,
+        metrics: RestoreMetrics | None = None,
         commit_interval_ms: int = 30_000,
         application_id: str | None = None,
         max_startup_tasks: int = DEFAULT_MAX_STARTUP_TASKS,
@@ -176,6 +179,7 @@ class TaskManager:
             changelog,
             listener=listener,
             standby_listener=standby_listener,
+            metrics=metrics,
             commit_interval_ms=commit_interval_ms,
             transaction_timeout_ms=transaction_timeout_ms,
             time_slice_ms=time_slice_ms,
@@ -191,6 +195,9 @@ class TaskManager:
         self._started = False
         self._closed = False
         self._last_commit = clock()
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.tasks_by_state = self.tasks_by_state
 
     def __repr__(self) -> str:
         return (
@@ -497,6 +504,28 @@ class TaskManager:
     def standby_tasks(self) -> dict[TaskId, StandbyTask]:
         """The standby tasks."""
         return dict(self._standby)
+
+    def tasks_by_state(self) -> dict[str, int]:
+        """How many owned tasks are in each state, ``"<kind> <STATE>"`` (e.g. ``"active RESTORING"``)."""
+        counts: dict[str, int] = {}
+        for task in self.tasks().values():
+            key = f"{task.kind} {task.state.value}"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def lag(self) -> dict[TaskId, dict[str, Lag]]:
+        """Each owned task's stores' lag behind their changelogs, in committed records (and offsets beside).
+
+        A store that holds every committed record has 0 records of lag, even
+        when aborted records or transaction markers follow its offset.
+        """
+        out: dict[TaskId, dict[str, Lag]] = {}
+        for tid, task in self.tasks().items():
+            offsets = task.offsets()
+            out[tid] = {
+                cs.name: store_lag(self.changelog, cs.tp, offsets.get(cs.tp)) for cs in task.changelog_stores()
+            }
+        return out
 
     # -- offset sums ---------------------------------------------------------------------------
 

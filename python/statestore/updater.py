@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from statestore.changelog import Changelog
 from statestore.errors import LogError, RestoreError, StateStoreError, StoreError, TaskCorruptedError
 from statestore.ids import TaskId, TopicPartition
+from statestore.metrics import RestoreMetrics
 from statestore.restore import RestoreListener as EngineRestoreListener
 from statestore.restore import RestoreResult, RestoreSpec, restore_many
 from statestore.task import ActiveTask, ChangelogStore, StandbyTask, Task, TaskState
@@ -161,6 +162,7 @@ class StateUpdater:
         *,
         listener: EngineRestoreListener | None = None,
         standby_listener: StandbyUpdateListener | None = None,
+        metrics: RestoreMetrics | None = None,
         commit_interval_ms: int = 30_000,
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         time_slice_ms: int = DEFAULT_TIME_SLICE_MS,
@@ -176,6 +178,7 @@ class StateUpdater:
         self.changelog = changelog
         self.listener = listener
         self.standby_listener = standby_listener
+        self.metrics = metrics
         self.commit_interval = commit_interval_ms / 1000
         self.transaction_timeout_ms = transaction_timeout_ms
         self.time_slice = time_slice_ms / 1000
@@ -217,6 +220,8 @@ class StateUpdater:
                 entry.changelogs.append(_Changelog(cs, end, position))
                 if self.listener is not None:
                     self.listener.on_restore_start(cs.tp, cs.name, position, end)
+                if self.metrics is not None:
+                    self.metrics.restore_started(task.id, cs.tp, cs.name, position, end)
             else:
                 entry.changelogs.append(_Changelog(cs, None, position))
                 if self.standby_listener is not None:
@@ -238,6 +243,8 @@ class StateUpdater:
             if entry is None:  # it completed or failed meanwhile
                 return None
         del self._tasks[task_id]
+        if self.metrics is not None:
+            self.metrics.forget(task_id)
         for cl in entry.changelogs:
             if entry.active:
                 suspended = getattr(self.listener, "on_restore_suspended", None)
@@ -376,6 +383,8 @@ class StateUpdater:
                     cl.phase = ChangelogPhase.COMPLETED
                     if self.listener is not None:
                         self.listener.on_restore_end(cl.store.tp, cl.store.name, cl.restored)
+                    if self.metrics is not None:
+                        self.metrics.restore_ended(entry.task.id, cl.store.name)
             if all(c.phase is ChangelogPhase.COMPLETED for c in entry.changelogs):
                 task = entry.task
                 assert isinstance(task, ActiveTask)
@@ -393,11 +402,18 @@ class StateUpdater:
         if entry.active:
             if self.listener is not None:
                 self.listener.on_batch_restored(cl.store.tp, cl.store.name, result.offset, result.records_applied)
-        elif self.standby_listener is not None:
-            self.standby_listener.on_batch_loaded(
-                cl.store.tp, cl.store.name, entry.task.id, result.offset, result.records_applied,
-                self.changelog.end_offset(cl.store.tp),
-            )
+            if self.metrics is not None:
+                self.metrics.restored(entry.task.id, cl.store.tp, cl.store.name, result.records_applied, cl.position)
+        elif self.standby_listener is not None or self.metrics is not None:
+            end = self.changelog.end_offset(cl.store.tp)
+            if self.standby_listener is not None:
+                self.standby_listener.on_batch_loaded(
+                    cl.store.tp, cl.store.name, entry.task.id, result.offset, result.records_applied, end
+                )
+            if self.metrics is not None:
+                self.metrics.standby_updated(
+                    entry.task.id, cl.store.tp, cl.store.name, result.records_applied, cl.position, end
+                )
 
     def _fail(self, entry: _Updating, error: StateStoreError, cl: _Changelog | None) -> None:
         entry.failed = True

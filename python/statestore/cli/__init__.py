@@ -45,6 +45,7 @@ def _register() -> None:
     from statestore.cli.log import log
     from statestore.cli.restore import restore
     from statestore.cli.verify import verify
+    from statestore.cli.watch import watch
 
     main.add_command(demo)
     main.add_command(inspect)
@@ -52,6 +53,7 @@ def _register() -> None:
     main.add_command(clean)
     main.add_command(log)
     main.add_command(restore)
+    main.add_command(watch)
 
 
 _register()

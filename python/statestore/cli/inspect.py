@@ -18,8 +18,8 @@ from statestore.cli.common import (
 from statestore.inspection import StoreReport, inspect_app, reports_json
 
 
-def _num(v: int | None) -> str:
-    return "-" if v is None else f"{v:,}"
+def _num(v: int | None, missing: str = "-") -> str:
+    return missing if v is None else f"{v:,}"
 
 
 @click.command()
@@ -57,7 +57,8 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
         table.add_column(col, justify="right" if col in ("store offset", "checkpoint", "keys (est.)", "size") else "left")
     if with_log:
         table.add_column("log end", justify="right")
-        table.add_column("lag", justify="right")
+        table.add_column("lag (records)", justify="right")
+        table.add_column("lag (offsets)", justify="right")
     for r in reports:
         row = [
             r.task_id,
@@ -70,7 +71,7 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
             f"pid {r.lock_holder_pid}" if r.lock_holder_pid else "free",
         ]
         if with_log:
-            row += [_num(r.log_end), _num(r.lag)]
+            row += [_num(r.log_end), _num(r.lag, "unknown"), _num(r.offset_lag, "unknown")]
         table.add_row(*row)
     console.print(table)
     if not reports:

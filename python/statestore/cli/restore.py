@@ -15,6 +15,7 @@ from rich.table import Table
 from statestore.cli.common import BarListener, kafka_changelog, kafka_options, kafka_plan, restore_progress
 from statestore.directory import StateDirectory
 from statestore.errors import LockError
+from statestore.metrics import MetricsPublisher, RestoreMetrics
 from statestore.policy import Guarantee
 from statestore.restore import (
     DEFAULT_MEMORY_BUDGET,
@@ -46,6 +47,7 @@ def restore_local(
     memory_budget_bytes: int,
     threads: int | None,
     listener_for: Callable[[PartitionWork], RestoreListener | None] | None = None,
+    metrics: RestoreMetrics | None = None,
 ) -> list[RestoreRow]:
     """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
 
@@ -53,7 +55,9 @@ def restore_local(
     reads (a :class:`~statestore.kafka.KafkaChangelog`).
 
     A store holding data without an offset is deleted first under
-    exactly-once (unknown state), as the Spark engine does.
+    exactly-once (unknown state), as the Spark engine does. With ``metrics``,
+    every restore records into it, and the snapshots are published for
+    ``statestore watch`` while the restore runs.
     """
     with StateDirectory(state_dir, application_id) as sd:
         for task_id in sorted({w.task_id for w in work}):
@@ -67,9 +71,15 @@ def restore_local(
                 shutil.rmtree(target)
             target.parent.mkdir(exist_ok=True)
             listener = listener_for(w) if listener_for is not None else None
+            if metrics is not None:
+                listener = metrics.listener(w.task_id, also=listener)
             specs.append(RestoreSpec(target, log_dir, w.tp, mode=mode, memory_budget_bytes=memory_budget_bytes,
                                      listener=listener))
-        results = restore_many(specs, threads=threads)
+        if metrics is not None:
+            with MetricsPublisher(metrics, state_dir):
+                results = restore_many(specs, threads=threads)
+        else:
+            results = restore_many(specs, threads=threads)
     rows = []
     for w, r in zip(work, results, strict=True):
         failed = r.error is not None
@@ -123,9 +133,12 @@ def _table(rows: list[RestoreRow]) -> Table:
               help="Spark master for --engine spark (ignored when a session is already active).")
 @click.option("--memory-budget", "memory_mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_BUDGET // 2**20,
               show_default=True, help="Memory budget of each bulk restore, MiB.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
+              help="Serve Prometheus metrics on this port of 127.0.0.1 while restoring (needs statestore[metrics]).")
 def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...], kafka_end_from_fetch: bool,
             state_dir: Path, application_id: str, stores: tuple[str, ...], partitions: str | None,
-            mode: str, guarantee: str, engine: str, threads: int | None, master: str, memory_mib: int) -> None:
+            mode: str, guarantee: str, engine: str, threads: int | None, master: str, memory_mib: int,
+            metrics_port: int | None) -> None:
     """Rebuild stores from their changelogs and print one row per (store, partition).
 
     Exits with status 1 if any partition failed.
@@ -145,6 +158,12 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
     if (log_dir is None) == (kafka is None):
         raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
     budget = memory_mib * 2**20
+    metrics = RestoreMetrics(application_id)
+    if metrics_port is not None:
+        from statestore.metrics_prometheus import start_exporter
+
+        port, _ = start_exporter(metrics, metrics_port)
+        click.echo(f"metrics: http://127.0.0.1:{port}/metrics", err=True)
     t0 = time.perf_counter()
     console = Console() if sys.stdout.isatty() else Console(width=200)
     if kafka is not None:
@@ -156,7 +175,7 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
                 rows = restore_local(
                     work, log_dir=changelog, state_dir=state_dir, application_id=application_id, mode=mode,
                     guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
-                    listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
+                    listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"), metrics=metrics,
                 )
         _report(console, rows, t0, "local, Kafka")
         return
@@ -171,7 +190,7 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
             rows = restore_local(
                 work, log_dir=log_dir, state_dir=state_dir, application_id=application_id, mode=mode,
                 guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
-                listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
+                listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"), metrics=metrics,
             )
     else:
         rows = _restore_spark(names, parts, log_dir=log_dir, state_dir=state_dir, application_id=application_id,
