@@ -49,8 +49,10 @@ lint: build
 torture: build
 	$(PY) -m pytest -q -m torture $(PYTEST_ARGS)
 
+# BENCH=benches/test_bench_x.py re-measures one module and keeps the other rows of BENCHMARKS.md
+BENCH ?=
 bench: build
-	$(PY) benches/run.py
+	$(PY) benches/run.py $(if $(BENCH),--only $(BENCH))
 
 # -- fuzzing (docs/development.md) ---------------------------------------------
 # Each target runs FUZZ_SECONDS (libFuzzer: -max_total_time) from its committed

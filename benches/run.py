@@ -1,10 +1,13 @@
-"""Run every benchmark in ``benches/`` and record the ratios in BENCHMARKS.md.
+"""Run the benchmarks in ``benches/`` and record the ratios in BENCHMARKS.md.
 
 Each benchmark measures its baseline and its candidate in the same run and
 stores ``baseline``, ``candidate``, ``ratio`` and ``goal`` (plus any figures it
-likes) in pytest-benchmark's ``extra_info``; this script turns the JSON into the
-table in BENCHMARKS.md, dated and with the machine it ran on, followed by the
-hand-written notes of ``benches/notes.md``.
+likes) in pytest-benchmark's ``extra_info``. Every result is kept in
+``benches/results.json`` (committed) with the date, machine and scale it was
+measured at; this script merges a run into it -- a run of some modules
+(``--only benches/test_bench_kafka.py``) replaces only their rows, a run of
+everything replaces all -- and writes the table in BENCHMARKS.md from it,
+followed by the hand-written notes of ``benches/notes.md``.
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ def machine() -> str:
 
 
 def table(results: dict[str, object]) -> str:
-    """Markdown table of the ratios in a pytest-benchmark JSON document."""
+    """Markdown table of the ratios in a results document (``benchmarks``: name, extra_info, measured)."""
     rows = [
-        "| benchmark | candidate | baseline | ratio | goal | met | details |",
-        "|---|---|---|---:|---:|:-:|---|",
+        "| benchmark | candidate | baseline | ratio | goal | met | details | measured |",
+        "|---|---|---|---:|---:|:-:|---|---|",
     ]
     for bench in results.get("benchmarks", []):  # type: ignore[union-attr]
         info = dict(bench.get("extra_info", {}))
@@ -57,7 +60,8 @@ def table(results: dict[str, object]) -> str:
         details = ", ".join(f"{k}={v:,.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
         r = "" if ratio is None else f"{ratio:.2f}"
         g = "" if goal is None else f">= {goal}"
-        rows.append(f"| {bench['name']} | {cand} | {base} | {r} | {g} | {met} | {details} |")
+        when = bench.get("measured", "")
+        rows.append(f"| {bench['name']} | {cand} | {base} | {r} | {g} | {met} | {details} | {when} |")
     return "\n".join(rows)
 
 
@@ -97,22 +101,49 @@ def chart(results: dict[str, object], path: Path) -> bool:
     return True
 
 
+RESULTS = ROOT / "benches" / "results.json"
+
+
+def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object]:
+    """``benches/results.json`` with this run's results in place of the same benchmarks' older ones.
+
+    A full run (every module) replaces the whole document, so removed
+    benchmarks disappear; a partial run keeps the other modules' rows in order.
+    """
+    fresh = [
+        {"name": b["name"], "module": b.get("fullname", "").split("::", 1)[0], "extra_info": b.get("extra_info", {}),
+         "measured": stamp}
+        for b in run.get("benchmarks", [])  # type: ignore[union-attr]
+    ]
+    if full or not RESULTS.exists():
+        return {"benchmarks": fresh}
+    kept: list[dict[str, object]] = json.loads(RESULTS.read_text()).get("benchmarks", [])
+    by_name = {b["name"]: b for b in fresh}
+    merged = [by_name.pop(str(b["name"]), b) for b in kept]
+    return {"benchmarks": merged + list(by_name.values())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", type=Path, default=ROOT / ".benchmarks" / "latest.json")
     ap.add_argument("--no-markdown", action="store_true", help="only write the JSON")
+    ap.add_argument("--only", nargs="+", type=Path, default=None, metavar="MODULE",
+                    help="run only these benchmark modules and replace only their rows")
     ap.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (e.g. -k decode)")
     args = ap.parse_args()
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    targets = [str(p) for p in args.only] if args.only else [str(ROOT / "benches")]
     cmd = [
-        sys.executable, "-m", "pytest", str(ROOT / "benches"), "-q", "-s", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", *targets, "-q", "-s", "-p", "no:cacheprovider",
         f"--benchmark-json={args.json}", *args.pytest_args,
     ]
     rc = subprocess.call(cmd, cwd=ROOT)
     if rc != 0 or args.no_markdown:
         return rc
-    results = json.loads(args.json.read_text())
     scale = os.environ.get("STATESTORE_BENCH_SCALE", "1.0")
+    stamp = f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, scale {scale}"
+    results = merge(json.loads(args.json.read_text()), full=not args.only and not args.pytest_args, stamp=stamp)
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     doc = [
         "# Benchmarks",
         "",
@@ -120,9 +151,9 @@ def main() -> int:
         "the ratio is baseline time / candidate time (higher is better) unless the row says otherwise.",
         "Regenerate with `make bench`.",
         "",
-        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- last run: {stamp}; each row says when it was measured (`make bench` runs all,",
+        "  `make bench BENCH=benches/test_bench_x.py` re-measures one module and keeps the other rows)",
         f"- machine: {machine()}",
-        f"- scale: {scale}",
         "",
         table(results),
         "",

@@ -249,3 +249,12 @@ def test_watch_says_unknown_for_a_store_it_cannot_read(tmp_path: Path) -> None:
                   str(tmp_path / "log"), "--json")
     (row,) = json.loads(out.stdout)["stores"]
     assert row["lag"] is None and row["problem"]
+
+
+def test_a_restore_too_short_to_report_progress_still_counts(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "log", 1, 2_000)
+    m = RestoreMetrics(APP)
+    result = restore_store(tmp_path / STORE, log, TopicPartition(TOPIC, 0), listener=m.listener("0_0"),
+                           progress_interval=3600.0)
+    (s,) = m.snapshot().stores
+    assert s.records_restored == result.records_applied == 2_000 and s.done

@@ -174,12 +174,16 @@ class RestoreMetrics:
                 self._stores[(str(task_id), store)] = p
             p.record(self._clock(), records, next_position)
 
-    def restore_ended(self, task_id: TaskId | str, store: str) -> None:
-        """The store's restoration completed."""
+    def restore_ended(self, task_id: TaskId | str, store: str, total_restored: int | None = None) -> None:
+        """The store's restoration completed, having applied ``total_restored`` records (when known)."""
         with self._lock:
             p = self._stores.get((str(task_id), store))
             if p is not None:
                 p.ended = self._clock()
+                if total_restored is not None and total_restored > p.records:
+                    # the engine reports progress at most every progress interval: a short
+                    # restore may end before reporting any batch
+                    p.record(p.ended, total_restored - p.records, None)
                 if p.end_offset is not None:
                     p.position = max(p.position or 0, p.end_offset)
 
@@ -265,7 +269,7 @@ class TaskRestoreListener:
 
     def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
         """Called once when the store's restoration completed."""
-        self._metrics.restore_ended(self._task_id, store_name)
+        self._metrics.restore_ended(self._task_id, store_name, total_restored)
         if self._also is not None:
             self._also.on_restore_end(tp, store_name, total_restored)
 

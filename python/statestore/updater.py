@@ -384,7 +384,7 @@ class StateUpdater:
                     if self.listener is not None:
                         self.listener.on_restore_end(cl.store.tp, cl.store.name, cl.restored)
                     if self.metrics is not None:
-                        self.metrics.restore_ended(entry.task.id, cl.store.name)
+                        self.metrics.restore_ended(entry.task.id, cl.store.name, cl.restored)
             if all(c.phase is ChangelogPhase.COMPLETED for c in entry.changelogs):
                 task = entry.task
                 assert isinstance(task, ActiveTask)
