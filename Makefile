@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/statestore/cargo-target
 export VIRTUAL_ENV := $(abspath $(VENV))
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz fuzz-tools fuzz-build torture clean-venv
+.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz fuzz-tools fuzz-build torture clean-venv kafka kafka-stop
 
 setup: build
 
@@ -45,6 +45,18 @@ lint: build
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/mypy
 	cargo clippy --release --manifest-path rust/Cargo.toml --all-targets --features python -- -D warnings
+
+# A Kafka 4.4 broker for people, on 127.0.0.1 (the tests start their own): `make kafka`, then `make kafka-stop`.
+KAFKA_DIR ?= $(HOME)/.cache/statestore/kafka-dev
+kafka: venv
+	@line=$$(bash scripts/kafka-broker.sh start $(KAFKA_DIR)) && echo "$$line" && \
+	  bs=$$(echo "$$line" | sed 's/.*bootstrap=\([^ ]*\).*/\1/') && \
+	  echo "use it:  $(VENV)/bin/statestore restore --kafka $$bs --state-dir /tmp/state --app-id APP" && \
+	  echo "         $(VENV)/bin/statestore inspect --kafka $$bs --state-dir /tmp/state --app-id APP" && \
+	  echo "stop it: make kafka-stop   (log dir: $(KAFKA_DIR)/data)"
+
+kafka-stop:
+	bash scripts/kafka-broker.sh stop $(KAFKA_DIR)
 
 torture: build
 	$(PY) -m pytest -q -m torture $(PYTEST_ARGS)

@@ -46,7 +46,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Segmen
         broker = start_broker()
     except BrokerUnavailable as e:
         pytest.skip(f"no Kafka-protocol broker could start: {e}")
-    changelog = kafka.KafkaChangelog(broker.bootstrap, end_from_fetch=True, request_timeout=60.0)
+    changelog = kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0)
     seg = SegmentLog(tmp_path_factory.mktemp("kafka-bench") / "log", sync=False)
     tp = TopicPartition("bench-kafka", 0)
     changelog.create_topics({tp.topic: 1})

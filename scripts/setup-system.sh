@@ -7,6 +7,9 @@ need=()
 for pkg in libclang-dev clang build-essential pkg-config; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
+# The Kafka tests run an Apache Kafka broker from Maven Central jars (scripts/kafka-broker.sh): Java 17+ and Maven.
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need+=(maven)
 if ((${#need[@]})); then
     echo "setup: installing Debian packages: ${need[*]}"
     SUDO=""

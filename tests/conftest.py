@@ -26,18 +26,27 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """``host:port`` of a Kafka-protocol broker (tansu) started on 127.0.0.1 for the whole run.
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Apache Kafka 4.4 broker (``scripts/kafka-broker.sh``) on 127.0.0.1 for the whole run.
 
-    Skips the test with the reason when none can start (no confluent-kafka,
-    no broker binary, or it does not come up).
+    Skips with the reason when none can start; under ``CI=true`` that is a
+    failure instead, so CI never passes without having run the Kafka suite.
     """
+    pytest.importorskip("confluent_kafka")
     sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-    from kafka_broker import BrokerUnavailable, start_broker
+    from kafka_broker import BrokerUnavailable, broker_or_skip_reason
 
     try:
-        broker = start_broker()
+        broker, reason = broker_or_skip_reason(tmp_path_factory.mktemp("kafka-broker"))
     except BrokerUnavailable as e:
-        pytest.skip(f"no Kafka-protocol broker could start: {e}")
-    yield broker.bootstrap
+        pytest.fail(f"CI=true and no Kafka broker could start: {e}")
+    if broker is None:
+        pytest.skip(f"no Kafka broker could start: {reason}")
+    yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: Any) -> str:
+    """``host:port`` of the session's Kafka broker."""
+    return str(kafka_broker.bootstrap)

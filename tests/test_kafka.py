@@ -36,7 +36,7 @@ pytestmark = pytest.mark.kafka
 @pytest.fixture
 def changelog(kafka_bootstrap: str) -> Iterator[KafkaChangelog]:
     # tansu's ListOffsets reports the last batch's base offset + 1 as the end: take it from a fetch.
-    c = KafkaChangelog(kafka_bootstrap, request_timeout=20.0, restore_stall_timeout=20.0, end_from_fetch=True)
+    c = KafkaChangelog(kafka_bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
     yield c
     c.close()
 
@@ -171,7 +171,7 @@ def test_a_changelog_topic_recreated_behind_the_store_is_detected_and_rebuilt(
     task, tp = TaskId(0, 0), TopicPartition(topic, 0)
 
     def changelog() -> KafkaChangelog:
-        return KafkaChangelog(kafka_bootstrap, request_timeout=20.0, end_from_fetch=True)
+        return KafkaChangelog(kafka_bootstrap, request_timeout=20.0)
 
     def manager(changelog: KafkaChangelog) -> TaskManager:
         return TaskManager(StateDirectory(tmp_path / "state", app), changelog, ["s"], guarantee="exactly_once_v2")

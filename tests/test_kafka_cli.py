@@ -27,7 +27,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_restore_and_inspect_from_kafka(kafka_bootstrap: str, tmp_path: Path) -> None:
     app = f"cli{uuid.uuid4().hex[:8]}"
     seg = SegmentLog(tmp_path / "log", sync=False)
-    with kafka.KafkaChangelog(kafka_bootstrap, end_from_fetch=True) as changelog:
+    with kafka.KafkaChangelog(kafka_bootstrap) as changelog:
         kafka.ensure_changelog_topics(changelog, app, ["counts"], 2)
         topic = f"{app}-counts-changelog"
         kp, sp = changelog.producer("cli"), seg.producer("cli")
@@ -42,7 +42,7 @@ def test_restore_and_inspect_from_kafka(kafka_bootstrap: str, tmp_path: Path) ->
             sp.commit()
         kp.close()
     state = tmp_path / "state"
-    bootstrap = ["--kafka", kafka_bootstrap, "--kafka-end-from-fetch", "--kafka-config", "client.id=statestore-cli"]
+    bootstrap = ["--kafka", kafka_bootstrap, "--kafka-config", "client.id=statestore-cli"]
     out = run("restore", *bootstrap, "--state-dir", str(state), "--app-id", app, "--threads", "2")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 ok, 0 failed" in out.stdout

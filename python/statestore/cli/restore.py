@@ -135,7 +135,7 @@ def _table(rows: list[RestoreRow]) -> Table:
               show_default=True, help="Memory budget of each bulk restore, MiB.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve Prometheus metrics on this port of 127.0.0.1 while restoring (needs statestore[metrics]).")
-def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...], kafka_end_from_fetch: bool,
+def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
             state_dir: Path, application_id: str, stores: tuple[str, ...], partitions: str | None,
             mode: str, guarantee: str, engine: str, threads: int | None, master: str, memory_mib: int,
             metrics_port: int | None) -> None:
@@ -169,7 +169,7 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
     if kafka is not None:
         if engine != "local":
             raise click.UsageError("--kafka restores with --engine local")
-        with kafka_changelog(kafka, kafka_config, kafka_end_from_fetch) as changelog:
+        with kafka_changelog(kafka, kafka_config) as changelog:
             work = kafka_plan(changelog, application_id, list(stores), parts)
             with restore_progress(console) as progress:
                 rows = restore_local(

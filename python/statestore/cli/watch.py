@@ -141,7 +141,7 @@ def render(app_id: str, holder: int | None, rows: list[WatchRow], with_log: bool
 @click.option("--iterations", type=click.IntRange(min=1), default=None,
               help="Stop after this many refreshes (default: until Ctrl-C).")
 def watch(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
-          kafka_end_from_fetch: bool, interval: float, iterations: int | None) -> None:
+          interval: float, iterations: int | None) -> None:
     """Refresh the inspect table with restore rates and time to completion, while restores run elsewhere.
 
     Rates and remaining records come from the snapshots that restoring
@@ -156,7 +156,7 @@ def watch(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None,
     if log_dir is not None and kafka is not None:
         raise click.UsageError("give either --log-dir or --kafka, not both")
     if kafka is not None:
-        with kafka_changelog(kafka, kafka_config, kafka_end_from_fetch) as changelog:
+        with kafka_changelog(kafka, kafka_config) as changelog:
             _loop(state_dir, app_id, changelog, interval, iterations)
     else:
         _loop(state_dir, app_id, SegmentLog(log_dir) if log_dir is not None else None, interval, iterations)
