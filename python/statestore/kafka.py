@@ -173,7 +173,10 @@ class KafkaProducer(ClosesOnCleanExit):
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
-            if self._failure is None:
+            ck = _require()
+            # Records purged by an abort (or a fenced close) report _PURGE_*: they were meant to go.
+            purged = err.code() in (ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT)
+            if self._failure is None and not purged:
                 self._failure = err
             return
         tp = TopicPartition(msg.topic(), msg.partition())

@@ -161,16 +161,19 @@ pub fn restore(
     let bad = |msg: String| {
         RestoreError::new(ErrorKind::Restore, format!("restoring store {} from {tp}: {msg}", path.display()))
     };
+    let out_of_range = |msg: String| {
+        RestoreError::new(ErrorKind::OutOfRange, format!("restoring store {} from {tp}: {msg}", path.display()))
+    };
     let start = match recorded {
         Some(o) if o + 1 < bounds.start => {
-            return Err(bad(format!(
+            return Err(out_of_range(format!(
                 "the store records offset {o} but the log starts at {}: records between were deleted; \
                  wipe the store and restore it from the start",
                 bounds.start
             )))
         }
         Some(o) if o + 1 > bounds.end => {
-            return Err(bad(format!(
+            return Err(out_of_range(format!(
                 "the store records offset {o} but the log ends at {}: the store is ahead of its changelog; \
                  wipe the store and restore it from the start",
                 bounds.end

@@ -42,6 +42,9 @@ pub enum ErrorKind {
     Log,
     /// The progress listener raised; the restore stopped cleanly.
     Listener,
+    /// The store's offset lies outside the changelog (records deleted, topic
+    /// recreated, store ahead): its state cannot be trusted, wipe and restore.
+    OutOfRange,
 }
 
 impl ErrorKind {
@@ -53,6 +56,7 @@ impl ErrorKind {
             ErrorKind::CorruptLog => "CorruptLogError",
             ErrorKind::UnsupportedCompression => "UnsupportedCompressionError",
             ErrorKind::Log => "LogError",
+            ErrorKind::OutOfRange => "TaskCorruptedError",
         }
     }
 }
