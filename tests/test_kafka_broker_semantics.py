@@ -189,7 +189,7 @@ def test_records_deleted_below_the_store_offset_make_the_task_corrupted(kafka_bo
         p.close()
         admin = changelog.admin()
         fut = admin.delete_records([ck.TopicPartition(tp.topic, 0, 350)])
-        list(fut.values())[0].result(30)
+        next(iter(fut.values())).result(30)
         assert changelog.start_offset(tp) == 350
         with pytest.raises(TaskCorruptedError, match="records between were deleted"):
             restore_store(tmp_path / "state" / app / "0_0" / "rocksdb" / store, changelog, tp)
