@@ -1,10 +1,5 @@
-"""Kafka as the changelog, against a real Kafka-protocol broker (tansu) started on 127.0.0.1.
-
-The broker may deliver records of aborted transactions to read_committed
-consumers (tansu returns no aborted-transaction list), so these tests check
-the client plumbing -- restore, offsets, markers, fencing, topics, corruption
-handling -- with committed data; the aborted-data semantics are tested on the
-segment log.
+"""Kafka as the changelog, against Apache Kafka 4.4 started on 127.0.0.1: restore, offsets, markers,
+fencing, topics, corruption handling. Aborted data and broker faults: test_kafka_broker_semantics.py.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ pytestmark = pytest.mark.kafka
 
 @pytest.fixture
 def changelog(kafka_bootstrap: str) -> Iterator[KafkaChangelog]:
-    # tansu's ListOffsets reports the last batch's base offset + 1 as the end: take it from a fetch.
     c = KafkaChangelog(kafka_bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
     yield c
     c.close()

@@ -1,4 +1,4 @@
-"""Exactly-once against a Kafka-protocol broker with real crashes: a counting processor SIGKILLed and restarted.
+"""Exactly-once against Apache Kafka with real crashes: a counting processor SIGKILLed and restarted.
 
 ``procs/kafka_counting_child.py`` runs a TaskManager whose changelog is a
 Kafka topic (transactional producer, restore from the broker), again and
@@ -11,8 +11,8 @@ committed view at the offset it records. Checked by every next child (it
 exits with status 3 otherwise) and once more here: no committed update is
 lost, and the restored store equals the committed changelog.
 
-The broker (tansu) delivers aborted records to read_committed consumers, so
-"no aborted data" is not asserted here; the segment log's crash tests do.
+The broker is Apache Kafka 4.4, so the committed view excludes aborted
+records: a store equal to it holds nothing of a killed transaction.
 """
 
 from __future__ import annotations

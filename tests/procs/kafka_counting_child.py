@@ -18,9 +18,8 @@ broker committed. On start, after restoration, it checks and prints
 * the store equals the committed changelog as the broker serves it to a
   read_committed reader (read with the Python reader, not the restore engine).
 
-The exact exactly-once check (no aborted data) is not made here: the test
-broker (tansu) delivers aborted records to read_committed consumers; the
-segment log's crash tests check it.
+The broker is Apache Kafka, so its read_committed view holds no aborted
+record: a store equal to it holds nothing of a killed transaction.
 """
 
 from __future__ import annotations
@@ -108,7 +107,6 @@ def main(argv: list[str]) -> None:
 
     task = TaskId(0, TASK_PARTITION)
     topic = changelog_topic(app, STORE)
-    # tansu's ListOffsets end is wrong; take it from a fetch (see statestore.kafka).
     changelog = KafkaChangelog(bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
 
     def open_manager() -> TaskManager:
