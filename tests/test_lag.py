@@ -88,3 +88,26 @@ def test_an_unreadable_store_shows_unknown_lag(log: SegmentLog, tmp_path: Path) 
     (r,) = reports
     assert r.problem is not None
     assert r.lag is None and r.offset_lag is None
+
+
+@pytest.mark.spark
+def test_spark_rows_report_lag_in_records(log: SegmentLog, tmp_path: Path, spark: object) -> None:
+    from statestore.spark import restore_on_spark
+
+    rows = restore_on_spark(spark, log_dir=log.log_dir, state_dir=tmp_path / "state", application_id=APP,  # type: ignore[arg-type]
+                            stores=[STORE]).collect()
+    (row,) = rows
+    assert row.status == "ok", row.error
+    assert (row.lag, row.offset_lag) == (0, 42), "up to date; the aborted tail occupies 42 offsets"
+
+
+def test_cli_restore_rows_report_lag_in_records(log: SegmentLog, tmp_path: Path) -> None:
+    from statestore.cli.restore import restore_local
+    from statestore.policy import Guarantee
+    from statestore.spark import plan
+
+    work = plan(log.log_dir, APP, [STORE], None)
+    (row,) = restore_local(work, log_dir=log.log_dir, state_dir=tmp_path / "state", application_id=APP,
+                           mode="auto", guarantee=Guarantee.EXACTLY_ONCE_V2, memory_budget_bytes=64 << 20,
+                           threads=1)
+    assert row.ok and (row.lag, row.offset_lag) == (0, 42)

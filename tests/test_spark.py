@@ -380,9 +380,9 @@ def test_result_rows_come_back_exactly_without_another_job(spark: Any, monkeypat
     import statestore.spark as ss
 
     rows = [
-        ("0_3", "s", "app-s-changelog", 3, 0, 2**40, 2**40, 7, 2**33, 1e-05, "bulk", "ok", None),
+        ("0_3", "s", "app-s-changelog", 3, 0, 2**40, 2**40, 7, 2**33, 1e-05, "bulk", "ok", None, 0, 2**40),
         ("1_0", "t'x", "app-t'x-changelog", 0, None, None, 0, 0, 0, 0.25, "replay", "failed",
-         "it's a \\ 'quoted' \"error\" ü\nsecond line; DROP TABLE x; --"),
+         "it's a \\ 'quoted' \"error\" ü\nsecond line; DROP TABLE x; --", None, None),
     ]
     sc = spark.sparkContext
     tracker = sc.statusTracker()

@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from statestore.directory import StateDirectory, TaskLock
 from statestore.errors import LockError, StateStoreError
 from statestore.ids import TaskId, TopicPartition, changelog_topic
+from statestore.lag import Lag, store_lag
+from statestore.log import SegmentLog
 from statestore.policy import Event, Guarantee, Policy
 from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, restore_store
 
@@ -93,6 +95,8 @@ RESULT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("mode", "string"),
     ("status", "string"),
     ("error", "string"),
+    ("lag", "bigint"),
+    ("offset_lag", "bigint"),
 )
 
 
@@ -119,6 +123,10 @@ class RestoreRow(NamedTuple):
     status: str
     #: Why it failed (names the file, task and offset where known); None when ok.
     error: str | None
+    #: Committed records past the restored store's offset once done (appended meanwhile); None: unknown.
+    lag: int | None = None
+    #: Offsets from the store's next offset to the log end (markers and aborted records included).
+    offset_lag: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -461,7 +469,10 @@ def restore_partition(
         target.parent.mkdir(exist_ok=True)
         _fsync_dir(staged)  # the hard links made by the copy
         _swap_into_place(staged, target, attempt_dir)
+        lag = _lag_after(log_dir, tp, result.offset)
         return row(
+            lag=None if lag is None else lag.records,
+            offset_lag=None if lag is None else lag.offsets,
             start_offset=result.start_offset,
             end_offset=result.end_offset,
             records_applied=result.records_applied,
@@ -521,6 +532,15 @@ def sweep_staging(state_dir: str | os.PathLike[str], application_id: str, work: 
 
 
 # -- Spark ----------------------------------------------------------------------------------
+
+
+def _lag_after(log_dir: str | os.PathLike[str], tp: TopicPartition, offset: int | None) -> Lag | None:
+    """The store's lag once restored; None (unknown) when the log cannot be read now."""
+    try:
+        return store_lag(SegmentLog(Path(log_dir)), tp, offset)
+    except StateStoreError as e:
+        log.debug("lag of %s unknown after its restore: %s", tp, e)
+        return None
 
 
 def _max_attempts(master: str, conf_value: str | None) -> int:

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from statestore.changelog import Changelog
 from statestore.cli.common import BarListener, kafka_changelog, kafka_options, kafka_plan, restore_progress
 from statestore.directory import StateDirectory
-from statestore.errors import LockError
+from statestore.errors import LockError, StateStoreError
+from statestore.lag import store_lag
+from statestore.log import SegmentLog
 from statestore.metrics import MetricsPublisher, RestoreMetrics
 from statestore.policy import Guarantee
 from statestore.restore import (
@@ -80,15 +85,25 @@ def restore_local(
                 results = restore_many(specs, threads=threads)
         else:
             results = restore_many(specs, threads=threads)
+    # The lag once restored: of the segment log, or of the changelog object (e.g. Kafka) given.
+    changelog: Changelog | None = SegmentLog(Path(log_dir)) if isinstance(log_dir, (str, os.PathLike)) else (
+        cast(Changelog, log_dir) if hasattr(log_dir, "committed_records") else None)
     rows = []
     for w, r in zip(work, results, strict=True):
         failed = r.error is not None
+        lag = None
+        if not failed and changelog is not None:
+            try:
+                lag = store_lag(changelog, w.tp, r.offset)
+            except StateStoreError:
+                lag = None  # unknown; the restore itself succeeded
         rows.append(RestoreRow(
             task_id=str(w.task_id), store=w.store, topic=w.tp.topic, partition=w.tp.partition,
             start_offset=None if failed else r.start_offset, end_offset=None if failed else r.end_offset,
             records_applied=r.records_applied, records_skipped=r.records_skipped.total, bytes_read=r.bytes_read,
             seconds=r.seconds, mode=r.mode, status="failed" if failed else "ok",
             error=None if r.error is None else f"task {w.task_id} store {w.store} ({w.tp}): {r.error}",
+            lag=None if lag is None else lag.records, offset_lag=None if lag is None else lag.offsets,
         ))
     return rows
 
