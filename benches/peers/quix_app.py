@@ -9,8 +9,10 @@ bytes over ``--partitions`` partitions and ``--keys`` keys, each key visited
 ``records / keys`` times.
 
 ``process``: consume the input from the start and keep, per message key, the
-last value in state (``state.set``), so every message is one state update and
-one changelog record; exit once ``--records`` messages were processed.
+last value in state (``state.set``); exit once ``--records`` messages were
+processed. Quix writes a key's state to its changelog once per checkpoint, so
+``--commit-every`` (messages per checkpoint, far fewer than the keys) makes
+nearly every message one changelog record.
 
 ``recover``: start on an empty ``--state-dir`` and measure Quix's recovery:
 from the first partition assignment (``RecoveryManager.assign_partition``) to
@@ -68,7 +70,7 @@ def application(args: argparse.Namespace, **kw: object) -> object:
 
 
 def process(args: argparse.Namespace) -> None:
-    app = application(args)
+    app = application(args, commit_every=args.commit_every)
     topic = app.topic(args.topic, key_deserializer="bytes", value_deserializer="bytes")  # type: ignore[attr-defined]
     seen = 0
 
@@ -139,6 +141,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--commit-every", type=int, default=1000)
     args = ap.parse_args()
     {"produce": produce, "process": process, "recover": recover}[args.command](args)
 
