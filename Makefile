@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/statestore/cargo-target
 export VIRTUAL_ENV := $(abspath $(VENV))
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz fuzz-tools fuzz-build torture clean-venv kafka kafka-stop
+.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz fuzz-tools fuzz-build torture clean-venv kafka kafka-stop spark-cluster spark-cluster-stop
 
 setup: build
 
@@ -57,6 +57,18 @@ kafka: venv
 
 kafka-stop:
 	bash scripts/kafka-broker.sh stop $(KAFKA_DIR)
+
+# A standalone Spark cluster for people (a master, two 1-core workers) on 127.0.0.1: `make spark-cluster`.
+SPARK_CLUSTER_DIR ?= $(HOME)/.cache/statestore/spark-cluster
+spark-cluster: build
+	@line=$$(PYTHON=$(PY) bash scripts/spark-cluster.sh start $(SPARK_CLUSTER_DIR)) && echo "$$line" && \
+	  m=$$(echo "$$line" | sed 's/master=\([^ ]*\).*/\1/') && \
+	  echo "submit:  $(VENV)/bin/spark-submit --master $$m --conf spark.pyspark.python=$(abspath $(PY)) \\" && \
+	  echo "           examples/restore_job.py --log-dir LOG --state-dir STATE --app-id APP" && \
+	  echo "stop it: make spark-cluster-stop"
+
+spark-cluster-stop:
+	PYTHON=$(PY) bash scripts/spark-cluster.sh stop $(SPARK_CLUSTER_DIR)
 
 torture: build
 	$(PY) -m pytest -q -m torture $(PYTEST_ARGS)

@@ -50,3 +50,28 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def kafka_bootstrap(kafka_broker: Any) -> str:
     """``host:port`` of the session's Kafka broker."""
     return str(kafka_broker.bootstrap)
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """``(master URL, directory)`` of a standalone Spark cluster (``scripts/spark-cluster.sh``): a master and
+    two 1-core workers as separate JVMs on 127.0.0.1, for the whole run.
+
+    Skips with the reason when it cannot start; under ``CI=true`` that is a failure instead.
+    """
+    import os
+    import subprocess
+
+    pytest.importorskip("pyspark")
+    d = tmp_path_factory.mktemp("spark-cluster")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "spark-cluster.sh"
+    out = subprocess.run(["bash", str(script), "start", str(d)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHON": sys.executable})
+    if out.returncode != 0:
+        reason = f"no Spark cluster could start: {out.stderr[-2000:]}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    master = dict(kv.split("=", 1) for kv in out.stdout.split())["master"]
+    yield master, d
+    subprocess.run(["bash", str(script), "stop", str(d)], capture_output=True, timeout=120)

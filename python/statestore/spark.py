@@ -737,7 +737,8 @@ def restore_on_spark(
 
 
 def spark_session(master: str = "local[2]", app_name: str = "statestore-restore", **conf: str) -> SparkSession:
-    """A SparkSession for restores: executors on this interpreter, UI off, driver on 127.0.0.1 when local.
+    """A SparkSession for restores: executors on this interpreter, UI off, driver on 127.0.0.1 when local
+    or when the standalone master is on 127.0.0.1.
 
     A local session's JVM (started by this call, if none runs yet) also gets
     :data:`LOCAL_DRIVER_JAVA_OPTIONS`: its tasks are all Python, so the JVM
@@ -754,7 +755,13 @@ def spark_session(master: str = "local[2]", app_name: str = "statestore-restore"
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+    # Executors run this interpreter (its statestore); a cluster whose workers have another, e.g. a
+    # shipped venv (spark.archives), says so through ``conf``.
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.pyspark.python": sys.executable}
+    if master.startswith("spark://127.0.0.1:") or master.startswith("spark://localhost:"):
+        # A standalone cluster on this machine: keep the driver on the loopback interface too.
+        settings.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
     if master.startswith("local"):
         settings.update({
             "spark.driver.bindAddress": "127.0.0.1",

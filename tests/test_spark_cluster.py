@@ -1,0 +1,172 @@
+"""``restore_on_spark`` on a real standalone cluster: separate executor JVMs that can die on their own.
+
+The cluster (``scripts/spark-cluster.sh``: a master and two 1-core workers on
+127.0.0.1) runs jobs submitted with ``spark-submit`` -- the driver is a
+process of its own, as in production -- whose executors run this
+interpreter. Checked: the restored application equals an in-process
+``restore_many`` store by store, offsets included; SIGKILLing an executor JVM
+or a Python worker in the middle of a task is retried by Spark and leaves
+exact stores and no staging leftovers; two jobs over the same state directory
+restore each partition once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from statestore import SegmentLog, TopicPartition, _native
+from statestore.restore import RestoreSpec, restore_many
+from statestore.spark import STAGING_DIR_NAME
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+from restore_data import write_changelog  # noqa: E402
+
+pytestmark = pytest.mark.spark_cluster
+
+APP = "cluster-app"
+STORES = {"counts": 8, "totals": 8}
+JOB = Path(__file__).resolve().parents[1] / "examples" / "restore_job.py"
+
+
+def spark_submit(master: str, *args: str) -> list[str]:
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    return [str(submit), "--master", master, "--conf", f"spark.pyspark.python={sys.executable}",
+            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+            "--conf", "spark.executor.memory=512m", "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.task.maxFailures=4", str(JOB), *args]
+
+
+@pytest.fixture(scope="module")
+def app_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log = tmp_path_factory.mktemp("cluster-log") / "log"
+    for i, store in enumerate(STORES):
+        write_changelog(log, f"{APP}-{store}-changelog", STORES[store], 120_000, 12_000, seed=i + 1)
+    return log
+
+
+def expected_stores(log: Path, root: Path) -> dict[str, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    specs, names = [], {}
+    for store, parts in STORES.items():
+        for p in range(parts):
+            path = root / f"{store}-{p}"
+            specs.append(RestoreSpec(path, log, TopicPartition(f"{APP}-{store}-changelog", p)))
+            names[f"0_{p}/{store}"] = path
+    assert all(r.ok for r in restore_many(specs, threads=2))
+    return names
+
+
+def assert_same_as_in_process(log: Path, state: Path, tmp_path: Path) -> None:
+    for key, expected in expected_stores(log, tmp_path / "expected").items():
+        task, store = key.split("/")
+        got = state / APP / task / "rocksdb" / store
+        assert _native.store_dump(str(got))[:2] == _native.store_dump(str(expected))[:2], f"{key} differs"
+        assert not list((state / APP / task).glob(f"{STAGING_DIR_NAME}/*/*")), f"{key}: staging leftovers"
+
+
+def test_a_submitted_job_restores_the_application_exactly(spark_cluster: tuple[str, Path], app_log: Path,
+                                                          tmp_path: Path) -> None:
+    master, _ = spark_cluster
+    state = tmp_path / "state"
+    out = subprocess.run(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
+                                      "--app-id", APP), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"{sum(STORES.values())} ok, 0 failed" in out.stdout
+    assert_same_as_in_process(app_log, state, tmp_path)
+    # A second job finds every partition up to date.
+    again = subprocess.run(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
+                                        "--app-id", APP), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("records=0 ") == sum(STORES.values())
+
+
+def processes(pattern: str, under: Path) -> list[int]:
+    """Pids whose command line has ``pattern`` and whose working directory is under ``under``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(d / "cwd")
+        except OSError:
+            continue
+        if pattern in cmd and cwd.startswith(str(under)):
+            out.append(int(d.name))
+    return out
+
+
+def parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def busy_python_worker(under: Path) -> int | None:
+    """A Python worker forked by an executor's pyspark daemon (forks share the daemon's command line)."""
+    pys = set(processes("pyspark.daemon", under))
+    daemons = {p for p in pys if parent(p) not in pys}
+    workers = [p for p in pys if parent(p) in daemons]
+    return workers[0] if workers else None
+
+
+@pytest.mark.parametrize("victim", ["executor JVM", "Python worker"])
+def test_a_killed_executor_or_worker_is_retried_and_the_stores_are_exact(
+    spark_cluster: tuple[str, Path], app_log: Path, tmp_path: Path, victim: str
+) -> None:
+    master, cluster_dir = spark_cluster
+    state = tmp_path / "state"
+    job = subprocess.Popen(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
+                                        "--app-id", APP), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None and time.monotonic() < deadline and job.poll() is None:
+        if list(state.glob(f"{APP}/*/{STAGING_DIR_NAME}/*/*")):  # a task is in the middle of its restore
+            if victim == "executor JVM":
+                pids = processes("CoarseGrainedExecutorBackend", cluster_dir)
+                killed = pids[0] if pids else None
+            else:
+                killed = busy_python_worker(cluster_dir)
+            if killed is not None:
+                os.kill(killed, signal.SIGKILL)
+        time.sleep(0.02)
+    stdout, stderr = job.communicate(timeout=600)
+    assert killed is not None, f"no {victim} was caught in the middle of a task"
+    assert job.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert f"{sum(STORES.values())} ok, 0 failed" in stdout, stdout
+    assert_same_as_in_process(app_log, state, tmp_path)
+
+
+def test_two_concurrent_jobs_restore_each_partition_once(spark_cluster: tuple[str, Path], app_log: Path,
+                                                         tmp_path: Path) -> None:
+    master, _ = spark_cluster
+    state = tmp_path / "state"
+    cmd = spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP,
+                       "--store", "counts")
+    jobs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [j.communicate(timeout=600) for j in jobs]
+    assert all(j.returncode == 0 for j in jobs), [o[1][-2000:] for o in outs]
+    applied: dict[str, int] = {}
+    for stdout, _ in outs:
+        for line in stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] == "ok":
+                applied[parts[0]] = applied.get(parts[0], 0) + int(parts[3].removeprefix("records="))
+    # Every partition's records were applied once in all: one job restored it, the other found it up to date.
+    assert applied == {f"0_{p}": 120_000 for p in range(8)}, applied
+    log = SegmentLog(app_log)
+    for p in range(8):
+        _, offsets, _ = _native.store_dump(str(state / APP / f"0_{p}" / "rocksdb" / "counts"))
+        assert offsets == {f"{APP}-counts-changelog-{p}": log.end_offset((f"{APP}-counts-changelog", p)) - 1}
+    shutil.rmtree(state)
