@@ -27,7 +27,7 @@ from statestore.restore import RestoreSpec, restore_many
 from statestore.spark import STAGING_DIR_NAME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
-from restore_data import write_changelog  # noqa: E402
+from restore_data import write_changelog
 
 pytestmark = pytest.mark.spark_cluster
 
