@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/statestore/cargo-target
 export VIRTUAL_ENV := $(abspath $(VENV))
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz fuzz-tools fuzz-build torture clean-venv kafka kafka-stop spark-cluster spark-cluster-stop
+.PHONY: setup system venv build demo test test-python test-rust lint bench fuzz fuzz-tools fuzz-build torture clean-venv kafka kafka-stop spark-cluster spark-cluster-stop wheel
 
 setup: build
 
@@ -30,10 +30,24 @@ build: venv
 	$(VENV)/bin/maturin develop --release
 	@$(PY) -c "import statestore._native" || { echo "build: the extension did not build or import" >&2; exit 1; }
 
+# Wheels that install where Spark runs: abi3 (CPython >= 3.11), manylinux_2_28 (glibc >= 2.28: RHEL/Rocky 8,
+# Amazon Linux 2023, Ubuntu 20.04 ...), built with zig as the C/C++ compiler and linker (no Docker), plus the
+# sdist, into dist/. A target directory of its own keeps the normal build's cache. bindgen runs the host's
+# libclang, which needs its own headers (stdbool.h) named when zig is the compiler.
+WHEEL_TARGET_DIR ?= $(HOME)/.cache/statestore/cargo-target-wheel
+WHEEL_PLATFORM ?= manylinux_2_28
+wheel: venv
+	@mkdir -p dist
+	PATH="$(abspath $(VENV))/bin:$$PATH" CARGO_TARGET_DIR=$(WHEEL_TARGET_DIR) \
+	  BINDGEN_EXTRA_CLANG_ARGS="-I$$(dirname $$(find /usr/lib/llvm* -name stdbool.h -path '*clang*' | head -1))" \
+	  $(VENV)/bin/maturin build --release --zig --compatibility $(WHEEL_PLATFORM) --out dist
+	$(VENV)/bin/maturin sdist --out dist
+	$(VENV)/bin/auditwheel show $$(ls -t dist/statestore-*-$(WHEEL_PLATFORM)_x86_64.whl | head -1)
+
 demo: build
 	$(VENV)/bin/statestore demo
 
-test: build test-rust test-python
+test: build wheel test-rust test-python
 
 test-rust:
 	cargo test --release --manifest-path rust/Cargo.toml -q
