@@ -55,17 +55,32 @@ def produce_codec_topic(bootstrap: str, codec: str, rng: random.Random) -> None:
 
 
 def produce_transactions(bootstrap: str, rng: random.Random) -> None:
-    p = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": "brokerfiles-txn", "linger.ms": 5})
-    p.init_transactions(60)
+    """40 transactions, every 5th aborted. A transaction the client gives up on (a fatal error on a loaded
+    machine) is fenced by a fresh producer of the same id, which aborts it, and written again."""
+
+    def producer() -> Any:
+        p = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": "brokerfiles-txn", "linger.ms": 5})
+        p.init_transactions(60)
+        return p
+
+    p = producer()
     for t in range(40):
-        p.begin_transaction()
-        for _ in range(rng.randrange(100, 900)):
-            key = b"w%04d" % rng.randrange(2_000)
-            p.produce(TXN_TOPIC, key=key, value=None if rng.random() < 0.05 else rng.randbytes(80), partition=0)
-        if t % 5 == 3:
-            p.abort_transaction(60)
+        records = [(b"w%04d" % rng.randrange(2_000), None if rng.random() < 0.05 else rng.randbytes(80))
+                   for _ in range(rng.randrange(100, 900))]
+        for _attempt in range(3):
+            try:
+                p.begin_transaction()
+                for key, value in records:
+                    p.produce(TXN_TOPIC, key=key, value=value, partition=0)
+                if t % 5 == 3:
+                    p.abort_transaction(60)
+                else:
+                    p.commit_transaction(60)
+                break
+            except ck.KafkaException:
+                p = producer()
         else:
-            p.commit_transaction(60)
+            raise AssertionError(f"transaction {t} failed three times")
 
 
 def produce_compacted(c: Any, rng: random.Random) -> None:

@@ -65,7 +65,7 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
             r.store,
             _num(r.store_offset),
             _num(r.checkpoint_offset),
-            r.status if r.problem is None else f"[red]{r.problem}[/red]",
+            r.status if r.problem is None else "[red]damaged[/red] (below)",
             _num(r.approx_keys),
             human_bytes(r.size_bytes),
             f"pid {r.lock_holder_pid}" if r.lock_holder_pid else "free",
@@ -74,5 +74,9 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
             row += [_num(r.log_end), _num(r.lag, "unknown"), _num(r.offset_lag, "unknown")]
         table.add_row(*row)
     console.print(table)
+    for r in reports:
+        if r.problem is not None:
+            # Below the table, whole: a path or a RocksDB message is unreadable folded into a column.
+            console.print(f"[red]{r.task_id} {r.store}:[/red] {r.problem}", soft_wrap=True)
     if not reports:
         console.print("no stores found")
