@@ -1,4 +1,4 @@
-"""statestore against what Python users would pick instead: Quix Streams' state recovery, on one real broker.
+"""statestore against what Python users would pick instead: Quix Streams' and Faust's state recovery, on one broker.
 
 A Quix Streams 3.28 application (``benches/peers/quix_app.py``, run in its
 own virtual environment under ``~/.cache/statestore/peers/`` because Quix pins
@@ -17,9 +17,18 @@ the library uses (``KafkaChangelog``), replay and bulk, on one thread and on
 two (``restore_many`` over the 4 partitions). Goals: statestore ÷ Quix
 >= 5x (replay) and >= 20x (bulk), each at one thread as Quix recovers on one.
 
+Faust (faust-streaming 0.15.3 with its RocksDB store, ``benches/peers/faust_app.py``,
+in a virtual environment of its own) runs the same way: its agent sets
+``table[key] = value`` for every message, its table's changelog topic gets
+one record per update; its data directory is deleted and a fresh worker
+started. **Faust's recovery time** is from its log line "Restoring state from
+changelog topics..." (right after the assignment's changelog offsets are
+sought) to "Done reading from changelog topics", both timestamped by Faust's
+own logger (millisecond resolution).
+
 Held equal: the broker, the records, 4 partitions, value size, no
-compression, each side's default fetch settings; Quix writes its state with
-its own RocksDB options, statestore with its own (WAL off).
+compression, each side's default fetch settings; Quix and Faust write their
+state with their own RocksDB options, statestore with its own (WAL off).
 """
 
 from __future__ import annotations
@@ -50,6 +59,8 @@ PARTITIONS = 4
 QUIX_VERSION = "3.28.1"
 PEERS = Path(os.environ.get("STATESTORE_CACHE", Path.home() / ".cache" / "statestore")) / "peers"
 QUIX_APP = Path(__file__).resolve().parent / "peers" / "quix_app.py"
+FAUST_VERSION = "0.15.3"
+FAUST_APP_DIR = Path(__file__).resolve().parent / "peers"
 
 
 def quix_python() -> Path:
@@ -140,3 +151,125 @@ def test_statestore_vs_quix_streams_recovery(
         "statestore_records_per_s": n / one_s,
     })
     print(f"\nstatestore {mode} vs Quix recovery: {ratio:.2f}x (goal >= {goal}); 2 threads {quix_s / two['s']:.2f}x")
+
+
+# -- Faust -----------------------------------------------------------------------------------------------------
+
+
+def faust_bin() -> Path:
+    """The ``faust`` command of faust-streaming's own virtual environment, made on first use."""
+    venv = PEERS / f"faust-{FAUST_VERSION}"
+    exe = venv / "bin" / "faust"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                              f"faust-streaming[rocksdict]=={FAUST_VERSION}"], capture_output=True, text=True)
+        if out.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            pytest.skip(f"faust-streaming {FAUST_VERSION} does not install here: {out.stderr[-500:]}")
+    return exe
+
+
+def faust_worker(exe: Path, broker: Broker, datadir: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "FAUST_BROKER": broker.bootstrap, "FAUST_DATADIR": str(datadir)}
+    with log.open("wb") as out:
+        return subprocess.Popen([str(exe), "-A", "faust_app", "worker", "-l", "info"], cwd=FAUST_APP_DIR, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+
+
+def log_time(log: Path, text: str) -> float | None:
+    """Seconds of the day of Faust's first log line containing ``text`` ("[2026-11-24 22:39:14,604] ...")."""
+    import datetime as dt
+
+    for line in log.read_text(errors="replace").splitlines():
+        if text in line and line.startswith("["):
+            stamp = dt.datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    return None
+
+
+@pytest.fixture(scope="module")
+def faust_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, float, list[TopicPartition]]]:
+    exe = faust_bin()
+    try:
+        broker = start_broker(tmp_path_factory.mktemp("faust-broker"))
+    except BrokerUnavailable as e:
+        pytest.skip(f"no Kafka broker could start: {e}")
+    work = tmp_path_factory.mktemp("faust")
+    changelog_topic = "faust-bench-last-changelog"
+    try:
+        with kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0) as c:
+            c.create_topics({"faust-input": PARTITIONS}, config={"cleanup.policy": "delete"})
+            import random
+
+            rng = random.Random(1)
+            order = [i % KEYS for i in range(N)]
+            rng.shuffle(order)
+            p = c.producer()
+            value = b"x" * 100
+            for k in order:
+                p.send("faust-input", k % PARTITIONS, b"key-%08d" % k, value)
+            p.close()
+            worker = faust_worker(exe, broker, work / "data1", work / "process.log")
+            deadline = time.monotonic() + 1800
+            try:
+                while time.monotonic() < deadline:
+                    time.sleep(2)
+                    assert worker.poll() is None, (work / "process.log").read_text()[-3000:]
+                    if changelog_topic in c.topics() and sum(
+                        c.end_offset(TopicPartition(changelog_topic, q)) for q in range(PARTITIONS)
+                    ) >= N:
+                        break
+                else:
+                    raise AssertionError("Faust did not process the input in time")
+            finally:
+                stop(worker)
+            tps = [TopicPartition(changelog_topic, q) for q in range(PARTITIONS)]
+        worker = faust_worker(exe, broker, work / "data2", work / "recover.log")
+        try:
+            deadline = time.monotonic() + 1800
+            while time.monotonic() < deadline and log_time(work / "recover.log", "Done reading from changelog") is None:
+                assert worker.poll() is None, (work / "recover.log").read_text()[-3000:]
+                time.sleep(1)
+        finally:
+            stop(worker)
+        start = log_time(work / "recover.log", "Restoring state from changelog topics")
+        end = log_time(work / "recover.log", "Done reading from changelog topics")
+        assert start is not None and end is not None, (work / "recover.log").read_text()[-3000:]
+        yield broker, end - start, tps
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("mode,goal", [("replay", 5.0), ("bulk", 20.0)])
+def test_statestore_vs_faust_recovery(
+    benchmark: Any, faust_setup: tuple[Broker, float, list[TopicPartition]], tmp_path: Path, mode: str, goal: float
+) -> None:
+    broker, faust_s, tps = faust_setup
+    one: dict[str, float] = {}
+
+    def run() -> None:
+        one["s"], one["n"] = restore_all(broker, tmp_path / f"ss-{mode}", tps, mode, 1)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    ratio = faust_s / one["s"]
+    benchmark.extra_info.update({
+        "baseline": f"Faust {FAUST_VERSION} recovery (Restoring state... to Done reading)",
+        "candidate": f"statestore {mode} from the same changelog topic, 1 thread (Kafka path: confluent-kafka)",
+        "ratio": ratio,
+        "goal": goal,
+        "records": one["n"],
+        "faust_s": faust_s,
+        "statestore_s": one["s"],
+        "faust_records_per_s": one["n"] / faust_s,
+    })
+    print(f"\nstatestore {mode} vs Faust recovery: {ratio:.2f}x (goal >= {goal})")
