@@ -86,13 +86,18 @@ def quix(py: Path, command: str, broker: Broker, **args: Any) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def broker_or_skip(tmp_path_factory: pytest.TempPathFactory, name: str) -> Broker:
+    """A broker of the benchmark's own, or a skip saying why none could start."""
+    try:
+        return start_broker(tmp_path_factory.mktemp(name))
+    except BrokerUnavailable as e:
+        pytest.skip(f"no Kafka broker could start: {e}")
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Path, float, list[TopicPartition]]]:
     py = quix_python()
-    try:
-        broker = start_broker(tmp_path_factory.mktemp("peers-broker"))
-    except BrokerUnavailable as e:
-        pytest.skip(f"no Kafka broker could start: {e}")
+    broker = broker_or_skip(tmp_path_factory, "peers-broker")
     work = tmp_path_factory.mktemp("peers")
     try:
         common = {"topic": "quix-input", "records": N, "keys": KEYS, "partitions": PARTITIONS, "app_id": "quix-bench"}
@@ -200,10 +205,7 @@ def log_time(log: Path, text: str) -> float | None:
 @pytest.fixture(scope="module")
 def faust_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, float, list[TopicPartition]]]:
     exe = faust_bin()
-    try:
-        broker = start_broker(tmp_path_factory.mktemp("faust-broker"))
-    except BrokerUnavailable as e:
-        pytest.skip(f"no Kafka broker could start: {e}")
+    broker = broker_or_skip(tmp_path_factory, "faust-broker")
     work = tmp_path_factory.mktemp("faust")
     changelog_topic = "faust-bench-last-changelog"
     try:
