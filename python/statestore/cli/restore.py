@@ -21,6 +21,7 @@ from statestore.errors import LockError, StateStoreError
 from statestore.lag import store_lag
 from statestore.log import SegmentLog
 from statestore.metrics import MetricsPublisher, RestoreMetrics
+from statestore.planning import changelog_stores, parse_partitions, plan
 from statestore.policy import Guarantee
 from statestore.restore import (
     DEFAULT_MEMORY_BUDGET,
@@ -30,15 +31,8 @@ from statestore.restore import (
     RestoreSpec,
     restore_many,
 )
-from statestore.spark import (
-    DEFAULT_LOCK_TIMEOUT,
-    PartitionWork,
-    RestoreRow,
-    can_resume_from,
-    changelog_stores,
-    parse_partitions,
-    plan,
-)
+from statestore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from
+from statestore.work import PartitionWork, RestoreRow
 
 
 def restore_local(
@@ -90,21 +84,18 @@ def restore_local(
         cast(Changelog, log_dir) if hasattr(log_dir, "committed_records") else None)
     rows = []
     for w, r in zip(work, results, strict=True):
-        failed = r.error is not None
+        if r.error is not None:
+            rows.append(RestoreRow.failed(w, str(r.error), mode=r.mode, seconds=r.seconds,
+                                          records_applied=r.records_applied,
+                                          records_skipped=r.records_skipped.total, bytes_read=r.bytes_read))
+            continue
         lag = None
-        if not failed and changelog is not None:
+        if changelog is not None:
             try:
                 lag = store_lag(changelog, w.tp, r.offset)
             except StateStoreError:
                 lag = None  # unknown; the restore itself succeeded
-        rows.append(RestoreRow(
-            task_id=str(w.task_id), store=w.store, topic=w.tp.topic, partition=w.tp.partition,
-            start_offset=None if failed else r.start_offset, end_offset=None if failed else r.end_offset,
-            records_applied=r.records_applied, records_skipped=r.records_skipped.total, bytes_read=r.bytes_read,
-            seconds=r.seconds, mode=r.mode, status="failed" if failed else "ok",
-            error=None if r.error is None else f"task {w.task_id} store {w.store} ({w.tp}): {r.error}",
-            lag=None if lag is None else lag.records, offset_lag=None if lag is None else lag.offsets,
-        ))
+        rows.append(RestoreRow.restored(w, r, lag=lag))
     return rows
 
 
