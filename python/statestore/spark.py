@@ -334,7 +334,7 @@ def restore_on_spark(
                       create_state_dir=_is_local(master))
         for i, w in enumerate(work)
     ]
-    _check_master_answers(master)
+    check_master(master)
     _wait_for_executors(sc, executor_timeout)
     if os.environ.get(FAIL_ATTEMPT_ENV):
         sc.environment[FAIL_ATTEMPT_ENV] = os.environ[FAIL_ATTEMPT_ENV]
@@ -369,9 +369,21 @@ def restore_on_spark(
     return rows_frame(spark, rows)
 
 
-def _check_master_answers(master: str, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
-    """A standalone master (``spark://host:port[,host:port...]``) that accepts no connection is a
-    ``ClusterError`` within ``timeout`` seconds per address, instead of a driver that retries for a minute."""
+def check_master(master: str | None = None, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
+    """Raise ``ClusterError`` when a standalone master (``spark://host:port[,host:port...]``) accepts no
+    connection within ``timeout`` seconds per address; other masters pass.
+
+    A driver started for a master nobody answers retries registering for a
+    minute before it gives up; call this first (:func:`spark_session` does; a
+    ``spark-submit`` job calls it without ``master`` before building its
+    session, as ``examples/restore_job.py`` does, and the master is read from
+    the configuration ``spark-submit`` gave the driver).
+    """
+    if master is None:
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # the JVM spark-submit started: its configuration names the master
+        master = SparkConf().get("spark.master", "") or ""
     if not master.startswith("spark://"):
         return
     problems = []
@@ -404,7 +416,7 @@ def spark_session(master: str = "local[2]", app_name: str = "statestore-restore"
     (``spark://...``) that accepts no connection within
     :data:`MASTER_CONNECT_TIMEOUT` seconds is a ``ClusterError``.
     """
-    _check_master_answers(master)
+    check_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -436,6 +448,7 @@ __all__ = [
     "INLINE_ROWS_MAX",
     "LOCAL_DRIVER_JAVA_OPTIONS",
     "MASTER_CONNECT_TIMEOUT",
+    "check_master",
     "restore_on_spark",
     "result_schema",
     "rows_frame",
