@@ -33,7 +33,6 @@ import pytest
 from statestore import _native
 from statestore.inspection import inspect_app
 from statestore.store import decode_timestamped
-from statestore.verify import verify_app
 
 kafka = pytest.importorskip("statestore.kafka")
 
@@ -244,8 +243,8 @@ def test_kafka_streams_starts_on_what_spark_restored(
 
 def test_unknown_store_types_are_reported_and_left_untouched(tmp_path: Path) -> None:
     """Kafka Streams stores statestore does not know: reported store by store, never opened for writing."""
-    from statestore.store import Store
     from statestore.errors import StoreError
+    from statestore.store import Store
 
     app = "odd"
     base = tmp_path / "state" / app / "0_0" / "rocksdb"

@@ -14,7 +14,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import cast
 
 from statestore import _native

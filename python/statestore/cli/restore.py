@@ -37,8 +37,8 @@ from statestore.spark import (
     PartitionWork,
     RestoreRow,
     can_resume_from,
-    check_store_format,
     changelog_stores,
+    check_store_format,
     parse_partitions,
     plan,
 )
