@@ -297,13 +297,13 @@ pub(crate) mod testing {
 
     use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
 
-    /// One log entry as the source sees it.
-    #[derive(Debug, Clone)]
     /// The timestamp a [`VecSource`] gives the record at `offset`.
     pub fn ts_of(offset: i64) -> i64 {
         1_700_000_000_000 + offset * 7
     }
 
+    /// One log entry as the source sees it.
+    #[derive(Debug, Clone)]
     pub enum Entry {
         Data { key: Option<Vec<u8>>, value: Option<Vec<u8>> },
         Aborted,
