@@ -293,7 +293,7 @@ def _payload(work: PartitionWork, log_dir: str, state_dir: str, *, max_attempts:
 
     return _task_payload(work, 0, log_dir=log_dir, state_dir=state_dir, application_id=APP, mode="auto",
                          memory_budget_bytes=1 << 24, lock_timeout=10.0, max_attempts=max_attempts,
-                         guarantee="exactly_once_v2", create_state_dir=True)
+                         guarantee="exactly_once_v2", create_state_dir=True, format="plain")
 
 
 def test_executor_without_statestore_gets_a_clear_row(tmp_path: Path) -> None:

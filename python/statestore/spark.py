@@ -30,7 +30,7 @@ from statestore._faults import FAIL_ATTEMPT_ENV
 from statestore.errors import ClusterError
 from statestore.planning import plan
 from statestore.policy import Guarantee
-from statestore.restore import DEFAULT_MEMORY_BUDGET
+from statestore.restore import DEFAULT_MEMORY_BUDGET, STORE_FORMATS
 from statestore.staging import DEFAULT_LOCK_TIMEOUT, check_mode, restore_partition, sweep_staging
 from statestore.work import RESULT_COLUMNS, PartitionWork, RestoreRow
 
@@ -89,7 +89,7 @@ def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1
             store=work.store, partition=work.tp.partition, subtopology=work.task_id.subtopology,
             mode=payload["mode"], guarantee=payload["guarantee"], memory_budget_bytes=payload["memory_budget_bytes"],
             lock_timeout=payload["lock_timeout"], attempt=attempt, attempt_label=label, cpus=cpus,
-            create_state_dir=payload["create_state_dir"],
+            create_state_dir=payload["create_state_dir"], format=payload["format"],
         )
     except Exception as e:
         if attempt + 1 < max_attempts:
@@ -294,6 +294,7 @@ def restore_on_spark(
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT,
+    formats: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Restore every (store, changelog partition) in one Spark job and return one row for each.
 
@@ -316,10 +317,17 @@ def restore_on_spark(
     failed and why. Each attempt is safe under retries and speculation (see
     :mod:`statestore.staging`). When PYSPARK_PYTHON is unset, executors run
     this interpreter. On a cluster without any executor after
-    ``executor_timeout`` seconds it raises ``ClusterError``.
+    ``executor_timeout`` seconds it raises ``ClusterError``. ``formats`` maps
+    store names to their format (``"plain"``, the default, or
+    ``"timestamped"`` for Kafka Streams' timestamped stores; see
+    :func:`~statestore.restore.restore_store`).
     """
     check_mode(mode)
     g = Guarantee(guarantee)
+    fmts = dict(formats or {})
+    bad = {n: f for n, f in fmts.items() if f not in STORE_FORMATS}
+    if bad:
+        raise ValueError(f"unknown store formats {bad}: use one of {', '.join(STORE_FORMATS)}")
     if memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
     work = plan(log_dir, application_id, stores, partitions)
@@ -331,7 +339,7 @@ def restore_on_spark(
         _task_payload(w, i, log_dir=os.path.abspath(log_dir), state_dir=os.path.abspath(state_dir),
                       application_id=application_id, mode=mode, memory_budget_bytes=memory_budget_bytes,
                       lock_timeout=lock_timeout, max_attempts=max_attempts, guarantee=g.value,
-                      create_state_dir=_is_local(master))
+                      create_state_dir=_is_local(master), format=fmts.get(w.store, "plain"))
         for i, w in enumerate(work)
     ]
     check_master(master)

@@ -44,7 +44,7 @@ from pathlib import Path
 from statestore import _native
 from statestore._faults import FAIL_ATTEMPT_ENV, InjectedFailure, failure_injected
 from statestore.directory import StateDirectory, TaskLock
-from statestore.errors import LockError, StateStoreError
+from statestore.errors import LockError, StateStoreError, StoreError
 from statestore.ids import TaskId, TopicPartition
 from statestore.lag import Lag, store_lag
 from statestore.log import SegmentLog
@@ -87,6 +87,24 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
     if keys == 0:
         return False  # nothing worth copying
     return not policy.decide(Event.INIT).corrupt_if_missing
+
+
+def check_store_format(target: Path, fmt: str) -> None:
+    """Refuse (``StoreError``) to touch a store of another format or of a type statestore does not know.
+
+    Nothing is opened for writing: the column families are listed, so a
+    store statestore cannot use is never damaged (a restore would otherwise
+    wipe what it cannot read).
+    """
+    if not target.is_dir():
+        return
+    found = _native.store_format(target)  # raises StoreError naming an unknown type's column families
+    if found is not None and found != fmt:
+        raise StoreError(
+            f"store {target} is {found}, not {fmt}; statestore leaves it untouched (choose the store's format, "
+            "or wipe it to restore it in the other one)",
+            path=target,
+        )
 
 
 def _acquire(sd: StateDirectory, task_id: TaskId, timeout: float | None) -> TaskLock:
@@ -159,6 +177,7 @@ def restore_partition(
     attempt_label: str = "local",
     cpus: int = 2,
     create_state_dir: bool = True,
+    format: str = "plain",
 ) -> RestoreRow:
     """Restore one store's changelog partition safely next to concurrent attempts (see the module doc).
 
@@ -175,7 +194,9 @@ def restore_partition(
     executor's cores. With ``create_state_dir=False`` a missing ``state_dir``
     is a failed row naming this host and the path (on a cluster, a shared
     filesystem that is not mounted here), never a new directory on the wrong
-    disk.
+    disk. ``format`` is the store's format (``"plain"`` or ``"timestamped"``,
+    see :func:`~statestore.restore.restore_store`); a store of another format
+    is left untouched and answered with a failed row.
     """
     check_mode(mode)
     policy = Policy(Guarantee(guarantee))
@@ -199,6 +220,7 @@ def restore_partition(
     try:
         token = _acquire(sd, task_id, lock_timeout)
         target = sd.store_dir(task_id, store)
+        check_store_format(target, format)
         staging_root = sd.task_dir(task_id) / STAGING_DIR_NAME / store
         _recover_staging(staging_root, target, task_id)
         attempt_dir = staging_root / f"{attempt_label}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -207,7 +229,8 @@ def restore_partition(
         if can_resume_from(target, tp, policy.guarantee):
             _native.link_copy_dir(target, staged)
         result = restore_store(
-            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1
+            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1,
+            format=format,
         )
         if failure_injected(store, partition, attempt):
             raise InjectedFailure(
@@ -273,6 +296,7 @@ __all__ = [
     "STAGING_DIR_NAME",
     "can_resume_from",
     "check_mode",
+    "check_store_format",
     "restore_partition",
     "sweep_staging",
 ]
