@@ -44,7 +44,7 @@ from statestore.state_manager import StateManager
 from statestore.store import InMemoryStore, Store
 from statestore.task import ActiveTask, StandbyTask, TaskState
 from statestore.task_manager import TaskManager
-from statestore.updater import StandbyUpdateListener, StateUpdater, SuspendReason
+from statestore.updater import StandbyUpdateListener, StateRestoreListener, StateUpdater, SuspendReason
 
 if TYPE_CHECKING:
     from statestore.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
@@ -99,6 +99,7 @@ __all__ = [
     "StandbyUpdateListener",
     "StateDirectory",
     "StateManager",
+    "StateRestoreListener",
     "StateStoreError",
     "StateUpdater",
     "Store",

@@ -19,10 +19,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
 
-from statestore.ids import TopicPartition
+from statestore.ids import PartitionLike, TopicPartition
 
-#: A partition as changelogs accept it: a TopicPartition, ``(topic, partition)`` or ``"topic-partition"``.
-PartitionLike = TopicPartition | tuple[str, int] | str
 Header = tuple[str, bytes | None]
 
 
@@ -150,14 +148,22 @@ class Changelog(Protocol):
         """
         ...
 
+    def create(self) -> None:
+        """Make the changelog exist, empty, if it does not yet (a new application's changelog).
+
+        The segment log creates its directory; on Kafka the changelog topics
+        are created by :func:`statestore.kafka.ensure_changelog_topics`.
+        """
+        ...
+
 
 @runtime_checkable
 class FedChangelog(Protocol):
     """A changelog the restore engine reads through Python, a chunk of records per call.
 
     ``restore_feed`` returns an object with ``poll(max_records) -> list`` of
-    message objects with C-level ``error()``, ``offset()``, ``key()`` and
-    ``value()`` methods (confluent-kafka's ``Message``), ``on_error(message)
+    message objects with C-level ``error()``, ``offset()``, ``key()``,
+    ``value()`` and ``timestamp()`` methods (confluent-kafka's ``Message``), ``on_error(message)
     -> bool`` (True at the end of the partition; raises for real errors),
     ``position() -> int | None`` and ``close()``.
     """

@@ -160,8 +160,8 @@ def inspect_app(
         keys: int | None = None
         store_unreadable = False
         try:
-            offsets, st, keys = _native.store_info(ls.path)
-            offset = offsets.get(str(ls.changelog))
+            info = _native.store_info(ls.path)
+            offset, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
             status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"
         except StateStoreError as e:
             problem = str(e)

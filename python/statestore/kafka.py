@@ -51,7 +51,7 @@ from typing import Any, Self
 
 from statestore.changelog import ClosesOnCleanExit, Header, PartitionLike
 from statestore.errors import LogError, ProducerFencedError, TaskCorruptedError, TransactionStateError
-from statestore.ids import TopicPartition, changelog_topic
+from statestore.ids import TopicPartition, changelog_topic, coerce_tp
 from statestore.log import Record
 
 _ck: Any
@@ -79,13 +79,6 @@ def _require() -> Any:
     if _ck is None:
         raise ImportError("statestore's Kafka changelog needs confluent-kafka: pip install 'statestore[kafka]'")
     return _ck
-
-
-def _tp(tp: PartitionLike) -> TopicPartition:
-    if isinstance(tp, str):
-        return TopicPartition.parse(tp)
-    topic, partition = tp
-    return TopicPartition(topic, partition)
 
 
 def _kafka_error(e: BaseException) -> Any:
@@ -408,22 +401,25 @@ class KafkaChangelog:
 
     def offsets(self, tp: PartitionLike) -> tuple[int, int, int]:
         """``(start, end, last_stable)`` of ``tp``: low watermark, high watermark, read_committed high watermark."""
-        t = _tp(tp)
+        t = coerce_tp(tp)
         start, end = self._watermarks(t, "read_uncommitted")
         _, lso = self._watermarks(t, "read_committed")
         return start, end, min(max(lso, start), end)
 
     def start_offset(self, tp: PartitionLike) -> int:
         """The first offset still in the log of ``tp`` (the low watermark)."""
-        return self._watermarks(_tp(tp), "read_uncommitted")[0]
+        return self._watermarks(coerce_tp(tp), "read_uncommitted")[0]
 
     def end_offset(self, tp: PartitionLike) -> int:
         """The log end offset of ``tp`` (the high watermark)."""
-        return self._watermarks(_tp(tp), "read_uncommitted")[1]
+        return self._watermarks(coerce_tp(tp), "read_uncommitted")[1]
 
     def last_stable_offset(self, tp: PartitionLike) -> int:
         """The last stable offset of ``tp`` (the high watermark a read_committed consumer sees)."""
-        return self._watermarks(_tp(tp), "read_committed")[1]
+        return self._watermarks(coerce_tp(tp), "read_committed")[1]
+
+    def create(self) -> None:
+        """Nothing to do here: changelog topics are created by :func:`ensure_changelog_topics`."""
 
     def abort_expired_transactions(self, timeout_ms: int) -> list[str]:
         """Nothing to do: the broker's transaction coordinator aborts expired transactions."""
@@ -480,7 +476,7 @@ class KafkaChangelog:
         read_committed: no aborted records, no markers. For tools and tests;
         restores go through the engine.
         """
-        t = _tp(tp)
+        t = coerce_tp(tp)
         start, _end, lso = self.offsets(t)
         pos = start if start_offset is None else max(start_offset, start)
         end = lso if end_offset is None else end_offset

@@ -385,7 +385,8 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
     from statestore import _native
 
     try:
-        offsets, _status, keys = _native.store_info(target)
+        info = _native.store_info(target)
+        offsets, keys = info.offsets, info.estimated_keys
     except StateStoreError as e:
         log.warning("%s cannot be read (%s); restoring it from the changelog's start", target, e)
         return False

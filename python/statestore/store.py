@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from statestore import _native
 from statestore.errors import IllegalStateError, StoreError
 from statestore.ids import TaskId, TopicPartition
 
@@ -59,6 +60,16 @@ def decode_i64(data: bytes, *, what: str, path: Path) -> int:
             path=path,
         )
     return int.from_bytes(data, "big", signed=True)
+
+
+def read_offsets(path: Path) -> dict[str, int]:
+    """The offsets recorded in the store at ``path`` (``"<topic>-<partition>"`` -> offset), read-only.
+
+    Takes no lock and changes nothing, so a tool or the task manager may read
+    an unowned store; a damaged offsets column family is a ``StoreError``
+    naming the store.
+    """
+    return dict(_native.store_info(path).offsets)
 
 
 def decode_offset_entry(

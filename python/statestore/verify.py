@@ -45,18 +45,26 @@ class VerifyResult:
 
 def verify_store(store: LocalStore, log: SegmentLog, scratch: Path) -> VerifyResult:
     """Rebuild ``store`` from ``log`` into ``scratch`` and compare."""
-    offsets, _status, _keys = _native.store_info(store.path)
-    offset = offsets.get(str(store.changelog))
+    offset = _native.store_info(store.path).offsets.get(str(store.changelog))
     expected = scratch / f"{store.task_id}-{store.store}"
     expected_offset = None
     if offset is None:
-        _native.store_write_batch(expected, [], {})
+        _native.store_create(expected)
     else:
         result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay")
         expected_offset = result.offset
-    e_digest, a_digest, e_n, a_n, diff = _native.store_compare(expected, store.path)
+    c = _native.store_compare(expected, store.path)
     shutil.rmtree(expected, ignore_errors=True)
-    return VerifyResult(store, offset, e_digest, a_digest, e_n, a_n, diff, expected_offset)
+    return VerifyResult(
+        store,
+        offset,
+        c.expected_digest,
+        c.actual_digest,
+        c.expected_entries,
+        c.actual_entries,
+        c.first_difference,
+        expected_offset,
+    )
 
 
 def verify_app(

@@ -370,7 +370,7 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
 
 /// Seed partition directories, written by the real writer and packed.
 fn seed_dirs() -> Vec<(String, Vec<u8>)> {
-    use crate::log::txn::Log;
+    use crate::log::Log;
     use std::sync::Arc;
     let mut out = Vec::new();
     let pack = |dir: &Path, flags: u8| {

@@ -40,5 +40,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     py::log::register(m)?;
     py::restore::register(m)?;
     py::store::register(m)?;
+    py::testing::register(m)?;
     Ok(())
 }

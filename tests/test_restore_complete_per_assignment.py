@@ -1,4 +1,4 @@
-"""Seed 002 (KAFKA-7672): "already restored" survived a reassignment, so a task ran on missing state.
+"""Guarantees 5 and 6 of docs/architecture.md (KAFKA-7672): "already restored" survived a reassignment, so a task ran on missing state.
 
 The story. Each Kafka 1.x/2.0 stream thread kept a set of changelog partitions
 it had finished restoring and never cleared it. Task 1_1 once ran on thread A

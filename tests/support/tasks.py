@@ -9,7 +9,7 @@ from typing import Any
 from statestore import SegmentLog, TaskId, TopicPartition
 from statestore.directory import StateDirectory
 from statestore.task_manager import TaskManager
-from statestore.updater import RestoreListener, StandbyUpdateListener, SuspendReason
+from statestore.updater import StandbyUpdateListener, StateRestoreListener, SuspendReason
 
 APP = "app"
 STORE = "s"
@@ -54,7 +54,7 @@ def close_all(tm: TaskManager, *, clean: bool = True) -> None:
     tm.directory.close()
 
 
-class Events(RestoreListener, StandbyUpdateListener):
+class Events(StateRestoreListener, StandbyUpdateListener):
     """Records every listener call as a tuple, in order."""
 
     def __init__(self) -> None:

@@ -30,17 +30,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from counting_child import (
+from support.counting_child import (
     POS_KEY,
     STORE,
     TASK_PARTITION,
     count_one,
     input_key,
-    last_values,
     reopen,
     start_with_kill_points,
 )
-from killer import Killer
+from support.killer import Killer
+from support.model import last_values
 
 
 def expected_counts(pos: int) -> dict[bytes, int]:
@@ -95,13 +95,13 @@ def main(argv: list[str]) -> None:
     from statestore.kafka import KafkaChangelog, KafkaProducer
     from statestore.store import Store
     from statestore.task_manager import TaskManager
-    from statestore.updater import RestoreListener
+    from statestore.updater import StateRestoreListener
 
     for cls, name in [(KafkaProducer, "commit"), (KafkaProducer, "flush"), (Store, "commit"), (Store, "flush"),
                       (Store, "close")]:
         killer.wrap(cls, name)
 
-    class KillingListener(RestoreListener):
+    class KillingListener(StateRestoreListener):
         def on_batch_restored(self, tp: Any, store_name: str, batch_end_offset: int, num_restored: int) -> None:
             killer.point()
 
@@ -148,5 +148,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.append(str(Path(__file__).resolve().parents[2] / "python"))
     main(sys.argv[1:])

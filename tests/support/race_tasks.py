@@ -40,12 +40,11 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from race_audit import AuditLog, watch_directories
-
 from statestore import SegmentLog, TaskId
 from statestore.directory import StateDirectory
 from statestore.task import ActiveTask, TaskState
 from statestore.task_manager import TaskManager
+from support.race_audit import AuditLog, watch_directories
 
 STORE = "s"
 KEYS = [b"k%02d" % i for i in range(12)]

@@ -23,11 +23,9 @@ from typing import Any
 import pytest
 
 from statestore import SegmentLog, TaskId
+from support.tasks import changelog_tp, produce
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from support import changelog_tp, produce
-
-CHILD = Path(__file__).resolve().parent / "procs" / "kafka_20685_child.py"
+CHILD = Path(__file__).resolve().parent / "support" / "aborted_writes_child.py"
 TP = changelog_tp(TaskId(0, 0))
 
 

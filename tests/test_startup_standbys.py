@@ -1,4 +1,4 @@
-"""Seed 004 (KAFKA-17411): local state is opened as standbys on start, corruption wiped before any assignment.
+"""Guarantee 8 of docs/architecture.md (KAFKA-17411): local state is opened as standbys on start, corruption wiped before any assignment.
 
 A process restarts with 8 local task directories, 2 of them corrupted. At
 ``start()`` both corrupted ones are wiped; on the first assignment the other 6
@@ -9,7 +9,6 @@ stay open.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,7 @@ from rocksdict import Options, Rdict
 from statestore import SegmentLog, TaskId
 from statestore.store import OFFSETS_CF, STATUS_KEY, STATUS_OPEN, encode_i64
 from statestore.task import StandbyTask, TaskState
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from support import STORE, Events, changelog_tp, close_all, manager
+from support.tasks import STORE, Events, changelog_tp, close_all, manager
 
 TASKS = [TaskId(0, p) for p in range(8)]
 CORRUPT = [TASKS[2], TASKS[5]]

@@ -33,7 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from killer import Killer
+from support.killer import Killer
+from support.model import last_values
 
 TASK_PARTITION = 0
 STORE = "counts"
@@ -69,19 +70,6 @@ def count_one(view: Any, pos: int) -> int:
     view.put(key, b"%d" % (int(view.get(key) or b"0") + 1))
     view.put(POS_KEY, b"%d" % (pos + 1))
     return pos + 1
-
-
-def last_values(records: Any) -> dict[bytes, bytes]:
-    """Last value per key of ``records`` (objects with ``key`` and ``value``; tombstones remove)."""
-    model: dict[bytes, bytes] = {}
-    for rec in records:
-        if rec.key is None:
-            continue
-        if rec.value is None:
-            model.pop(rec.key, None)
-        else:
-            model[rec.key] = rec.value
-    return model
 
 
 def model_from_log(log_dir: Path) -> dict[bytes, bytes]:
@@ -129,7 +117,7 @@ def main(argv: list[str]) -> None:
     from statestore.log import Producer
     from statestore.store import Store
     from statestore.task_manager import TaskManager
-    from statestore.updater import RestoreListener
+    from statestore.updater import StateRestoreListener
 
     for cls, name in [
         (Producer, "commit"),
@@ -142,7 +130,7 @@ def main(argv: list[str]) -> None:
     ]:
         killer.wrap(cls, name)
 
-    class KillingListener(RestoreListener):
+    class KillingListener(StateRestoreListener):
         def on_batch_restored(self, tp: Any, store_name: str, batch_end_offset: int, num_restored: int) -> None:
             killer.point()
 
@@ -197,5 +185,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     # fall back to the source tree only when statestore is not installed (the CI wheel job tests the wheel)
-    sys.path.append(str(Path(__file__).resolve().parents[2] / "python"))
     main(sys.argv[1:])

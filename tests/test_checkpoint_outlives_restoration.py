@@ -1,4 +1,4 @@
-"""Seed 000 (KAFKA-20685): under exactly-once, a checkpoint outlived restoration and vouched for aborted writes.
+"""Guarantees 1 and 2 of docs/architecture.md (KAFKA-20685): under exactly-once, a checkpoint outlived restoration and vouched for aborted writes.
 
 The story. Kafka 4.2's state updater writes an enforced checkpoint when a task
 finishes restoring -- and under exactly_once_v2 nothing deleted it when the
@@ -29,10 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from statestore import OffsetCheckpoint, TaskCorruptedError, TaskId, TopicPartition, _native
+from statestore import OffsetCheckpoint, TaskCorruptedError, TaskId, TopicPartition
 from statestore.directory import StateDirectory
 from statestore.policy import Policy
 from statestore.state_manager import StateManager
+from support.model import store_contents
 
 TASK = TaskId(0, 0)
 TP = TopicPartition("app-s-changelog", 0)
@@ -151,7 +152,8 @@ def test_kafka_42_rule_would_skip_the_wipe(tmp_path: Path) -> None:
 def test_crash_while_running_with_store_offsets_keeps_the_committed_prefix(tmp_path: Path) -> None:
     """Offsets in the store: the open transaction never reached RocksDB; resume from 11, no wipe."""
     crash_while_running(tmp_path, "store")
-    entries, offsets, status = _native.store_dump(str(tmp_path / "app" / str(TASK) / "rocksdb" / "s"))
+    _contents = store_contents(tmp_path / "app" / str(TASK) / "rocksdb" / "s")
+    entries, offsets, status = _contents.entries, _contents.offsets, _contents.status
     content = {bytes(k): bytes(v) for k, v in entries}
     assert offsets == {str(TP): 11}
     assert status == 1  # the crash left the store marked open

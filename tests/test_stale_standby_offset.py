@@ -1,4 +1,4 @@
-"""Seed 001 (KAFKA-8187): a standby that never got its lock wrote back a stale offset.
+"""Guarantee 4 of docs/architecture.md (KAFKA-8187): a standby that never got its lock wrote back a stale offset.
 
 The story. Two stream threads of one process, A and B. A has standby task 1_0
 with all its data. A rebalance moves the standby to B. B creates the task --
@@ -105,7 +105,7 @@ def threads() -> Iterator[tuple[Thread, Thread, Thread]]:
         t.stop()
 
 
-def run_seed_001(
+def run_scenario(
     tmp_path: Path, threads: tuple[Thread, Thread, Thread], make_b: Callable[[StateDirectory], StandbyManager]
 ) -> Outcome:
     a, b, cleaner = threads
@@ -158,7 +158,7 @@ def run_seed_001(
 def test_stale_standby_never_recreates_the_directory_or_its_offset(
     tmp_path: Path, threads: tuple[Thread, Thread, Thread]
 ) -> None:
-    outcome = run_seed_001(tmp_path, threads, RealStandby)
+    outcome = run_scenario(tmp_path, threads, RealStandby)
     assert outcome.b_failed_to_lock
     assert not outcome.dir_recreated, "a stale writer re-created a directory the cleaner deleted"
     assert outcome.next_offset is None, "the next owner must restore from the beginning"
@@ -169,7 +169,7 @@ def test_the_naive_order_loses_data_in_this_sequence(
     tmp_path: Path, threads: tuple[Thread, Thread, Thread]
 ) -> None:
     """The same sequence with Kafka 2.0's order: the check above would fail (it catches the bug)."""
-    outcome = run_seed_001(tmp_path, threads, NaiveStandby)
+    outcome = run_scenario(tmp_path, threads, NaiveStandby)
     assert outcome.b_failed_to_lock
     assert outcome.dir_recreated
     assert outcome.next_offset == 100 and outcome.next_store_empty  # offset claims data the store lacks

@@ -1,8 +1,8 @@
 """Damage to files, the child runner, and the checks every bad-input case ends with.
 
 A case damages one file of a fresh copy of a world (see
-:mod:`procs.badinput_support`), runs one user-facing path in a child process
-(:mod:`procs.badinput_child`) and accepts exactly two endings:
+:mod:`support.badinput_support`), runs one user-facing path in a child process
+(:mod:`support.badinput_child`) and accepts exactly two endings:
 
 * ``error``: an exception from ``statestore.errors`` whose message names the
   damaged file (for RocksDB files: the store directory);
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from procs.badinput_support import Model, partition_dir, store_dir, task_dir
+from support.badinput_support import Model, partition_dir, store_dir, task_dir
 
 CHILD = Path(__file__).with_name("badinput_child.py")
 #: Longest a child may run before the case counts as a hang.

@@ -28,14 +28,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from procs.badinput_support import STORE, TASK, TP, manager, store_dir
 from statestore import SegmentLog
 from statestore.directory import StateDirectory
 from statestore.errors import StateStoreError
 from statestore.restore import restore_store
 from statestore.store import Store
+from support.badinput_support import STORE, TASK, TP, manager, store_dir
 
 
 def _hex(d: dict[bytes, bytes]) -> dict[str, str]:

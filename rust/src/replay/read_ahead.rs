@@ -6,27 +6,23 @@
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
 
-use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+use crate::source::{ChangeRecord, ChangelogSource, LogError, RecordChunk, SkipCounts};
 
-const NONE: u32 = u32::MAX;
-
-/// One chunk of decoded records, owned.
+/// One chunk of decoded records, owned, with the source's state after it.
 struct Chunk {
-    data: Vec<u8>,
-    /// `(offset, key length or NONE, value length or NONE)`, bytes in `data` in order.
-    recs: Vec<(i64, u32, u32)>,
+    records: RecordChunk,
     more: bool,
     position: i64,
     skipped: SkipCounts,
     bytes_read: u64,
 }
 
-type Msg = Result<Chunk, (SourceError, i64)>;
+type Msg = Result<Chunk, (LogError, i64)>;
 
 /// A source read ahead by a background thread. It reads up to the `end`
-/// given at [`Prefetch::spawn`]; `next_chunk` ignores its own `end` and
+/// given at [`ReadAhead::spawn`]; `next_chunk` ignores its own `end` and
 /// `max_bytes` (callers pass the same ones anyway).
-pub struct Prefetch {
+pub struct ReadAhead {
     rx: Option<Receiver<Msg>>,
     thread: Option<JoinHandle<()>>,
     position: i64,
@@ -35,32 +31,21 @@ pub struct Prefetch {
     done: bool,
 }
 
-impl Prefetch {
+impl ReadAhead {
     pub fn spawn(mut source: Box<dyn ChangelogSource>, end: i64, chunk_bytes: usize, depth: usize) -> Self {
         let position = source.position();
         let (tx, rx) = sync_channel::<Msg>(depth.max(1));
         let thread = std::thread::Builder::new()
-            .name("statestore-read".into())
+            .name("statestore-read-ahead".into())
             .spawn(move || loop {
                 let mut c = Chunk {
-                    data: Vec::with_capacity(chunk_bytes + chunk_bytes / 4),
-                    recs: Vec::new(),
+                    records: RecordChunk::with_capacity(chunk_bytes + chunk_bytes / 4),
                     more: false,
                     position: 0,
                     skipped: SkipCounts::default(),
                     bytes_read: 0,
                 };
-                let r = source.next_chunk(end, chunk_bytes, &mut |r: ChangeRecord<'_>| {
-                    let k = r.key.map_or(NONE, |k| {
-                        c.data.extend_from_slice(k);
-                        k.len() as u32
-                    });
-                    let v = r.value.map_or(NONE, |v| {
-                        c.data.extend_from_slice(v);
-                        v.len() as u32
-                    });
-                    c.recs.push((r.offset, k, v));
-                });
+                let r = source.next_chunk(end, chunk_bytes, &mut |r: ChangeRecord<'_>| c.records.push(r));
                 let msg = match r {
                     Ok(more) => {
                         c.more = more;
@@ -88,7 +73,7 @@ impl Prefetch {
     }
 }
 
-impl ChangelogSource for Prefetch {
+impl ChangelogSource for ReadAhead {
     fn position(&self) -> i64 {
         self.position
     }
@@ -98,7 +83,7 @@ impl ChangelogSource for Prefetch {
         _end: i64,
         _max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
-    ) -> Result<bool, SourceError> {
+    ) -> Result<bool, LogError> {
         if self.done {
             return Ok(false);
         }
@@ -112,23 +97,10 @@ impl ChangelogSource for Prefetch {
             }
             Err(_) => {
                 self.done = true;
-                return Err(SourceError::Other("the read-ahead thread stopped unexpectedly".into()));
+                return Err(LogError::other("the read-ahead thread stopped unexpectedly"));
             }
         };
-        let mut at = 0usize;
-        for &(offset, k, v) in &c.recs {
-            let key = (k != NONE).then(|| {
-                let s = &c.data[at..at + k as usize];
-                at += k as usize;
-                s
-            });
-            let value = (v != NONE).then(|| {
-                let s = &c.data[at..at + v as usize];
-                at += v as usize;
-                s
-            });
-            sink(ChangeRecord { offset, key, value });
-        }
+        c.records.iter().for_each(&mut *sink);
         self.position = c.position;
         self.skipped = c.skipped;
         self.bytes_read = c.bytes_read;
@@ -145,7 +117,7 @@ impl ChangelogSource for Prefetch {
     }
 }
 
-impl Drop for Prefetch {
+impl Drop for ReadAhead {
     fn drop(&mut self) {
         // Closing the channel makes the reader stop after its current chunk.
         drop(self.rx.take());
@@ -159,10 +131,11 @@ impl Drop for Prefetch {
 mod tests {
     use super::super::testing::*;
     use super::*;
+    use crate::source::LogErrorKind;
 
     type Owned = Vec<(i64, Option<Vec<u8>>, Option<Vec<u8>>)>;
 
-    fn collect(s: &mut dyn ChangelogSource, end: i64) -> Result<Owned, SourceError> {
+    fn collect(s: &mut dyn ChangelogSource, end: i64) -> Result<Owned, LogError> {
         let mut out = Vec::new();
         while s.next_chunk(end, 100, &mut |r| {
             out.push((r.offset, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec)))
@@ -175,7 +148,7 @@ mod tests {
         let log = random_log(5000, 100, 13);
         let mut plain = VecSource::new(log.clone(), 10);
         let want = collect(&mut plain, 4000).unwrap();
-        let mut p = Prefetch::spawn(Box::new(VecSource::new(log, 10)), 4000, 100, 2);
+        let mut p = ReadAhead::spawn(Box::new(VecSource::new(log, 10)), 4000, 100, 2);
         assert_eq!(collect(&mut p, 4000).unwrap(), want);
         assert_eq!(
             (p.position(), p.skipped(), p.bytes_read()),
@@ -188,10 +161,10 @@ mod tests {
         let log = random_log(5000, 100, 13);
         let mut src = VecSource::new(log.clone(), 0);
         src.fail_at = Some(3000);
-        let mut p = Prefetch::spawn(Box::new(src), 5000, 100, 2);
-        assert!(matches!(collect(&mut p, 5000), Err(SourceError::Corrupt(_))));
+        let mut p = ReadAhead::spawn(Box::new(src), 5000, 100, 2);
+        assert!(matches!(collect(&mut p, 5000), Err(LogError { kind: LogErrorKind::Corrupt, .. })));
         assert_eq!(p.position(), 3000);
-        let mut p = Prefetch::spawn(Box::new(VecSource::new(log, 0)), 5000, 100, 1);
+        let mut p = ReadAhead::spawn(Box::new(VecSource::new(log, 0)), 5000, 100, 1);
         p.next_chunk(5000, 100, &mut |_| {}).unwrap();
         drop(p);
     }

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from procs.killer import Killer
+from support.killer import Killer
 
 TOPIC_PARTITION = ("app-s-changelog", 0)
 

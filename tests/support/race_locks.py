@@ -28,10 +28,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from race_audit import AuditLog, watch_directories
-
 from statestore import LockError, OffsetCheckpoint, TaskId, TopicPartition
 from statestore.directory import LOCK_FILE_NAME, StateDirectory
+from support.race_audit import AuditLog, watch_directories
 
 OWNER_FILE = "owner"
 

@@ -1,4 +1,4 @@
-"""Child for the KAFKA-20685 scenario: ``kafka_20685_child.py <root> <variant> crash|recover``.
+"""Child for the KAFKA-20685 scenario: ``aborted_writes_child.py <root> <variant> crash|recover``.
 
 ``crash``: under exactly-once with ``offsets="checkpoint"``, restore task 0_0,
 go RUNNING, write records in a transaction that never commits, let a
@@ -49,11 +49,11 @@ def main(argv: list[str]) -> None:
     from statestore import SegmentLog, TaskId
     from statestore.directory import StateDirectory
     from statestore.task_manager import TaskManager
-    from statestore.updater import RestoreListener
+    from statestore.updater import StateRestoreListener
 
     starts: list[int] = []
 
-    class Starts(RestoreListener):
+    class Starts(StateRestoreListener):
         def on_restore_start(self, tp: Any, store_name: str, start_offset: int, end_offset: int) -> None:
             starts.append(start_offset)
 
