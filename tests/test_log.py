@@ -270,7 +270,7 @@ def test_flipped_byte_raises_corrupt_log_error_with_file_and_position(tmp_path: 
     log.close()
     f = log_file(tmp_path)
     batches = SegmentLog(tmp_path).dump(TP)
-    second = batches[1]["position"]
+    second = batches[1].position
     data = bytearray(f.read_bytes())
     data[second + 65] ^= 0x01
     f.write_bytes(bytes(data))

@@ -44,6 +44,10 @@ DEFAULT_MEMORY_BUDGET: int = 256 * 2**20
 #: Default least time, in seconds, between two progress calls of a listener.
 DEFAULT_PROGRESS_INTERVAL: float = 0.1
 
+#: How a store lays out its data: Kafka Streams' plain key-value store, or its
+#: timestamped one (the DSL default) -- see :func:`restore_store`.
+STORE_FORMATS = ("plain", "timestamped")
+
 #: The restore modes `restore_store` accepts.
 MODES = ("auto", "replay", "bulk")
 
@@ -147,6 +151,7 @@ class RestoreSpec:
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
     listener: RestoreListener | None = None
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    format: str = "plain"
 
 
 def _result(tp: TopicPartition, store_path: Path, o: _native.RestoreOutcome) -> RestoreResult:
@@ -164,6 +169,12 @@ def _result(tp: TopicPartition, store_path: Path, o: _native.RestoreOutcome) -> 
     )
 
 
+def _check_format(fmt: str) -> str:
+    if fmt not in STORE_FORMATS:
+        raise ValueError(f"unknown store format {fmt!r}: use one of {', '.join(STORE_FORMATS)}")
+    return fmt
+
+
 def restore_store(
     store_path: str | os.PathLike[str],
     log: LogLike,
@@ -175,6 +186,7 @@ def restore_store(
     listener: RestoreListener | None = None,
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
     read_ahead: bool = True,
+    format: str = "plain",
 ) -> RestoreResult:
     """Bring the store at ``store_path`` up to date with partition ``tp`` of ``log``.
 
@@ -182,6 +194,14 @@ def restore_store(
     thread while this one applies, so one restore uses up to two cores; turn
     it off where each restore is granted one core, such as a Spark task with
     ``spark.task.cpus=1`` (:func:`restore_many` always runs one thread per restore).
+
+    ``format`` is how the store lays out its data (:data:`STORE_FORMATS`):
+    ``"plain"`` (column family ``default``, the value as logged: Kafka
+    Streams' ``Stores.persistentKeyValueStore``) or ``"timestamped"``
+    (column family ``keyValueWithTimestamp``, each value preceded by its
+    record's timestamp, 8 bytes big-endian: the store of Kafka Streams' DSL
+    aggregations). An existing store of the other format, or of a type
+    statestore does not know, is refused untouched (``StoreError``).
 
     The store is created if missing (its parent directory must exist). Raises
     :class:`~statestore.errors.RestoreError` (bad range, listener raised),
@@ -193,7 +213,7 @@ def restore_store(
     path = Path(store_path)
     out = _native.restore_store(
         path, _check_log(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval,
-        read_ahead=read_ahead,
+        read_ahead=read_ahead, format=_check_format(format),
     )
     return _result(tp, path, out)
 
@@ -215,7 +235,10 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     paths = [Path(s.store_path) for s in specs]
     if len({p.resolve() for p in paths}) != len(paths):
         raise ValueError("restore_many: two specs name the same store; restore each store once")
-    specs = [replace(s, store_path=p, log=_check_log(s.log), tp=coerce_tp(s.tp)) for p, s in zip(paths, specs, strict=True)]
+    specs = [
+        replace(s, store_path=p, log=_check_log(s.log), tp=coerce_tp(s.tp), format=_check_format(s.format))
+        for p, s in zip(paths, specs, strict=True)
+    ]
     out = _native.restore_many(specs, max(threads, 1))
     results = []
     for p, s, outcome in zip(paths, specs, out, strict=True):
@@ -250,6 +273,7 @@ __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_PROGRESS_INTERVAL",
     "MODES",
+    "STORE_FORMATS",
     "HasLogDir",
     "LogLike",
     "RestoreListener",

@@ -20,7 +20,7 @@ use crate::log::SegmentLogDir;
 use crate::replay::{
     ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
 };
-use crate::store::Store;
+use crate::store::{Store, StoreFormat};
 
 /// What one restore did (`statestore.restore.RestoreResult` is built from it).
 #[pyclass(module = "statestore._native", name = "RestoreOutcome", frozen, get_all)]
@@ -175,6 +175,9 @@ struct SpecArgs {
     listener: Option<Py<PyAny>>,
     #[pyo3(attribute)]
     progress_interval: f64,
+    /// `"plain"` or `"timestamped"`.
+    #[pyo3(attribute)]
+    format: String,
 }
 
 fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
@@ -189,7 +192,14 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
     if !(interval >= 0.0 && interval.is_finite()) {
         return Err(ErrorClass::Restore.err(format!("progress interval must be >= 0 seconds, got {interval}")));
     }
+    let format = StoreFormat::parse(&a.format).ok_or_else(|| {
+        ErrorClass::Restore.err(format!(
+            "restoring {topic}-{partition}: unknown store format {:?}, use plain or timestamped",
+            a.format
+        ))
+    })?;
     let mut spec = RestoreSpec::new(a.store_path, &topic, partition);
+    spec.format = format;
     spec.end_offset = a.end_offset;
     spec.mode = mode;
     spec.memory_budget = a.memory_budget_bytes;
@@ -207,7 +217,7 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
 /// `WriteBatch`) are tuning knobs for tests and tools.
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain"))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -222,6 +232,7 @@ fn restore_store(
     write_buffer_bytes: usize,
     chunk_bytes: usize,
     read_ahead: bool,
+    format: &str,
 ) -> PyResult<PyRestoreOutcome> {
     let args = SpecArgs {
         store_path,
@@ -232,6 +243,7 @@ fn restore_store(
         memory_budget_bytes,
         listener,
         progress_interval,
+        format: format.to_string(),
     };
     let mut j = job(py, args)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
@@ -295,6 +307,7 @@ pub fn restore_write_ceiling(
         memory_budget_bytes: 0,
         listener: None,
         progress_interval: 0.0,
+        format: "plain".into(),
     };
     let j = job(py, args)?;
     let none = Arc::new(Mutex::new(None));

@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use rocksdb::{IteratorMode, WriteBatch};
 
-use crate::store::{self, Store, StoreError};
+use super::errors::ErrorClass;
+use crate::store::{self, Store, StoreError, StoreFormat};
 
 /// What a tool shows about a store, read without taking its lock.
 #[pyclass(module = "statestore._native", name = "StoreInfo", frozen, get_all)]
@@ -68,14 +69,16 @@ pub fn store_write_batch(
     items: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     offsets: BTreeMap<String, i64>,
     status: Option<i64>,
+    format: Option<&str>,
 ) -> PyResult<()> {
     Ok(py.detach(|| {
         let store = Store::open(&path, true)?;
         let mut b = WriteBatch::default();
+        let cf = store.data_cf();
         for (k, v) in &items {
             match v {
-                Some(v) => b.put(k, v),
-                None => b.delete(k),
+                Some(v) => b.put_cf(cf, k, v),
+                None => b.delete_cf(cf, k),
             }
         }
         for (tp, off) in &offsets {
@@ -89,10 +92,14 @@ pub fn store_write_batch(
     })?)
 }
 
-/// Create an empty store at `path` (its column families, nothing else).
+/// Create an empty store at `path` (its column families, nothing else), in
+/// `format` (`"plain"` or `"timestamped"`).
 #[pyfunction]
-fn store_create(py: Python<'_>, path: PathBuf) -> PyResult<()> {
-    Ok(py.detach(|| Store::open(&path, true).map(drop))?)
+#[pyo3(signature = (path, format="plain"))]
+fn store_create(py: Python<'_>, path: PathBuf, format: &str) -> PyResult<()> {
+    let format = StoreFormat::parse(format)
+        .ok_or_else(|| ErrorClass::Store.err(format!("unknown store format {format:?}: use plain or timestamped")))?;
+    Ok(py.detach(|| Store::open_format(&path, store::store_options(true), format).map(drop))?)
 }
 
 /// Read a whole store (read-only).
@@ -101,7 +108,7 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<StoreDump> {
     let (entries, offsets, status) = py.detach(|| {
         let store = Store::open_read_only(&path)?;
         let mut entries = Vec::new();
-        for item in store.db().iterator(IteratorMode::Start) {
+        for item in store.db().iterator_cf(store.data_cf(), IteratorMode::Start) {
             let (k, v) = item.map_err(|e| StoreError::new(&path, format!("reading data: {e}")))?;
             entries.push((k, v));
         }
@@ -119,11 +126,20 @@ fn store_info(py: Python<'_>, path: PathBuf) -> PyResult<StoreInfo> {
         let store = Store::open_read_only(&path)?;
         let keys = store
             .db()
-            .property_int_value("rocksdb.estimate-num-keys")
+            .property_int_value_cf(store.data_cf(), "rocksdb.estimate-num-keys")
             .map_err(|e| StoreError::new(&path, format!("reading key estimate: {e}")))?
             .unwrap_or(0);
         Ok::<_, StoreError>(StoreInfo { offsets: store.offsets()?, status: store.status()?, estimated_keys: keys })
     })?)
+}
+
+/// The format of the store at `path` as found on disk (`"plain"` or
+/// `"timestamped"`), None where there is no RocksDB yet. A store of a type
+/// statestore does not know (windowed, session, versioned, headers, extra
+/// column families) raises `StoreError` naming its column families.
+#[pyfunction]
+fn store_format(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>> {
+    Ok(py.detach(|| Store::detect_format(&path)).map(|f| f.map(StoreFormat::name))?)
 }
 
 /// Compare the data of two stores (read-only).
@@ -156,5 +172,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store_compare, m)?)?;
     m.add_function(wrap_pyfunction!(store_create, m)?)?;
     m.add_function(wrap_pyfunction!(store_dump, m)?)?;
+    m.add_function(wrap_pyfunction!(store_format, m)?)?;
+    m.add_function(wrap_pyfunction!(store_format, m)?)?;
     Ok(())
 }

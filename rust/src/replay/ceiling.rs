@@ -36,7 +36,7 @@ pub fn write(store: &Store, tp: &str, chunks: &[RecordChunk]) -> Result<Duration
                 ops.push(k, r.value);
             }
         }
-        let mut b = ops.to_batch();
+        let mut b = ops.to_batch(store);
         if let Some(last) = chunk.records.last() {
             store.put_offset(&mut b, tp, last.offset);
         }

@@ -175,7 +175,7 @@ mod tests {
     impl ChunkFeed for VecFeed {
         fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), LogError> {
             for (o, k, v) in self.recs.iter().skip(self.next).take(max_records) {
-                chunk.push(*o, 0, Some(k), v.as_deref());
+                chunk.push(*o, *o * 10, Some(k), v.as_deref());
                 self.next += 1;
             }
             if self.next == self.recs.len() {
