@@ -342,9 +342,9 @@ mod tests {
                 if bulk_mode {
                     let mut opts = BulkOptions::new(budget);
                     opts.chunk_bytes = 300;
-                    bulk(&store, &mut src, "t-0", 12_000, &opts, &mut pr).unwrap();
+                    bulk(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, &opts, &mut pr).unwrap();
                 } else {
-                    replay(&store, &mut src, "t-0", 12_000, 1000, &mut pr).unwrap();
+                    replay(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, 1000, &mut pr).unwrap();
                 }
             }
             let mut cfs = DB::list_cf(&Options::default(), &p).unwrap();

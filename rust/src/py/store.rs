@@ -62,7 +62,7 @@ impl StoreInfo {
 /// optionally with a status marker, then flush. Creates the store if needed.
 /// Tests use it to damage or prepare stores.
 #[pyfunction]
-#[pyo3(signature = (path, items, offsets, status=None))]
+#[pyo3(signature = (path, items, offsets, status=None, format=None))]
 pub fn store_write_batch(
     py: Python<'_>,
     path: PathBuf,
@@ -71,8 +71,14 @@ pub fn store_write_batch(
     status: Option<i64>,
     format: Option<&str>,
 ) -> PyResult<()> {
+    let format = format
+        .map(|f| StoreFormat::parse(f).ok_or_else(|| ErrorClass::Store.err(format!("unknown store format {f:?}"))))
+        .transpose()?;
     Ok(py.detach(|| {
-        let store = Store::open(&path, true)?;
+        let store = match format {
+            Some(f) => Store::open_format(&path, store::store_options(true), f)?,
+            None => Store::open(&path, true)?,
+        };
         let mut b = WriteBatch::default();
         let cf = store.data_cf();
         for (k, v) in &items {
