@@ -6,7 +6,7 @@ tests and benchmarks call lives in :data:`_testing`.
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
-from typing import Protocol, final
+from typing import Literal, Protocol, final
 
 _Path = str | PathLike[str]
 #: ``(offset, key, value, timestamp, headers)`` of one record, as the log hands it to Python.
@@ -21,6 +21,9 @@ class _TopicPartition(Protocol):
 # fileio
 
 def atomic_write(path: _Path, data: bytes) -> None: ...
+def fsync_dir(path: _Path) -> None: ...
+def replace_dir(staged: _Path, target: _Path, aside: _Path) -> Literal["renamed", "exchanged", "moved_aside"]: ...
+def link_copy_dir(src: _Path, dst: _Path) -> None: ...
 
 # restore engine (statestore.restore)
 

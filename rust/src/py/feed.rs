@@ -45,11 +45,20 @@ pub struct PyFeedLog {
     obj: Py<PyAny>,
     raised: Raised,
     stall_timeout: Duration,
+    timestamps: bool,
 }
 
 impl PyFeedLog {
     pub fn new(obj: Py<PyAny>, stall_timeout: Duration) -> Self {
-        Self { obj, raised: Arc::new(Mutex::new(None)), stall_timeout }
+        Self { obj, raised: Arc::new(Mutex::new(None)), stall_timeout, timestamps: true }
+    }
+
+    /// Whether records need their timestamps (a timestamped store does):
+    /// reading them costs one more Python call per record, so a plain store
+    /// skips it (its records carry timestamp -1).
+    pub fn with_timestamps(mut self, timestamps: bool) -> Self {
+        self.timestamps = timestamps;
+        self
     }
 
     /// Where an exception raised by the Python side is kept.
@@ -71,7 +80,7 @@ impl Changelog for PyFeedLog {
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
         let feed = Python::attach(|py| self.obj.call_method1(py, intern!(py, "restore_feed"), (topic, partition, start)))
             .map_err(|e| keep(&self.raised, e))?;
-        let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone() };
+        let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone(), timestamps: self.timestamps };
         Ok(Box::new(FeedSource::new(feed, start, self.stall_timeout)))
     }
 }
@@ -80,6 +89,7 @@ impl Changelog for PyFeedLog {
 struct PyChunkFeed {
     obj: Option<Py<PyAny>>,
     raised: Raised,
+    timestamps: bool,
 }
 
 fn bytes<'a>(o: &'a Bound<'_, PyAny>) -> PyResult<Option<&'a [u8]>> {
@@ -116,8 +126,13 @@ impl ChunkFeed for PyChunkFeed {
                 let o: i64 = m.call_method0(offset)?.extract()?;
                 let k = m.call_method0(key)?;
                 let v = m.call_method0(value)?;
-                // `(timestamp type, timestamp)`; type 0 means none was set.
-                let (_, ts): (i32, i64) = m.call_method0(timestamp)?.extract()?;
+                // (type, ms): type 0 (not available) comes with -1
+                let ts = if self.timestamps {
+                    let (_kind, ts): (i32, i64) = m.call_method0(timestamp)?.extract()?;
+                    ts
+                } else {
+                    -1
+                };
                 chunk.push(o, ts, bytes(&k)?, bytes(&v)?);
             }
             chunk.position = feed.call_method0(intern!(py, "position"))?.extract()?;

@@ -136,7 +136,7 @@ const DEFAULT_STALL_SECONDS: f64 = 60.0;
 
 /// A segment log directory (a `str` or `os.PathLike`), an object naming one
 /// in `log_dir` (`statestore.SegmentLog`), or a Python changelog object.
-fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn Changelog + Send>, Option<Raised>)> {
+fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<(Box<dyn Changelog + Send>, Option<Raised>)> {
     if let Ok(dir) = log.extract::<PathBuf>() {
         return Ok((Box::new(SegmentLogDir(dir)), None));
     }
@@ -150,7 +150,8 @@ fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn Changelog + Send>, Opt
     if !(stall > 0.0 && stall.is_finite()) {
         return Err(ErrorClass::Restore.err(format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
-    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall));
+    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
+        .with_timestamps(format == StoreFormat::Timestamped);
     let raised = f.raised();
     Ok((Box::new(f), Some(raised)))
 }
@@ -207,7 +208,7 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
     let raised = Arc::new(Mutex::new(None));
     let store_name = spec.store_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let listener = a.listener.map(|obj| PyListener { obj, tp: a.tp.clone_ref(py), store_name, raised: raised.clone() });
-    let (log, fed) = changelog(a.log.bind(py))?;
+    let (log, fed) = changelog(a.log.bind(py), spec.format)?;
     Ok(Job { log, spec, listener, raised, fed })
 }
 
