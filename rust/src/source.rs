@@ -34,7 +34,11 @@ pub enum SourceError {
     /// A batch compressed with a codec this build cannot decode.
     #[error("{0}")]
     UnsupportedCompression(String),
-    /// Anything else: I/O errors, a missing partition, an offset out of range.
+    /// The offset asked for is not in the log (records deleted, topic
+    /// recreated): the store cannot be trusted, wipe and restore.
+    #[error("{0}")]
+    OutOfRange(String),
+    /// Anything else: I/O errors, a missing partition, a broker that fails.
     #[error("{0}")]
     Other(String),
 }

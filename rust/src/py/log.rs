@@ -25,6 +25,7 @@ fn source_err(e: SourceError) -> PyErr {
     match e {
         SourceError::Corrupt(m) => error("CorruptLogError", m),
         SourceError::UnsupportedCompression(m) => error("UnsupportedCompressionError", m),
+        SourceError::OutOfRange(m) => error("TaskCorruptedError", m),
         SourceError::Other(m) => error("LogError", m),
     }
 }
@@ -187,7 +188,7 @@ impl ProducerCore {
 
 /// Records decoded without the GIL, converted to Python afterwards.
 #[derive(Default)]
-struct Decoded {
+pub(crate) struct Decoded {
     data: Vec<u8>,
     recs: Vec<DecodedRecord>,
     headers: Vec<(String, Option<(usize, usize)>)>,
@@ -202,7 +203,7 @@ impl Decoded {
         })
     }
 
-    fn push(&mut self, r: &RecordRef<'_>) {
+    pub(crate) fn push(&mut self, r: &RecordRef<'_>) {
         let key = self.put(r.key);
         let value = self.put(r.value);
         let hs = self.headers.len();
@@ -213,7 +214,7 @@ impl Decoded {
         self.recs.push((r.offset, r.timestamp, key, value, hs, self.headers.len()));
     }
 
-    fn into_py<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    pub(crate) fn into_py<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let bytes = |r: Option<(usize, usize)>| -> Option<Bound<'py, PyBytes>> { r.map(|(a, b)| PyBytes::new(py, &self.data[a..b])) };
         let out = PyList::empty(py);
         for &(off, ts, k, v, hs, he) in &self.recs {

@@ -5,6 +5,7 @@
 
 pub mod feed;
 pub mod fileio;
+pub mod kafka;
 pub mod log;
 pub mod restore;
 pub mod store;

@@ -14,6 +14,8 @@ use pyo3::prelude::*;
 
 use super::error;
 use super::feed::{PyFeedLog, Raised};
+use super::kafka::PyKafkaClient;
+use crate::kafka::client::KafkaLog;
 use crate::replay::engine::{self, ChangelogLog, Mode, RestoreOutcome, RestoreSpec};
 use crate::replay::segment_log::SegmentLogDir;
 use crate::replay::{
@@ -113,6 +115,16 @@ const DEFAULT_STALL_SECONDS: f64 = 60.0;
 fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn ChangelogLog + Send>, Option<Raised>)> {
     if let Ok(dir) = log.extract::<PathBuf>() {
         return Ok((Box::new(SegmentLogDir(dir)), None));
+    }
+    // A Kafka changelog the native fetcher serves (`KafkaChangelog.native`),
+    // or the native client itself; else the Python feed below.
+    if let Ok(k) = log.cast::<PyKafkaClient>() {
+        return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
+    }
+    if let Ok(native) = log.getattr("native") {
+        if let Ok(k) = native.cast::<PyKafkaClient>() {
+            return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
+        }
     }
     let stall = match log.getattr("restore_stall_timeout") {
         Ok(v) => v.extract::<f64>()?,

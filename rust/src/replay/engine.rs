@@ -152,6 +152,7 @@ pub fn restore(
         let kind = match e {
             SourceError::Corrupt(_) => ErrorKind::CorruptLog,
             SourceError::UnsupportedCompression(_) => ErrorKind::UnsupportedCompression,
+            SourceError::OutOfRange(_) => ErrorKind::OutOfRange,
             SourceError::Other(_) => ErrorKind::Log,
         };
         RestoreError::new(kind, format!("restoring store {} from {tp}: {e}", path.display()))

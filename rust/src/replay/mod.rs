@@ -84,6 +84,7 @@ impl RestoreError {
         let kind = match e {
             SourceError::Corrupt(_) => ErrorKind::CorruptLog,
             SourceError::UnsupportedCompression(_) => ErrorKind::UnsupportedCompression,
+            SourceError::OutOfRange(_) => ErrorKind::OutOfRange,
             SourceError::Other(_) => ErrorKind::Log,
         };
         Self::new(
