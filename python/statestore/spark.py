@@ -47,6 +47,7 @@ import re
 import shutil
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -237,6 +238,26 @@ def plan(
     return work
 
 
+def _kafka_plan(
+    changelog: Any, application_id: str, stores: Sequence[str] | Mapping[str, int], partitions: Iterable[int] | None
+) -> list[PartitionWork]:
+    """:func:`plan` for a Kafka cluster: each store's partitions are those of its changelog topic."""
+    subs: dict[str, int] = dict(stores) if isinstance(stores, Mapping) else dict.fromkeys(stores, 0)
+    work: list[PartitionWork] = []
+    for name, sub in subs.items():
+        topic = changelog_topic(application_id, name)
+        n = changelog.topic_partitions(topic)
+        if n is None:
+            raise StateStoreError(
+                f"store {name}: changelog topic {topic} does not exist on {changelog.bootstrap_servers}"
+            )
+        parts = sorted(set(partitions)) if partitions is not None else list(range(n))
+        work.extend(PartitionWork(name, TaskId(sub, p), TopicPartition(topic, p)) for p in parts)
+    if not work:
+        raise ValueError("no stores given: name at least one store to restore")
+    return work
+
+
 def _guarantee(guarantee: Guarantee | str) -> Guarantee:
     return guarantee if isinstance(guarantee, Guarantee) else Guarantee(guarantee)
 
@@ -398,9 +419,38 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
     return not policy.decide(Event.INIT).corrupt_if_missing
 
 
+#: A Kafka cluster as Spark work items carry it: its confluent-kafka style properties, sorted.
+KafkaConf = tuple[tuple[str, str], ...]
+
+_KAFKA_CHANGELOGS: dict[KafkaConf, Any] = {}
+_KAFKA_LOCK = threading.Lock()
+
+
+def kafka_conf(kafka: Mapping[str, Any]) -> KafkaConf:
+    """``kafka`` (``{"bootstrap.servers": ..., ...}``) as a hashable, picklable work-item field."""
+    conf = tuple(sorted((str(k).replace("_", "."), str(v)) for k, v in kafka.items()))
+    if not any(k == "bootstrap.servers" for k, _ in conf):
+        raise ValueError("kafka= needs bootstrap.servers")
+    return conf
+
+
+def kafka_changelog(conf: KafkaConf) -> Any:
+    """The process's :class:`~statestore.kafka.KafkaChangelog` for ``conf`` (one per executor process, reused
+    by its tasks so connections to the brokers are too)."""
+    with _KAFKA_LOCK:
+        cl = _KAFKA_CHANGELOGS.get(conf)
+        if cl is None:
+            from statestore.kafka import KafkaChangelog
+
+            props: dict[str, Any] = dict(conf)
+            cl = _KAFKA_CHANGELOGS[conf] = KafkaChangelog(props.pop("bootstrap.servers"), **props)
+        return cl
+
+
 def restore_partition(
     *,
-    log_dir: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str] | None = None,
+    kafka: KafkaConf | Mapping[str, Any] | None = None,
     state_dir: str | os.PathLike[str],
     application_id: str,
     store: str,
@@ -417,7 +467,8 @@ def restore_partition(
 
     The store is ``<state_dir>/<application_id>/<subtopology>_<partition>/rocksdb/<store>``
     and its changelog ``<application_id>-<store>-changelog`` partition
-    ``partition`` under ``log_dir``. Errors of statestore (bad log, lock
+    ``partition`` under ``log_dir``, or on the Kafka cluster ``kafka`` names
+    (confluent-kafka style properties; fetched natively). Errors of statestore (bad log, lock
     timeout, state directory held exclusively by an application ...) come back
     as a row with status ``failed``; anything else raises, after the staging
     directory is removed. ``attempt`` is the Spark attempt number (for
@@ -427,6 +478,12 @@ def restore_partition(
     executor's cores.
     """
     _check_mode(mode)
+    if (log_dir is None) == (kafka is None):
+        raise ValueError("name the changelog: log_dir or kafka")
+    changelog: Any = (
+        Path(log_dir) if log_dir is not None
+        else kafka_changelog(kafka if isinstance(kafka, tuple) else kafka_conf(kafka or {}))
+    )
     policy = Policy(_guarantee(guarantee))
     task_id = TaskId(subtopology, partition)
     tp = TopicPartition(changelog_topic(application_id, store), partition)
@@ -459,7 +516,7 @@ def restore_partition(
         if can_resume_from(target, tp, policy.guarantee):
             _link_copy(target, staged)
         result = restore_store(
-            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1
+            staged, changelog, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1
         )
         if _failure_injected(store, partition, attempt):
             raise InjectedFailure(
@@ -469,7 +526,7 @@ def restore_partition(
         target.parent.mkdir(exist_ok=True)
         _fsync_dir(staged)  # the hard links made by the copy
         _swap_into_place(staged, target, attempt_dir)
-        lag = _lag_after(log_dir, tp, result.offset)
+        lag = _lag_after(changelog, tp, result.offset)
         return row(
             lag=None if lag is None else lag.records,
             offset_lag=None if lag is None else lag.offsets,
@@ -534,10 +591,10 @@ def sweep_staging(state_dir: str | os.PathLike[str], application_id: str, work: 
 # -- Spark ----------------------------------------------------------------------------------
 
 
-def _lag_after(log_dir: str | os.PathLike[str], tp: TopicPartition, offset: int | None) -> Lag | None:
+def _lag_after(changelog: Any, tp: TopicPartition, offset: int | None) -> Lag | None:
     """The store's lag once restored; None (unknown) when the log cannot be read now."""
     try:
-        return store_lag(SegmentLog(Path(log_dir)), tp, offset)
+        return store_lag(SegmentLog(changelog) if isinstance(changelog, Path) else changelog, tp, offset)
     except StateStoreError as e:
         log.debug("lag of %s unknown after its restore: %s", tp, e)
         return None
@@ -553,16 +610,18 @@ def _max_attempts(master: str, conf_value: str | None) -> int:
     return int(conf_value) if conf_value else 4
 
 
-_Item = tuple[str, int, int, str, str, str, str, int, float | None, int, str]
+#: ``(store, subtopology, partition, log, state_dir, ...)``; ``log`` is a segment log path or a :data:`KafkaConf`.
+_Item = tuple[str, int, int, str | KafkaConf, str, str, str, int, float | None, int, str]
 
 
 def _spark_task(item: _Item, attempt: int, cpus: int = 1) -> RestoreRow:
     """Run one (store, partition) inside a Spark task. Unknown errors raise while Spark may retry."""
-    (store, sub, partition, log_dir, state_dir, app_id, mode, budget, lock_timeout, max_attempts, guarantee) = item
+    (store, sub, partition, log, state_dir, app_id, mode, budget, lock_timeout, max_attempts, guarantee) = item
     t0 = time.perf_counter()
     try:
         return restore_partition(
-            log_dir=log_dir, state_dir=state_dir, application_id=app_id, store=store, partition=partition,
+            log_dir=log if isinstance(log, str) else None, kafka=None if isinstance(log, str) else log,
+            state_dir=state_dir, application_id=app_id, store=store, partition=partition,
             subtopology=sub, mode=mode, guarantee=guarantee, memory_budget_bytes=budget,
             lock_timeout=lock_timeout, attempt=attempt, cpus=cpus,
         )
@@ -677,7 +736,8 @@ def rows_frame(spark: SparkSession, rows: Sequence[Sequence[Any]]) -> DataFrame:
 def restore_on_spark(
     spark: SparkSession,
     *,
-    log_dir: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str] | None = None,
+    kafka: Mapping[str, Any] | None = None,
     state_dir: str | os.PathLike[str],
     application_id: str,
     stores: Sequence[str] | Mapping[str, int],
@@ -695,7 +755,10 @@ def restore_on_spark(
     store's changelog found under ``log_dir`` (read on the driver). ``log_dir``
     and ``state_dir`` are paths as the executors see them (relative ones are
     made absolute on the driver): a shared filesystem, or local disks holding
-    the same log (see the README).
+    the same log (see the README). Or ``kafka={"bootstrap.servers": ...,
+    ...}`` (confluent-kafka style properties, SSL and SASL included): every
+    task fetches its own partition from the cluster, natively; partitions
+    default to every partition of each store's changelog topic.
 
     The job runs now; the returned DataFrame holds the rows
     (:data:`RESULT_COLUMNS`), ordered by store then partition. A partition that
@@ -710,12 +773,22 @@ def restore_on_spark(
     g = _guarantee(guarantee)
     if memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
-    work = plan(log_dir, application_id, stores, partitions)
+    if (log_dir is None) == (kafka is None):
+        raise ValueError("name the changelog: log_dir (a segment log) or kafka (a cluster's properties)")
+    log_field: str | KafkaConf
+    if kafka is not None:
+        conf = kafka_conf(kafka)
+        work = _kafka_plan(kafka_changelog(conf), application_id, stores, partitions)
+        log_field = conf
+    else:
+        assert log_dir is not None
+        work = plan(log_dir, application_id, stores, partitions)
+        log_field = os.path.abspath(log_dir)
     sc: SparkContext = spark.sparkContext
     _default_python(sc)
     max_attempts = _max_attempts(sc.master or "local", sc.getConf().get("spark.task.maxFailures"))
     items: list[_Item] = [
-        (w.store, w.task_id.subtopology, w.tp.partition, os.path.abspath(log_dir), os.path.abspath(state_dir),
+        (w.store, w.task_id.subtopology, w.tp.partition, log_field, os.path.abspath(state_dir),
          application_id, mode, memory_budget_bytes, lock_timeout, max_attempts, g.value)
         for w in work
     ]

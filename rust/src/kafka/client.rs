@@ -129,6 +129,9 @@ impl KafkaClient {
             if name != topic {
                 continue;
             }
+            if t.error_code == 3 {
+                return Err(KafkaError::NoTopic(format!("broker {broker}: topic {topic} does not exist")));
+            }
             if t.error_code != 0 {
                 let e = conn::error_name(t.error_code);
                 return Err(KafkaError::Broker {
@@ -242,16 +245,12 @@ impl KafkaClient {
             let lso = self.list_offset(c, topic, partition, -1, 1)?;
             Ok(Offsets { start, end, last_stable: lso.max(start).min(end) })
         })
-        .map_err(|e| match e {
-            KafkaError::Broker { code: 3, .. } => KafkaError::Broker {
-                code: 3,
-                message: format!(
-                    "changelog {topic}-{partition} on {}: cannot read its offsets: {e}; does the topic exist and is \
-                     the broker reachable?",
-                    self.servers()
-                ),
-            },
-            e => e.context(&format!("changelog {topic}-{partition} on {}: reading its offsets", self.servers())),
+        .map_err(|e| {
+            e.context(&format!(
+                "changelog {topic}-{partition} on {}: cannot read its offsets (does the topic exist and is the \
+                 broker reachable?)",
+                self.servers()
+            ))
         })
     }
 }

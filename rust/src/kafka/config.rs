@@ -110,7 +110,8 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Default bytes per partition per fetch: large responses, few round trips.
+/// Default bytes per partition per fetch (`max.partition.fetch.bytes`):
+/// large responses, few round trips.
 pub const DEFAULT_PARTITION_MAX_BYTES: i32 = 8 << 20;
 
 /// Keys of other clients' concerns the fetcher ignores, by prefix: a producer's
@@ -131,11 +132,17 @@ impl ClientConfig {
         let mut username = None;
         let mut password = None;
         let mut tls = Tls { verify_hostname: true, verify_certificate: true, ..Tls::default() };
+        let mut partition_max_bytes = DEFAULT_PARTITION_MAX_BYTES;
         for (k, v) in pairs {
             let key = k.replace('_', ".");
             match key.as_str() {
                 "bootstrap.servers" | "metadata.broker.list" => bootstrap = Some(v.to_string()),
                 "client.id" => client_id = v.to_string(),
+                "max.partition.fetch.bytes" => {
+                    partition_max_bytes = v.parse::<i32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        ConfigError::Invalid(format!("max.partition.fetch.bytes must be a positive number, got {v:?}"))
+                    })?
+                }
                 "security.protocol" => {
                     protocol = match v.to_ascii_lowercase().as_str() {
                         "plaintext" => Protocol::Plaintext,
@@ -222,7 +229,7 @@ impl ClientConfig {
             tls,
             request_timeout,
             stall_timeout,
-            partition_max_bytes: DEFAULT_PARTITION_MAX_BYTES,
+            partition_max_bytes,
             fetch_max_wait: Duration::from_millis(100),
         })
     }

@@ -328,7 +328,129 @@ pub fn decode_response<R: Request>(mut frame: Bytes, corr: i32, version: i16) ->
         ));
     }
     let name = ApiKey::try_from(R::KEY).map_or_else(|_| R::KEY.to_string(), |k| format!("{k:?}"));
+    if R::KEY == ApiKey::Fetch as i16 {
+        // The crate reserves memory for an array's claimed length before it
+        // reads a single element: a fetch response (the one that carries
+        // user data, in bulk) is walked first, so no count exceeds its bytes.
+        check_fetch_body(&frame, version).map_err(|e| format!("a {name} v{version} response that does not parse: {e}"))?;
+    }
     R::Response::decode(&mut frame, version).map_err(|e| format!("a {name} v{version} response that does not decode: {e}"))
+}
+
+/// A cursor over a response body that only checks its structure.
+struct Walk<'a> {
+    b: &'a [u8],
+}
+
+impl Walk<'_> {
+    fn skip(&mut self, n: usize) -> Result<(), String> {
+        if self.b.len() < n {
+            return Err(format!("{n} bytes needed, {} left", self.b.len()));
+        }
+        self.b = &self.b[n..];
+        Ok(())
+    }
+    fn int(&mut self, n: usize) -> Result<i64, String> {
+        let v = self.b.get(..n).ok_or_else(|| format!("{n} bytes needed, {} left", self.b.len()))?;
+        let v = v.iter().fold(0i64, |a, &x| (a << 8) | x as i64);
+        self.b = &self.b[n..];
+        // sign-extend
+        let shift = 64 - 8 * n as u32;
+        Ok((v << shift) >> shift)
+    }
+    fn uvarint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for i in 0..5 {
+            let x = *self.b.first().ok_or("a varint runs past the end")?;
+            self.b = &self.b[1..];
+            v |= ((x & 0x7f) as u64) << (7 * i);
+            if x & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("a varint longer than 5 bytes".into())
+    }
+    /// Element count of an array (0 for null).
+    fn array(&mut self, flexible: bool) -> Result<u64, String> {
+        let n = if flexible {
+            self.uvarint()?.saturating_sub(1)
+        } else {
+            let n = self.int(4)?;
+            if n < -1 {
+                return Err(format!("array length {n}"));
+            }
+            n.max(0) as u64
+        };
+        if n > self.b.len() as u64 {
+            return Err(format!("an array of {n} elements in {} bytes", self.b.len()));
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self, flexible: bool, len_bytes: usize) -> Result<(), String> {
+        let n = if flexible {
+            self.uvarint()?.saturating_sub(1)
+        } else {
+            let n = self.int(len_bytes)?;
+            if n < -1 {
+                return Err(format!("length {n}"));
+            }
+            n.max(0) as u64
+        };
+        self.skip(usize::try_from(n).map_err(|_| "a length beyond memory")?)
+    }
+    fn tagged(&mut self) -> Result<(), String> {
+        let n = self.uvarint()?;
+        for _ in 0..n {
+            self.uvarint()?;
+            let size = self.uvarint()?;
+            self.skip(usize::try_from(size).map_err(|_| "a length beyond memory")?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Check the structure of a Fetch response body of `version` (4..=12): every
+/// array, string and byte field fits the bytes that follow, so decoding it
+/// reserves no more memory than the frame could fill.
+pub fn check_fetch_body(body: &[u8], version: i16) -> Result<(), String> {
+    if !(4..=12).contains(&version) {
+        return Err(format!("version {version} is not one this client asks for"));
+    }
+    let flex = version >= 12;
+    let mut w = Walk { b: body };
+    w.skip(4)?; // throttle_time_ms
+    if version >= 7 {
+        w.skip(6)?; // error_code, session_id
+    }
+    for _ in 0..w.array(flex)? {
+        w.bytes(flex, 2)?; // topic name
+        for _ in 0..w.array(flex)? {
+            w.skip(4 + 2 + 8 + 8)?; // partition, error, high watermark, last stable offset
+            if version >= 5 {
+                w.skip(8)?; // log start offset
+            }
+            for _ in 0..w.array(flex)? {
+                w.skip(16)?; // producer id, first offset
+                if flex {
+                    w.tagged()?;
+                }
+            }
+            if version >= 11 {
+                w.skip(4)?; // preferred read replica
+            }
+            w.bytes(flex, 4)?; // records
+            if flex {
+                w.tagged()?;
+            }
+        }
+        if flex {
+            w.tagged()?;
+        }
+    }
+    if flex {
+        w.tagged()?;
+    }
+    Ok(())
 }
 
 /// Kafka's name of an error code (the ones a restore meets; others by number).

@@ -60,6 +60,9 @@ pub enum KafkaError {
     /// The broker answered with an error code.
     #[error("{message}")]
     Broker { code: i16, message: String },
+    /// The cluster does not know the topic (metadata says so): not retried.
+    #[error("{0}")]
+    NoTopic(String),
     /// The offset asked for is not in the log (truncated, deleted, recreated).
     #[error("{0}")]
     OutOfRange(String),
@@ -93,6 +96,7 @@ impl KafkaError {
             KafkaError::Protocol(m) => KafkaError::Protocol(c(m)),
             KafkaError::Broker { code, message } => KafkaError::Broker { code, message: c(message) },
             KafkaError::OutOfRange(m) => KafkaError::OutOfRange(c(m)),
+            KafkaError::NoTopic(m) => KafkaError::NoTopic(c(m)),
             KafkaError::Corrupt(m) => KafkaError::Corrupt(c(m)),
             KafkaError::UnsupportedCompression(m) => KafkaError::UnsupportedCompression(c(m)),
         }
