@@ -92,13 +92,18 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Br
     ports = {name: hostport.removeprefix("//") for name, hostport in
              (x.split(":", 1) for x in adv.split("=", 1)[1].split(","))}
     # SCRAM credentials, through the admin API on the PLAINTEXT listener.
-    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    ups = [UserScramCredentialUpsertion(USER, ScramCredentialInfo(m, 4096), PASSWORD.encode())
-           for m in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)]
-    for fut in admin.alter_user_scram_credentials(ups).values():
-        fut.result(30)
+    for m in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512):  # one change per user and request
+        up = UserScramCredentialUpsertion(USER, ScramCredentialInfo(m, 4096), PASSWORD.encode())
+        for fut in admin.alter_user_scram_credentials([up]).values():
+            fut.result(30)
     yield broker, ports, certs
     broker.stop()
 
