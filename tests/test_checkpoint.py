@@ -121,6 +121,15 @@ def test_topic_with_whitespace_is_refused(ckpt: OffsetCheckpoint) -> None:
         ckpt.write({TP("a b", 0): 1})
 
 
+def test_entry_lines_split_on_ascii_whitespace_only_as_kafka_does(ckpt: OffsetCheckpoint) -> None:
+    """Java's ``\\s`` is ASCII whitespace: a no-break space or U+2028 inside a field stays in the field."""
+    ckpt.path.write_bytes("0\n2\na\u00a0b 0 5\nc\u2028d\t1  6\n".encode())
+    assert ckpt.read() == {TP("a\u00a0b", 0): 5, TP("c\u2028d", 1): 6}
+    ckpt.path.write_bytes("0\n1\nt 0\u00a05\n".encode())  # Kafka: two fields, the second not a number
+    with pytest.raises(CheckpointError, match=":3: malformed line"):
+        ckpt.read()
+
+
 # -- bad input: every malformed variant names the file and the line -----------------------------
 
 MALFORMED = {

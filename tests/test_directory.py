@@ -306,6 +306,50 @@ def test_wipe_requires_the_lock_and_keeps_it(sd: StateDirectory) -> None:
         sd.wipe(T1)
 
 
+def test_a_wipe_that_fails_halfway_never_leaves_a_checkpoint_over_deleted_stores(
+    sd: StateDirectory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the I/O-fault torture: the wipe deleted in directory order, so an error deleting the
+    checkpoint after the stores were gone left a checkpoint whose offset the next restore started
+    from -- into an empty store (at-least-once with a checkpoint: committed updates lost)."""
+    import shutil
+
+    assert sd.lock(T0)
+    ckpt = sd.task_dir(T0) / ".checkpoint"
+
+    def fill() -> None:
+        (sd.store_dir(T0, "a") / "data").mkdir(parents=True, exist_ok=True)
+        (sd.store_dir(T0, "z") / "data").mkdir(parents=True, exist_ok=True)
+        ckpt.write_text("0\n1\napp-a-changelog 0 41\n")
+
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+
+    def failing_unlink(path: str | os.PathLike[str], *a: object, **kw: object) -> None:
+        if os.fspath(path).endswith(".checkpoint"):
+            raise OSError(5, "Input/output error", os.fspath(path))
+        real_unlink(path)
+
+    fill()
+    monkeypatch.setattr(os, "unlink", failing_unlink)
+    with pytest.raises(StateStoreError, match="cannot wipe"):
+        sd.wipe(T0)
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert ckpt.exists() and sd.store_dir(T0, "a").exists() and sd.store_dir(T0, "z").exists(), (
+        "the checkpoint could not be deleted, so nothing it describes may be"
+    )
+
+    def failing_rmtree(path: str | os.PathLike[str], *a: object, **kw: object) -> None:
+        raise OSError(28, "No space left on device", os.fspath(path))
+
+    monkeypatch.setattr(shutil, "rmtree", failing_rmtree)
+    with pytest.raises(StateStoreError, match="cannot wipe"):
+        sd.wipe(T0)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    assert not ckpt.exists(), "stores are deleted only after the checkpoint is gone"
+    sd.wipe(T0)
+    assert sd.is_empty(T0)
+
+
 def test_concurrent_lockers_get_exclusive_access(sd: StateDirectory) -> None:
     """Many threads race for one task lock: at any time at most one holds it."""
     holders = 0

@@ -33,7 +33,10 @@ VERSION = 0
 CHECKPOINT_FILE_NAME = ".checkpoint"
 
 _INT_RE = re.compile(r"[+-]?[0-9]+")
-_WS_RE = re.compile(r"\s+")
+#: Java's ``\s`` (what Kafka's reader splits entry lines on): ASCII whitespace only. Python's ``\s``
+#: would also split on non-ASCII whitespace (no-break space, U+2028, ...), so a line Kafka reads as
+#: three fields could read as four here.
+_WS_RE = re.compile(r"[ \t\n\x0b\f\r]+")
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 #: Digits of the largest value any field may hold (2**63 - 1).

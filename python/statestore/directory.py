@@ -138,6 +138,15 @@ class _Held:
     generation: int
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (a removal, a rename) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _inode(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
@@ -551,13 +560,20 @@ class StateDirectory:
     # -- cleaning -------------------------------------------------------------------
 
     def _delete_contents(self, task_dir: Path, *, keep_lock: bool) -> None:
-        for entry in list(os.scandir(task_dir)):
+        # The checkpoint vouches for what the stores hold, so it goes first, and its removal is on disk
+        # before any store file goes: a wipe that fails halfway (an I/O error, a full disk) or is
+        # killed never leaves a checkpoint over stores it no longer describes -- the next restore
+        # would start from its offset into a store missing what came before it.
+        entries = sorted(os.scandir(task_dir), key=lambda e: e.name != CHECKPOINT_FILE_NAME)
+        for entry in entries:
             if keep_lock and entry.name == LOCK_FILE_NAME:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
+                if entry.name == CHECKPOINT_FILE_NAME:
+                    _fsync_dir(task_dir)
 
     def wipe(self, task_id: TaskId, token: TaskLock | None = None) -> None:
         """Delete the task's local state (stores, checkpoint) so it is rebuilt from the changelog.

@@ -484,7 +484,7 @@ impl ChangelogSource for KafkaSource {
         max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
     ) -> Result<bool, SourceError> {
-        Ok(self.cursor.read(end, max_bytes, &mut |r| sink(ChangeRecord { offset: r.offset, key: r.key, value: r.value }))?)
+        Ok(self.cursor.read(end, max_bytes, &mut |r| sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value }))?)
     }
 
     fn skipped(&self) -> SkipCounts {

@@ -21,7 +21,7 @@ use crate::replay::segment_log::SegmentLogDir;
 use crate::replay::{
     ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
 };
-use crate::store::Store;
+use crate::store::{Store, StoreFormat};
 
 /// `(mode, start_offset, end_offset, records_applied, skipped_aborted,
 /// skipped_control, skipped_null_key, bytes_read, seconds, offset)`.
@@ -112,7 +112,10 @@ struct Job {
 const DEFAULT_STALL_SECONDS: f64 = 60.0;
 
 /// A segment log directory (a `str` or `os.PathLike`), or a Python changelog object.
-fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn ChangelogLog + Send>, Option<Raised>)> {
+fn changelog(
+    log: &Bound<'_, PyAny>,
+    format: StoreFormat,
+) -> PyResult<(Box<dyn ChangelogLog + Send>, Option<Raised>)> {
     if let Ok(dir) = log.extract::<PathBuf>() {
         return Ok((Box::new(SegmentLogDir(dir)), None));
     }
@@ -133,7 +136,8 @@ fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn ChangelogLog + Send>, 
     if !(stall > 0.0 && stall.is_finite()) {
         return Err(error("RestoreError", format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
-    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall));
+    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
+        .with_timestamps(format == StoreFormat::Timestamped);
     let raised = f.raised();
     Ok((Box::new(f), Some(raised)))
 }
@@ -148,6 +152,7 @@ fn job(
     memory_budget_bytes: usize,
     listener: Option<Py<PyAny>>,
     progress_interval: f64,
+    format: &str,
 ) -> PyResult<Job> {
     let topic: String = tp.getattr("topic")?.extract()?;
     let partition: i32 = tp.getattr("partition")?.extract()?;
@@ -157,7 +162,14 @@ fn job(
     if !(progress_interval >= 0.0 && progress_interval.is_finite()) {
         return Err(error("RestoreError", format!("progress interval must be >= 0 seconds, got {progress_interval}")));
     }
+    let format = StoreFormat::parse(format).ok_or_else(|| {
+        error(
+            "RestoreError",
+            format!("restoring {topic}-{partition}: unknown store format {format:?}, use plain or timestamped"),
+        )
+    })?;
     let mut spec = RestoreSpec::new(store_path, &topic, partition);
+    spec.format = format;
     spec.end_offset = end_offset;
     spec.mode = mode;
     spec.memory_budget = memory_budget_bytes;
@@ -165,7 +177,7 @@ fn job(
     let raised = Arc::new(Mutex::new(None));
     let store_name = spec.store_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let listener = listener.map(|obj| PyListener { obj, tp: tp.clone().unbind(), store_name, raised: raised.clone() });
-    let (log, fed) = changelog(log)?;
+    let (log, fed) = changelog(log, spec.format)?;
     Ok(Job { log, spec, listener, raised, fed })
 }
 
@@ -175,7 +187,7 @@ fn job(
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
 /// `WriteBatch`) are tuning knobs for tests and tools.
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain"))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -190,8 +202,9 @@ fn restore_store(
     write_buffer_bytes: usize,
     chunk_bytes: usize,
     read_ahead: bool,
+    format: &str,
 ) -> PyResult<OutcomeTuple> {
-    let mut j = job(tp, store_path, log, end_offset, mode, memory_budget_bytes, listener, progress_interval)?;
+    let mut j = job(tp, store_path, log, end_offset, mode, memory_budget_bytes, listener, progress_interval, format)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
     j.spec.chunk_bytes = chunk_bytes.max(1);
     j.spec.read_ahead = read_ahead;
@@ -200,8 +213,8 @@ fn restore_store(
 }
 
 /// Spec tuple of `restore_many`: `(store_path, log, tp, end_offset, mode,
-/// memory_budget_bytes, listener, progress_interval)`; `log` as in `restore_store`.
-type SpecTuple = (PathBuf, Py<PyAny>, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64);
+/// memory_budget_bytes, listener, progress_interval, format)`; `log` as in `restore_store`.
+type SpecTuple = (PathBuf, Py<PyAny>, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64, String);
 
 /// Restore many stores on `threads` native threads. Returns, per spec in
 /// order, `(outcome_tuple, None)` or `(None, exception)`.
@@ -213,8 +226,8 @@ fn restore_many(
     threads: usize,
 ) -> PyResult<Vec<(Option<OutcomeTuple>, Option<PyErr>)>> {
     let mut jobs = Vec::with_capacity(specs.len());
-    for (store_path, log, tp, end, mode, budget, listener, interval) in specs {
-        jobs.push(job(tp.bind(py), store_path, log.bind(py), end, &mode, budget, listener, interval)?);
+    for (store_path, log, tp, end, mode, budget, listener, interval, format) in specs {
+        jobs.push(job(tp.bind(py), store_path, log.bind(py), end, &mode, budget, listener, interval, &format)?);
     }
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
@@ -252,7 +265,7 @@ fn restore_write_ceiling(
     end_offset: Option<i64>,
 ) -> PyResult<(f64, u64)> {
     let dir = pyo3::types::PyString::new(py, &log_dir.to_string_lossy()).into_any();
-    let j = job(tp, store_path, &dir, end_offset, "replay", 0, None, 0.0)?;
+    let j = job(tp, store_path, &dir, end_offset, "replay", 0, None, 0.0, "plain")?;
     let none = Arc::new(Mutex::new(None));
     py.detach(|| {
         let tpname = j.spec.tp();
