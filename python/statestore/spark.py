@@ -92,7 +92,7 @@ def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1
     max_attempts: int = payload["max_attempts"]
     try:
         row = restore_partition(
-            log_dir=payload["log_dir"], kafka=payload["kafka"], state_dir=payload["state_dir"], application_id=payload["application_id"],
+            log_dir=payload.get("log_dir"), kafka=payload.get("kafka"), state_dir=payload["state_dir"], application_id=payload["application_id"],
             store=work.store, partition=work.tp.partition, subtopology=work.task_id.subtopology,
             mode=payload["mode"], guarantee=payload["guarantee"], memory_budget_bytes=payload["memory_budget_bytes"],
             lock_timeout=payload["lock_timeout"], attempt=attempt, attempt_label=label, cpus=cpus,
