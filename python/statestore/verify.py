@@ -6,6 +6,10 @@ different code path from the bulk mode that fills empty stores, so the two
 check each other -- and the two
 stores are compared in Rust: a digest of each and, on mismatch, the first key
 at which they differ with both values. Nothing per record runs in Python.
+
+A store whose files RocksDB cannot read (a damaged table file, MANIFEST or
+offsets entry) is reported as damaged with RocksDB's reason, and the other
+stores are still verified.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statestore import _native
+from statestore.errors import StoreError
 from statestore.inspection import LocalStore, local_stores
 from statestore.log import SegmentLog
 from statestore.restore import restore_store
@@ -36,27 +41,46 @@ class VerifyResult:
     first_difference: tuple[bytes, bytes | None, bytes | None] | None
     #: Offset the rebuilt store records (equal to ``offset`` when the log has that record).
     expected_offset: int | None
+    #: Why the store could not be read (RocksDB's reason), when its files are damaged.
+    damage: str | None = None
 
     @property
     def ok(self) -> bool:
-        """True when data and offset match."""
-        return self.first_difference is None and self.expected_offset == self.offset
+        """True when the store could be read and data and offset match."""
+        return self.damage is None and self.first_difference is None and self.expected_offset == self.offset
 
 
 def verify_store(store: LocalStore, log: SegmentLog, scratch: Path) -> VerifyResult:
-    """Rebuild ``store`` from ``log`` into ``scratch`` and compare."""
-    offsets, _status, _keys = _native.store_info(store.path)
+    """Rebuild ``store`` from ``log`` into ``scratch`` and compare.
+
+    A store that cannot be opened or read (``StoreError``, e.g. RocksDB's
+    ``Corruption``) gives a result whose ``damage`` holds the reason.
+    """
+    try:
+        offsets, _status, _keys = _native.store_info(store.path)
+    except StoreError as e:
+        return _damaged(store, None, e)
     offset = offsets.get(str(store.changelog))
     expected = scratch / f"{store.task_id}-{store.store}"
     expected_offset = None
-    if offset is None:
-        _native.store_write_batch(expected, [], {})
-    else:
-        result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay")
-        expected_offset = result.offset
-    e_digest, a_digest, e_n, a_n, diff = _native.store_compare(expected, store.path)
-    shutil.rmtree(expected, ignore_errors=True)
+    try:
+        if offset is None:
+            _native.store_write_batch(expected, [], {})
+        else:
+            result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay")
+            expected_offset = result.offset
+        try:
+            # The rebuilt store was just written: a store error here is the local store's.
+            e_digest, a_digest, e_n, a_n, diff = _native.store_compare(expected, store.path)
+        except StoreError as e:
+            return _damaged(store, offset, e)
+    finally:
+        shutil.rmtree(expected, ignore_errors=True)
     return VerifyResult(store, offset, e_digest, a_digest, e_n, a_n, diff, expected_offset)
+
+
+def _damaged(store: LocalStore, offset: int | None, e: StoreError) -> VerifyResult:
+    return VerifyResult(store, offset, "", "", 0, 0, None, None, damage=str(e))
 
 
 def verify_app(

@@ -24,12 +24,39 @@ pub struct StoreError {
     pub path: PathBuf,
     /// What went wrong.
     pub message: String,
+    /// The store's files are damaged (RocksDB reported `Corruption`, or the
+    /// offsets column family holds bytes statestore never writes): the state
+    /// cannot be trusted and the task must be wiped and restored, as opposed
+    /// to an I/O error or a lock, which say nothing about the files.
+    pub corruption: bool,
 }
 
 impl StoreError {
     pub fn new(path: &Path, message: impl Into<String>) -> Self {
-        Self { path: path.to_path_buf(), message: message.into() }
+        Self { path: path.to_path_buf(), message: message.into(), corruption: false }
     }
+
+    /// Damaged files: the store must be wiped and restored.
+    pub fn corrupt(path: &Path, message: impl Into<String>) -> Self {
+        Self { corruption: true, ..Self::new(path, message) }
+    }
+
+    /// A RocksDB error while doing `what`; `Corruption` (a bad checksum, a
+    /// truncated or missing table file, a damaged MANIFEST, or a background
+    /// compaction that read one) marks the error as corruption.
+    pub fn rocksdb(path: &Path, what: &str, e: &rocksdb::Error) -> Self {
+        let message = format!("{what}: {e}");
+        if is_corruption(e) {
+            Self::corrupt(path, message)
+        } else {
+            Self::new(path, message)
+        }
+    }
+}
+
+/// Whether RocksDB reports damaged files (its `Corruption` status).
+pub fn is_corruption(e: &rocksdb::Error) -> bool {
+    e.kind() == rocksdb::ErrorKind::Corruption
 }
 
 /// Options every statestore store is opened with.
@@ -62,14 +89,14 @@ impl Store {
         let opts = store_options(false);
         // A process killed while creating the store can leave it without the
         // offsets family; such a store claims no offset, it is not an error.
-        let present = DB::list_cf(&opts, path)
-            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB read-only: {e}")))?;
+        let present =
+            DB::list_cf(&opts, path).map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?;
         let cfs: Vec<&str> = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF]
             .into_iter()
             .filter(|cf| present.iter().any(|p| p == cf))
             .collect();
         let db = DB::open_cf_for_read_only(&opts, path, cfs, false)
-            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB read-only: {e}")))?;
+            .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?;
         Ok(Self { db, path: path.to_path_buf() })
     }
 
@@ -85,8 +112,8 @@ impl Store {
             ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
             ColumnFamilyDescriptor::new(OFFSETS_CF, Options::default()),
         ];
-        let db = DB::open_cf_descriptors(&opts, path, cfs)
-            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB: {e}")))?;
+        let db =
+            DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB", &e))?;
         Ok(Self { db, path: path.to_path_buf() })
     }
 
@@ -106,7 +133,7 @@ impl Store {
     }
 
     fn err(&self, what: &str, e: rocksdb::Error) -> StoreError {
-        StoreError::new(&self.path, format!("{what}: {e}"))
+        StoreError::rocksdb(&self.path, what, &e)
     }
 
     /// Every entry of the offsets column family except the status marker.
@@ -119,7 +146,7 @@ impl Store {
             if &*k == STATUS_KEY {
                 continue;
             }
-            match decode_entry(&k, &v).map_err(|m| StoreError::new(&self.path, m))? {
+            match decode_entry(&k, &v).map_err(|m| StoreError::corrupt(&self.path, m))? {
                 OffsetsEntry::Offset(key, off) => out.insert(key, off),
                 OffsetsEntry::Status(_) => None,
             };
@@ -133,7 +160,7 @@ impl Store {
         let v = self.db.get_cf(cf, tp.as_bytes()).map_err(|e| self.err("reading offset", e))?;
         v.map(|v| {
             decode_i64(&v)
-                .ok_or_else(|| StoreError::new(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len())))
+                .ok_or_else(|| StoreError::corrupt(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len())))
         })
         .transpose()
     }
@@ -144,9 +171,27 @@ impl Store {
         let v = self.db.get_cf(cf, STATUS_KEY).map_err(|e| self.err("reading status", e))?;
         v.map(|v| {
             decode_i64(&v)
-                .ok_or_else(|| StoreError::new(&self.path, format!("status marker is {} bytes, expected 8", v.len())))
+                .ok_or_else(|| StoreError::corrupt(&self.path, format!("status marker is {} bytes, expected 8", v.len())))
         })
         .transpose()
+    }
+
+    /// Read every block of both column families with checksums verified (not
+    /// through the block cache), so damage that opening the store does not
+    /// notice -- a data block -- is found. Returns the number of data entries.
+    pub fn check_blocks(&self) -> Result<u64, StoreError> {
+        let mut n = 0;
+        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF];
+        for cf in cfs.iter().filter_map(|name| self.db.cf_handle(name)) {
+            let mut ro = rocksdb::ReadOptions::default();
+            ro.fill_cache(false);
+            ro.set_verify_checksums(true);
+            for item in self.db.iterator_cf_opt(cf, ro, IteratorMode::Start) {
+                item.map_err(|e| self.err("checking blocks", e))?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// True when the data column family holds no key.
@@ -214,9 +259,7 @@ fn hex(bytes: &[u8]) -> String {
 /// length-prefixed keys and values) and note the first difference.
 pub fn compare(expected: &Store, actual: &Store) -> Result<Comparison, StoreError> {
     use sha2::Digest;
-    let read = |s: &Store, item: RawEntry| {
-        item.map_err(|e| StoreError::new(s.path(), format!("reading data: {e}")))
-    };
+    let read = |s: &Store, item: RawEntry| item.map_err(|e| StoreError::rocksdb(s.path(), "reading data", &e));
     let mut ia = expected.db.iterator(IteratorMode::Start);
     let mut ib = actual.db.iterator(IteratorMode::Start);
     let (mut ha, mut hb) = (sha2::Sha256::new(), sha2::Sha256::new());

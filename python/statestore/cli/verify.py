@@ -32,13 +32,13 @@ def verify(state_dir: Path, app_id: str, log_dir: Path, stores: tuple[str, ...])
         table.add_column(col, justify="right" if col in ("offset", "entries") else "left")
     bad = []
     for r in results:
-        verdict = "[green]exact[/green]" if r.ok else "[red]MISMATCH[/red]"
+        verdict = "[green]exact[/green]" if r.ok else "[red]DAMAGED[/red]" if r.damage else "[red]MISMATCH[/red]"
         table.add_row(
             str(r.store.task_id),
             r.store.store,
             "-" if r.offset is None else f"{r.offset:,}",
-            f"{r.actual_entries:,}",
-            r.actual_digest[:16],
+            "-" if r.damage else f"{r.actual_entries:,}",
+            r.actual_digest[:16] or "-",
             verdict,
         )
         if not r.ok:
@@ -46,7 +46,13 @@ def verify(state_dir: Path, app_id: str, log_dir: Path, stores: tuple[str, ...])
     console.print(table)
     for r in bad:
         where = f"task {r.store.task_id} store {r.store.store} ({r.store.path}) at offset {r.offset}"
-        if r.first_difference is not None:
+        if r.damage is not None:
+            err_console.print(
+                f"damaged: task {r.store.task_id} store {r.store.store} ({r.store.path}) cannot be read: "
+                f"{r.damage}",
+                soft_wrap=True,
+            )
+        elif r.first_difference is not None:
             key, exp, act = r.first_difference
             err_console.print(
                 f"mismatch in {where}: first differing key {show_bytes(key)}: "
