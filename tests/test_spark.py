@@ -295,7 +295,7 @@ def test_executor_without_statestore_gets_a_clear_row(tmp_path: Path) -> None:
 
     from statestore.spark import _make_task_function
 
-    item = ("counts", 0, 4, "/log", "/state", APP, "auto", 1 << 20, 1.0, 1, "exactly_once_v2")
+    item = ("counts", 0, 4, "/log", "/state", APP, "auto", 1 << 20, 1.0, 1, "exactly_once_v2", "plain")
     (tmp_path / "fn.pkl").write_bytes(cloudpickle.dumps(_make_task_function([item])))
     child = textwrap.dedent(f"""
         import pickle, sys
@@ -427,10 +427,10 @@ def test_unexpected_errors_raise_while_spark_can_retry_then_become_rows(
     assert _max_attempts("spark://h:7077", "8") == 8
     monkeypatch.setenv(FAIL_ATTEMPT_ENV, "counts:6:0")
     item = ("counts", 0, 6, str(changelogs), str(tmp_path / "state"), APP, "auto", 1 << 24, 10.0, 2,
-            "exactly_once_v2")
+            "exactly_once_v2", "plain")
     with pytest.raises(InjectedFailure):
         _spark_task(item, 0)  # attempt 1 of 2: Spark retries it
-    last = _spark_task((*item[:9], 1, item[10]), 0)  # attempt 1 of 1: the row says why
+    last = _spark_task((*item[:9], 1, *item[10:]), 0)  # attempt 1 of 1: the row says why
     assert last.status == "failed" and "InjectedFailure" in (last.error or "") and "attempt 1 of 1" in (last.error or "")
     assert no_staging_left(tmp_path / "state")
 

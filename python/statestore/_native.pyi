@@ -7,8 +7,13 @@ _Path = str | PathLike[str]
 
 def atomic_write(path: _Path, data: bytes) -> None: ...
 def store_write_batch(
-    path: _Path, items: Sequence[tuple[bytes, bytes | None]], offsets: Mapping[str, int], status: int | None = None
+    path: _Path,
+    items: Sequence[tuple[bytes, bytes | None]],
+    offsets: Mapping[str, int],
+    status: int | None = None,
+    format: str | None = None,
 ) -> None: ...
+def store_format(path: _Path) -> str | None: ...
 def store_dump(path: _Path) -> tuple[list[tuple[bytes, bytes]], dict[str, int], int | None]: ...
 
 # restore engine (statestore.restore): outcome tuple = (mode, start_offset,
@@ -28,9 +33,10 @@ def restore_store(
     write_buffer_bytes: int = ...,
     chunk_bytes: int = ...,
     read_ahead: bool = True,
+    format: str = "plain",
 ) -> _Outcome: ...
 def restore_many(
-    specs: Sequence[tuple[_Path, _Path | object, tuple[str, int], int | None, str, int, object | None, float]],
+    specs: Sequence[tuple[_Path, _Path | object, tuple[str, int], int | None, str, int, object | None, float, str]],
     threads: int,
 ) -> list[tuple[_Outcome | None, Exception | None]]: ...
 def restore_write_ceiling(

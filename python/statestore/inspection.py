@@ -66,8 +66,13 @@ def local_stores(state_dir: str | Path, application_id: str, stores: list[str] |
     return sorted(found, key=lambda s: (s.task_id, s.store))
 
 
-def flock_holders() -> dict[tuple[int, int], int]:
-    """``(device, inode) -> pid`` of every flock held on this machine (empty where /proc/locks is absent)."""
+def flock_holders(kind: str = "FLOCK") -> dict[tuple[int, int], int]:
+    """``(device, inode) -> pid`` of every flock held on this machine (empty where /proc/locks is absent).
+
+    ``kind="POSIX"`` gives the holders of POSIX record locks instead: Java's
+    ``FileChannel.lock``, which Kafka Streams takes on ``<app>/.lock`` and
+    which ``flock`` does not see.
+    """
     holders: dict[tuple[int, int], int] = {}
     try:
         text = Path("/proc/locks").read_text()
@@ -76,7 +81,7 @@ def flock_holders() -> dict[tuple[int, int], int]:
     for line in text.splitlines():
         parts = line.split()
         # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
-        if len(parts) < 6 or parts[1] != "FLOCK" or parts[4] == "->":
+        if len(parts) < 6 or parts[1] != kind or parts[4] == "->":
             continue
         try:
             major, minor, inode = parts[5].split(":")
@@ -131,6 +136,8 @@ class StoreReport:
     #: aborted records included), beside ``lag``.
     offset_lag: int | None = None
     problem: str | None = None
+    #: ``"plain"`` or ``"timestamped"`` (Kafka Streams' timestamped store); None when unreadable.
+    format: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json``."""
@@ -164,7 +171,9 @@ def inspect_app(
         status = "none"
         keys: int | None = None
         store_unreadable = False
+        fmt: str | None = None
         try:
+            fmt = _native.store_format(ls.path)
             offsets, st, keys = _native.store_info(ls.path, check_blocks)
             offset = offsets.get(str(ls.changelog))
             status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"
@@ -203,6 +212,7 @@ def inspect_app(
                 lag=lag,
                 offset_lag=offset_lag,
                 problem=problem,
+                format=fmt,
             )
         )
     return lock_holder(root / LOCK_FILE_NAME, holders), reports

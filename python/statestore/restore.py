@@ -44,6 +44,10 @@ DEFAULT_MEMORY_BUDGET: int = 256 * 2**20
 #: Default least time, in seconds, between two progress calls of a listener.
 DEFAULT_PROGRESS_INTERVAL: float = 0.1
 
+#: How a store lays out its data: Kafka Streams' plain key-value store, or its
+#: timestamped one (the DSL default) -- see :func:`restore_store`.
+STORE_FORMATS = ("plain", "timestamped")
+
 #: The restore modes `restore_store` accepts.
 MODES = ("auto", "replay", "bulk")
 
@@ -152,6 +156,7 @@ class RestoreSpec:
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
     listener: RestoreListener | None = None
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    format: str = "plain"
 
 
 _Outcome = tuple[str, int, int, int, int, int, int, int, float, int | None]
@@ -173,6 +178,12 @@ def _result(tp: TopicPartition, store_path: Path, o: _Outcome) -> RestoreResult:
     )
 
 
+def _check_format(fmt: str) -> str:
+    if fmt not in STORE_FORMATS:
+        raise ValueError(f"unknown store format {fmt!r}: use one of {', '.join(STORE_FORMATS)}")
+    return fmt
+
+
 def _tp(tp: TopicPartition | tuple[str, int]) -> TopicPartition:
     return tp if isinstance(tp, TopicPartition) else TopicPartition(*tp)
 
@@ -188,6 +199,7 @@ def restore_store(
     listener: RestoreListener | None = None,
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
     read_ahead: bool = True,
+    format: str = "plain",
 ) -> RestoreResult:
     """Bring the store at ``store_path`` up to date with partition ``tp`` of ``log``.
 
@@ -195,6 +207,14 @@ def restore_store(
     thread while this one applies, so one restore uses up to two cores; turn
     it off where each restore is granted one core, such as a Spark task with
     ``spark.task.cpus=1`` (:func:`restore_many` always runs one thread per restore).
+
+    ``format`` is how the store lays out its data (:data:`STORE_FORMATS`):
+    ``"plain"`` (column family ``default``, the value as logged: Kafka
+    Streams' ``Stores.persistentKeyValueStore``) or ``"timestamped"``
+    (column family ``keyValueWithTimestamp``, each value preceded by its
+    record's timestamp, 8 bytes big-endian: the store of Kafka Streams' DSL
+    aggregations). An existing store of the other format, or of a type
+    statestore does not know, is refused untouched (``StoreError``).
 
     The store is created if missing (its parent directory must exist). Raises
     :class:`~statestore.errors.RestoreError` (bad range, listener raised),
@@ -206,7 +226,7 @@ def restore_store(
     path = Path(store_path)
     out = _native.restore_store(
         path, _native_log(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval,
-        read_ahead=read_ahead,
+        read_ahead=read_ahead, format=_check_format(format),
     )
     return _result(tp, path, out)
 
@@ -238,6 +258,7 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
             s.memory_budget_bytes,
             s.listener,
             s.progress_interval,
+            _check_format(s.format),
         )
         for p, s in zip(paths, specs, strict=True)
     ]
@@ -274,6 +295,7 @@ __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_PROGRESS_INTERVAL",
     "MODES",
+    "STORE_FORMATS",
     "HasLogDir",
     "LogLike",
     "RestoreListener",

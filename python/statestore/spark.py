@@ -55,12 +55,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from statestore.directory import StateDirectory, TaskLock
-from statestore.errors import LockError, StateStoreError
+from statestore.errors import LockError, StateStoreError, StoreError
 from statestore.ids import TaskId, TopicPartition, changelog_topic
 from statestore.lag import Lag, store_lag
 from statestore.log import SegmentLog
 from statestore.policy import Event, Guarantee, Policy
-from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, restore_store
+from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, STORE_FORMATS, restore_store
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -398,6 +398,26 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
     return not policy.decide(Event.INIT).corrupt_if_missing
 
 
+def check_store_format(target: Path, fmt: str) -> None:
+    """Refuse (``StoreError``) to touch a store of another format or of a type statestore does not know.
+
+    Nothing is opened for writing: the column families are listed, so a
+    store statestore cannot use is never damaged (a restore would otherwise
+    wipe what it cannot read).
+    """
+    from statestore import _native
+
+    if not target.is_dir():
+        return
+    found = _native.store_format(target)  # raises StoreError naming an unknown type's column families
+    if found is not None and found != fmt:
+        raise StoreError(
+            f"store {target} is {found}, not {fmt}; statestore leaves it untouched (choose the store's format, "
+            "or wipe it to restore it in the other one)",
+            path=target,
+        )
+
+
 def restore_partition(
     *,
     log_dir: str | os.PathLike[str],
@@ -412,6 +432,7 @@ def restore_partition(
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     attempt: int = 0,
     cpus: int = 2,
+    format: str = "plain",
 ) -> RestoreRow:
     """Restore one store's changelog partition safely next to concurrent attempts (see the module doc).
 
@@ -451,6 +472,7 @@ def restore_partition(
     try:
         token = _acquire(sd, task_id, lock_timeout)
         target = sd.store_dir(task_id, store)
+        check_store_format(target, format)
         staging_root = sd.task_dir(task_id) / STAGING_DIR_NAME / store
         _recover_staging(staging_root, target, task_id)
         attempt_dir = staging_root / _attempt_name()
@@ -459,7 +481,8 @@ def restore_partition(
         if can_resume_from(target, tp, policy.guarantee):
             _link_copy(target, staged)
         result = restore_store(
-            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1
+            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1,
+            format=format,
         )
         if _failure_injected(store, partition, attempt):
             raise InjectedFailure(
@@ -553,18 +576,19 @@ def _max_attempts(master: str, conf_value: str | None) -> int:
     return int(conf_value) if conf_value else 4
 
 
-_Item = tuple[str, int, int, str, str, str, str, int, float | None, int, str]
+_Item = tuple[str, int, int, str, str, str, str, int, float | None, int, str, str]
 
 
 def _spark_task(item: _Item, attempt: int, cpus: int = 1) -> RestoreRow:
     """Run one (store, partition) inside a Spark task. Unknown errors raise while Spark may retry."""
-    (store, sub, partition, log_dir, state_dir, app_id, mode, budget, lock_timeout, max_attempts, guarantee) = item
+    (store, sub, partition, log_dir, state_dir, app_id, mode, budget, lock_timeout, max_attempts, guarantee,
+     fmt) = item
     t0 = time.perf_counter()
     try:
         return restore_partition(
             log_dir=log_dir, state_dir=state_dir, application_id=app_id, store=store, partition=partition,
             subtopology=sub, mode=mode, guarantee=guarantee, memory_budget_bytes=budget,
-            lock_timeout=lock_timeout, attempt=attempt, cpus=cpus,
+            lock_timeout=lock_timeout, attempt=attempt, cpus=cpus, format=fmt,
         )
     except Exception as e:
         if attempt + 1 < max_attempts:
@@ -686,6 +710,7 @@ def restore_on_spark(
     guarantee: Guarantee | str = Guarantee.EXACTLY_ONCE_V2,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    formats: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Restore every (store, changelog partition) in one Spark job and return one row for each.
 
@@ -702,12 +727,18 @@ def restore_on_spark(
     fails has status ``failed`` and an ``error`` naming the task, file and
     offset; unexpected errors are retried by Spark first. Each attempt is safe
     under retries and speculation (see the module doc). When PYSPARK_PYTHON is
-    unset, executors run this interpreter.
+    unset, executors run this interpreter. ``formats`` maps store names to
+    their format (``"plain"``, the default, or ``"timestamped"`` for Kafka
+    Streams' timestamped stores; see :func:`~statestore.restore.restore_store`).
     """
     from pyspark import SparkContext
 
     _check_mode(mode)
     g = _guarantee(guarantee)
+    fmts = dict(formats or {})
+    bad = {n: f for n, f in fmts.items() if f not in STORE_FORMATS}
+    if bad:
+        raise ValueError(f"unknown store formats {bad}: use one of {', '.join(STORE_FORMATS)}")
     if memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
     work = plan(log_dir, application_id, stores, partitions)
@@ -716,7 +747,8 @@ def restore_on_spark(
     max_attempts = _max_attempts(sc.master or "local", sc.getConf().get("spark.task.maxFailures"))
     items: list[_Item] = [
         (w.store, w.task_id.subtopology, w.tp.partition, os.path.abspath(log_dir), os.path.abspath(state_dir),
-         application_id, mode, memory_budget_bytes, lock_timeout, max_attempts, g.value)
+         application_id, mode, memory_budget_bytes, lock_timeout, max_attempts, g.value,
+         fmts.get(w.store, "plain"))
         for w in work
     ]
     if os.environ.get(FAIL_ATTEMPT_ENV):
@@ -789,6 +821,7 @@ __all__ = [
     "can_resume_from",
     "changelog_partitions",
     "changelog_stores",
+    "check_store_format",
     "parse_partitions",
     "plan",
     "restore_on_spark",

@@ -16,6 +16,12 @@ the write-ahead log, which keeps each batch atomic across a crash of the
 process; :meth:`Store.flush` flushes data before offsets, so even without the
 log an offset on disk never runs ahead of its data.
 
+A store in the ``"timestamped"`` format (Kafka Streams' timestamped key-value
+store, the DSL default) keeps its data in the column family
+``keyValueWithTimestamp`` instead, each value being the record timestamp (8
+bytes, big-endian) followed by the value (:func:`encode_timestamped`); its
+``default`` family stays empty.
+
 The processing path uses rocksdict (raw mode); restoration uses the Rust
 engine. They must never hold one store open at the same time: close the
 :class:`Store` before restoring into its directory.
@@ -37,12 +43,30 @@ log = logging.getLogger(__name__)
 
 #: Column family holding offsets and the status marker.
 OFFSETS_CF = "offsets"
+#: Column family holding the data of a timestamped store.
+TIMESTAMPED_CF = "keyValueWithTimestamp"
+#: Store formats: Kafka Streams' plain key-value store and its timestamped one.
+FORMATS = ("plain", "timestamped")
 #: Key of the status marker in the offsets column family.
 STATUS_KEY = b"status"
+#: Kafka Streams' interactive-query position in the offsets column family: not an offset, skipped.
+POSITION_KEY = b"position"
 #: Status value while the store is open; a crash leaves it behind.
 STATUS_OPEN = 1
 #: Status value after a clean close.
 STATUS_CLOSED = 0
+
+
+def encode_timestamped(timestamp: int, value: bytes) -> bytes:
+    """A timestamped store's value: the timestamp (ms, 8 bytes big-endian) followed by ``value``."""
+    return timestamp.to_bytes(8, "big", signed=True) + value
+
+
+def decode_timestamped(raw: bytes) -> tuple[int, bytes]:
+    """``(timestamp, value)`` of a timestamped store's value; ``ValueError`` if shorter than 8 bytes."""
+    if len(raw) < 8:
+        raise ValueError(f"a timestamped value is at least 8 bytes, got {len(raw)}")
+    return int.from_bytes(raw[:8], "big", signed=True), raw[8:]
 
 
 def encode_i64(value: int) -> bytes:
@@ -160,10 +184,16 @@ class Store(_StagedWrites):
     must exist: a store is never created inside a directory that was deleted.
     """
 
-    def __init__(self, path: str | Path, *, name: str | None = None, task_id: TaskId | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, name: str | None = None, task_id: TaskId | None = None, format: str = "plain"
+    ) -> None:
         self.path = Path(path)
         self.name = name if name is not None else self.path.name
         self.task_id = task_id
+        if format not in FORMATS:
+            raise ValueError(f"unknown store format {format!r}: use one of {', '.join(FORMATS)}")
+        #: ``"plain"`` or ``"timestamped"`` (values are then :func:`encode_timestamped` bytes).
+        self.format = format
         self._staging = _Staging()
         if not self.path.parent.is_dir():
             raise StoreError(
@@ -172,14 +202,16 @@ class Store(_StagedWrites):
                 path=self.path,
                 task_id=task_id,
             )
+        self._check_format_on_disk()
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         opts.set_atomic_flush(True)
+        families = {OFFSETS_CF: Options(raw_mode=True)}
+        if format == "timestamped":
+            families[TIMESTAMPED_CF] = Options(raw_mode=True)
         try:
-            self._db: Rdict | None = Rdict(
-                str(self.path), opts, column_families={OFFSETS_CF: Options(raw_mode=True)}
-            )
+            self._db: Rdict | None = Rdict(str(self.path), opts, column_families=families)
         except Exception as e:  # rocksdict raises plain Exception
             if is_corruption(e):
                 raise self._failed(f"cannot open RocksDB at {self.path}", e) from e
@@ -190,6 +222,9 @@ class Store(_StagedWrites):
                 task_id=task_id,
             ) from e
         self._offsets_db: Rdict | None = self._db.get_column_family(OFFSETS_CF)
+        self._data_db: Rdict | None = (
+            self._db.get_column_family(TIMESTAMPED_CF) if format == "timestamped" else self._db
+        )
         self._wal = WriteOptions()
         try:
             self.previous_status: int | None = self._status_now()
@@ -197,6 +232,18 @@ class Store(_StagedWrites):
         except BaseException:
             self._drop_handles(quiet=True)
             raise
+
+    def _check_format_on_disk(self) -> None:
+        from statestore import _native  # the Rust extension lists column families without opening for writing
+
+        found = _native.store_format(self.path)  # StoreError naming a store type statestore does not know
+        if found is not None and found != self.format:
+            raise StoreError(
+                f"{self._who()}: {self.path} is a {found} store, not {self.format}; statestore leaves it "
+                "untouched (open it in its own format, or wipe it)",
+                path=self.path,
+                task_id=self.task_id,
+            )
 
     def _who(self) -> str:
         return f"task {self.task_id} store {self.name}" if self.task_id is not None else f"store {self.name}"
@@ -215,6 +262,11 @@ class Store(_StagedWrites):
         self._open_db()
         assert self._offsets_db is not None
         return self._offsets_db
+
+    def _data(self) -> Rdict:
+        self._open_db()
+        assert self._data_db is not None
+        return self._data_db
 
     def _batch(self) -> WriteBatch:
         return WriteBatch(raw_mode=True)
@@ -253,7 +305,7 @@ class Store(_StagedWrites):
         key = _check_bytes("key", key)
         if key in self._staging.writes:
             return self._staging.writes[key]
-        db = self._open_db()
+        db = self._data()
         try:
             value: bytes | None = db.get(key)
         except Exception as e:  # rocksdict raises plain Exception, e.g. for a block with a bad checksum
@@ -264,7 +316,7 @@ class Store(_StagedWrites):
         return self._failed(f"reading {self.path} failed", e)
 
     def _committed(self, start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        it = self._open_db().iter()
+        it = self._data().iter()
         try:
             if start is None:
                 it.seek_to_first()
@@ -295,7 +347,7 @@ class Store(_StagedWrites):
     def approximate_num_entries(self) -> int:
         """RocksDB's estimate of the number of keys, plus staged puts (an estimate, never exact)."""
         try:
-            estimate = self._open_db().property_int_value("rocksdb.estimate-num-keys") or 0
+            estimate = self._data().property_int_value("rocksdb.estimate-num-keys") or 0
         except IllegalStateError:
             raise
         except Exception as e:
@@ -328,11 +380,13 @@ class Store(_StagedWrites):
         """
         db = self._open_db()
         batch = self._batch()
+        data_cf = db.get_column_family_handle(TIMESTAMPED_CF) if self.format == "timestamped" else None
         for key, value in self._staging.writes.items():
             if value is None:
-                batch.delete(key)
+                batch.delete(key, data_cf)
             else:
-                batch.put(key, value)
+                batch.put(key, value, data_cf)
+        del data_cf
         if offsets:
             cf = db.get_column_family_handle(OFFSETS_CF)
             for tp, offset in offsets.items():
@@ -371,7 +425,7 @@ class Store(_StagedWrites):
         except Exception as e:  # rocksdict raises plain Exception
             raise self._read_failed(e) from e
         for key, value in items:
-            if not isinstance(key, bytes) or key == STATUS_KEY:
+            if not isinstance(key, bytes) or key in (STATUS_KEY, POSITION_KEY):
                 continue
             tp, offset = decode_offset_entry(key, value, path=self.path, who=self._who(), task_id=self.task_id)
             out[tp] = offset
@@ -399,7 +453,7 @@ class Store(_StagedWrites):
         ``StoreCorruptedError``; other failures (disk full, I/O errors) ``StoreError``.
         """
         try:
-            self._open_db().flush(True)
+            self._data().flush(True)
             self._offsets().flush(True)
         except IllegalStateError:
             raise
@@ -412,6 +466,7 @@ class Store(_StagedWrites):
         released all the same, and nothing of the store is trusted anyway."""
         # Column-family handles keep the RocksDB LOCK alive: drop them first.
         self._offsets_db = None
+        self._data_db = None
         db, self._db = self._db, None
         if db is None:
             return
@@ -541,14 +596,18 @@ class InMemoryStore(_StagedWrites):
 
 
 __all__ = [
+    "FORMATS",
     "OFFSETS_CF",
     "STATUS_CLOSED",
     "STATUS_KEY",
     "STATUS_OPEN",
+    "TIMESTAMPED_CF",
     "InMemoryStore",
     "Store",
     "decode_i64",
     "decode_offset_entry",
+    "decode_timestamped",
     "encode_i64",
+    "encode_timestamped",
     "is_corruption",
 ]

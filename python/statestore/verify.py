@@ -18,12 +18,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from statestore import _native
-from statestore.errors import StoreError
+from statestore.changelog import Changelog
+from statestore.errors import StateStoreError, StoreCorruptedError, StoreError
 from statestore.inspection import LocalStore, local_stores
 from statestore.log import SegmentLog
-from statestore.restore import restore_store
+from statestore.restore import LogLike, restore_store
 
 
 @dataclass(frozen=True)
@@ -41,53 +43,69 @@ class VerifyResult:
     first_difference: tuple[bytes, bytes | None, bytes | None] | None
     #: Offset the rebuilt store records (equal to ``offset`` when the log has that record).
     expected_offset: int | None
-    #: Why the store could not be read (RocksDB's reason), when its files are damaged.
-    damage: str | None = None
+    #: ``"plain"`` or ``"timestamped"`` (as found on disk); None when the store could not be read.
+    format: str | None = None
+    #: Why the store could not be verified (a type statestore does not know, a store RocksDB cannot open).
+    problem: str | None = None
+    #: The store's files are damaged (RocksDB's ``Corruption``; ``problem`` holds its reason).
+    damaged: bool = False
 
     @property
     def ok(self) -> bool:
-        """True when the store could be read and data and offset match."""
-        return self.damage is None and self.first_difference is None and self.expected_offset == self.offset
+        """True when data and offset match."""
+        return self.problem is None and self.first_difference is None and self.expected_offset == self.offset
 
 
-def verify_store(store: LocalStore, log: SegmentLog, scratch: Path) -> VerifyResult:
-    """Rebuild ``store`` from ``log`` into ``scratch`` and compare.
+def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult:
+    """Rebuild ``store`` from ``log`` into ``scratch`` in the store's own format and compare.
 
-    A store that cannot be opened or read (``StoreError``, e.g. RocksDB's
-    ``Corruption``) gives a result whose ``damage`` holds the reason.
+    ``log`` is a segment log (a directory or :class:`SegmentLog`) or a changelog
+    object such as :class:`~statestore.kafka.KafkaChangelog`. A store that
+    cannot be read (a type statestore does not know, RocksDB's refusal) gives
+    a result with ``problem`` set; it is only ever opened read-only.
     """
     try:
+        fmt = _native.store_format(store.path) or "plain"
         offsets, _status, _keys = _native.store_info(store.path)
-    except StoreError as e:
-        return _damaged(store, None, e)
+    except StateStoreError as e:
+        return _unreadable(store, None, None, e)
     offset = offsets.get(str(store.changelog))
     expected = scratch / f"{store.task_id}-{store.store}"
     expected_offset = None
     try:
         if offset is None:
-            _native.store_write_batch(expected, [], {})
+            _native.store_write_batch(expected, [], {}, format=fmt)
         else:
-            result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay")
+            result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay", format=fmt)
             expected_offset = result.offset
         try:
-            # The rebuilt store was just written: a store error here is the local store's.
+            # The rebuilt store was just written: a store error here is the local store's (a damaged block).
             e_digest, a_digest, e_n, a_n, diff = _native.store_compare(expected, store.path)
         except StoreError as e:
-            return _damaged(store, offset, e)
+            return _unreadable(store, offset, fmt, e)
     finally:
         shutil.rmtree(expected, ignore_errors=True)
-    return VerifyResult(store, offset, e_digest, a_digest, e_n, a_n, diff, expected_offset)
+    return VerifyResult(store, offset, e_digest, a_digest, e_n, a_n, diff, expected_offset, fmt)
 
 
-def _damaged(store: LocalStore, offset: int | None, e: StoreError) -> VerifyResult:
-    return VerifyResult(store, offset, "", "", 0, 0, None, None, damage=str(e))
+def _unreadable(store: LocalStore, offset: int | None, fmt: str | None, e: StateStoreError) -> VerifyResult:
+    return VerifyResult(store, offset, "", "", 0, 0, None, None, fmt, str(e),
+                        damaged=isinstance(e, StoreCorruptedError))
 
 
 def verify_app(
-    state_dir: str | Path, application_id: str, log_dir: str | Path, stores: list[str] | None = None
+    state_dir: str | Path,
+    application_id: str,
+    log_dir: str | Path | None = None,
+    stores: list[str] | None = None,
+    *,
+    changelog: Changelog | None = None,
 ) -> list[VerifyResult]:
-    """Verify every store of the application (or those named) against the log."""
-    log = SegmentLog(log_dir)
+    """Verify every store of the application (or those named) against the segment log in
+    ``log_dir`` or against ``changelog`` (e.g. a :class:`~statestore.kafka.KafkaChangelog`)."""
+    if (log_dir is None) == (changelog is None):
+        raise ValueError("verify_app: give either log_dir or changelog")
+    log: LogLike = SegmentLog(log_dir) if log_dir is not None else cast(LogLike, changelog)
     with tempfile.TemporaryDirectory(prefix="statestore-verify-") as tmp:
         return [verify_store(s, log, Path(tmp)) for s in local_stores(state_dir, application_id, stores)]
 

@@ -308,6 +308,7 @@ pub fn offsets(data: &[u8]) {
             assert_eq!(encode_i64(v), value);
         }
         Ok(OffsetsEntry::Status(v)) => assert_eq!(encode_i64(v), value),
+        Ok(OffsetsEntry::Position) => assert_eq!(key, crate::offsets::POSITION_KEY),
         Err(m) => assert!(!m.is_empty()),
     }
 }

@@ -10,6 +10,10 @@
 pub const OFFSETS_CF: &str = "offsets";
 /// Key of the status marker in [`OFFSETS_CF`].
 pub const STATUS_KEY: &[u8] = b"status";
+/// Key of Kafka Streams' interactive-query position in [`OFFSETS_CF`]
+/// (`PositionSerde` bytes, trailing zeros included); not an offset, and
+/// statestore neither reads nor writes it.
+pub const POSITION_KEY: &[u8] = b"position";
 /// Status value: the store is open (a crash leaves this behind).
 pub const STATUS_OPEN: i64 = 1;
 /// Status value: the store was closed cleanly.
@@ -32,6 +36,8 @@ pub enum OffsetsEntry {
     Status(i64),
     /// The offset recorded for the topic partition named by the key.
     Offset(String, i64),
+    /// Kafka Streams' position entry (skipped).
+    Position,
 }
 
 /// Decode one `(key, value)` of the offsets column family. A key that is not
@@ -41,6 +47,9 @@ pub fn decode_entry(key: &[u8], value: &[u8]) -> Result<OffsetsEntry, String> {
         return decode_i64(value)
             .map(OffsetsEntry::Status)
             .ok_or_else(|| format!("status marker is {} bytes, expected 8", value.len()));
+    }
+    if key == POSITION_KEY {
+        return Ok(OffsetsEntry::Position);
     }
     let name = std::str::from_utf8(key).map_err(|_| format!("offsets key is not UTF-8: {key:?}"))?;
     let offset = decode_i64(value).ok_or_else(|| format!("offset of {name} is {} bytes, expected 8", value.len()))?;
@@ -59,5 +68,6 @@ mod tests {
         assert!(decode_entry(STATUS_KEY, b"").unwrap_err().contains("status marker is 0 bytes"));
         assert!(decode_entry(b"\xff-0", &encode_i64(1)).unwrap_err().contains("not UTF-8"));
         assert_eq!(decode_i64(&encode_i64(i64::MIN)), Some(i64::MIN));
+        assert_eq!(decode_entry(POSITION_KEY, &[0, 0, 0, 0, 1, 0, 0]), Ok(OffsetsEntry::Position));
     }
 }

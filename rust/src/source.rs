@@ -11,6 +11,9 @@
 #[derive(Debug, Clone, Copy)]
 pub struct ChangeRecord<'a> {
     pub offset: i64,
+    /// The record's timestamp (ms; CreateTime, or the batch's LogAppendTime):
+    /// a timestamped store keeps it in front of the value.
+    pub timestamp: i64,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
 }

@@ -7,6 +7,12 @@
 //! cleanly). Both families are flushed together (`atomic_flush`), and every
 //! offset is written in the same `WriteBatch` as the data it describes, so
 //! data and offset never disagree on disk.
+//!
+//! [`StoreFormat::Timestamped`] is Kafka Streams' timestamped key-value store
+//! (the DSL default): the data lives in the column family
+//! `keyValueWithTimestamp` as the 8-byte big-endian record timestamp followed
+//! by the value, and `default` exists but stays empty (Kafka Streams reads a
+//! non-empty `default` as data of an older, plain store to migrate).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,9 +65,105 @@ pub fn is_corruption(e: &rocksdb::Error) -> bool {
     e.kind() == rocksdb::ErrorKind::Corruption
 }
 
+/// Column family of a timestamped store's data.
+pub const TIMESTAMPED_CF: &str = "keyValueWithTimestamp";
+
+/// How a store lays out its data: which column family holds it and what a
+/// value is. One value is passed down from the caller to every writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreFormat {
+    /// `default` holds the changelog value as is (Kafka Streams'
+    /// `Stores.persistentKeyValueStore`).
+    #[default]
+    Plain,
+    /// `keyValueWithTimestamp` holds the record timestamp (8 bytes, big-endian)
+    /// followed by the value (Kafka Streams' `persistentTimestampedKeyValueStore`,
+    /// the store of DSL aggregations such as `count()`).
+    Timestamped,
+}
+
+impl StoreFormat {
+    /// `"plain"` or `"timestamped"`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "plain" => Some(StoreFormat::Plain),
+            "timestamped" => Some(StoreFormat::Timestamped),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreFormat::Plain => "plain",
+            StoreFormat::Timestamped => "timestamped",
+        }
+    }
+
+    /// Name of the column family that holds the data.
+    pub fn data_cf(self) -> &'static str {
+        match self {
+            StoreFormat::Plain => rocksdb::DEFAULT_COLUMN_FAMILY_NAME,
+            StoreFormat::Timestamped => TIMESTAMPED_CF,
+        }
+    }
+
+    /// Every column family a store of this format has (exactly those Kafka
+    /// Streams opens for the matching store type).
+    pub fn column_families(self) -> &'static [&'static str] {
+        match self {
+            StoreFormat::Plain => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF],
+            StoreFormat::Timestamped => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, TIMESTAMPED_CF, OFFSETS_CF],
+        }
+    }
+
+    /// The stored form of a changelog value written at `timestamp`: the value
+    /// itself, or the timestamp (8 bytes, big-endian) followed by it.
+    pub fn encode_value(self, timestamp: i64, value: &[u8], out: &mut Vec<u8>) {
+        if self == StoreFormat::Timestamped {
+            out.extend_from_slice(&timestamp.to_be_bytes());
+        }
+        out.extend_from_slice(value);
+    }
+
+    /// The format whose column families `present` are, if any: a store
+    /// statestore did not write may be of another kind (windowed, session,
+    /// versioned, headers) and must not be opened for writing.
+    pub fn detect(present: &[String]) -> Result<Self, String> {
+        let has = |cf: &str| present.iter().any(|p| p == cf);
+        let unknown: Vec<&str> = present
+            .iter()
+            .map(String::as_str)
+            .filter(|cf| ![rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF, TIMESTAMPED_CF].contains(cf))
+            .collect();
+        if !unknown.is_empty() {
+            let what = if unknown.iter().any(|cf| cf.contains("Headers")) {
+                "a timestamped store with headers (dsl.store.format=headers), a store type statestore does not know"
+            } else {
+                "a store type statestore does not know (versioned, or written by another tool)"
+            };
+            return Err(format!("{what}: unexpected column families {}", unknown.join(", ")));
+        }
+        Ok(if has(TIMESTAMPED_CF) { StoreFormat::Timestamped } else { StoreFormat::Plain })
+    }
+}
+
+/// Table `format_version` of every SST file written: Kafka Streams 4.4's
+/// rocksdbjni 10.1 reads at most 6 (RocksDB 11 writes 7 by default).
+pub const KAFKA_STREAMS_FORMAT_VERSION: i32 = 6;
+
+/// Table options every SST file is written with: Kafka Streams' RocksDB must
+/// read them (`format_version` <= 6; bytewise comparator and no merge
+/// operator are RocksDB's defaults and never changed here).
+pub fn kafka_streams_table() -> rocksdb::BlockBasedOptions {
+    let mut table = rocksdb::BlockBasedOptions::default();
+    table.set_format_version(KAFKA_STREAMS_FORMAT_VERSION);
+    table
+}
+
 /// Options every statestore store is opened with.
 pub fn store_options(create: bool) -> Options {
     let mut o = Options::default();
+    o.set_block_based_table_factory(&kafka_streams_table());
     o.create_if_missing(create);
     o.create_missing_column_families(true);
     o.set_atomic_flush(true);
@@ -72,12 +174,15 @@ pub fn store_options(create: bool) -> Options {
 pub struct Store {
     db: DB,
     path: PathBuf,
+    format: StoreFormat,
 }
 
 impl Store {
-    /// Open (or, with `create`, create) the store at `path` with both column families.
+    /// Open (or, with `create`, create) the store at `path` in the format
+    /// found on disk (a new store is plain).
     pub fn open(path: &Path, create: bool) -> Result<Self, StoreError> {
-        Self::open_with(path, store_options(create))
+        let format = Self::detect_format(path)?.unwrap_or_default();
+        Self::open_format(path, store_options(create), format)
     }
 
     /// Open an existing store without taking its lock or writing anything, so
@@ -89,32 +194,116 @@ impl Store {
         let opts = store_options(false);
         // A process killed while creating the store can leave it without the
         // offsets family; such a store claims no offset, it is not an error.
-        let present =
-            DB::list_cf(&opts, path).map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?;
-        let cfs: Vec<&str> = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF]
-            .into_iter()
-            .filter(|cf| present.iter().any(|p| p == cf))
-            .collect();
+        let present = match Self::column_families(path)? {
+            Some(p) => p,
+            None => DB::list_cf(&opts, path)
+                .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?,
+        };
+        let format = StoreFormat::detect(&present).map_err(|m| StoreError::new(path, m))?;
+        let cfs: Vec<&str> =
+            format.column_families().iter().copied().filter(|cf| present.iter().any(|p| p == cf)).collect();
         let db = DB::open_cf_for_read_only(&opts, path, cfs, false)
             .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?;
-        Ok(Self { db, path: path.to_path_buf() })
+        Ok(Self { db, path: path.to_path_buf(), format })
+    }
+
+    /// The column families of the RocksDB at `path`, or None when there is
+    /// no RocksDB there yet.
+    /// A directory that holds RocksDBs one level down (Kafka Streams'
+    /// segmented stores: windowed, session, versioned) is an error naming them.
+    pub fn column_families(path: &Path) -> Result<Option<Vec<String>>, StoreError> {
+        if !path.join("CURRENT").exists() {
+            let mut inner: Vec<String> = std::fs::read_dir(path)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.path().join("CURRENT").exists())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            if !inner.is_empty() {
+                inner.sort();
+                return Err(StoreError::new(
+                    path,
+                    format!(
+                        "a segmented store (Kafka Streams' windowed, session or versioned store: RocksDBs {}), \
+                         a store type statestore does not know; left untouched",
+                        inner.join(", ")
+                    ),
+                ));
+            }
+            return Ok(None);
+        }
+        DB::list_cf(&Options::default(), path)
+            .map(Some)
+            .map_err(|e| StoreError::rocksdb(path, "cannot list column families", &e))
+    }
+
+    /// The format of the store at `path` as found on disk (None: no store
+    /// yet); an error names column families that belong to no known format.
+    pub fn detect_format(path: &Path) -> Result<Option<StoreFormat>, StoreError> {
+        Self::column_families(path)?
+            .map(|present| StoreFormat::detect(&present).map_err(|m| StoreError::new(path, m)))
+            .transpose()
     }
 
     /// Open with caller-tuned options (restore paths tune write buffers).
     /// `atomic_flush` and the column families are always enforced.
-    pub fn open_with(path: &Path, mut opts: Options) -> Result<Self, StoreError> {
+    pub fn open_with(path: &Path, opts: Options) -> Result<Self, StoreError> {
+        Self::open_format(path, opts, StoreFormat::Plain)
+    }
+
+    /// [`Store::open_with`] for a store of `format`. An existing store of
+    /// another format, or with column families of no known format, is
+    /// refused before anything is written: opening it would add families
+    /// (Kafka Streams then refuses the store) or misread its values.
+    pub fn open_format(path: &Path, mut opts: Options, format: StoreFormat) -> Result<Self, StoreError> {
         opts.set_atomic_flush(true);
         opts.create_missing_column_families(true);
         if !path.exists() && !path.parent().is_some_and(Path::is_dir) {
             return Err(StoreError::new(path, "parent directory does not exist"));
         }
-        let cfs = vec![
-            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
-            ColumnFamilyDescriptor::new(OFFSETS_CF, Options::default()),
-        ];
-        let db =
-            DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB", &e))?;
-        Ok(Self { db, path: path.to_path_buf() })
+        if let Some(present) = Self::column_families(path)? {
+            let found = StoreFormat::detect(&present).map_err(|m| {
+                StoreError::new(path, format!("{m}; statestore leaves it untouched"))
+            })?;
+            // A RocksDB with `default` alone was killed while being created: no conflict.
+            let conflict = found != format && present.len() > 1;
+            if conflict {
+                return Err(StoreError::new(
+                    path,
+                    format!(
+                        "the store on disk is {} (column families {}), not {}; statestore leaves it untouched \
+                         (choose the store's format, or wipe it to restore it in the other one)",
+                        found.name(),
+                        present.join(", "),
+                        format.name()
+                    ),
+                ));
+            }
+        }
+        let mut offsets_opts = Options::default();
+        offsets_opts.set_block_based_table_factory(&kafka_streams_table());
+        let cfs: Vec<ColumnFamilyDescriptor> = format
+            .column_families()
+            .iter()
+            .map(|&cf| {
+                let o = if cf == OFFSETS_CF { offsets_opts.clone() } else { opts.clone() };
+                ColumnFamilyDescriptor::new(cf, o)
+            })
+            .collect();
+        let db = DB::open_cf_descriptors(&opts, path, cfs)
+            .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB", &e))?;
+        Ok(Self { db, path: path.to_path_buf(), format })
+    }
+
+    /// How this store lays out its data.
+    pub fn format(&self) -> StoreFormat {
+        self.format
+    }
+
+    /// Handle of the column family that holds the data.
+    pub fn data_cf(&self) -> &ColumnFamily {
+        self.db.cf_handle(self.format.data_cf()).expect("the data column family is created at open")
     }
 
     /// Directory of the store.
@@ -148,7 +337,7 @@ impl Store {
             }
             match decode_entry(&k, &v).map_err(|m| StoreError::corrupt(&self.path, m))? {
                 OffsetsEntry::Offset(key, off) => out.insert(key, off),
-                OffsetsEntry::Status(_) => None,
+                OffsetsEntry::Status(_) | OffsetsEntry::Position => None,
             };
         }
         Ok(out)
@@ -181,8 +370,7 @@ impl Store {
     /// notice -- a data block -- is found. Returns the number of data entries.
     pub fn check_blocks(&self) -> Result<u64, StoreError> {
         let mut n = 0;
-        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF];
-        for cf in cfs.iter().filter_map(|name| self.db.cf_handle(name)) {
+        for cf in self.format.column_families().iter().filter_map(|name| self.db.cf_handle(name)) {
             let mut ro = rocksdb::ReadOptions::default();
             ro.fill_cache(false);
             ro.set_verify_checksums(true);
@@ -196,7 +384,7 @@ impl Store {
 
     /// True when the data column family holds no key.
     pub fn is_data_empty(&self) -> bool {
-        self.db.iterator(IteratorMode::Start).next().is_none()
+        self.db.iterator_cf(self.data_cf(), IteratorMode::Start).next().is_none()
     }
 
     /// Add `tp -> offset` to `batch` (in the offsets family).
@@ -221,7 +409,7 @@ impl Store {
     pub fn flush(&self) -> Result<(), StoreError> {
         let mut fo = FlushOptions::default();
         fo.set_wait(true);
-        let cfs = [self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).expect("default cf"), self.offsets_cf()];
+        let cfs = [self.data_cf(), self.offsets_cf()];
         self.db.flush_cfs_opt(&cfs, &fo).map_err(|e| self.err("flush", e))
     }
 }
@@ -259,9 +447,11 @@ fn hex(bytes: &[u8]) -> String {
 /// length-prefixed keys and values) and note the first difference.
 pub fn compare(expected: &Store, actual: &Store) -> Result<Comparison, StoreError> {
     use sha2::Digest;
-    let read = |s: &Store, item: RawEntry| item.map_err(|e| StoreError::rocksdb(s.path(), "reading data", &e));
-    let mut ia = expected.db.iterator(IteratorMode::Start);
-    let mut ib = actual.db.iterator(IteratorMode::Start);
+    let read = |s: &Store, item: RawEntry| {
+        item.map_err(|e| StoreError::rocksdb(s.path(), "reading data", &e))
+    };
+    let mut ia = expected.db.iterator_cf(expected.data_cf(), IteratorMode::Start);
+    let mut ib = actual.db.iterator_cf(actual.data_cf(), IteratorMode::Start);
     let (mut ha, mut hb) = (sha2::Sha256::new(), sha2::Sha256::new());
     let (mut na, mut nb) = (0u64, 0u64);
     let mut first = None;
@@ -413,6 +603,34 @@ mod tests {
         drop(ro);
         let rw = Store::open(&p, false).unwrap();
         assert_eq!(rw.offset("t-0").unwrap(), None, "a read-write open adds the family");
+    }
+
+    #[test]
+    fn formats_are_told_apart_by_their_column_families_and_unknown_ones_refused() {
+        let cfs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(StoreFormat::detect(&cfs(&["default", "offsets"])), Ok(StoreFormat::Plain));
+        assert_eq!(StoreFormat::detect(&cfs(&["default"])), Ok(StoreFormat::Plain));
+        assert_eq!(
+            StoreFormat::detect(&cfs(&["default", "keyValueWithTimestamp", "offsets"])),
+            Ok(StoreFormat::Timestamped)
+        );
+        let e = StoreFormat::detect(&cfs(&["default", "keyValueWithTimestampAndHeaders", "offsets"])).unwrap_err();
+        assert!(e.contains("headers") && e.contains("keyValueWithTimestampAndHeaders"), "{e}");
+        let e = StoreFormat::detect(&cfs(&["default", "whatever"])).unwrap_err();
+        assert!(e.contains("statestore does not know") && e.contains("whatever"), "{e}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let seg = dir.path().join("win");
+        std::fs::create_dir(&seg).unwrap();
+        Store::open(&seg.join("win.1700000000000"), true).unwrap();
+        let e = Store::open_read_only(&seg).err().unwrap().to_string();
+        assert!(e.contains("segmented store") && e.contains("win.1700000000000"), "{e}");
+        assert!(Store::open(&seg, true).is_err(), "never opened for writing");
+        assert!(!seg.join("CURRENT").exists());
+
+        let mut out = Vec::new();
+        StoreFormat::Timestamped.encode_value(0x0102, b"v", &mut out);
+        assert_eq!(out, [0, 0, 0, 0, 0, 0, 1, 2, b'v']);
     }
 
     #[test]

@@ -57,19 +57,22 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
         click.echo(reports_json(holder, reports))
         return
     table = Table(title=f"{app_id} in {state_dir}  (process lock: {'pid ' + str(holder) if holder else 'free'})")
-    for col in ("task", "store", "store offset", "checkpoint", "status", "keys (est.)", "size", "lock"):
+    for col in ("task", "store", "format", "store offset", "checkpoint", "status", "keys (est.)", "size", "lock"):
         table.add_column(col, justify="right" if col in ("store offset", "checkpoint", "keys (est.)", "size") else "left")
     if with_log:
         table.add_column("log end", justify="right")
         table.add_column("lag (records)", justify="right")
         table.add_column("lag (offsets)", justify="right")
     for r in reports:
+        unknown_type = r.problem is not None and "statestore does not know" in r.problem
         row = [
             r.task_id,
             r.store,
+            r.format or "?",
             _num(r.store_offset),
             _num(r.checkpoint_offset),
-            r.status if r.problem is None else "[red]damaged[/red] (below)",
+            r.status if r.problem is None else (
+                "[red]unknown type[/red] (below)" if unknown_type else "[red]damaged[/red] (below)"),
             _num(r.approx_keys),
             human_bytes(r.size_bytes),
             f"pid {r.lock_holder_pid}" if r.lock_holder_pid else "free",

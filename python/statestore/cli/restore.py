@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -16,8 +16,9 @@ from rich.table import Table
 
 from statestore.changelog import Changelog
 from statestore.cli.common import BarListener, kafka_changelog, kafka_options, kafka_plan, restore_progress
-from statestore.directory import StateDirectory
+from statestore.directory import LOCK_FILE_NAME, StateDirectory
 from statestore.errors import LockError, StateStoreError
+from statestore.inspection import flock_holders, lock_holder
 from statestore.lag import store_lag
 from statestore.log import SegmentLog
 from statestore.metrics import MetricsPublisher, RestoreMetrics
@@ -25,6 +26,7 @@ from statestore.policy import Guarantee
 from statestore.restore import (
     DEFAULT_MEMORY_BUDGET,
     MODES,
+    STORE_FORMATS,
     LogLike,
     RestoreListener,
     RestoreSpec,
@@ -36,6 +38,7 @@ from statestore.spark import (
     RestoreRow,
     can_resume_from,
     changelog_stores,
+    check_store_format,
     parse_partitions,
     plan,
 )
@@ -53,6 +56,7 @@ def restore_local(
     threads: int | None,
     listener_for: Callable[[PartitionWork], RestoreListener | None] | None = None,
     metrics: RestoreMetrics | None = None,
+    formats: Mapping[str, str] | None = None,
 ) -> list[RestoreRow]:
     """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
 
@@ -62,16 +66,36 @@ def restore_local(
     A store holding data without an offset is deleted first under
     exactly-once (unknown state), as the Spark engine does. With ``metrics``,
     every restore records into it, and the snapshots are published for
-    ``statestore watch`` while the restore runs.
+    ``statestore watch`` while the restore runs. ``formats`` maps store names
+    to their format (default ``"plain"``; ``"timestamped"`` for Kafka Streams'
+    timestamped stores). A store of another format, or of a type statestore
+    does not know, is left untouched and reported as a failed row.
     """
+    fmts = dict(formats or {})
+    refused: dict[int, str] = {}
+    app_lock = Path(state_dir) / application_id / LOCK_FILE_NAME
+    java_holder = lock_holder(app_lock, flock_holders("POSIX"))
+    if java_holder is not None and java_holder != os.getpid():
+        raise LockError(
+            f"{app_lock} is locked by process {java_holder} (a Kafka Streams instance?): stop it before "
+            "restoring into its state directory",
+            path=app_lock,
+        )
     with StateDirectory(state_dir, application_id) as sd:
         for task_id in sorted({w.task_id for w in work}):
             if not sd.lock(task_id):
                 raise LockError(f"task {task_id}: {sd.task_dir(task_id)} is locked by another thread",
                                 path=sd.task_dir(task_id), task_id=task_id)
         specs = []
-        for w in work:
+        todo: list[int] = []
+        for i, w in enumerate(work):
             target = sd.store_dir(w.task_id, w.store)
+            try:
+                check_store_format(target, fmts.get(w.store, "plain"))
+            except StateStoreError as e:
+                refused[i] = str(e)
+                continue
+            todo.append(i)
             if target.exists() and not can_resume_from(target, w.tp, guarantee):
                 shutil.rmtree(target)
             target.parent.mkdir(exist_ok=True)
@@ -79,17 +103,29 @@ def restore_local(
             if metrics is not None:
                 listener = metrics.listener(w.task_id, also=listener)
             specs.append(RestoreSpec(target, log_dir, w.tp, mode=mode, memory_budget_bytes=memory_budget_bytes,
-                                     listener=listener))
-        if metrics is not None:
+                                     listener=listener, format=fmts.get(w.store, "plain")))
+        if not specs:
+            done = []
+        elif metrics is not None:
             with MetricsPublisher(metrics, state_dir):
-                results = restore_many(specs, threads=threads)
+                done = restore_many(specs, threads=threads)
         else:
-            results = restore_many(specs, threads=threads)
+            done = restore_many(specs, threads=threads)
+    by_index = dict(zip(todo, done, strict=True))
     # The lag once restored: of the segment log, or of the changelog object (e.g. Kafka) given.
     changelog: Changelog | None = SegmentLog(Path(log_dir)) if isinstance(log_dir, (str, os.PathLike)) else (
         cast(Changelog, log_dir) if hasattr(log_dir, "committed_records") else None)
     rows = []
-    for w, r in zip(work, results, strict=True):
+    for i, w in enumerate(work):
+        if i in refused:
+            rows.append(RestoreRow(
+                task_id=str(w.task_id), store=w.store, topic=w.tp.topic, partition=w.tp.partition,
+                start_offset=None, end_offset=None, records_applied=0, records_skipped=0, bytes_read=0,
+                seconds=0.0, mode=mode, status="failed",
+                error=f"task {w.task_id} store {w.store} ({w.tp}): {refused[i]}",
+            ))
+            continue
+        r = by_index[i]
         failed = r.error is not None
         lag = None
         if not failed and changelog is not None:
@@ -150,10 +186,13 @@ def _table(rows: list[RestoreRow]) -> Table:
               show_default=True, help="Memory budget of each bulk restore, MiB.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve Prometheus metrics on this port of 127.0.0.1 while restoring (needs statestore[metrics]).")
+@click.option("--store-format", "store_formats", multiple=True, metavar="NAME=FORMAT",
+              help="A store's format: plain (default) or timestamped (Kafka Streams' DSL stores, e.g. count()); "
+                   "repeatable.")
 def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
             state_dir: Path, application_id: str, stores: tuple[str, ...], partitions: str | None,
             mode: str, guarantee: str, engine: str, threads: int | None, master: str, memory_mib: int,
-            metrics_port: int | None) -> None:
+            metrics_port: int | None, store_formats: tuple[str, ...]) -> None:
     """Rebuild stores from their changelogs and print one row per (store, partition).
 
     Exits with status 1 if any partition failed.
@@ -165,11 +204,14 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
           --state-dir /var/lib/app --app-id app --store counts --partitions 0-7
       statestore restore --kafka broker1:9092 --kafka-config security.protocol=SSL \\
           --state-dir /var/lib/app --app-id app --threads 4
+      statestore restore --kafka broker1:9092 --state-dir /var/lib/kstreams --app-id my-streams-app \\
+          --store-format counts=timestamped
     """
     try:
         parts = parse_partitions(partitions) if partitions is not None else None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--partitions") from e
+    formats = parse_store_formats(store_formats)
     if (log_dir is None) == (kafka is None):
         raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
     budget = memory_mib * 2**20
@@ -191,6 +233,7 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
                     work, log_dir=changelog, state_dir=state_dir, application_id=application_id, mode=mode,
                     guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
                     listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"), metrics=metrics,
+                    formats=formats,
                 )
         _report(console, rows, t0, "local, Kafka")
         return
@@ -206,10 +249,12 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
                 work, log_dir=log_dir, state_dir=state_dir, application_id=application_id, mode=mode,
                 guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
                 listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"), metrics=metrics,
+                formats=formats,
             )
     else:
         rows = _restore_spark(names, parts, log_dir=log_dir, state_dir=state_dir, application_id=application_id,
-                              mode=mode, guarantee=guarantee, memory_budget_bytes=budget, master=master)
+                              mode=mode, guarantee=guarantee, memory_budget_bytes=budget, master=master,
+                              formats=formats)
     _report(console, rows, t0, engine)
 
 
@@ -221,9 +266,23 @@ def _report(console: Console, rows: list[RestoreRow], t0: float, engine: str) ->
         sys.exit(1)
 
 
+def parse_store_formats(items: tuple[str, ...]) -> dict[str, str]:
+    """``NAME=FORMAT`` options as a dict; a usage error names a bad one."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, fmt = item.partition("=")
+        if not eq or not name or fmt not in STORE_FORMATS:
+            raise click.BadParameter(
+                f"expected NAME=FORMAT with FORMAT one of {', '.join(STORE_FORMATS)}, got {item!r}",
+                param_hint="--store-format",
+            )
+        out[name] = fmt
+    return out
+
+
 def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path, state_dir: Path,
                    application_id: str, mode: str, guarantee: str, memory_budget_bytes: int,
-                   master: str) -> list[RestoreRow]:
+                   master: str, formats: Mapping[str, str]) -> list[RestoreRow]:
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
@@ -236,7 +295,7 @@ def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path, 
         df = restore_on_spark(session, log_dir=log_dir.resolve(), state_dir=state_dir.resolve(),
                               application_id=application_id, stores=names, partitions=parts, mode=mode,
                               guarantee=guarantee, memory_budget_bytes=memory_budget_bytes,
-                              lock_timeout=DEFAULT_LOCK_TIMEOUT)
+                              lock_timeout=DEFAULT_LOCK_TIMEOUT, formats=formats)
         return [RestoreRow(*r) for r in df.collect()]
     finally:
         if active is None:

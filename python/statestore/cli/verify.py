@@ -8,15 +8,25 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from statestore.cli.common import console, err_console, log_dir_option, show_bytes, state_options
-from statestore.verify import verify_app
+from statestore.cli.common import (
+    console,
+    err_console,
+    kafka_changelog,
+    kafka_options,
+    log_dir_option,
+    show_bytes,
+    state_options,
+)
+from statestore.verify import VerifyResult, verify_app
 
 
 @click.command()
 @state_options
-@log_dir_option(required=True)
+@log_dir_option(required=False)
+@kafka_options
 @click.option("--store", "stores", multiple=True, help="Only this store (repeatable).")
-def verify(state_dir: Path, app_id: str, log_dir: Path, stores: tuple[str, ...]) -> None:
+def verify(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
+           stores: tuple[str, ...]) -> None:
     """Recompute each store from its changelog and compare; exit 1 on any mismatch.
 
     The expected state is rebuilt up to the offset the store claims, so a store
@@ -25,19 +35,30 @@ def verify(state_dir: Path, app_id: str, log_dir: Path, stores: tuple[str, ...])
     \b
     Example:
       statestore verify --state-dir /var/lib/app/state --app-id counts --log-dir /var/lib/app/log
+      statestore verify --state-dir /var/lib/kstreams --app-id my-streams-app --kafka broker1:9092
     """
-    results = verify_app(state_dir, app_id, log_dir, list(stores) or None)
+    if (log_dir is None) == (kafka is None):
+        raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
+    results: list[VerifyResult]
+    if kafka is not None:
+        with kafka_changelog(kafka, kafka_config) as changelog:
+            results = verify_app(state_dir, app_id, stores=list(stores) or None, changelog=changelog)
+    else:
+        results = verify_app(state_dir, app_id, log_dir, list(stores) or None)
     table = Table(title=f"verify {app_id}")
-    for col in ("task", "store", "offset", "entries", "digest", "result"):
+    for col in ("task", "store", "format", "offset", "entries", "digest", "result"):
         table.add_column(col, justify="right" if col in ("offset", "entries") else "left")
     bad = []
     for r in results:
-        verdict = "[green]exact[/green]" if r.ok else "[red]DAMAGED[/red]" if r.damage else "[red]MISMATCH[/red]"
+        verdict = "[green]exact[/green]" if r.ok else (
+            "[red]MISMATCH[/red]" if r.problem is None
+            else "[red]DAMAGED[/red]" if r.damaged else "[red]UNREADABLE[/red]")
         table.add_row(
             str(r.store.task_id),
             r.store.store,
+            r.format or "?",
             "-" if r.offset is None else f"{r.offset:,}",
-            "-" if r.damage else f"{r.actual_entries:,}",
+            "-" if r.problem else f"{r.actual_entries:,}",
             r.actual_digest[:16] or "-",
             verdict,
         )
@@ -46,12 +67,14 @@ def verify(state_dir: Path, app_id: str, log_dir: Path, stores: tuple[str, ...])
     console.print(table)
     for r in bad:
         where = f"task {r.store.task_id} store {r.store.store} ({r.store.path}) at offset {r.offset}"
-        if r.damage is not None:
+        if r.damaged:
             err_console.print(
                 f"damaged: task {r.store.task_id} store {r.store.store} ({r.store.path}) cannot be read: "
-                f"{r.damage}",
+                f"{r.problem}",
                 soft_wrap=True,
             )
+        elif r.problem is not None:
+            err_console.print(f"cannot verify task {r.store.task_id} store {r.store.store}: {r.problem}")
         elif r.first_difference is not None:
             key, exp, act = r.first_difference
             err_console.print(

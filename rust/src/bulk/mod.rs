@@ -142,6 +142,7 @@ fn run(
     // per step (the adds are bound by cache misses, not by work; two restores
     // side by side share the cache, so hiding the misses matters more there).
     let mut ops = ChunkOps::default();
+    let format = store.format();
     let mut hashes: Vec<u64> = Vec::new();
     const SLOT_AHEAD: usize = 32;
     const DATA_AHEAD: usize = 16;
@@ -153,7 +154,7 @@ fn run(
                 last = Some(r.offset);
                 match r.key {
                     None => applied.null_keys += 1,
-                    Some(k) => ops.push(k, r.value),
+                    Some(k) => ops.push_record(format, k, &r),
                 }
             })
             .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
@@ -203,7 +204,7 @@ fn run(
     if !files.is_empty() {
         let mut io = IngestExternalFileOptions::default();
         io.set_move_files(true);
-        store.db().ingest_external_file_opts(&io, files).map_err(|e| {
+        store.db().ingest_external_file_cf_opts(store.data_cf(), &io, files).map_err(|e| {
             RestoreError::new(
                 if crate::store::is_corruption(&e) { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
                 format!(
@@ -272,6 +273,8 @@ impl<'a> SstOut<'a> {
 mod tests {
     use std::time::Duration;
 
+    use rocksdb::DB;
+
     use super::*;
     use crate::replay::testing::*;
     use crate::replay::{replay, restore_options};
@@ -323,6 +326,40 @@ mod tests {
             assert_eq!(dump(&store), m);
             assert_eq!(store.offset("t-0").unwrap(), last);
         }
+    }
+
+    #[test]
+    fn timestamped_bulk_and_replay_write_timestamp_and_value_into_their_own_family() {
+        use crate::store::{StoreFormat, TIMESTAMPED_CF};
+        let log = random_log(12_000, 900, 21);
+        let want = model_timestamped(&log, 12_000);
+        let dir = tempfile::tempdir().unwrap();
+        for (name, budget, bulk_mode) in [("bulk", 64 << 20, true), ("spill", 64 << 10, true), ("replay", 0, false)] {
+            let p = dir.path().join(name);
+            {
+                let store = Store::open_format(&p, restore_options(), StoreFormat::Timestamped).unwrap();
+                let mut src = VecSource::new(log.clone(), 0);
+                let mut pr = Progress::new(None, Duration::ZERO);
+                if bulk_mode {
+                    let mut opts = BulkOptions::new(budget);
+                    opts.chunk_bytes = 300;
+                    bulk(&store, &mut src, "t-0", 12_000, &opts, &mut pr).unwrap();
+                } else {
+                    replay(&store, &mut src, "t-0", 12_000, 1000, &mut pr).unwrap();
+                }
+            }
+            let mut cfs = DB::list_cf(&Options::default(), &p).unwrap();
+            cfs.sort();
+            assert_eq!(cfs, ["default", TIMESTAMPED_CF, "offsets"], "{name}");
+            let store = Store::open(&p, false).unwrap();
+            assert_eq!(store.format(), StoreFormat::Timestamped, "{name}: detected from its families");
+            assert_eq!(dump(&store), want, "{name}");
+            assert!(store.db().iterator(rocksdb::IteratorMode::Start).next().is_none(), "{name}: default stays empty");
+            assert_eq!(store.offset("t-0").unwrap(), model(&log, 12_000).1);
+        }
+        // a store of one format is never opened as the other
+        let e = Store::open_format(&dir.path().join("bulk"), restore_options(), StoreFormat::Plain).err().unwrap();
+        assert!(e.to_string().contains("timestamped"), "{e}");
     }
 
     #[test]

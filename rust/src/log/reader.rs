@@ -452,7 +452,7 @@ impl ChangelogSource for CommittedReader {
         sink: &mut dyn FnMut(ChangeRecord<'_>),
     ) -> Result<bool, SourceError> {
         let more = self.inner.read(end, max_bytes, |r| {
-            sink(ChangeRecord { offset: r.offset, key: r.key, value: r.value });
+            sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value });
             true
         })?;
         Ok(more && self.inner.position() < end)

@@ -100,8 +100,13 @@ impl ChunkFeed for PyChunkFeed {
             let feed = obj.bind(py);
             let msgs = feed.call_method1(intern!(py, "poll"), (max_records,))?;
             let msgs = msgs.cast::<PyList>()?;
-            let (error, offset, key, value) =
-                (intern!(py, "error"), intern!(py, "offset"), intern!(py, "key"), intern!(py, "value"));
+            let (error, offset, key, value, timestamp) = (
+                intern!(py, "error"),
+                intern!(py, "offset"),
+                intern!(py, "key"),
+                intern!(py, "value"),
+                intern!(py, "timestamp"),
+            );
             for m in msgs.iter() {
                 if !m.call_method0(error)?.is_none() {
                     if feed.call_method1(intern!(py, "on_error"), (&m,))?.is_truthy()? {
@@ -112,7 +117,9 @@ impl ChunkFeed for PyChunkFeed {
                 let o: i64 = m.call_method0(offset)?.extract()?;
                 let k = m.call_method0(key)?;
                 let v = m.call_method0(value)?;
-                chunk.push(o, bytes(&k)?, bytes(&v)?);
+                // (type, ms): type 0 (not available) comes with -1
+                let (_kind, ts): (i32, i64) = m.call_method0(timestamp)?.extract()?;
+                chunk.push(o, ts, bytes(&k)?, bytes(&v)?);
             }
             chunk.position = feed.call_method0(intern!(py, "position"))?.extract()?;
             Ok(())

@@ -19,7 +19,7 @@ use crate::replay::segment_log::SegmentLogDir;
 use crate::replay::{
     ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
 };
-use crate::store::Store;
+use crate::store::{Store, StoreFormat};
 
 /// `(mode, start_offset, end_offset, records_applied, skipped_aborted,
 /// skipped_control, skipped_null_key, bytes_read, seconds, offset)`.
@@ -136,6 +136,7 @@ fn job(
     memory_budget_bytes: usize,
     listener: Option<Py<PyAny>>,
     progress_interval: f64,
+    format: &str,
 ) -> PyResult<Job> {
     let topic: String = tp.getattr("topic")?.extract()?;
     let partition: i32 = tp.getattr("partition")?.extract()?;
@@ -145,7 +146,14 @@ fn job(
     if !(progress_interval >= 0.0 && progress_interval.is_finite()) {
         return Err(error("RestoreError", format!("progress interval must be >= 0 seconds, got {progress_interval}")));
     }
+    let format = StoreFormat::parse(format).ok_or_else(|| {
+        error(
+            "RestoreError",
+            format!("restoring {topic}-{partition}: unknown store format {format:?}, use plain or timestamped"),
+        )
+    })?;
     let mut spec = RestoreSpec::new(store_path, &topic, partition);
+    spec.format = format;
     spec.end_offset = end_offset;
     spec.mode = mode;
     spec.memory_budget = memory_budget_bytes;
@@ -163,7 +171,7 @@ fn job(
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
 /// `WriteBatch`) are tuning knobs for tests and tools.
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain"))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -178,8 +186,9 @@ fn restore_store(
     write_buffer_bytes: usize,
     chunk_bytes: usize,
     read_ahead: bool,
+    format: &str,
 ) -> PyResult<OutcomeTuple> {
-    let mut j = job(tp, store_path, log, end_offset, mode, memory_budget_bytes, listener, progress_interval)?;
+    let mut j = job(tp, store_path, log, end_offset, mode, memory_budget_bytes, listener, progress_interval, format)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
     j.spec.chunk_bytes = chunk_bytes.max(1);
     j.spec.read_ahead = read_ahead;
@@ -188,8 +197,8 @@ fn restore_store(
 }
 
 /// Spec tuple of `restore_many`: `(store_path, log, tp, end_offset, mode,
-/// memory_budget_bytes, listener, progress_interval)`; `log` as in `restore_store`.
-type SpecTuple = (PathBuf, Py<PyAny>, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64);
+/// memory_budget_bytes, listener, progress_interval, format)`; `log` as in `restore_store`.
+type SpecTuple = (PathBuf, Py<PyAny>, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64, String);
 
 /// Restore many stores on `threads` native threads. Returns, per spec in
 /// order, `(outcome_tuple, None)` or `(None, exception)`.
@@ -201,8 +210,8 @@ fn restore_many(
     threads: usize,
 ) -> PyResult<Vec<(Option<OutcomeTuple>, Option<PyErr>)>> {
     let mut jobs = Vec::with_capacity(specs.len());
-    for (store_path, log, tp, end, mode, budget, listener, interval) in specs {
-        jobs.push(job(tp.bind(py), store_path, log.bind(py), end, &mode, budget, listener, interval)?);
+    for (store_path, log, tp, end, mode, budget, listener, interval, format) in specs {
+        jobs.push(job(tp.bind(py), store_path, log.bind(py), end, &mode, budget, listener, interval, &format)?);
     }
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
@@ -240,7 +249,7 @@ fn restore_write_ceiling(
     end_offset: Option<i64>,
 ) -> PyResult<(f64, u64)> {
     let dir = pyo3::types::PyString::new(py, &log_dir.to_string_lossy()).into_any();
-    let j = job(tp, store_path, &dir, end_offset, "replay", 0, None, 0.0)?;
+    let j = job(tp, store_path, &dir, end_offset, "replay", 0, None, 0.0, "plain")?;
     let none = Arc::new(Mutex::new(None));
     py.detach(|| {
         let tpname = j.spec.tp();

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use rocksdb::{IteratorMode, WriteBatch};
 
 use super::error;
-use crate::store::{self, Store, StoreError};
+use crate::store::{self, Store, StoreError, StoreFormat};
 
 /// Damaged store files are `StoreCorruptedError` (a `TaskCorruptedError`:
 /// wipe and restore the task); anything else is `StoreError`.
@@ -22,21 +22,29 @@ type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 /// (`"<topic>-<partition>"` -> offset) to the store at `path` in one batch,
 /// optionally with a status marker, then flush. Creates the store if needed.
 #[pyfunction]
-#[pyo3(signature = (path, items, offsets, status=None))]
+#[pyo3(signature = (path, items, offsets, status=None, format=None))]
 fn store_write_batch(
     py: Python<'_>,
     path: PathBuf,
     items: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     offsets: BTreeMap<String, i64>,
     status: Option<i64>,
+    format: Option<&str>,
 ) -> PyResult<()> {
+    let format = format
+        .map(|f| StoreFormat::parse(f).ok_or_else(|| error("StoreError", format!("unknown store format {f:?}"))))
+        .transpose()?;
     py.detach(|| {
-        let store = Store::open(&path, true)?;
+        let store = match format {
+            Some(f) => Store::open_format(&path, store::store_options(true), f)?,
+            None => Store::open(&path, true)?,
+        };
         let mut b = WriteBatch::default();
+        let cf = store.data_cf();
         for (k, v) in &items {
             match v {
-                Some(v) => b.put(k, v),
-                None => b.delete(k),
+                Some(v) => b.put_cf(cf, k, v),
+                None => b.delete_cf(cf, k),
             }
         }
         for (tp, off) in &offsets {
@@ -58,7 +66,7 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<(Entries, BTreeMap<Stri
     py.detach(|| {
         let store = Store::open_read_only(&path)?;
         let mut entries = Vec::new();
-        for item in store.db().iterator(IteratorMode::Start) {
+        for item in store.db().iterator_cf(store.data_cf(), IteratorMode::Start) {
             let (k, v) = item.map_err(|e| StoreError::rocksdb(&path, "reading data", &e))?;
             entries.push((k.to_vec(), v.to_vec()));
         }
@@ -85,7 +93,7 @@ fn store_info(
         }
         let keys = store
             .db()
-            .property_int_value("rocksdb.estimate-num-keys")
+            .property_int_value_cf(store.data_cf(), "rocksdb.estimate-num-keys")
             .map_err(|e| StoreError::rocksdb(&path, "reading key estimate", &e))?
             .unwrap_or(0);
         Ok((store.offsets()?, store.status()?, keys))
@@ -93,6 +101,15 @@ fn store_info(
     .map_err(store_err)
 }
 
+
+/// The format of the store at `path` as found on disk (`"plain"` or
+/// `"timestamped"`), None where there is no RocksDB yet. A store of a type
+/// statestore does not know (windowed, session, versioned, headers, extra
+/// column families) raises `StoreError` naming its column families.
+#[pyfunction]
+fn store_format(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>> {
+    py.detach(|| Store::detect_format(&path)).map(|f| f.map(StoreFormat::name)).map_err(store_err)
+}
 
 /// Compare the data of two stores (read-only): `(expected digest, actual
 /// digest, expected entries, actual entries, first difference)` where the
@@ -117,5 +134,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store_compare, m)?)?;
     m.add_function(wrap_pyfunction!(store_write_batch, m)?)?;
     m.add_function(wrap_pyfunction!(store_dump, m)?)?;
+    m.add_function(wrap_pyfunction!(store_format, m)?)?;
     Ok(())
 }

@@ -45,7 +45,7 @@ pub fn write(store: &Store, tp: &str, chunks: &[Vec<Decoded>]) -> Result<Duratio
                 ops.push(k, v.as_deref());
             }
         }
-        let mut b = ops.to_batch();
+        let mut b = ops.to_batch(store);
         if let Some((off, _, _)) = chunk.last() {
             store.put_offset(&mut b, tp, *off);
         }

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
 use crate::source::{ChangelogSource, SkipCounts, SourceError};
-use crate::store::Store;
+use crate::store::{Store, StoreFormat, STATUS_CLOSED};
 
 /// How to restore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +84,8 @@ pub struct RestoreSpec {
     /// [`restore_many`] turns it off: there the pool's threads are the
     /// parallelism, one per partition.
     pub read_ahead: bool,
+    /// How the store lays out its data (Kafka Streams' plain or timestamped store).
+    pub format: StoreFormat,
 }
 
 impl RestoreSpec {
@@ -99,6 +101,7 @@ impl RestoreSpec {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             write_buffer_bytes: DEFAULT_WRITE_BUFFER_BYTES,
             read_ahead: true,
+            format: StoreFormat::Plain,
         }
     }
 
@@ -133,7 +136,7 @@ pub fn restore(
     let t0 = Instant::now();
     let tp = spec.tp();
     let path = &spec.store_path;
-    let store = Store::open_with(path, restore_options_with(spec.write_buffer_bytes))
+    let store = Store::open_format(path, restore_options_with(spec.write_buffer_bytes), spec.format)
         .map_err(|e| RestoreError::store(&tp, e))?;
     let scratch = scratch_dir(path);
     if scratch.exists() {
@@ -242,6 +245,15 @@ pub fn restore(
         if applied.last_offset.is_some() {
             outcome.offset = applied.last_offset;
         }
+    }
+    // A store no processor ever opened is closed: say so, as Kafka Streams
+    // expects of a store it may reuse under exactly_once_v2. A status a
+    // processor wrote (OPEN while it runs) is left alone.
+    if store.status().map_err(|e| RestoreError::store(&tp, e))?.is_none() {
+        let mut b = rocksdb::WriteBatch::default();
+        store.put_status(&mut b, STATUS_CLOSED);
+        store.write(b, false).map_err(|e| RestoreError::store(&tp, e))?;
+        store.flush().map_err(|e| RestoreError::store(&tp, e))?;
     }
     progress.end(outcome.records_applied)?;
     outcome.seconds = t0.elapsed().as_secs_f64();

@@ -23,6 +23,8 @@ pub const MAX_PULL_RECORDS: usize = 10_000;
 #[derive(Debug, Clone, Copy)]
 pub struct FeedRecord {
     pub offset: i64,
+    /// Record timestamp (ms).
+    pub timestamp: i64,
     pub key: Option<(usize, usize)>,
     pub value: Option<(usize, usize)>,
 }
@@ -48,7 +50,7 @@ impl FeedChunk {
     }
 
     /// Append one record (copies key and value into the arena).
-    pub fn push(&mut self, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>) {
+    pub fn push(&mut self, offset: i64, timestamp: i64, key: Option<&[u8]>, value: Option<&[u8]>) {
         let mut put = |b: Option<&[u8]>| {
             b.map(|b| {
                 let at = self.data.len();
@@ -58,7 +60,7 @@ impl FeedChunk {
         };
         let key = put(key);
         let value = put(value);
-        self.records.push(FeedRecord { offset, key, value });
+        self.records.push(FeedRecord { offset, timestamp, key, value });
     }
 }
 
@@ -138,7 +140,7 @@ impl<F: ChunkFeed> ChangelogSource for FeedSource<F> {
                 bytes += n;
                 self.bytes_read += n as u64;
                 applied += 1;
-                sink(ChangeRecord { offset: r.offset, key, value });
+                sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key, value });
                 self.position = r.offset + 1;
             }
             if let Some(p) = self.chunk.position {
@@ -197,7 +199,7 @@ mod tests {
     impl ChunkFeed for VecFeed {
         fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), SourceError> {
             for (o, k, v) in self.recs.iter().skip(self.next).take(max_records) {
-                chunk.push(*o, Some(k), v.as_deref());
+                chunk.push(*o, *o * 10, Some(k), v.as_deref());
                 self.next += 1;
             }
             if self.next == self.recs.len() {

@@ -21,8 +21,8 @@ use std::fmt;
 
 use rocksdb::{DBCompressionType, Options, WriteBatch};
 
-use crate::source::{ChangelogSource, SourceError};
-use crate::store::{store_options, Store, StoreError};
+use crate::source::{ChangeRecord, ChangelogSource, SourceError};
+use crate::store::{store_options, Store, StoreError, StoreFormat};
 
 /// Bytes of log read per chunk: one chunk becomes one `WriteBatch`.
 pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
@@ -177,6 +177,7 @@ fn replay_chunks(
     applied: &mut Applied,
 ) -> Result<(), RestoreError> {
     let mut ops = ChunkOps::default();
+    let format = store.format();
     loop {
         ops.clear();
         let mut last = None;
@@ -186,12 +187,12 @@ fn replay_chunks(
                 last = Some(r.offset);
                 match r.key {
                     None => null_keys += 1,
-                    Some(k) => ops.push(k, r.value),
+                    Some(k) => ops.push_record(format, k, &r),
                 }
             })
             .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
         if let Some(off) = last {
-            let mut batch = ops.to_batch();
+            let mut batch = ops.to_batch(store);
             store.put_offset(&mut batch, tp, off);
             store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
             let n = ops.len() as u64;
@@ -240,6 +241,20 @@ impl ChunkOps {
         (&self.data[at..v0], (vl != u32::MAX).then(|| &self.data[v0..v0 + vl as usize]))
     }
 
+    /// Push one changelog record as a store of `format` keeps it (a
+    /// timestamped store's value starts with the record's timestamp).
+    pub fn push_record(&mut self, format: StoreFormat, key: &[u8], r: &ChangeRecord<'_>) {
+        match (format, r.value) {
+            (StoreFormat::Timestamped, Some(v)) => {
+                let at = self.data.len();
+                self.data.extend_from_slice(key);
+                format.encode_value(r.timestamp, v, &mut self.data);
+                self.ops.push((at, key.len() as u32, (v.len() + 8) as u32));
+            }
+            _ => self.push(key, r.value),
+        }
+    }
+
     pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
         let at = self.data.len();
         self.data.extend_from_slice(key);
@@ -253,8 +268,10 @@ impl ChunkOps {
         self.ops.push((at, key.len() as u32, vlen));
     }
 
-    /// Stable sort by key, keep the last operation of each key, build the batch.
-    pub fn to_batch(&mut self) -> WriteBatch {
+    /// Stable sort by key, keep the last operation of each key, build the
+    /// batch of `store`'s data column family.
+    pub fn to_batch(&mut self, store: &Store) -> WriteBatch {
+        let cf = store.data_cf();
         let data = &self.data;
         let key = |&(at, kl, _): &(usize, u32, u32)| &data[at..at + kl as usize];
         self.ops.sort_by(|a, b| key(a).cmp(key(b)));
@@ -266,10 +283,10 @@ impl ChunkOps {
             let (at, kl, vl) = *op;
             let k = &data[at..at + kl as usize];
             if vl == u32::MAX {
-                batch.delete(k);
+                batch.delete_cf(cf, k);
             } else {
                 let v0 = at + kl as usize;
-                batch.put(k, &data[v0..v0 + vl as usize]);
+                batch.put_cf(cf, k, &data[v0..v0 + vl as usize]);
             }
         }
         batch
@@ -284,6 +301,11 @@ pub(crate) mod testing {
     use std::collections::BTreeMap;
 
     use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+
+    /// The timestamp a [`VecSource`] gives the record at `offset`.
+    pub fn ts_of(offset: i64) -> i64 {
+        1_700_000_000_000 + offset * 7
+    }
 
     /// One log entry as the source sees it.
     #[derive(Debug, Clone)]
@@ -327,7 +349,12 @@ pub(crate) mod testing {
                 match &self.log[self.pos as usize] {
                     Entry::Data { key, value } => {
                         used += 16 + key.as_ref().map_or(0, Vec::len) + value.as_ref().map_or(0, Vec::len);
-                        sink(ChangeRecord { offset: self.pos, key: key.as_deref(), value: value.as_deref() });
+                        sink(ChangeRecord {
+                            offset: self.pos,
+                            timestamp: ts_of(self.pos),
+                            key: key.as_deref(),
+                            value: value.as_deref(),
+                        });
                     }
                     Entry::Aborted => {
                         used += 16;
@@ -403,10 +430,31 @@ pub(crate) mod testing {
     }
 
     /// Everything in a store's data column family.
+    /// [`model`] as a timestamped store holds it: each value behind its record's timestamp.
+    pub fn model_timestamped(log: &[Entry], end: i64) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        let mut m = BTreeMap::new();
+        for (off, e) in log.iter().enumerate().take(end as usize) {
+            if let Entry::Data { key: Some(k), value } = e {
+                match value {
+                    Some(v) => {
+                        let mut stored = ts_of(off as i64).to_be_bytes().to_vec();
+                        stored.extend_from_slice(v);
+                        m.insert(k.clone(), stored);
+                    }
+                    None => {
+                        m.remove(k);
+                    }
+                }
+            }
+        }
+        m
+    }
+
+    /// The data column family of `store`, in key order.
     pub fn dump(store: &crate::store::Store) -> BTreeMap<Vec<u8>, Vec<u8>> {
         store
             .db()
-            .iterator(rocksdb::IteratorMode::Start)
+            .iterator_cf(store.data_cf(), rocksdb::IteratorMode::Start)
             .map(|kv| {
                 let (k, v) = kv.unwrap();
                 (k.to_vec(), v.to_vec())
@@ -451,7 +499,7 @@ mod tests {
         ops.push(b"d", Some(b"4"));
         ops.push(b"d", Some(b"5"));
         assert_eq!(ops.len(), 8);
-        store.write(ops.to_batch(), false).unwrap();
+        store.write(ops.to_batch(&store), false).unwrap();
         let got: Vec<(Vec<u8>, Vec<u8>)> = dump(&store).into_iter().collect();
         assert_eq!(
             got,

@@ -13,8 +13,8 @@ const NONE: u32 = u32::MAX;
 /// One chunk of decoded records, owned.
 struct Chunk {
     data: Vec<u8>,
-    /// `(offset, key length or NONE, value length or NONE)`, bytes in `data` in order.
-    recs: Vec<(i64, u32, u32)>,
+    /// `(offset, timestamp, key length or NONE, value length or NONE)`, bytes in `data` in order.
+    recs: Vec<(i64, i64, u32, u32)>,
     more: bool,
     position: i64,
     skipped: SkipCounts,
@@ -59,7 +59,7 @@ impl Prefetch {
                         c.data.extend_from_slice(v);
                         v.len() as u32
                     });
-                    c.recs.push((r.offset, k, v));
+                    c.recs.push((r.offset, r.timestamp, k, v));
                 });
                 let msg = match r {
                     Ok(more) => {
@@ -116,7 +116,7 @@ impl ChangelogSource for Prefetch {
             }
         };
         let mut at = 0usize;
-        for &(offset, k, v) in &c.recs {
+        for &(offset, timestamp, k, v) in &c.recs {
             let key = (k != NONE).then(|| {
                 let s = &c.data[at..at + k as usize];
                 at += k as usize;
@@ -127,7 +127,7 @@ impl ChangelogSource for Prefetch {
                 at += v as usize;
                 s
             });
-            sink(ChangeRecord { offset, key, value });
+            sink(ChangeRecord { offset, timestamp, key, value });
         }
         self.position = c.position;
         self.skipped = c.skipped;

@@ -1,0 +1,180 @@
+"""statestore against Kafka Streams 4.4's own restoration, side by side on one broker and one changelog.
+
+The Kafka Streams application of ``interop/kafka-streams`` (``--stores latest``:
+one plain persistent store, Processor API) processes 2M input records over 4
+partitions, ~10 updates a key, 100-byte values, at_least_once: its changelog
+topic ``<app>-latest-changelog`` then holds 2M records. Every restore below
+starts from an empty state directory and restores that same changelog.
+
+* **Kafka Streams**: the application in "restore only" mode (one instance,
+  one stream thread, then two), timed by its own StateRestoreListener, from
+  the first ``onRestoreStart`` to the last ``onRestoreEnd`` (store opening and
+  the rebalance are outside the window, as Kafka Streams reports it).
+* **statestore**: ``restore_many`` over the same 4 changelog partitions
+  through the Kafka path the library uses (``KafkaChangelog``), replay and
+  bulk, one thread and two; and ``restore_on_spark`` on ``local[2]``, which
+  reads the broker's own partition directories (the segment log reads
+  Kafka's log.dirs; executors see the same disk here), timed from the job's
+  submission to its rows.
+
+Goals, at the same number of threads: statestore replay ÷ Kafka Streams >= 3x,
+statestore bulk ÷ Kafka Streams >= 10x.
+
+Held equal: the broker, the changelog (records, keys, 100-byte values, no
+compression), 4 partitions, state on the same disk (one temporary directory),
+the write-ahead log off on both sides (Kafka Streams restores with
+``disableWAL``; statestore writes WAL-off batches and flushes), each side's
+default fetch settings (Kafka Streams' restore consumer: ``max.poll.records``
+1000, ``max.partition.fetch.bytes`` 1 MiB, ``fetch.max.bytes`` 50 MiB;
+statestore's confluent-kafka consumer: librdkafka's defaults,
+``fetch.wait.max.ms`` 50), the same store format (plain).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import scaled
+from statestore import TopicPartition
+from statestore.restore import RestoreSpec, restore_many
+
+kafka = pytest.importorskip("statestore.kafka")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "procs"))
+import kstreams_app  # noqa: E402
+from kafka_broker import Broker, BrokerUnavailable, start_broker  # noqa: E402
+
+N = scaled(2_000_000, minimum=20_000)
+KEYS = max(1, N // 10)
+PARTITIONS = 4
+VALUE_SIZE = 100
+APP = "ks-bench"
+STORE = "latest"
+
+
+class Setup:
+    """The broker, the work directory and Kafka Streams' own restore figures (threads -> run)."""
+
+    def __init__(self, broker: Broker, work: Path, ks: dict[int, kstreams_app.AppRun], tps: list[TopicPartition]):
+        self.broker, self.work, self.ks, self.tps = broker, work, ks, tps
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    try:
+        kstreams_app.build()
+    except (RuntimeError, FileNotFoundError) as e:
+        pytest.skip(f"the Kafka Streams application could not be built: {e}")
+    try:
+        broker = start_broker(tmp_path_factory.mktemp("ks-broker"))
+    except BrokerUnavailable as e:
+        pytest.skip(f"no Kafka broker could start: {e}")
+    work = tmp_path_factory.mktemp("ks")
+    try:
+        common: dict[str, Any] = {"keys": KEYS, "value_size": VALUE_SIZE, "partitions": PARTITIONS, "stores": STORE,
+                                  "timeout": 3600}
+        kstreams_app.run_app(broker.bootstrap, APP, work / "processed", mode="process", produce=N, **common)
+        ks = {}
+        for threads in (1, 2):
+            state = work / f"ks-{threads}"
+            ks[threads] = kstreams_app.run_app(broker.bootstrap, APP, state, mode="restore", threads=threads,
+                                               **common)
+            shutil.rmtree(state, ignore_errors=True)
+        tps = [TopicPartition(f"{APP}-{STORE}-changelog", p) for p in range(PARTITIONS)]
+        yield Setup(broker, work, ks, tps)
+    finally:
+        broker.stop()
+
+
+def restore_kafka(s: Setup, root: Path, mode: str, threads: int) -> tuple[float, int]:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    with kafka.KafkaChangelog(s.broker.bootstrap, request_timeout=60.0) as c:
+        specs = [RestoreSpec(root / f"p{tp.partition}", c, tp, mode=mode) for tp in s.tps]
+        t0 = time.perf_counter()
+        results = restore_many(specs, threads=threads)
+        seconds = time.perf_counter() - t0
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    return seconds, sum(r.records_applied for r in results)
+
+
+@pytest.mark.parametrize("mode,goal", [("replay", 3.0), ("bulk", 10.0)])
+def test_statestore_vs_kafka_streams_restoration(benchmark: Any, setup: Setup, mode: str, goal: float) -> None:
+    s = setup
+    ks1, ks2 = s.ks[1].restore_ms / 1000, s.ks[2].restore_ms / 1000
+    two: dict[str, float] = {}
+
+    def run() -> None:
+        two["s"], two["n"] = restore_kafka(s, s.work / f"ss-{mode}-2", mode, 2)
+
+    one_s, n = restore_kafka(s, s.work / f"ss-{mode}-1", mode, 1)
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    assert n == two["n"] == s.ks[1].restored_records == s.ks[2].restored_records, (
+        n, two["n"], s.ks[1].restored_records, s.ks[2].restored_records)
+    ratio, ratio2 = ks1 / one_s, ks2 / two["s"]
+    benchmark.extra_info.update({
+        "baseline": "Kafka Streams 4.4.0 restoration (first onRestoreStart to last onRestoreEnd), 1 stream thread",
+        "candidate": f"statestore {mode} (restore_many, Kafka path), 1 thread",
+        "ratio": ratio,
+        "goal": goal,
+        "ratio_2_threads": ratio2,
+        "records": n,
+        "partitions": PARTITIONS,
+        "value_bytes": VALUE_SIZE,
+        "kafka_streams_1_thread_s": ks1,
+        "kafka_streams_2_threads_s": ks2,
+        "statestore_1_thread_s": one_s,
+        "statestore_2_threads_s": two["s"],
+        "kafka_streams_records_per_s": n / ks1,
+        "statestore_records_per_s": n / one_s,
+    })
+    print(f"\nstatestore {mode} vs Kafka Streams restoration: 1 thread {ratio:.2f}x, 2 threads {ratio2:.2f}x "
+          f"(goal >= {goal}); Kafka Streams {ks1:.2f} s / {ks2:.2f} s, statestore {one_s:.2f} s / {two['s']:.2f} s")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode,goal", [("replay", 3.0), ("bulk", 10.0)])
+def test_spark_vs_kafka_streams_restoration(benchmark: Any, setup: Setup, mode: str, goal: float) -> None:
+    from statestore.spark import restore_on_spark, spark_session
+
+    s = setup
+    ks2 = s.ks[2].restore_ms / 1000
+    spark = spark_session("local[2]")
+    out: dict[str, Any] = {}
+    try:
+        def job(name: str) -> tuple[float, int]:
+            state = s.work / name
+            shutil.rmtree(state, ignore_errors=True)
+            t0 = time.perf_counter()
+            rows = restore_on_spark(spark, log_dir=s.broker.log_dir, state_dir=state, application_id=APP,
+                                    stores=[STORE], mode=mode).collect()
+            seconds = time.perf_counter() - t0
+            assert all(r.status == "ok" for r in rows), rows
+            return seconds, sum(r.records_applied for r in rows)
+
+        job(f"spark-warm-{mode}")  # the session's first job starts its Python workers
+
+        def run() -> None:
+            out["s"], out["n"] = job(f"spark-{mode}")
+
+        benchmark.pedantic(run, rounds=1, iterations=1)
+    finally:
+        spark.stop()
+    assert out["n"] == s.ks[2].restored_records
+    ratio = ks2 / out["s"]
+    benchmark.extra_info.update({
+        "baseline": "Kafka Streams 4.4.0 restoration, 2 stream threads",
+        "candidate": f"statestore {mode} on Spark local[2] (reads the broker's log.dirs), job submission to rows",
+        "ratio": ratio,
+        "goal": goal,
+        "records": out["n"],
+        "kafka_streams_2_threads_s": ks2,
+        "spark_s": out["s"],
+    })
+    print(f"\nstatestore {mode} on Spark local[2] vs Kafka Streams (2 threads): {ratio:.2f}x (goal >= {goal})")

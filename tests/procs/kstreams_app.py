@@ -1,0 +1,158 @@
+"""Run the Kafka Streams application of ``interop/kafka-streams`` and read what it prints.
+
+``scripts/kafka-streams-app.sh`` builds it once (Maven, cached outside the clone)
+and runs it; every line it prints is an event (see ``StreamsApp.java``). The
+input it produces is deterministic, so a test knows the exact results: record
+``seq`` (counting from the first record ever produced to the input topic) has
+key ``k%06d % (seq % keys)`` and value ``v<seq>-`` padded with ``x`` to
+``value_size`` bytes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "kafka-streams-app.sh"
+
+#: The stores of the application and their formats.
+STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
+
+
+def build() -> Path:
+    """Build the application if needed; the directory holding ``app.jar`` and ``libs/``."""
+    out = subprocess.run(["bash", str(SCRIPT), "build"], capture_output=True, text=True, check=False, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"building the Kafka Streams application failed:\n{out.stderr}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Restore:
+    """One changelog partition's restoration as the application's StateRestoreListener saw it."""
+
+    topic: str
+    partition: int
+    store: str
+    start: int
+    end: int
+    restored: int | None = None
+    start_nanos: int = 0
+    end_nanos: int | None = None
+
+
+@dataclass
+class AppRun:
+    """What one run printed."""
+
+    returncode: int
+    lines: list[str]
+    stderr: str = ""
+    restores: dict[tuple[str, int], Restore] = field(default_factory=dict)
+    summary: dict[str, str] = field(default_factory=dict)
+    stores: dict[str, dict[str, str]] = field(default_factory=dict)
+    results: dict[str, dict[str, str]] = field(default_factory=dict)
+    closed_clean: bool | None = None
+
+    @property
+    def restored_records(self) -> int:
+        """Records Kafka Streams restored, over every changelog partition."""
+        return sum(r.restored or 0 for r in self.restores.values())
+
+    @property
+    def restore_ms(self) -> float:
+        """From the first onRestoreStart to the last onRestoreEnd, ms (Kafka Streams' own restoration)."""
+        return float(self.summary.get("ms", "0"))
+
+
+def parse(lines: list[str], returncode: int = 0, stderr: str = "") -> AppRun:
+    """The events of a run's output."""
+    run = AppRun(returncode, lines, stderr)
+    for line in lines:
+        parts = line.split()
+        if not parts:
+            continue
+        kind = parts[0]
+        if kind == "RESTORE_START":
+            topic, p, store, start, end, nanos = parts[1:7]
+            run.restores[(topic, int(p))] = Restore(topic, int(p), store, int(start), int(end), None, int(nanos))
+        elif kind == "RESTORE_END":
+            topic, p, store, restored, nanos = parts[1:6]
+            r = run.restores[(topic, int(p))]
+            r.restored, r.end_nanos = int(restored), int(nanos)
+        elif kind == "RESTORE_SUMMARY":
+            run.summary = dict(kv.split("=", 1) for kv in parts[1:])
+        elif kind == "STORE":
+            run.stores[parts[1]] = dict(kv.split("=", 1) for kv in parts[2:])
+        elif kind == "RESULT":
+            run.results.setdefault(parts[1], {})[parts[2]] = parts[3]
+        elif kind == "CLOSED":
+            run.closed_clean = parts[1] == "clean=true"
+    return run
+
+
+def command(
+    bootstrap: str,
+    app_id: str,
+    state_dir: Path,
+    *,
+    guarantee: str = "at_least_once",
+    mode: str = "process",
+    produce: int = 0,
+    keys: int = 100,
+    value_size: int = 100,
+    partitions: int = 2,
+    threads: int = 1,
+    print_results: bool = False,
+    config: dict[str, str] | None = None,
+    timeout: int = 600,
+    stores: str = "both",
+) -> list[str]:
+    """The command line of one run."""
+    cmd = [
+        "bash", str(SCRIPT), "run", "--bootstrap", bootstrap, "--application-id", app_id,
+        "--state-dir", str(state_dir), "--guarantee", guarantee, "--mode", mode, "--produce", str(produce),
+        "--keys", str(keys), "--value-size", str(value_size), "--partitions", str(partitions),
+        "--threads", str(threads), "--timeout", str(timeout), "--stores", stores,
+    ]
+    if print_results:
+        cmd.append("--print-results")
+    for k, v in (config or {}).items():
+        cmd += ["--config", f"{k}={v}"]
+    return cmd
+
+
+def run_app(bootstrap: str, app_id: str, state_dir: Path, **kw: object) -> AppRun:
+    """Run the application to its end and parse what it printed; a failed run raises with its output."""
+    timeout = int(kw.get("timeout", 600))  # type: ignore[call-overload]
+    cmd = command(bootstrap, app_id, state_dir, **kw)  # type: ignore[arg-type]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout + 120)
+    run = parse(out.stdout.splitlines(), out.returncode, out.stderr)
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"the Kafka Streams application exited with {out.returncode}:\n{out.stdout}\n{out.stderr[-4000:]}"
+        )
+    return run
+
+
+def value_of(seq: int, value_size: int) -> str:
+    """The input value of record ``seq``."""
+    v = f"v{seq}-"
+    return v + "x" * max(0, value_size - len(v))
+
+
+def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], dict[str, int]]:
+    """``(latest value per key, count per key)`` after records ``0 .. total-1``."""
+    latest: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+    for seq in range(total):
+        k = f"k{seq % keys:06d}"
+        latest[k] = value_of(seq, value_size)
+        counts[k] += 1
+    return latest, dict(counts)
+
+
+__all__ = ["STORE_FORMATS", "AppRun", "Restore", "build", "command", "expected", "parse", "run_app", "value_of"]
