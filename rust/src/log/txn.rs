@@ -740,16 +740,15 @@ mod tests {
         // Before, every transactional id a process ever used stayed in the map for good.
         let d = tempfile::tempdir().unwrap();
         let log = Arc::new(Log::new(d.path(), WriterConfig { sync: false, ..Default::default() }).unwrap());
-        let kept = log.producer(Some("kept")).unwrap();
+        let mut kept = log.producer(Some("kept")).unwrap();
         for i in 0..200 {
-            let p = log.producer(Some(&format!("gone-{i}"))).unwrap();
-            drop(p);
+            // dropped at the end of each iteration
+            let _gone = log.producer(Some(&format!("gone-{i}"))).unwrap();
         }
         // other tests add entries concurrently, but never 200 of them
         assert!(identities_held() < 100, "{} identities held", identities_held());
         // a live producer's identity is still shared: a second producer of its id fences it
         let _newer = log.producer(Some("kept")).unwrap();
-        let mut kept = kept;
         assert!(kept.begin().is_err(), "the older producer must see it was fenced");
     }
 }
