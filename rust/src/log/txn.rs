@@ -421,7 +421,10 @@ fn pack(pid: i64, epoch: i16) -> i64 {
 /// directories) does not keep one entry per id for its whole life. Nothing is
 /// lost by dropping one: a producer created later reads the newest producer id
 /// and epoch from the state file.
-static IDS: OnceLock<Mutex<HashMap<(PathBuf, String), Weak<AtomicI64>>>> = OnceLock::new();
+static IDS: OnceLock<Mutex<IdentityMap>> = OnceLock::new();
+
+/// (canonical log directory, transactional id) -> the identity its live producers share.
+type IdentityMap = HashMap<(PathBuf, String), Weak<AtomicI64>>;
 
 fn identity(dir: &Path, id: &str) -> Identity {
     let key = (fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()), id.to_string());
