@@ -7,8 +7,10 @@
 The executors need statestore importable by ``spark.pyspark.python`` (or a
 packed environment shipped with ``--archives env.tar.gz#env`` and
 ``spark.pyspark.python=./env/bin/python``), and must see ``--log-dir`` and
-``--state-dir`` at the same paths as the driver (a shared file system).
-Prints one line per (store, partition) and exits 1 if any failed.
+``--state-dir`` at the same paths as the driver (a shared file system); the
+state directory must exist there (a host where it does not answers with
+failed rows naming it). Prints one line per (store, partition), then one
+indented line per earlier attempt that failed, and exits 1 if any failed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from statestore.spark import changelog_stores, restore_on_spark
+from statestore.planning import changelog_stores, parse_partitions
+from statestore.spark import check_master, restore_on_spark
 
 
 def main() -> int:
@@ -27,13 +30,20 @@ def main() -> int:
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--app-id", required=True)
     ap.add_argument("--store", action="append", default=None, help="a store (repeatable; default: all)")
+    ap.add_argument("--partitions", default=None, help="e.g. 0-7 or 0,2,5-7 (default: every partition found)")
     args = ap.parse_args()
+    check_master()  # a master nobody answers: an error now, not after a minute of retries
     spark = SparkSession.builder.appName(f"statestore-restore-{args.app_id}").getOrCreate()
     stores = args.store or changelog_stores(args.log_dir, args.app_id)
     rows = restore_on_spark(spark, log_dir=args.log_dir, state_dir=args.state_dir, application_id=args.app_id,
-                            stores=stores).collect()
+                            stores=stores,
+                            partitions=None if args.partitions is None else parse_partitions(args.partitions)
+                            ).collect()
     for r in rows:
-        print(f"{r.task_id} {r.store} {r.status} records={r.records_applied} lag={r.lag} {r.error or ''}".rstrip())
+        print(f"{r.task_id} {r.store} {r.status} records={r.records_applied} lag={r.lag} attempts={r.attempts} "
+              f"{r.error or ''}".rstrip())
+        for failure in (r.failed_attempts or "").splitlines():
+            print(f"    {failure}")
     failed = sum(1 for r in rows if r.status != "ok")
     print(f"{len(rows) - failed} ok, {failed} failed")
     spark.stop()

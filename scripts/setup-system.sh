@@ -11,6 +11,8 @@ for pkg in libclang-dev clang build-essential pkg-config fiu-utils libfiu-dev; d
 done
 # The Kafka tests run an Apache Kafka broker from Maven Central jars (scripts/kafka-broker.sh): Java 17+ and Maven.
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+# The Kafka Streams application of the interoperability tests (interop/kafka-streams) is compiled: a JDK.
+command -v javac >/dev/null || need+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null || need+=(maven)
 if ((${#need[@]})); then
     echo "setup: installing Debian packages: ${need[*]}"

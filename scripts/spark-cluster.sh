@@ -8,7 +8,8 @@
 #
 # PYTHON (default: python3 on PATH) is the interpreter whose pyspark is used; executors run
 # spark.pyspark.python, which the driver sets (statestore.spark.spark_session does). Memory per worker:
-# SPARK_WORKER_MEMORY (default 1g); daemon heaps: SPARK_DAEMON_MEMORY (default 256m).
+# SPARK_WORKER_MEMORY (default 1g); daemon heaps: SPARK_DAEMON_MEMORY (default 256m). WORKER<i>_ENV
+# (NAME=VALUE words) adds environment to worker i and its executors only, e.g. a host set up differently.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -53,7 +54,9 @@ cmd_start() {
   local i
   for i in $(seq 1 "$workers"); do
     mkdir -p "$dir/worker$i/work" "$dir/worker$i/local"
-    SPARK_LOCAL_DIRS=$dir/worker$i/local nohup "$home/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+    local extra="WORKER${i}_ENV"
+    # shellcheck disable=SC2086  # WORKERi_ENV is a list of NAME=VALUE words
+    env ${!extra:-} SPARK_LOCAL_DIRS="$dir/worker$i/local" nohup "$home/bin/spark-class" org.apache.spark.deploy.worker.Worker \
       --host 127.0.0.1 --cores 1 --memory "$WORKER_MEMORY" --work-dir "$dir/worker$i/work" \
       --webui-port "$(free_port)" "spark://127.0.0.1:$port" >"$dir/logs/worker$i.out" 2>&1 </dev/null &
     pids+=($!)

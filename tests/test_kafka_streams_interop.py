@@ -33,6 +33,7 @@ import pytest
 from statestore import _native
 from statestore.inspection import inspect_app
 from statestore.store import decode_timestamped
+from statestore.verify import verify_app
 
 kafka = pytest.importorskip("statestore.kafka")
 
@@ -260,10 +261,15 @@ def test_unknown_store_types_are_reported_and_left_untouched(tmp_path: Path) -> 
     db = rocksdict.Rdict(str(base / "hdr"), raw, column_families={"offsets": raw, "keyValueWithTimestamp": raw})
     db.create_column_family("keyValueWithTimestampAndHeaders", raw)
     db.close()
+    # a store RocksDB cannot open: CURRENT names a manifest that is not there
+    _native.store_write_batch(base / "broken", [(b"k", b"v")], {})
+    (base / "broken" / "CURRENT").write_text("MANIFEST-999999\n")
     before = {p: p.stat().st_mtime_ns for p in base.rglob("*") if p.is_file()}
 
     _holder, reports = inspect_app(tmp_path / "state", app)
     by_store = {r.store: r for r in reports}
+    broken = by_store["broken"].problem or ""
+    assert "cannot" in broken and "MANIFEST-999999" in broken, broken  # RocksDB's own reason, named
     assert "segmented store" in (by_store["win"].problem or "") and "win.1700000000000" in by_store["win"].problem
     assert "headers" in (by_store["hdr"].problem or "") and "keyValueWithTimestampAndHeaders" in by_store["hdr"].problem
     for fmt in ("plain", "timestamped"):
@@ -273,5 +279,7 @@ def test_unknown_store_types_are_reported_and_left_untouched(tmp_path: Path) -> 
               "--store", "win", "--store", "hdr", "--partitions", "0")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "segmented store" in out.stdout and "keyValueWithTimestampAndHeaders" in out.stdout, out.stdout
+    verdicts = {r.store.store: r for r in verify_app(tmp_path / "state", app, tmp_path / "nolog")}
+    assert all(not v.ok and v.problem for v in verdicts.values()), verdicts
     after = {p: p.stat().st_mtime_ns for p in base.rglob("*") if p.is_file()}
     assert after == before, "nothing was written"

@@ -103,8 +103,8 @@ def test_spark_rows_report_lag_in_records(log: SegmentLog, tmp_path: Path, spark
 
 def test_cli_restore_rows_report_lag_in_records(log: SegmentLog, tmp_path: Path) -> None:
     from statestore.cli.restore import restore_local
+    from statestore.planning import plan
     from statestore.policy import Guarantee
-    from statestore.spark import plan
 
     work = plan(log.log_dir, APP, [STORE], None)
     (row,) = restore_local(work, log_dir=log.log_dir, state_dir=tmp_path / "state", application_id=APP,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,21 +23,15 @@ import pytest
 from click.testing import CliRunner
 
 from statestore import TaskId, TopicPartition, _native, changelog_topic
+from statestore._faults import FAIL_ATTEMPT_ENV, InjectedFailure
 from statestore.cli import main
 from statestore.directory import StateDirectory
 from statestore.log import SegmentLog
+from statestore.planning import changelog_stores, parse_partitions, plan
 from statestore.restore import RestoreSpec, restore_many, restore_store
-from statestore.spark import (
-    FAIL_ATTEMPT_ENV,
-    RESULT_COLUMNS,
-    STAGING_DIR_NAME,
-    InjectedFailure,
-    changelog_stores,
-    parse_partitions,
-    plan,
-    restore_on_spark,
-    restore_partition,
-)
+from statestore.spark import restore_on_spark
+from statestore.staging import STAGING_DIR_NAME, restore_partition
+from statestore.work import RESULT_COLUMNS, PartitionWork, RestoreRow
 
 APP = "app"
 STORES = ("counts", "totals")
@@ -169,6 +164,11 @@ def test_spark_retries_an_injected_failure(
         for s in tracker.getJobInfo(j).stageIds
     )
     assert failed == 1, "attempt 0 of totals-3 must fail once and be retried"
+    ok, retried = rows
+    assert (ok.attempts, ok.failed_attempts) == (1, None)
+    assert retried.attempts == 2, "the row is the second attempt's"
+    assert (retried.failed_attempts or "").startswith("attempt 1 on "), retried.failed_attempts
+    assert "InjectedFailure" in (retried.failed_attempts or ""), "the reason is the Python exception's line"
     assert dump(store_path(state, "totals", 3)) == dump(store_path(ref, "totals", 3))
     assert no_staging_left(state)
 
@@ -288,6 +288,14 @@ def test_errors_come_back_as_rows_naming_task_and_file(tmp_path: Path, changelog
     assert no_staging_left(state)
 
 
+def _payload(work: PartitionWork, log_dir: str, state_dir: str, *, max_attempts: int) -> dict[str, Any]:
+    from statestore.spark import _task_payload
+
+    return _task_payload(work, 0, log_dir=log_dir, state_dir=state_dir, application_id=APP, mode="auto",
+                         memory_budget_bytes=1 << 24, lock_timeout=10.0, max_attempts=max_attempts,
+                         guarantee="exactly_once_v2", create_state_dir=True, format="plain")
+
+
 def test_executor_without_statestore_gets_a_clear_row(tmp_path: Path) -> None:
     """The task function is shipped by value, so it runs, and says why, where statestore cannot be imported."""
     pytest.importorskip("pyspark")
@@ -295,8 +303,8 @@ def test_executor_without_statestore_gets_a_clear_row(tmp_path: Path) -> None:
 
     from statestore.spark import _make_task_function
 
-    item = ("counts", 0, 4, "/log", "/state", APP, "auto", 1 << 20, 1.0, 1, "exactly_once_v2", "plain")
-    (tmp_path / "fn.pkl").write_bytes(cloudpickle.dumps(_make_task_function([item])))
+    payload = _payload(PartitionWork.of(APP, "counts", 4), "/log", "/state", max_attempts=1)
+    (tmp_path / "fn.pkl").write_bytes(cloudpickle.dumps(_make_task_function([payload])))
     child = textwrap.dedent(f"""
         import pickle, sys
         sys.modules["statestore"] = None  # as on an executor without the wheel
@@ -304,11 +312,11 @@ def test_executor_without_statestore_gets_a_clear_row(tmp_path: Path) -> None:
         print(repr(list(fn(0, iter([0])))))
     """)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=True)
-    (row,) = eval(out.stdout)
+    (row,) = [RestoreRow(*r) for r in eval(out.stdout)]
     assert row[:4] == ("0_4", "counts", "app-counts-changelog", 4)
-    assert row[11] == "failed"
-    assert "statestore cannot be imported on executor" in row[12] and sys.executable in row[12]
-    assert "PYSPARK_PYTHON" in row[12]
+    assert (row.status, row.attempts) == ("failed", 1)
+    assert "statestore cannot be imported on executor host" in (row.error or "") and sys.executable in (row.error or "")
+    assert "spark.pyspark.python" in (row.error or "")
 
 
 # -- planning and the CLI --------------------------------------------------------------------------
@@ -380,9 +388,10 @@ def test_result_rows_come_back_exactly_without_another_job(spark: Any, monkeypat
     import statestore.spark as ss
 
     rows = [
-        ("0_3", "s", "app-s-changelog", 3, 0, 2**40, 2**40, 7, 2**33, 1e-05, "bulk", "ok", None, 0, 2**40),
+        ("0_3", "s", "app-s-changelog", 3, 0, 2**40, 2**40, 7, 2**33, 1e-05, "bulk", "ok", None, 0, 2**40, 1, None),
         ("1_0", "t'x", "app-t'x-changelog", 0, None, None, 0, 0, 0, 0.25, "replay", "failed",
-         "it's a \\ 'quoted' \"error\" ü\nsecond line; DROP TABLE x; --", None, None),
+         "it's a \\ 'quoted' \"error\" ü\nsecond line; DROP TABLE x; --", None, None, 3,
+         "attempt 1 on h (executor 0): failed: x\nattempt 2 on h (executor 1): killed: y"),
     ]
     sc = spark.sparkContext
     tracker = sc.statusTracker()
@@ -390,7 +399,7 @@ def test_result_rows_come_back_exactly_without_another_job(spark: Any, monkeypat
     got = [tuple(r) for r in ss.rows_frame(spark, rows).collect()]
     assert got == rows
     assert set(tracker.getJobIdsForGroup(None)) == before, "collecting the inline table ran a Spark job"
-    assert [f.name for f in ss.rows_frame(spark, rows).schema.fields] == [c for c, _ in ss.RESULT_COLUMNS]
+    assert [f.name for f in ss.rows_frame(spark, rows).schema.fields] == [c for c, _ in RESULT_COLUMNS]
     monkeypatch.setattr(ss, "INLINE_ROWS_MAX", 1)
     assert [tuple(r) for r in ss.rows_frame(spark, rows).collect()] == rows
 
@@ -426,17 +435,18 @@ def test_unexpected_errors_raise_while_spark_can_retry_then_become_rows(
     assert [_max_attempts(m, None) for m in ("local", "local[2]", "local[*]", "local[2,3]", "yarn")] == [1, 1, 1, 3, 4]
     assert _max_attempts("spark://h:7077", "8") == 8
     monkeypatch.setenv(FAIL_ATTEMPT_ENV, "counts:6:0")
-    item = ("counts", 0, 6, str(changelogs), str(tmp_path / "state"), APP, "auto", 1 << 24, 10.0, 2,
-            "exactly_once_v2", "plain")
-    with pytest.raises(InjectedFailure):
-        _spark_task(item, 0)  # attempt 1 of 2: Spark retries it
-    last = _spark_task((*item[:9], 1, *item[10:]), 0)  # attempt 1 of 1: the row says why
+    work = PartitionWork.of(APP, "counts", 6)
+    with pytest.raises(InjectedFailure):  # attempt 1 of 2: Spark retries it
+        _spark_task(_payload(work, str(changelogs), str(tmp_path / "state"), max_attempts=2), 0, "t")
+    # attempt 1 of 1: the row says why
+    last = _spark_task(_payload(work, str(changelogs), str(tmp_path / "state"), max_attempts=1), 0, "t")
     assert last.status == "failed" and "InjectedFailure" in (last.error or "") and "attempt 1 of 1" in (last.error or "")
+    assert socket.gethostname() in (last.error or "")
     assert no_staging_left(tmp_path / "state")
 
 
 def test_sweep_removes_what_killed_attempts_left_unless_the_task_is_locked(tmp_path: Path, changelogs: Path) -> None:
-    from statestore.spark import sweep_staging
+    from statestore.staging import sweep_staging
 
     state = tmp_path / "state"
     for p in (3, 4):
@@ -469,7 +479,7 @@ def test_attempt_killed_while_restoring_leaves_the_previous_store(tmp_path: Path
     restore_store(tmp_path / "ref" / "s", log_dir, tp)
     full = dump(tmp_path / "ref" / "s")
     child = (
-        "from statestore.spark import restore_partition\n"
+        "from statestore.staging import restore_partition\n"
         f"restore_partition(log_dir={str(log_dir)!r}, state_dir={str(state)!r}, application_id={APP!r}, "
         "store='counts', partition=0, mode='replay')\n"
     )
@@ -483,3 +493,22 @@ def test_attempt_killed_while_restoring_leaves_the_previous_store(tmp_path: Path
     row = restore_partition(log_dir=log_dir, state_dir=state, application_id=APP, store="counts", partition=0)
     assert row.ok and dump(target) == full
     assert no_staging_left(state)
+
+
+def test_a_master_nobody_answers_is_a_cluster_error_at_once() -> None:
+    """spark_session checks that a standalone master accepts connections before starting a driver that
+    would retry registering with it for a minute."""
+    import time
+
+    from statestore.errors import ClusterError
+    from statestore.spark import spark_session
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: nobody answers
+        url = f"spark://127.0.0.1:{s.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=f"Spark master {url} does not answer"):
+            spark_session(url)
+        assert time.monotonic() - t0 < 10
+    with pytest.raises(ClusterError, match="is not host:port"):
+        spark_session("spark://nohost")

@@ -7,7 +7,10 @@ interpreter. Checked: the restored application equals an in-process
 ``restore_many`` store by store, offsets included; SIGKILLing an executor JVM
 or a Python worker in the middle of a task is retried by Spark and leaves
 exact stores and no staging leftovers; two jobs over the same state directory
-restore each partition once.
+restore each partition once; the rows say which attempts failed and why.
+Bad input ends within a bounded time with an error naming what is wrong: a
+master nobody answers, a host without the state directory, a log directory
+the executors cannot see, a host whose Python cannot import statestore.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pytest
 
 from statestore import SegmentLog, TopicPartition, _native
 from statestore.restore import RestoreSpec, restore_many
-from statestore.spark import STAGING_DIR_NAME
+from statestore.staging import STAGING_DIR_NAME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 from restore_data import write_changelog
@@ -36,14 +39,16 @@ STORES = {"counts": 8, "totals": 8}
 JOB = Path(__file__).resolve().parents[1] / "examples" / "restore_job.py"
 
 
-def spark_submit(master: str, *args: str) -> list[str]:
+def spark_submit(master: str, *args: str, conf: tuple[str, ...] = ()) -> list[str]:
+    """The ``spark-submit`` command of the example job, as the README shows it; ``conf``: more ``K=V``."""
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    more = [a for kv in conf for a in ("--conf", kv)]
     return [str(submit), "--master", master, "--conf", f"spark.pyspark.python={sys.executable}",
             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
             "--conf", "spark.executor.memory=512m", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.task.maxFailures=4", str(JOB), *args]
+            "--conf", "spark.task.maxFailures=4", *more, str(JOB), *args]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +83,7 @@ def test_a_submitted_job_restores_the_application_exactly(spark_cluster: tuple[s
                                                           tmp_path: Path) -> None:
     master, _ = spark_cluster
     state = tmp_path / "state"
+    state.mkdir()
     out = subprocess.run(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
                                       "--app-id", APP), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -127,6 +133,7 @@ def test_a_killed_executor_or_worker_is_retried_and_the_stores_are_exact(
 ) -> None:
     master, cluster_dir = spark_cluster
     state = tmp_path / "state"
+    state.mkdir()
     job = subprocess.Popen(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
                                         "--app-id", APP), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
@@ -146,12 +153,20 @@ def test_a_killed_executor_or_worker_is_retried_and_the_stores_are_exact(
     assert job.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert f"{sum(STORES.values())} ok, 0 failed" in stdout, stdout
     assert_same_as_in_process(app_log, state, tmp_path)
+    # The rows say which attempts failed, where, and why (as Spark's driver saw it).
+    retried = [line for line in stdout.splitlines() if " attempts=" in line and " attempts=1" not in line]
+    failures = [line.strip() for line in stdout.splitlines() if line.startswith("    attempt ")]
+    assert retried and failures, stdout
+    assert all(f.startswith("attempt ") and " on 127.0.0.1 (executor " in f for f in failures), failures
+    why = "ExecutorLostFailure" if victim == "executor JVM" else "Python worker exited unexpectedly"
+    assert any(why in f for f in failures), failures
 
 
 def test_two_concurrent_jobs_restore_each_partition_once(spark_cluster: tuple[str, Path], app_log: Path,
                                                          tmp_path: Path) -> None:
     master, _ = spark_cluster
     state = tmp_path / "state"
+    state.mkdir()
     cmd = spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP,
                        "--store", "counts")
     jobs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -170,3 +185,82 @@ def test_two_concurrent_jobs_restore_each_partition_once(spark_cluster: tuple[st
         _, offsets, _ = _native.store_dump(str(state / APP / f"0_{p}" / "rocksdb" / "counts"))
         assert offsets == {f"{APP}-counts-changelog-{p}": log.end_offset((f"{APP}-counts-changelog", p)) - 1}
     shutil.rmtree(state)
+
+
+def test_a_host_that_cannot_import_statestore_answers_with_rows_saying_so(app_log: Path, tmp_path: Path) -> None:
+    """A cluster of its own whose second worker's Python cannot import statestore (its environment hides
+    the package, as on a host where the wheel was never installed): the job ends, that host's rows say
+    what is missing and where, the other host's partitions are restored."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "spark-cluster.sh"
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text('import sys\nsys.modules["statestore"] = None  # not installed here\n')
+    cluster = tmp_path / "cluster"
+    env = {**os.environ, "PYTHON": sys.executable, "WORKER2_ENV": f"PYTHONPATH={hide}"}
+    out = subprocess.run(["bash", str(script), "start", str(cluster), "2"], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    master = dict(kv.split("=", 1) for kv in out.stdout.split())["master"]
+    try:
+        state = tmp_path / "state"
+        state.mkdir()
+        # Both executors registered before the first task, so each host gets some.
+        cmd = spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP,
+                           "--store", "counts", conf=("spark.scheduler.minRegisteredResourcesRatio=1.0",
+                                                      "spark.scheduler.maxRegisteredResourcesWaitingTime=120s"))
+        t0 = time.monotonic()
+        job = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        elapsed = time.monotonic() - t0
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(cluster)], capture_output=True, timeout=120)
+    rows = [line for line in job.stdout.splitlines() if line.startswith("0_")]
+    assert job.returncode == 1 and len(rows) == 8, job.stdout[-3000:] + job.stderr[-3000:]
+    failed = [r for r in rows if " failed " in r]
+    assert failed and len(failed) < len(rows), rows
+    for r in failed:
+        assert f"statestore cannot be imported on executor host {os.uname().nodename} by {sys.executable}" in r, r
+        assert "attempts=1 " in r, "an import error is a row at once, not a retry"
+    assert elapsed < 300, elapsed
+
+
+def test_bad_input_ends_in_bounded_time_naming_host_and_path(spark_cluster: tuple[str, Path], app_log: Path,
+                                                             tmp_path: Path) -> None:
+    """A master nobody answers is a ClusterError at once; a state directory missing on the executors (a
+    filesystem not mounted there) and a log directory they cannot see are failed rows naming the host and
+    the path, and nothing is created in their place."""
+    import socket
+
+    master, _ = spark_cluster
+    host = socket.gethostname()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"spark://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: nobody answers
+        t0 = time.monotonic()
+        out = subprocess.run(spark_submit(dead, "--log-dir", str(app_log), "--state-dir", str(tmp_path),
+                                          "--app-id", APP), capture_output=True, text=True, timeout=300)
+        assert out.returncode != 0
+        said = out.stdout + out.stderr  # spark-submit passes the Python driver's stderr on as its stdout
+        assert f"ClusterError: Spark master {dead} does not answer" in said, said[-3000:]
+        assert time.monotonic() - t0 < 120
+
+    unmounted = tmp_path / "not-mounted" / "state"
+    out = subprocess.run(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(unmounted),
+                                      "--app-id", APP, "--store", "counts"), capture_output=True, text=True,
+                         timeout=300)
+    rows = [line for line in out.stdout.splitlines() if line.startswith("0_")]
+    assert out.returncode == 1 and len(rows) == 8, out.stdout[-3000:] + out.stderr[-3000:]
+    for r in rows:
+        assert f"state directory {unmounted} does not exist on host {host}" in r, r
+    assert not unmounted.exists(), "nothing is created where the shared filesystem should be"
+
+    state = tmp_path / "state"
+    state.mkdir()
+    missing_log = tmp_path / "log-not-mounted"
+    out = subprocess.run(spark_submit(master, "--log-dir", str(missing_log), "--state-dir", str(state),
+                                      "--app-id", APP, "--store", "counts", "--partitions", "0-3"),
+                         capture_output=True, text=True, timeout=300)
+    rows = [line for line in out.stdout.splitlines() if line.startswith("0_")]
+    assert out.returncode == 1 and len(rows) == 4, out.stdout[-3000:] + out.stderr[-3000:]
+    for r in rows:
+        assert str(missing_log) in r and f"host {host}" in r and " failed " in r, r
+    assert not list(state.glob(f"{APP}/*/rocksdb/*")), "no store is left from a log that was not there"

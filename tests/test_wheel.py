@@ -97,6 +97,7 @@ def test_a_packed_environment_restores_on_the_standalone_cluster(
     spark_home = subprocess.run([str(py), "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"],
                                 capture_output=True, text=True, check=True).stdout.strip()
     submit = Path(spark_home) / "bin" / "spark-submit"
+    (tmp_path / "state").mkdir(exist_ok=True)  # on a cluster the state directory must exist (mounted) already
     out = subprocess.run(
         [str(submit), "--master", master, "--archives", f"{tmp_path / 'env.tar.gz'}#env",
          "--conf", "spark.pyspark.python=./env/bin/python", "--conf", f"spark.pyspark.driver.python={py}",

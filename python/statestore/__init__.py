@@ -15,6 +15,7 @@ from statestore.checkpoint import OffsetCheckpoint
 from statestore.directory import StateDirectory, TaskLock
 from statestore.errors import (
     CheckpointError,
+    ClusterError,
     CorruptLogError,
     IllegalStateError,
     LockError,
@@ -70,6 +71,7 @@ __all__ = [
     "Changelog",
     "ChangelogProducer",
     "CheckpointError",
+    "ClusterError",
     "CorruptLogError",
     "Event",
     "Guarantee",

@@ -2,10 +2,14 @@
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
+from typing import Literal
 
 _Path = str | PathLike[str]
 
 def atomic_write(path: _Path, data: bytes) -> None: ...
+def fsync_dir(path: _Path) -> None: ...
+def replace_dir(staged: _Path, target: _Path, aside: _Path) -> Literal["renamed", "exchanged", "moved_aside"]: ...
+def link_copy_dir(src: _Path, dst: _Path) -> None: ...
 def store_write_batch(
     path: _Path,
     items: Sequence[tuple[bytes, bytes | None]],

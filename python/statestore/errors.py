@@ -92,8 +92,13 @@ class IllegalStateError(StateStoreError):
     """A lifecycle transition or call that is not legal in the current state."""
 
 
+class ClusterError(StateStoreError):
+    """A Spark cluster cannot run a restore: its master does not answer, or no executor joined in time."""
+
+
 __all__ = [
     "CheckpointError",
+    "ClusterError",
     "CorruptLogError",
     "IllegalStateError",
     "LockError",

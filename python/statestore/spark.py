@@ -1,36 +1,14 @@
-"""Restoring many stores on Spark executors, one Spark task per (store, changelog partition).
+"""Restoring many stores on Spark executors, one Spark task per (store, changelog partition): the Spark glue.
 
-:func:`restore_on_spark` plans the work on the driver, runs one Spark task per
-(store, partition) -- placed 1:1 by explicit partitioning, so no hash skew --
-and returns one row per (store, partition) as a DataFrame
-(:data:`RESULT_COLUMNS`). Each task calls :func:`restore_partition`, which runs
-the Rust restore engine inside the executor's Python worker, GIL released.
-
-Safety under Spark's retries and speculative execution: an attempt
-
-1. opens the application's state directory *shared* (several Python workers of
-   one machine may use it; an application holding it exclusively is never
-   disturbed) and takes the **task lock**, which excludes other threads and
-   other processes, waiting while another attempt or another store of the same
-   task holds it;
-2. under the lock removes what earlier attempts left behind (a killed attempt
-   cannot clean up), and puts a previous store back if an attempt died in the
-   middle of replacing it;
-3. restores into a **staging directory named by its attempt**
-   (``<task dir>/.staging/<store>/<attempt>/store``), starting from a copy of
-   the current store (SST files hard-linked) so only the changelog's tail is
-   replayed -- or from nothing, when the current store holds data without an
-   offset under exactly-once (unknown state, wiped by policy);
-4. checks that it still holds the lock and **atomically swaps** the staging
-   store into place (``renameat2(RENAME_EXCHANGE)`` where the filesystem has
-   it, else two renames that the next attempt rolls back if interrupted), then
-   deletes the old store and its staging directory.
-
-So a failed or killed attempt never damages the store that was there before,
-and two attempts of one partition running at once leave one correct store: the
-second waits for the lock, then finds the first one's store up to date. After
-the job, the driver sweeps what killed attempts left in staging directories it
-can see (:func:`sweep_staging`).
+:func:`restore_on_spark` plans the work on the driver (:mod:`statestore.planning`),
+runs one Spark task per (store, partition) -- placed 1:1 by explicit
+partitioning, so no hash skew -- and returns one row per (store, partition) as
+a DataFrame (:data:`~statestore.work.RESULT_COLUMNS`). Each task runs
+:func:`statestore.staging.restore_partition` inside the executor's Python
+worker (the Rust restore engine, GIL released), which is safe under Spark's
+retries and speculative execution (see :mod:`statestore.staging`). The rows
+say how many attempts each partition took and why the failed ones failed, as
+Spark's driver saw it (an executor lost, a Python worker killed ...).
 
 Importing this module does not import pyspark; only :func:`restore_on_spark`
 and :func:`spark_session` do.
@@ -38,532 +16,38 @@ and :func:`spark_session` do.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import errno
 import logging
 import os
 import re
-import shutil
 import socket
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from statestore.directory import StateDirectory, TaskLock
-from statestore.errors import LockError, StateStoreError, StoreError
-from statestore.ids import TaskId, TopicPartition, changelog_topic
-from statestore.lag import Lag, store_lag
-from statestore.log import SegmentLog
-from statestore.policy import Event, Guarantee, Policy
-from statestore.restore import DEFAULT_MEMORY_BUDGET, MODES, STORE_FORMATS, restore_store
+from statestore._faults import FAIL_ATTEMPT_ENV
+from statestore.errors import ClusterError
+from statestore.planning import plan
+from statestore.policy import Guarantee
+from statestore.restore import DEFAULT_MEMORY_BUDGET, STORE_FORMATS
+from statestore.staging import DEFAULT_LOCK_TIMEOUT, check_mode, restore_partition, sweep_staging
+from statestore.work import RESULT_COLUMNS, PartitionWork, RestoreRow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
-#: Directory inside a task directory that holds the staging stores of restore attempts.
-STAGING_DIR_NAME = ".staging"
-#: Environment variable naming attempts that fail on purpose (tests): ``<store>:<partition>:<attempt>[,...]``.
-#: Such an attempt restores into its staging directory, then raises before moving it into place.
-FAIL_ATTEMPT_ENV = "STATESTORE_SPARK_FAIL_ATTEMPT"
 #: JVM options :func:`spark_session` gives the driver of a local session (``conf`` may override them):
 #: the quick compiler only. Restore tasks run in Python workers; the JVM just schedules them, and its
 #: optimising compiler (C2) otherwise burns 0.7-0.9 s of CPU per 8-task job for a few jobs after
 #: start -- time the restores running beside it lose on a small machine.
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
-#: Default longest wait, in seconds, for a task lock held by another attempt or store of the task.
-DEFAULT_LOCK_TIMEOUT: float = 3600.0
-
-#: Columns of the result rows, in order, with their Spark SQL types.
-RESULT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("task_id", "string"),
-    ("store", "string"),
-    ("topic", "string"),
-    ("partition", "int"),
-    ("start_offset", "bigint"),
-    ("end_offset", "bigint"),
-    ("records_applied", "bigint"),
-    ("records_skipped", "bigint"),
-    ("bytes_read", "bigint"),
-    ("seconds", "double"),
-    ("mode", "string"),
-    ("status", "string"),
-    ("error", "string"),
-    ("lag", "bigint"),
-    ("offset_lag", "bigint"),
-)
-
-
-class RestoreRow(NamedTuple):
-    """The outcome of restoring one store's changelog partition: one result row."""
-
-    task_id: str
-    store: str
-    topic: str
-    partition: int
-    #: First offset read; None when the restore failed before reading.
-    start_offset: int | None
-    #: Exclusive end offset reached; None when the restore failed before reading.
-    end_offset: int | None
-    records_applied: int
-    #: Aborted, control and null-key records stepped over.
-    records_skipped: int
-    bytes_read: int
-    #: Wall time of the attempt, lock wait included.
-    seconds: float
-    #: ``"replay"`` or ``"bulk"`` (the mode asked for, when the restore failed early).
-    mode: str
-    #: ``"ok"`` or ``"failed"``.
-    status: str
-    #: Why it failed (names the file, task and offset where known); None when ok.
-    error: str | None
-    #: Committed records past the restored store's offset once done (appended meanwhile); None: unknown.
-    lag: int | None = None
-    #: Offsets from the store's next offset to the log end (markers and aborted records included).
-    offset_lag: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the restore completed."""
-        return self.status == "ok"
-
-
-assert tuple(RestoreRow._fields) == tuple(c for c, _ in RESULT_COLUMNS)
-
-
-class InjectedFailure(RuntimeError):
-    """Raised by an attempt named in :data:`FAIL_ATTEMPT_ENV` (tests of retries)."""
-
-
-@dataclass(frozen=True)
-class PartitionWork:
-    """One unit of work: a store of a task and its changelog partition."""
-
-    store: str
-    task_id: TaskId
-    tp: TopicPartition
-
-
-# -- planning ---------------------------------------------------------------------------
-
-
-def parse_partitions(text: str) -> list[int]:
-    """Parse ``"0-7"``, ``"3"`` or ``"0,2,5-7"`` into sorted distinct partition numbers."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if m is None:
-            raise ValueError(f"not a partition list (expected e.g. '0-7' or '0,2,5-7'): {text!r}")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo:
-            raise ValueError(f"partition range {part!r} is empty (end before start)")
-        out.update(range(lo, hi + 1))
-    return sorted(out)
-
-
-def changelog_partitions(log_dir: str | os.PathLike[str], topic: str) -> list[int]:
-    """Partitions of ``topic`` that have a directory (``<topic>-<n>``) under ``log_dir``, sorted."""
-    out = []
-    prefix = topic + "-"
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(log_dir):
-            if entry.name.startswith(prefix) and entry.is_dir():
-                rest = entry.name[len(prefix):]
-                if rest.isdigit():
-                    out.append(int(rest))
-    return sorted(out)
-
-
-def changelog_stores(log_dir: str | os.PathLike[str], application_id: str) -> list[str]:
-    """Names of the stores of ``application_id`` with a changelog partition under ``log_dir``, sorted."""
-    names: set[str] = set()
-    prefix, suffix = application_id + "-", "-changelog"
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(log_dir):
-            try:
-                tp = TopicPartition.parse(entry.name)
-            except ValueError:
-                continue
-            if tp.topic.startswith(prefix) and tp.topic.endswith(suffix) and entry.is_dir():
-                store = tp.topic[len(prefix):-len(suffix)]
-                if store:
-                    names.add(store)
-    return sorted(names)
-
-
-def plan(
-    log_dir: str | os.PathLike[str],
-    application_id: str,
-    stores: Sequence[str] | Mapping[str, int],
-    partitions: Iterable[int] | None = None,
-) -> list[PartitionWork]:
-    """The (store, partition) pairs to restore, store by store, partitions ascending.
-
-    ``stores`` lists store names (subtopology 0) or maps each name to its
-    subtopology. With ``partitions=None`` each store's partitions are those
-    its changelog has under ``log_dir`` (which the caller must be able to
-    read); a store without any raises ``StateStoreError``.
-    """
-    subs: dict[str, int] = dict(stores) if isinstance(stores, Mapping) else dict.fromkeys(stores, 0)
-    if not subs:
-        raise ValueError("no stores given: name at least one store to restore")
-    for name, sub in subs.items():
-        if not name or "/" in name or name in (".", ".."):
-            raise ValueError(f"store name {name!r} cannot name a directory")
-        if sub < 0:
-            raise ValueError(f"store {name!r}: subtopology must be >= 0, got {sub}")
-    wanted = None if partitions is None else sorted(set(partitions))
-    if wanted is not None and any(p < 0 for p in wanted):
-        raise ValueError(f"partitions must be >= 0, got {wanted}")
-    work: list[PartitionWork] = []
-    for name, sub in subs.items():
-        topic = changelog_topic(application_id, name)
-        parts = wanted if wanted is not None else changelog_partitions(log_dir, topic)
-        if not parts:
-            raise StateStoreError(
-                f"store {name}: no partition of changelog {topic} under {log_dir}; check --log-dir and "
-                "--app-id, or name the partitions explicitly",
-                path=Path(log_dir),
-            )
-        work.extend(PartitionWork(name, TaskId(sub, p), TopicPartition(topic, p)) for p in parts)
-    return work
-
-
-def _guarantee(guarantee: Guarantee | str) -> Guarantee:
-    return guarantee if isinstance(guarantee, Guarantee) else Guarantee(guarantee)
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-
-
-# -- one partition, in any process ----------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths with ``renameat2(RENAME_EXCHANGE)``; False where unsupported."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
-
-
-def _link_copy(src: Path, dst: Path) -> None:
-    """Copy a closed RocksDB directory: SST and blob files hard-linked (immutable), the rest copied."""
-    dst.mkdir()
-    for entry in os.scandir(src):
-        s, d = Path(entry.path), dst / entry.name
-        if entry.name == "LOCK":
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.copytree(s, d)
-        elif entry.name.endswith((".sst", ".blob")):
-            try:
-                os.link(s, d)
-            except OSError:
-                shutil.copy2(s, d)
-        else:
-            shutil.copy2(s, d)
-
-
-def _attempt_name() -> str:
-    """A name unique to this attempt: Spark's stage, task attempt id and attempt number when in a task."""
-    label = "local"
-    try:
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        if tc is not None:
-            label = f"s{tc.stageId()}-t{tc.taskAttemptId()}-a{tc.attemptNumber()}"
-    except ImportError:
-        pass
-    return f"{label}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _failure_injected(store: str, partition: int, attempt: int) -> bool:
-    spec = os.environ.get(FAIL_ATTEMPT_ENV, "")
-    return f"{store}:{partition}:{attempt}" in {s.strip() for s in spec.split(",")}
-
-
-def _acquire(sd: StateDirectory, task_id: TaskId, timeout: float | None) -> TaskLock:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = 0.02
-    while True:
-        token = sd.acquire(task_id)
-        if token is not None:
-            return token
-        if deadline is not None and time.monotonic() >= deadline:
-            raise LockError(
-                f"task {task_id}: the lock on {sd.task_dir(task_id)} stayed taken for {timeout:g} s "
-                "(another attempt or another store of this task is restoring, or an application runs "
-                "on this state directory); retry when it is done",
-                path=sd.task_dir(task_id),
-                task_id=task_id,
-            )
-        time.sleep(pause)
-        pause = min(pause * 2, 0.5)
-
-
-def _recover_staging(staging_root: Path, target: Path, task_id: TaskId, keep: str | None = None) -> None:
-    """Under the task lock: put back a store an interrupted swap moved aside, delete stale attempts."""
-    if not staging_root.is_dir():
-        return
-    entries = sorted(os.scandir(staging_root), key=lambda e: e.name)
-    if not target.exists():
-        for entry in entries:
-            aside = Path(entry.path) / "previous"
-            if aside.is_dir():
-                log.warning("task %s: putting back %s, moved aside by an interrupted restore", task_id, target)
-                os.rename(aside, target)
-                _fsync_dir(target.parent)
-                break
-    for entry in entries:
-        if entry.name != keep:
-            log.info("task %s: removing %s left by an earlier attempt", task_id, entry.path)
-            shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _swap_into_place(staged: Path, target: Path, attempt_dir: Path) -> None:
-    """Make ``staged`` the store at ``target`` atomically; the old store ends in ``attempt_dir``."""
-    if not target.exists():
-        os.rename(staged, target)
-    elif not _exchange(staged, target):
-        # Two renames; if we die between them, the next attempt puts "previous" back.
-        os.rename(target, attempt_dir / "previous")
-        os.rename(staged, target)
-    _fsync_dir(target.parent)
-
-
-def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    with contextlib.suppress(OSError):  # not empty: another store's staging, or already gone
-        path.parent.rmdir()
-        path.parent.parent.rmdir()
-
-
-def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str) -> bool:
-    """Whether the closed store at ``target`` may be the start of a restore of ``tp``, else restore from nothing.
-
-    Yes when it records an offset for ``tp``. A store holding data without an
-    offset is unknown state: exactly-once restores it from nothing (the
-    policy's INIT decision); at-least-once replays the changelog from its start
-    over it. A missing, empty or unreadable store: no.
-    """
-    policy = Policy(_guarantee(guarantee))
-    if not target.is_dir():
-        return False
-    from statestore import _native
-
-    try:
-        offsets, _status, keys = _native.store_info(target)
-    except StateStoreError as e:
-        log.warning("%s cannot be read (%s); restoring it from the changelog's start", target, e)
-        return False
-    if str(tp) in offsets:
-        return True
-    if keys == 0:
-        return False  # nothing worth copying
-    # Data without an offset: unknown state. Exactly-once treats it as corrupt (wipe and
-    # restore); at-least-once replays the changelog from its start over it.
-    return not policy.decide(Event.INIT).corrupt_if_missing
-
-
-def check_store_format(target: Path, fmt: str) -> None:
-    """Refuse (``StoreError``) to touch a store of another format or of a type statestore does not know.
-
-    Nothing is opened for writing: the column families are listed, so a
-    store statestore cannot use is never damaged (a restore would otherwise
-    wipe what it cannot read).
-    """
-    from statestore import _native
-
-    if not target.is_dir():
-        return
-    found = _native.store_format(target)  # raises StoreError naming an unknown type's column families
-    if found is not None and found != fmt:
-        raise StoreError(
-            f"store {target} is {found}, not {fmt}; statestore leaves it untouched (choose the store's format, "
-            "or wipe it to restore it in the other one)",
-            path=target,
-        )
-
-
-def restore_partition(
-    *,
-    log_dir: str | os.PathLike[str],
-    state_dir: str | os.PathLike[str],
-    application_id: str,
-    store: str,
-    partition: int,
-    subtopology: int = 0,
-    mode: str = "auto",
-    guarantee: Guarantee | str = Guarantee.EXACTLY_ONCE_V2,
-    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
-    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
-    attempt: int = 0,
-    cpus: int = 2,
-    format: str = "plain",
-) -> RestoreRow:
-    """Restore one store's changelog partition safely next to concurrent attempts (see the module doc).
-
-    The store is ``<state_dir>/<application_id>/<subtopology>_<partition>/rocksdb/<store>``
-    and its changelog ``<application_id>-<store>-changelog`` partition
-    ``partition`` under ``log_dir``. Errors of statestore (bad log, lock
-    timeout, state directory held exclusively by an application ...) come back
-    as a row with status ``failed``; anything else raises, after the staging
-    directory is removed. ``attempt`` is the Spark attempt number (for
-    :data:`FAIL_ATTEMPT_ENV`). ``cpus`` is the number of cores the task may
-    use (Spark's ``spark.task.cpus``): with one, the log is not read ahead on
-    a second thread, so tasks running side by side do not oversubscribe the
-    executor's cores.
-    """
-    _check_mode(mode)
-    policy = Policy(_guarantee(guarantee))
-    task_id = TaskId(subtopology, partition)
-    tp = TopicPartition(changelog_topic(application_id, store), partition)
-    t0 = time.perf_counter()
-
-    def row(**kw: Any) -> RestoreRow:
-        base: dict[str, Any] = {
-            "task_id": str(task_id), "store": store, "topic": tp.topic, "partition": partition,
-            "start_offset": None, "end_offset": None, "records_applied": 0, "records_skipped": 0,
-            "bytes_read": 0, "mode": mode, "status": "ok", "error": None,
-        }
-        base.update(kw)
-        return RestoreRow(seconds=time.perf_counter() - t0, **base)
-
-    try:
-        sd = StateDirectory(Path(state_dir), application_id, shared=True)
-    except StateStoreError as e:
-        return row(status="failed", error=f"task {task_id} store {store}: {e}")
-    attempt_dir: Path | None = None
-    staged: Path | None = None
-    target: Path | None = None
-    try:
-        token = _acquire(sd, task_id, lock_timeout)
-        target = sd.store_dir(task_id, store)
-        check_store_format(target, format)
-        staging_root = sd.task_dir(task_id) / STAGING_DIR_NAME / store
-        _recover_staging(staging_root, target, task_id)
-        attempt_dir = staging_root / _attempt_name()
-        attempt_dir.mkdir(parents=True)
-        staged = attempt_dir / "store"
-        if can_resume_from(target, tp, policy.guarantee):
-            _link_copy(target, staged)
-        result = restore_store(
-            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1,
-            format=format,
-        )
-        if _failure_injected(store, partition, attempt):
-            raise InjectedFailure(
-                f"task {task_id} store {store}: failure injected into attempt {attempt} by {FAIL_ATTEMPT_ENV}"
-            )
-        sd.ensure_held(token, what=f"move the restored store {store} into place")
-        target.parent.mkdir(exist_ok=True)
-        _fsync_dir(staged)  # the hard links made by the copy
-        _swap_into_place(staged, target, attempt_dir)
-        lag = _lag_after(log_dir, tp, result.offset)
-        return row(
-            lag=None if lag is None else lag.records,
-            offset_lag=None if lag is None else lag.offsets,
-            start_offset=result.start_offset,
-            end_offset=result.end_offset,
-            records_applied=result.records_applied,
-            records_skipped=result.records_skipped.total,
-            bytes_read=result.bytes_read,
-            mode=result.mode,
-        )
-    except StateStoreError as e:
-        msg = str(e)
-        if staged is not None and target is not None:  # the staging store started as a copy of the store
-            msg = msg.replace(str(staged), f"{target} (restored in {staged})")
-        if f"task {task_id}" not in msg:
-            msg = f"task {task_id} store {store} ({tp}): {msg}"
-        return row(status="failed", error=msg)
-    finally:
-        if attempt_dir is not None:
-            _remove_tree(attempt_dir)
-        sd.close()
-
-
-def sweep_staging(state_dir: str | os.PathLike[str], application_id: str, work: Iterable[PartitionWork]) -> int:
-    """Remove what killed attempts left in the staging directories of ``work``'s tasks; best effort.
-
-    An attempt that Spark kills (the loser of a speculative race) cannot clean
-    up, and no later attempt of its partition may come. Each task whose lock
-    is free right now is swept under that lock (an interrupted swap is rolled
-    back first); a task locked by someone is skipped, as is a state directory
-    this process cannot see (executors' local disks). Never raises; returns
-    how many tasks were swept.
-    """
-    app_dir = Path(state_dir) / application_id
-    tasks: dict[TaskId, set[str]] = {}
-    for w in work:
-        tasks.setdefault(w.task_id, set()).add(w.store)
-    if not any((app_dir / str(t) / STAGING_DIR_NAME).is_dir() for t in tasks):
-        return 0
-    swept = 0
-    try:
-        with StateDirectory(Path(state_dir), application_id, shared=True) as sd:
-            for task_id, stores in sorted(tasks.items()):
-                staging = sd.task_dir(task_id) / STAGING_DIR_NAME
-                if not staging.is_dir() or sd.acquire(task_id) is None:
-                    continue
-                try:
-                    for store in sorted(stores):
-                        _recover_staging(staging / store, sd.store_dir(task_id, store), task_id)
-                        with contextlib.suppress(OSError):
-                            (staging / store).rmdir()
-                    with contextlib.suppress(OSError):
-                        staging.rmdir()
-                    swept += 1
-                finally:
-                    sd.unlock(task_id)
-    except (StateStoreError, OSError) as e:
-        log.warning("could not sweep the staging directories under %s: %s", app_dir, e)
-    return swept
-
-
-# -- Spark ----------------------------------------------------------------------------------
-
-
-def _lag_after(log_dir: str | os.PathLike[str], tp: TopicPartition, offset: int | None) -> Lag | None:
-    """The store's lag once restored; None (unknown) when the log cannot be read now."""
-    try:
-        return store_lag(SegmentLog(Path(log_dir)), tp, offset)
-    except StateStoreError as e:
-        log.debug("lag of %s unknown after its restore: %s", tp, e)
-        return None
+#: Default longest wait, in seconds, for the first executor of a cluster to join before a restore.
+DEFAULT_EXECUTOR_TIMEOUT: float = 120.0
+#: Longest wait, in seconds, for a standalone master to accept a connection (:func:`spark_session`).
+MASTER_CONNECT_TIMEOUT: float = 5.0
 
 
 def _max_attempts(master: str, conf_value: str | None) -> int:
@@ -576,48 +60,65 @@ def _max_attempts(master: str, conf_value: str | None) -> int:
     return int(conf_value) if conf_value else 4
 
 
-_Item = tuple[str, int, int, str, str, str, str, int, float | None, int, str, str]
+def _is_local(master: str) -> bool:
+    return master.startswith("local")
 
 
-def _spark_task(item: _Item, attempt: int, cpus: int = 1) -> RestoreRow:
+def _task_payload(work: PartitionWork, index: int, **job: Any) -> dict[str, Any]:
+    """What the task for ``work`` receives: plain data only (a dict of builtins), so an executor that
+    cannot import statestore can still unpickle it and answer with a row saying so.
+
+    ``failed_row`` is that answer, built here with :meth:`RestoreRow.failed` and filled in there.
+    """
+    template = RestoreRow.failed(work, "{error}", mode=job["mode"], seconds=0.0)
+    return {"index": index, "store": work.store, "subtopology": work.task_id.subtopology,
+            "partition": work.tp.partition, "failed_row": tuple(template),
+            "error_at": RestoreRow._fields.index("error"), "attempts_at": RestoreRow._fields.index("attempts"),
+            **job}
+
+
+def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1) -> RestoreRow:
     """Run one (store, partition) inside a Spark task. Unknown errors raise while Spark may retry."""
-    (store, sub, partition, log_dir, state_dir, app_id, mode, budget, lock_timeout, max_attempts, guarantee,
-     fmt) = item
+    host = socket.gethostname()
     t0 = time.perf_counter()
+    work = PartitionWork.of(payload["application_id"], payload["store"], payload["partition"], payload["subtopology"])
+    max_attempts: int = payload["max_attempts"]
     try:
-        return restore_partition(
-            log_dir=log_dir, state_dir=state_dir, application_id=app_id, store=store, partition=partition,
-            subtopology=sub, mode=mode, guarantee=guarantee, memory_budget_bytes=budget,
-            lock_timeout=lock_timeout, attempt=attempt, cpus=cpus, format=fmt,
+        row = restore_partition(
+            log_dir=payload["log_dir"], state_dir=payload["state_dir"], application_id=payload["application_id"],
+            store=work.store, partition=work.tp.partition, subtopology=work.task_id.subtopology,
+            mode=payload["mode"], guarantee=payload["guarantee"], memory_budget_bytes=payload["memory_budget_bytes"],
+            lock_timeout=payload["lock_timeout"], attempt=attempt, attempt_label=label, cpus=cpus,
+            create_state_dir=payload["create_state_dir"], format=payload["format"],
         )
     except Exception as e:
         if attempt + 1 < max_attempts:
             raise  # Spark retries the task
-        return RestoreRow(
-            task_id=str(TaskId(sub, partition)), store=store, topic=changelog_topic(app_id, store),
-            partition=partition, start_offset=None, end_offset=None, records_applied=0, records_skipped=0,
-            bytes_read=0, seconds=time.perf_counter() - t0, mode=mode, status="failed",
-            error=f"task {TaskId(sub, partition)} store {store}: {type(e).__name__}: {e} "
-            f"(attempt {attempt + 1} of {max_attempts}, host {socket.gethostname()})",
+        return RestoreRow.failed(
+            work, f"{type(e).__name__}: {e} (attempt {attempt + 1} of {max_attempts}, host {host})",
+            mode=payload["mode"], seconds=time.perf_counter() - t0, attempts=attempt + 1,
         )
+    if not row.ok and row.error is not None and host not in row.error:
+        row = row._replace(error=f"{row.error} (host {host})")
+    return row
 
 
 def _make_task_function(
-    items: list[_Item],
+    payloads: list[dict[str, Any]],
 ) -> Callable[[int, Iterable[int]], Iterator[tuple[Any, ...]]]:
-    """The function Spark runs for partition ``index``: restores ``items[index]``.
+    """The function Spark runs for partition ``index``: restores ``payloads[index]``.
 
-    It is a closure, so Spark ships it by value: the executor can run it, and
-    report clearly, even when statestore itself cannot be imported there.
+    It is a closure over plain data, so Spark ships it by value: the executor
+    can run it, and report clearly, even when statestore itself cannot be
+    imported there.
     """
 
     def run(index: int, _rows: Iterable[int]) -> Iterator[tuple[Any, ...]]:
         import os as _os
         import sys as _sys
 
-        item = items[index]
-        attempt = 0
-        cpus = 1
+        payload = payloads[index]
+        attempt, cpus, label = 0, 1, "local"
         try:
             from pyspark import TaskContext
 
@@ -625,22 +126,23 @@ def _make_task_function(
             if tc is not None:
                 attempt = tc.attemptNumber()
                 cpus = tc.cpus()  # spark.task.cpus: the cores this task may use
+                label = f"s{tc.stageId()}-t{tc.taskAttemptId()}-a{attempt}"
         except ImportError:
             pass
         try:
             from statestore.spark import _spark_task
         except Exception as e:  # ImportError, or the extension failing to load
-            store, sub, partition, _log, _state, app_id, mode = item[:7]
-            yield (
-                f"{sub}_{partition}", store, f"{app_id}-{store}-changelog", partition, None, None, 0, 0, 0,
-                0.0, mode, "failed",
-                f"statestore cannot be imported on executor {_os.uname().nodename} by "
+            row = list(payload["failed_row"])
+            error_at, attempts_at = payload["error_at"], payload["attempts_at"]
+            row[error_at] = row[error_at].replace("{error}", (
+                f"statestore cannot be imported on executor host {_os.uname().nodename} by "
                 f"{_sys.executable} (Python {_sys.version.split()[0]}): {type(e).__name__}: {e}. "
-                "Install the statestore wheel on every executor, or point PYSPARK_PYTHON at an "
-                "interpreter that has it",
-            )
+                "Install the statestore wheel on every executor, or point spark.pyspark.python at an "
+                "interpreter that has it"))
+            row[attempts_at] = attempt + 1
+            yield tuple(row)
             return
-        yield tuple(_spark_task(item, attempt, cpus))
+        yield tuple(_spark_task(payload, attempt, label, cpus))
 
     return run
 
@@ -652,6 +154,88 @@ def _default_python(sc: Any) -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     if sc.pythonExec == "python3":  # the default, taken when the context was made
         sc.pythonExec = sys.executable
+
+
+def _wait_for_executors(sc: Any, timeout: float) -> None:
+    """On a cluster, wait until at least one executor joined; ``ClusterError`` after ``timeout`` seconds.
+
+    A job submitted to a cluster without executors (a master nobody answers,
+    no worker with free cores, executors that cannot start) waits forever;
+    this bounds it and says what to check.
+    """
+    if _is_local(sc.master):
+        return
+    jsc = sc._jsc.sc()
+    deadline = time.monotonic() + timeout
+    while True:
+        if jsc.isStopped():
+            raise ClusterError(f"the Spark context for master {sc.master} was stopped (the master gave up "
+                               "on this application: it does not answer, or refused it); check the master URL")
+        if len(jsc.statusTracker().getExecutorInfos()) > 1:  # the driver is listed too
+            return
+        if time.monotonic() >= deadline:
+            raise ClusterError(
+                f"no executor joined within {timeout:g} s on master {sc.master}: check that the master "
+                "answers at that URL, that it has workers alive with free cores and enough memory for "
+                "spark.executor.memory, and the workers' logs"
+            )
+        time.sleep(0.2)
+
+
+def _seq(scala_seq: Any) -> list[Any]:
+    return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def _reason(message: str) -> str:
+    """The line of Spark's error message for a task attempt that says why: for a Python exception the
+    last line of its traceback (``Class: message``), else the first line."""
+    lines = [line.rstrip() for line in message.strip().splitlines()]
+    if lines and "PythonException" in lines[0]:
+        told = []
+        for line in lines[1:]:
+            if line.startswith("\tat ") or line.lstrip().startswith("at org.apache."):
+                break  # the Java stack trace follows the Python traceback
+            if line.strip() and not line.strip().startswith("SQLSTATE:"):
+                told.append(line.strip())
+        if told:
+            return told[-1]
+    return lines[0] if lines else "no message"
+
+
+def _failed_attempts(sc: Any, job_group: str, earlier_jobs: Iterable[int] = ()) -> dict[int, list[str]]:
+    """Attempts of the job group's tasks that failed or were killed, by task index, as Spark's driver saw them.
+
+    Read from the driver's status store (Spark's own record of every task
+    attempt) through the JVM gateway, once its listener bus has caught up.
+    Best effort: an empty answer when this Spark does not offer it.
+    """
+    out: dict[int, list[str]] = {}
+    try:
+        jsc = sc._jsc.sc()
+        try:
+            jsc.listenerBus().waitUntilEmpty(10_000)
+        except Exception:  # older or newer signatures: the store is at most a moment behind
+            time.sleep(0.5)
+        store = jsc.statusStore()
+        tracker = sc.statusTracker()
+        for job_id in sorted(set(tracker.getJobIdsForGroup(job_group)) - set(earlier_jobs)):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job is not None else []:
+                stage = tracker.getStageInfo(stage_id)
+                for stage_attempt in range(0, (stage.currentAttemptId if stage is not None else 0) + 1):
+                    for t in _seq(store.taskList(stage_id, stage_attempt, 1 << 30)):
+                        status = str(t.status())
+                        if status not in ("FAILED", "KILLED"):
+                            continue
+                        why = t.errorMessage()
+                        reason = _reason(str(why.get())) if why.isDefined() else status.lower()
+                        out.setdefault(int(t.index()), []).append(
+                            f"attempt {int(t.attempt()) + 1} on {t.host()} (executor {t.executorId()}): "
+                            f"{status.lower()}: {reason}"
+                        )
+    except Exception as e:  # the gateway or Spark's internals differ: rows go without the detail
+        log.debug("Spark's failed task attempts unavailable: %s", e)
+    return {i: sorted(v) for i, v in out.items()}
 
 
 def result_schema() -> Any:
@@ -697,7 +281,6 @@ def rows_frame(spark: SparkSession, rows: Sequence[Sequence[Any]]) -> DataFrame:
             log.debug("inline result table refused (%s); using createDataFrame", e)
     return spark.createDataFrame(list(rows), result_schema())
 
-
 def restore_on_spark(
     spark: SparkSession,
     *,
@@ -710,6 +293,7 @@ def restore_on_spark(
     guarantee: Guarantee | str = Guarantee.EXACTLY_ONCE_V2,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT,
     formats: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Restore every (store, changelog partition) in one Spark job and return one row for each.
@@ -720,21 +304,26 @@ def restore_on_spark(
     store's changelog found under ``log_dir`` (read on the driver). ``log_dir``
     and ``state_dir`` are paths as the executors see them (relative ones are
     made absolute on the driver): a shared filesystem, or local disks holding
-    the same log (see the README).
+    the same log (see the README). On a local master ``state_dir`` is created
+    when missing; on a cluster it must exist on every executor, and a host
+    where it does not (a filesystem not mounted there) answers with failed
+    rows naming the host and the path.
 
     The job runs now; the returned DataFrame holds the rows
-    (:data:`RESULT_COLUMNS`), ordered by store then partition. A partition that
-    fails has status ``failed`` and an ``error`` naming the task, file and
-    offset; unexpected errors are retried by Spark first. Each attempt is safe
-    under retries and speculation (see the module doc). When PYSPARK_PYTHON is
-    unset, executors run this interpreter. ``formats`` maps store names to
-    their format (``"plain"``, the default, or ``"timestamped"`` for Kafka
-    Streams' timestamped stores; see :func:`~statestore.restore.restore_store`).
+    (:data:`~statestore.work.RESULT_COLUMNS`), ordered by store then
+    partition. A partition that fails has status ``failed`` and an ``error``
+    naming the task, file, offset and host; unexpected errors are retried by
+    Spark first, and ``attempts``/``failed_attempts`` say which attempts
+    failed and why. Each attempt is safe under retries and speculation (see
+    :mod:`statestore.staging`). When PYSPARK_PYTHON is unset, executors run
+    this interpreter. On a cluster without any executor after
+    ``executor_timeout`` seconds it raises ``ClusterError``. ``formats`` maps
+    store names to their format (``"plain"``, the default, or
+    ``"timestamped"`` for Kafka Streams' timestamped stores; see
+    :func:`~statestore.restore.restore_store`).
     """
-    from pyspark import SparkContext
-
-    _check_mode(mode)
-    g = _guarantee(guarantee)
+    check_mode(mode)
+    g = Guarantee(guarantee)
     fmts = dict(formats or {})
     bad = {n: f for n, f in fmts.items() if f not in STORE_FORMATS}
     if bad:
@@ -742,30 +331,81 @@ def restore_on_spark(
     if memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
     work = plan(log_dir, application_id, stores, partitions)
-    sc: SparkContext = spark.sparkContext
+    sc = spark.sparkContext
+    master = sc.master or "local"
     _default_python(sc)
-    max_attempts = _max_attempts(sc.master or "local", sc.getConf().get("spark.task.maxFailures"))
-    items: list[_Item] = [
-        (w.store, w.task_id.subtopology, w.tp.partition, os.path.abspath(log_dir), os.path.abspath(state_dir),
-         application_id, mode, memory_budget_bytes, lock_timeout, max_attempts, g.value,
-         fmts.get(w.store, "plain"))
-        for w in work
+    max_attempts = _max_attempts(master, sc.getConf().get("spark.task.maxFailures"))
+    payloads = [
+        _task_payload(w, i, log_dir=os.path.abspath(log_dir), state_dir=os.path.abspath(state_dir),
+                      application_id=application_id, mode=mode, memory_budget_bytes=memory_budget_bytes,
+                      lock_timeout=lock_timeout, max_attempts=max_attempts, guarantee=g.value,
+                      create_state_dir=_is_local(master), format=fmts.get(w.store, "plain"))
+        for i, w in enumerate(work)
     ]
+    check_master(master)
+    _wait_for_executors(sc, executor_timeout)
     if os.environ.get(FAIL_ATTEMPT_ENV):
         sc.environment[FAIL_ATTEMPT_ENV] = os.environ[FAIL_ATTEMPT_ENV]
-    sc.setJobDescription(f"statestore restore {application_id}: {len(items)} (store, partition) tasks")
+    # The job runs in the caller's job group, else in one of its own: the group finds its task attempts.
+    caller_group = sc.getLocalProperty("spark.jobGroup.id")
+    caller_description = sc.getLocalProperty("spark.job.description")
+    group = caller_group or f"statestore-restore-{uuid.uuid4().hex}"
+    sc.setLocalProperty("spark.jobGroup.id", group)
+    sc.setJobDescription(f"statestore restore {application_id}: {len(payloads)} (store, partition) tasks")
+    earlier_jobs = sc.statusTracker().getJobIdsForGroup(group)
     t0 = time.perf_counter()
     try:
-        rdd = sc.parallelize(range(len(items)), len(items)).mapPartitionsWithIndex(_make_task_function(items))
-        rows = rdd.collect()
+        rdd = sc.parallelize(range(len(payloads)), len(payloads)).mapPartitionsWithIndex(_make_task_function(payloads))
+        raw = rdd.collect()
     finally:
-        sc.setJobDescription(None)  # type: ignore[arg-type]
+        sc.setLocalProperty("spark.jobGroup.id", caller_group)  # type: ignore[arg-type]
+        sc.setJobDescription(caller_description)  # type: ignore[arg-type]
         sc.environment.pop(FAIL_ATTEMPT_ENV, None)
-    failed = sum(1 for r in rows if r[11] != "ok")
+    rows = [RestoreRow(*r) for r in raw]
+    if any(r.attempts > 1 for r in rows):
+        failures = _failed_attempts(sc, group, earlier_jobs)
+        rows = [
+            r.with_failed_attempts("\n".join(failures[i]) if i in failures else
+                                   f"attempts 1-{r.attempts - 1} failed (Spark gave no detail)")
+            if r.attempts > 1 or i in failures else r
+            for i, r in enumerate(rows)
+        ]
+    failed = sum(1 for r in rows if not r.ok)
     log.info("restored %d (store, partition) pairs on Spark in %.2f s, %d failed",
              len(rows), time.perf_counter() - t0, failed)
     sweep_staging(state_dir, application_id, work)
     return rows_frame(spark, rows)
+
+
+def check_master(master: str | None = None, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
+    """Raise ``ClusterError`` when a standalone master (``spark://host:port[,host:port...]``) accepts no
+    connection within ``timeout`` seconds per address; other masters pass.
+
+    A driver started for a master nobody answers retries registering for a
+    minute before it gives up; call this first (:func:`spark_session` does; a
+    ``spark-submit`` job calls it without ``master`` before building its
+    session, as ``examples/restore_job.py`` does, and the master is read from
+    the configuration ``spark-submit`` gave the driver).
+    """
+    if master is None:
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # the JVM spark-submit started: its configuration names the master
+        master = SparkConf().get("spark.master", "") or ""
+    if not master.startswith("spark://"):
+        return
+    problems = []
+    for address in master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ClusterError(f"master URL {master!r}: {address!r} is not host:port")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+            return
+        except OSError as e:
+            problems.append(f"{address}: {e.strerror or e}")
+    raise ClusterError(f"Spark master {master} does not answer ({'; '.join(problems)}); check the URL, "
+                       "and that the master runs (scripts/spark-cluster.sh start DIR prints it)")
 
 
 def spark_session(master: str = "local[2]", app_name: str = "statestore-restore", **conf: str) -> SparkSession:
@@ -780,8 +420,11 @@ def spark_session(master: str = "local[2]", app_name: str = "statestore-restore"
     ``conf`` adds Spark settings (use their dotted names through a dict:
     ``spark_session(**{"spark.executor.memory": "4g"})``). On a cluster
     started with ``spark-submit``, use ``SparkSession.builder.getOrCreate()``
-    instead and set PYSPARK_PYTHON there.
+    instead and set PYSPARK_PYTHON there. A standalone master
+    (``spark://...``) that accepts no connection within
+    :data:`MASTER_CONNECT_TIMEOUT` seconds is a ``ClusterError``.
     """
+    check_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -809,25 +452,13 @@ def spark_session(master: str = "local[2]", app_name: str = "statestore-restore"
 
 
 __all__ = [
-    "DEFAULT_LOCK_TIMEOUT",
-    "FAIL_ATTEMPT_ENV",
+    "DEFAULT_EXECUTOR_TIMEOUT",
     "INLINE_ROWS_MAX",
     "LOCAL_DRIVER_JAVA_OPTIONS",
-    "RESULT_COLUMNS",
-    "STAGING_DIR_NAME",
-    "InjectedFailure",
-    "PartitionWork",
-    "RestoreRow",
-    "can_resume_from",
-    "changelog_partitions",
-    "changelog_stores",
-    "check_store_format",
-    "parse_partitions",
-    "plan",
+    "MASTER_CONNECT_TIMEOUT",
+    "check_master",
     "restore_on_spark",
-    "restore_partition",
     "result_schema",
     "rows_frame",
     "spark_session",
-    "sweep_staging",
 ]

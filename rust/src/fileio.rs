@@ -1,12 +1,19 @@
-//! Atomic file replacement: the only way statestore writes a file that must
-//! survive a crash.
+//! Atomic file operations: the only ways statestore replaces a file or a
+//! directory that must survive a crash.
 //!
-//! The new contents go to a temporary sibling, are fsynced, renamed over the
-//! target, and the directory is fsynced so the rename itself is durable. A
-//! reader therefore sees either the old file or the new one, never a mix. The
-//! parent directory is never created: a missing directory means the owner of
-//! the file is gone (e.g. the cleaner removed a task directory), and writing
-//! anyway would resurrect it.
+//! [`atomic_write`]: the new contents go to a temporary sibling, are fsynced,
+//! renamed over the target, and the directory is fsynced so the rename itself
+//! is durable. A reader therefore sees either the old file or the new one,
+//! never a mix. The parent directory is never created: a missing directory
+//! means the owner of the file is gone (e.g. the cleaner removed a task
+//! directory), and writing anyway would resurrect it.
+//!
+//! [`replace_dir`] swaps a whole directory (a store restored in a staging
+//! directory) into place, atomically where the filesystem can exchange two
+//! paths (`renameat2(RENAME_EXCHANGE)`), else by two renames whose
+//! interruption leaves the old directory at a known place for the next
+//! attempt to put back. [`link_copy_dir`] copies a closed RocksDB directory
+//! cheaply: its immutable SST and blob files are hard-linked.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -133,6 +140,116 @@ fn process_alive(pid: i32) -> bool {
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Atomically exchange two existing paths (`renameat2(RENAME_EXCHANGE)`).
+///
+/// Returns `Ok(false)`, touching nothing, where the kernel or filesystem
+/// cannot exchange (and on systems other than Linux).
+pub fn exchange(a: &Path, b: &Path) -> Result<bool, FileIoError> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|e| FileIoError::new("exchange", p, io::Error::new(io::ErrorKind::InvalidInput, e)))
+        };
+        let (ca, cb) = (c(a)?, c(b)?);
+        // SAFETY: both are valid NUL-terminated paths that live across the call.
+        let rc = unsafe {
+            libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE)
+        };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => Ok(false),
+            _ => Err(FileIoError::new("exchange", a, err)),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (a, b);
+        Ok(false)
+    }
+}
+
+/// How [`replace_dir`] put the new directory in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replaced {
+    /// There was nothing at the target: one rename.
+    Renamed,
+    /// The two paths were exchanged atomically: the old directory is now at the staged path.
+    Exchanged,
+    /// Two renames: the old directory is now at the `aside` path.
+    MovedAside,
+}
+
+/// Make the directory `staged` the directory at `target`, durably.
+///
+/// With nothing at `target`, one rename. Else an atomic exchange where the
+/// filesystem has it (the old directory ends at `staged`), or two renames
+/// (the old directory ends at `aside`; a crash between them leaves no
+/// `target` and the old directory at `aside`, which the caller's next
+/// attempt puts back). The parent of `target` is fsynced either way.
+pub fn replace_dir(staged: &Path, target: &Path, aside: &Path) -> Result<Replaced, FileIoError> {
+    let how = if fs::symlink_metadata(target).is_err() {
+        fs::rename(staged, target).map_err(|e| FileIoError::new("rename", target, e))?;
+        Replaced::Renamed
+    } else if exchange(staged, target)? {
+        Replaced::Exchanged
+    } else {
+        fs::rename(target, aside).map_err(|e| FileIoError::new("rename", target, e))?;
+        fs::rename(staged, target).map_err(|e| FileIoError::new("rename", staged, e))?;
+        Replaced::MovedAside
+    };
+    fsync_dir(parent_of(target))?;
+    Ok(how)
+}
+
+/// Copy the closed RocksDB directory `src` to the new directory `dst`.
+///
+/// SST and blob files are immutable once written, so they are hard-linked
+/// (copied where linking fails, e.g. across filesystems); every other file is
+/// copied, subdirectories recursively; RocksDB's `LOCK` file is left out.
+/// `dst` must not exist; its parent must. The new directory is fsynced, so
+/// the links it holds are durable.
+pub fn link_copy_dir(src: &Path, dst: &Path) -> Result<(), FileIoError> {
+    fs::create_dir(dst).map_err(|e| FileIoError::new("create directory", dst, e))?;
+    for entry in fs::read_dir(src).map_err(|e| FileIoError::new("read directory", src, e))? {
+        let entry = entry.map_err(|e| FileIoError::new("read directory", src, e))?;
+        let name = entry.file_name();
+        let (from, to) = (entry.path(), dst.join(&name));
+        let kind = entry.file_type().map_err(|e| FileIoError::new("stat", &from, e))?;
+        if name == "LOCK" {
+            continue;
+        }
+        if kind.is_dir() {
+            copy_tree(&from, &to)?;
+            continue;
+        }
+        let immutable = name.to_str().is_some_and(|n| n.ends_with(".sst") || n.ends_with(".blob"));
+        if !(immutable && fs::hard_link(&from, &to).is_ok()) {
+            fs::copy(&from, &to).map_err(|e| FileIoError::new("copy", &from, e))?;
+        }
+    }
+    fsync_dir(dst)
+}
+
+fn copy_tree(src: &Path, dst: &Path) -> Result<(), FileIoError> {
+    fs::create_dir(dst).map_err(|e| FileIoError::new("create directory", dst, e))?;
+    for entry in fs::read_dir(src).map_err(|e| FileIoError::new("read directory", src, e))? {
+        let entry = entry.map_err(|e| FileIoError::new("read directory", src, e))?;
+        let (from, to) = (entry.path(), dst.join(entry.file_name()));
+        if entry.file_type().map_err(|e| FileIoError::new("stat", &from, e))?.is_dir() {
+            copy_tree(&from, &to)?;
+        } else {
+            fs::copy(&from, &to).map_err(|e| FileIoError::new("copy", &from, e))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,5 +285,60 @@ mod tests {
         atomic_write(&p, b"new").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"new");
         assert!(!stale.exists());
+    }
+
+    fn dir_with(root: &Path, name: &str, file: &str) -> PathBuf {
+        let d = root.join(name);
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("CURRENT"), file).unwrap();
+        d
+    }
+
+    #[test]
+    fn replace_dir_swaps_and_keeps_the_old_one_reachable() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("store");
+        let first = dir_with(dir.path(), "a", "one");
+        assert_eq!(replace_dir(&first, &target, &dir.path().join("aside")).unwrap(), Replaced::Renamed);
+        let second = dir_with(dir.path(), "b", "two");
+        let how = replace_dir(&second, &target, &dir.path().join("aside")).unwrap();
+        assert_eq!(fs::read_to_string(target.join("CURRENT")).unwrap(), "two");
+        let old = match how {
+            Replaced::Exchanged => second,
+            Replaced::MovedAside => dir.path().join("aside"),
+            Replaced::Renamed => panic!("the target existed"),
+        };
+        assert_eq!(fs::read_to_string(old.join("CURRENT")).unwrap(), "one");
+    }
+
+    #[test]
+    fn exchange_of_a_missing_path_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir_with(dir.path(), "a", "x");
+        let missing = dir.path().join("missing");
+        match exchange(&a, &missing) {
+            Ok(false) => {} // no exchange on this filesystem: nothing was touched
+            Ok(true) => panic!("exchanged with a missing path"),
+            Err(e) => assert!(e.to_string().contains("exchange"), "{e}"),
+        }
+        assert!(a.join("CURRENT").exists());
+    }
+
+    #[test]
+    fn link_copy_links_immutable_files_copies_the_rest_and_skips_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir_with(dir.path(), "src", "MANIFEST-1");
+        fs::write(src.join("000007.sst"), b"table").unwrap();
+        fs::write(src.join("LOCK"), b"").unwrap();
+        fs::create_dir(src.join("sub")).unwrap();
+        fs::write(src.join("sub").join("x"), b"nested").unwrap();
+        let dst = dir.path().join("dst");
+        link_copy_dir(&src, &dst).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(fs::metadata(src.join("000007.sst")).unwrap().ino(), fs::metadata(dst.join("000007.sst")).unwrap().ino());
+        assert_ne!(fs::metadata(src.join("CURRENT")).unwrap().ino(), fs::metadata(dst.join("CURRENT")).unwrap().ino());
+        assert_eq!(fs::read(dst.join("sub").join("x")).unwrap(), b"nested");
+        assert!(!dst.join("LOCK").exists());
+        assert!(link_copy_dir(&src, &dst).is_err(), "an existing destination is refused");
     }
 }

@@ -19,11 +19,11 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from statestore.ids import TaskId, TopicPartition
+from statestore.ids import TopicPartition
 
 if TYPE_CHECKING:
     from statestore.kafka import KafkaChangelog
-    from statestore.spark import PartitionWork
+    from statestore.work import PartitionWork
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,34 +95,32 @@ def kafka_plan(
 ) -> list[PartitionWork]:
     """The (store, partition) pairs to restore from Kafka: every partition of each store's changelog topic.
 
-    Stores default to every ``<application_id>-<store>-changelog`` topic of
-    the cluster. A missing topic or a partition the topic lacks is a usage error.
+    Planning asks the cluster (:func:`statestore.planning.plan`); stores default
+    to every ``<application_id>-<store>-changelog`` topic. A missing topic or a
+    partition the topic lacks is a usage error.
     """
+    from statestore.errors import StateStoreError
     from statestore.ids import changelog_topic
-    from statestore.spark import PartitionWork
+    from statestore.planning import changelog_stores, plan
 
-    topics = changelog.topics()
-    prefix, suffix = application_id + "-", "-changelog"
-    names = stores or sorted(
-        t[len(prefix):-len(suffix)] for t in topics if t.startswith(prefix) and t.endswith(suffix)
-        and len(t) > len(prefix) + len(suffix)
-    )
+    names = stores or changelog_stores(changelog, application_id)
     if not names:
         raise click.UsageError(f"no changelog topic of application {application_id!r} on "
                                f"{changelog.bootstrap_servers}; check --app-id or name the stores with --store")
-    work: list[PartitionWork] = []
+    topics = changelog.topics()
     for name in names:
         topic = changelog_topic(application_id, name)
         n = topics.get(topic)
         if n is None:
             raise click.UsageError(f"store {name}: changelog topic {topic} does not exist on "
                                    f"{changelog.bootstrap_servers}")
-        parts = partitions if partitions is not None else list(range(n))
-        bad = [p for p in parts if p >= n]
+        bad = [p for p in partitions or () if p >= n]
         if bad:
             raise click.UsageError(f"store {name}: changelog topic {topic} has {n} partitions, no partition {bad}")
-        work.extend(PartitionWork(name, TaskId(0, p), TopicPartition(topic, p)) for p in parts)
-    return work
+    try:
+        return plan(changelog, application_id, names, partitions)
+    except StateStoreError as e:
+        raise click.UsageError(str(e)) from e
 
 
 def human_bytes(n: int) -> str:

@@ -22,6 +22,7 @@ from statestore.inspection import flock_holders, lock_holder
 from statestore.lag import store_lag
 from statestore.log import SegmentLog
 from statestore.metrics import MetricsPublisher, RestoreMetrics
+from statestore.planning import changelog_stores, parse_partitions, plan
 from statestore.policy import Guarantee
 from statestore.restore import (
     DEFAULT_MEMORY_BUDGET,
@@ -32,16 +33,8 @@ from statestore.restore import (
     RestoreSpec,
     restore_many,
 )
-from statestore.spark import (
-    DEFAULT_LOCK_TIMEOUT,
-    PartitionWork,
-    RestoreRow,
-    can_resume_from,
-    changelog_stores,
-    check_store_format,
-    parse_partitions,
-    plan,
-)
+from statestore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from, check_store_format
+from statestore.work import PartitionWork, RestoreRow
 
 
 def restore_local(
@@ -118,29 +111,21 @@ def restore_local(
     rows = []
     for i, w in enumerate(work):
         if i in refused:
-            rows.append(RestoreRow(
-                task_id=str(w.task_id), store=w.store, topic=w.tp.topic, partition=w.tp.partition,
-                start_offset=None, end_offset=None, records_applied=0, records_skipped=0, bytes_read=0,
-                seconds=0.0, mode=mode, status="failed",
-                error=f"task {w.task_id} store {w.store} ({w.tp}): {refused[i]}",
-            ))
+            rows.append(RestoreRow.failed(w, refused[i], mode=mode, seconds=0.0))
             continue
         r = by_index[i]
-        failed = r.error is not None
+        if r.error is not None:
+            rows.append(RestoreRow.failed(w, str(r.error), mode=r.mode, seconds=r.seconds,
+                                          records_applied=r.records_applied,
+                                          records_skipped=r.records_skipped.total, bytes_read=r.bytes_read))
+            continue
         lag = None
-        if not failed and changelog is not None:
+        if changelog is not None:
             try:
                 lag = store_lag(changelog, w.tp, r.offset)
             except StateStoreError:
                 lag = None  # unknown; the restore itself succeeded
-        rows.append(RestoreRow(
-            task_id=str(w.task_id), store=w.store, topic=w.tp.topic, partition=w.tp.partition,
-            start_offset=None if failed else r.start_offset, end_offset=None if failed else r.end_offset,
-            records_applied=r.records_applied, records_skipped=r.records_skipped.total, bytes_read=r.bytes_read,
-            seconds=r.seconds, mode=r.mode, status="failed" if failed else "ok",
-            error=None if r.error is None else f"task {w.task_id} store {w.store} ({w.tp}): {r.error}",
-            lag=None if lag is None else lag.records, offset_lag=None if lag is None else lag.offsets,
-        ))
+        rows.append(RestoreRow.restored(w, r, lag=lag))
     return rows
 
 

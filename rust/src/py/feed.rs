@@ -46,11 +46,20 @@ pub struct PyFeedLog {
     obj: Py<PyAny>,
     raised: Raised,
     stall_timeout: Duration,
+    timestamps: bool,
 }
 
 impl PyFeedLog {
     pub fn new(obj: Py<PyAny>, stall_timeout: Duration) -> Self {
-        Self { obj, raised: Arc::new(Mutex::new(None)), stall_timeout }
+        Self { obj, raised: Arc::new(Mutex::new(None)), stall_timeout, timestamps: true }
+    }
+
+    /// Whether records need their timestamps (a timestamped store does):
+    /// reading them costs one more Python call per record, so a plain store
+    /// skips it (its records carry timestamp -1).
+    pub fn with_timestamps(mut self, timestamps: bool) -> Self {
+        self.timestamps = timestamps;
+        self
     }
 
     /// Where an exception raised by the Python side is kept.
@@ -72,7 +81,7 @@ impl ChangelogLog for PyFeedLog {
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError> {
         let feed = Python::attach(|py| self.obj.call_method1(py, intern!(py, "restore_feed"), (topic, partition, start)))
             .map_err(|e| keep(&self.raised, e))?;
-        let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone() };
+        let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone(), timestamps: self.timestamps };
         Ok(Box::new(FeedSource::new(feed, start, self.stall_timeout)))
     }
 }
@@ -81,6 +90,7 @@ impl ChangelogLog for PyFeedLog {
 struct PyChunkFeed {
     obj: Option<Py<PyAny>>,
     raised: Raised,
+    timestamps: bool,
 }
 
 fn bytes<'a>(o: &'a Bound<'_, PyAny>) -> PyResult<Option<&'a [u8]>> {
@@ -118,7 +128,12 @@ impl ChunkFeed for PyChunkFeed {
                 let k = m.call_method0(key)?;
                 let v = m.call_method0(value)?;
                 // (type, ms): type 0 (not available) comes with -1
-                let (_kind, ts): (i32, i64) = m.call_method0(timestamp)?.extract()?;
+                let ts = if self.timestamps {
+                    let (_kind, ts): (i32, i64) = m.call_method0(timestamp)?.extract()?;
+                    ts
+                } else {
+                    -1
+                };
                 chunk.push(o, ts, bytes(&k)?, bytes(&v)?);
             }
             chunk.position = feed.call_method0(intern!(py, "position"))?.extract()?;

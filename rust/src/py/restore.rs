@@ -110,7 +110,10 @@ struct Job {
 const DEFAULT_STALL_SECONDS: f64 = 60.0;
 
 /// A segment log directory (a `str` or `os.PathLike`), or a Python changelog object.
-fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn ChangelogLog + Send>, Option<Raised>)> {
+fn changelog(
+    log: &Bound<'_, PyAny>,
+    format: StoreFormat,
+) -> PyResult<(Box<dyn ChangelogLog + Send>, Option<Raised>)> {
     if let Ok(dir) = log.extract::<PathBuf>() {
         return Ok((Box::new(SegmentLogDir(dir)), None));
     }
@@ -121,7 +124,8 @@ fn changelog(log: &Bound<'_, PyAny>) -> PyResult<(Box<dyn ChangelogLog + Send>, 
     if !(stall > 0.0 && stall.is_finite()) {
         return Err(error("RestoreError", format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
-    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall));
+    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
+        .with_timestamps(format == StoreFormat::Timestamped);
     let raised = f.raised();
     Ok((Box::new(f), Some(raised)))
 }
@@ -161,7 +165,7 @@ fn job(
     let raised = Arc::new(Mutex::new(None));
     let store_name = spec.store_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let listener = listener.map(|obj| PyListener { obj, tp: tp.clone().unbind(), store_name, raised: raised.clone() });
-    let (log, fed) = changelog(log)?;
+    let (log, fed) = changelog(log, spec.format)?;
     Ok(Job { log, spec, listener, raised, fed })
 }
 
