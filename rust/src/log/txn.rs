@@ -414,11 +414,34 @@ fn pack(pid: i64, epoch: i16) -> i64 {
     (pid << 16) | (epoch as u16 as i64)
 }
 
+/// Identities by (log directory, transactional id). The map holds them weakly:
+/// an identity lives as long as a producer holds it, and an entry whose
+/// producers are all gone is dropped when the next new one is added, so a
+/// process that creates producers for ever-new transactional ids (or log
+/// directories) does not keep one entry per id for its whole life. Nothing is
+/// lost by dropping one: a producer created later reads the newest producer id
+/// and epoch from the state file.
+static IDS: OnceLock<Mutex<IdentityMap>> = OnceLock::new();
+
+/// (canonical log directory, transactional id) -> the identity its live producers share.
+type IdentityMap = HashMap<(PathBuf, String), Weak<AtomicI64>>;
+
 fn identity(dir: &Path, id: &str) -> Identity {
-    static IDS: OnceLock<Mutex<HashMap<(PathBuf, String), Identity>>> = OnceLock::new();
     let key = (fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()), id.to_string());
     let mut m = IDS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
-    m.entry(key).or_insert_with(|| Arc::new(AtomicI64::new(i64::MIN))).clone()
+    if let Some(live) = m.get(&key).and_then(Weak::upgrade) {
+        return live;
+    }
+    m.retain(|_, w| w.strong_count() > 0);
+    let fresh = Arc::new(AtomicI64::new(i64::MIN));
+    m.insert(key, Arc::downgrade(&fresh));
+    fresh
+}
+
+/// Entries of the identity map (live or not yet dropped), for tests.
+#[cfg(test)]
+fn identities_held() -> usize {
+    IDS.get().map_or(0, |m| m.lock().unwrap_or_else(|p| p.into_inner()).len())
 }
 
 type Stamp = Option<(u64, u64, i64, i64)>;
@@ -713,5 +736,22 @@ mod tests {
         let log = Log::new(d.path(), WriterConfig { sync: false, ..Default::default() }).unwrap();
         assert_eq!(log.abort_expired_transactions(60_000).unwrap(), vec!["app".to_string()]);
         assert_eq!(log.transactions().unwrap().entries["app"].state, TxnState::Empty);
+    }
+
+    #[test]
+    fn identities_of_producers_that_are_gone_are_dropped() {
+        // Before, every transactional id a process ever used stayed in the map for good.
+        let d = tempfile::tempdir().unwrap();
+        let log = Arc::new(Log::new(d.path(), WriterConfig { sync: false, ..Default::default() }).unwrap());
+        let mut kept = log.producer(Some("kept")).unwrap();
+        for i in 0..200 {
+            // dropped at the end of each iteration
+            let _gone = log.producer(Some(&format!("gone-{i}"))).unwrap();
+        }
+        // other tests add entries concurrently, but never 200 of them
+        assert!(identities_held() < 100, "{} identities held", identities_held());
+        // a live producer's identity is still shared: a second producer of its id fences it
+        let _newer = log.producer(Some("kept")).unwrap();
+        assert!(kept.begin().is_err(), "the older producer must see it was fenced");
     }
 }

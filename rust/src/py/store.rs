@@ -10,8 +10,10 @@ use rocksdb::{IteratorMode, WriteBatch};
 use super::error;
 use crate::store::{self, Store, StoreError, StoreFormat};
 
+/// Damaged store files are `StoreCorruptedError` (a `TaskCorruptedError`:
+/// wipe and restore the task); anything else is `StoreError`.
 fn store_err(e: StoreError) -> PyErr {
-    error("StoreError", e.to_string())
+    error(if e.corruption { "StoreCorruptedError" } else { "StoreError" }, e.to_string())
 }
 
 type Entries = Vec<(Vec<u8>, Vec<u8>)>;
@@ -65,7 +67,7 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<(Entries, BTreeMap<Stri
         let store = Store::open_read_only(&path)?;
         let mut entries = Vec::new();
         for item in store.db().iterator_cf(store.data_cf(), IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| StoreError::new(&path, format!("reading data: {e}")))?;
+            let (k, v) = item.map_err(|e| StoreError::rocksdb(&path, "reading data", &e))?;
             entries.push((k.to_vec(), v.to_vec()));
         }
         Ok((entries, store.offsets()?, store.status()?))
@@ -74,15 +76,25 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<(Entries, BTreeMap<Stri
 }
 
 /// What a tool shows about a store, read without taking its lock:
-/// `(offsets, status, estimated number of keys)`.
+/// `(offsets, status, estimated number of keys)`. With `check_blocks`, every
+/// block is read first with its checksum verified, so a damaged data block is
+/// `StoreCorruptedError` here rather than on the first read that reaches it.
 #[pyfunction]
-fn store_info(py: Python<'_>, path: PathBuf) -> PyResult<(BTreeMap<String, i64>, Option<i64>, u64)> {
+#[pyo3(signature = (path, check_blocks=false))]
+fn store_info(
+    py: Python<'_>,
+    path: PathBuf,
+    check_blocks: bool,
+) -> PyResult<(BTreeMap<String, i64>, Option<i64>, u64)> {
     py.detach(|| {
         let store = Store::open_read_only(&path)?;
+        if check_blocks {
+            store.check_blocks()?;
+        }
         let keys = store
             .db()
             .property_int_value_cf(store.data_cf(), "rocksdb.estimate-num-keys")
-            .map_err(|e| StoreError::new(&path, format!("reading key estimate: {e}")))?
+            .map_err(|e| StoreError::rocksdb(&path, "reading key estimate", &e))?
             .unwrap_or(0);
         Ok((store.offsets()?, store.status()?, keys))
     })

@@ -45,6 +45,8 @@ pub enum ErrorKind {
     /// The store's offset lies outside the changelog (records deleted, topic
     /// recreated, store ahead): its state cannot be trusted, wipe and restore.
     OutOfRange,
+    /// The store's files are damaged (RocksDB `Corruption`): wipe and restore.
+    StoreCorrupted,
 }
 
 impl ErrorKind {
@@ -57,6 +59,7 @@ impl ErrorKind {
             ErrorKind::UnsupportedCompression => "UnsupportedCompressionError",
             ErrorKind::Log => "LogError",
             ErrorKind::OutOfRange => "TaskCorruptedError",
+            ErrorKind::StoreCorrupted => "StoreCorruptedError",
         }
     }
 }
@@ -75,8 +78,10 @@ impl RestoreError {
     }
 
     /// A store error, re-worded to name the topic partition too.
+    /// Damaged store files become [`ErrorKind::StoreCorrupted`].
     pub fn store(tp: &str, e: StoreError) -> Self {
-        Self::new(ErrorKind::Store, format!("restoring {tp}: {e}"))
+        let kind = if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store };
+        Self::new(kind, format!("restoring {tp}: {e}"))
     }
 
     /// A source error at `position`, naming the store and the partition.
