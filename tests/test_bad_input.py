@@ -70,7 +70,7 @@ def _cases() -> list[Case]:
     # -- the store's RocksDB files --
     add("CURRENT", "eos-store", {T: R, Z: R, X: R, V: R, D: R, P: R})
     add("MANIFEST", "eos-store", {T: R, Z: R, X: R, D: R, P: R})
-    add("SST", "eos-store", {T: R, Z: R, X: E, V: R, L: R, D: R, P: R})
+    add("SST", "eos-store", {T: R, Z: R, X: R, V: R, L: R, D: R, P: R})
     add("OPTIONS", "eos-store", {T: R, Z: R, X: R, V: R, L: R, D: R, P: R})
     add("rocksdict-config", "eos-store", {T: R, Z: R, X: R, V: R, D: R, P: R})
     for damage in OFFSETS_DAMAGE:
@@ -182,8 +182,8 @@ CLI_DAMAGE = [
     "CURRENT-zero-filled", "SST-truncated", "SST-random-bytes", "offset-4-bytes", "segment-random-bytes",
     "segment-deleted-dir",
 ]
-#: Damage inspect shows (it opens stores and reads offsets, not data or the log's batches).
-INSPECT_SHOWS = {"CURRENT-zero-filled", "SST-truncated", "offset-4-bytes"}
+#: Damage inspect shows (it opens stores, reads offsets and checks every block's checksum, not the log's batches).
+INSPECT_SHOWS = {"CURRENT-zero-filled", "SST-truncated", "SST-random-bytes", "offset-4-bytes"}
 
 
 @pytest.fixture

@@ -82,6 +82,17 @@ class TaskCorruptedError(StateStoreError):
         self.task_ids = task_ids
 
 
+class StoreCorruptedError(StoreError, TaskCorruptedError):
+    """A store's files are damaged: RocksDB reported ``Corruption`` (a bad block checksum, a
+    truncated, missing or unreadable table file, a damaged MANIFEST -- also when a background
+    compaction found it), or the offsets column family holds bytes statestore never writes.
+
+    It is a ``StoreError`` (the store failed) and a ``TaskCorruptedError`` (its task's local state
+    cannot be trusted): the task manager closes the task dirty, wipes it and restores it from its
+    changelog. ``task_ids`` names the task when the store knows it.
+    """
+
+
 class IllegalStateError(StateStoreError):
     """A lifecycle transition or call that is not legal in the current state."""
 
@@ -100,6 +111,7 @@ __all__ = [
     "ProducerFencedError",
     "RestoreError",
     "StateStoreError",
+    "StoreCorruptedError",
     "StoreError",
     "TaskCorruptedError",
     "TransactionStateError",

@@ -190,11 +190,12 @@ class SegmentLog:
         tp: PartitionLike,
         start_offset: int | None = None,
         *,
+        end_offset: int | None = None,
         isolation: Isolation = "read_committed",
         max_records: int | None = None,
         max_bytes: int | None = None,
     ) -> Iterator[Record]:
-        """Yield the records of ``tp`` from ``start_offset``.
+        """Yield the records of ``tp`` from ``start_offset`` to ``end_offset`` (exclusive; default: no bound).
 
         ``read_committed`` (the default) yields no aborted records, no control
         records and nothing at or beyond the last stable offset. ``max_records``
@@ -205,7 +206,7 @@ class SegmentLog:
         budget = max_bytes if max_bytes is not None else -1
         while left != 0 and budget != 0:
             n = _POLL_RECORDS if left < 0 else min(left, _POLL_RECORDS)
-            batch = r.poll(n)
+            batch = r.poll(n, end=end_offset)
             if not batch:
                 return
             for rec in batch:

@@ -562,10 +562,21 @@ class TaskManager:
                 for t in running:
                     t.abort()
                 raise
+        corrupted: list[TaskCorruptedError] = []
         for t in running:
             if t.commit_needed:
-                t.commit(delivered)
+                try:
+                    t.commit(delivered)
+                except TaskCorruptedError as e:
+                    # Damaged store files (e.g. found by a background compaction): the changelog
+                    # already holds these writes, so the other tasks commit and this one is wiped
+                    # and restored by handle_corruption(), which the caller runs as Kafka's stream
+                    # thread does.
+                    log.warning("%s task %s: commit found its local state corrupted: %s", t.kind, t.id, e)
+                    corrupted.append(e)
         self.updater.record_offsets()
+        if corrupted:
+            raise _combined(corrupted)
 
     def close(self, clean: bool = True) -> None:
         """Close every task (committing first when clean), the updater and the producer.
@@ -616,6 +627,20 @@ class TaskManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close(clean=exc == (None, None, None))
+
+
+def _combined(errors: list[TaskCorruptedError]) -> TaskCorruptedError:
+    """One ``TaskCorruptedError`` naming every task of ``errors`` (the first is the cause)."""
+    if len(errors) == 1:
+        return errors[0]
+    ids = frozenset().union(*(e.task_ids for e in errors))
+    out = TaskCorruptedError(
+        f"tasks {', '.join(sorted(map(str, ids)))} are corrupted: " + "; ".join(map(str, errors)),
+        task_ids=ids,
+        path=errors[0].path,
+    )
+    out.__cause__ = errors[0]
+    return out
 
 
 #: Largest offset sum reported (Kafka pins overflowing sums at Long.MAX_VALUE).

@@ -418,7 +418,10 @@ class StateUpdater:
         entry.failed = True
         task = entry.task
         original = error
-        if isinstance(error, (LogError, StoreError, RestoreError)) and not isinstance(error, TaskCorruptedError):
+        # A TaskCorruptedError that does not name its task (e.g. the restore engine's
+        # StoreCorruptedError for damaged store files) is wrapped too, so it does.
+        named = isinstance(error, TaskCorruptedError) and error.task_id is not None
+        if isinstance(error, (LogError, StoreError, RestoreError)) and not named:
             where = f" restoring {cl.store.name} from {cl.store.tp}" if cl is not None else ""
             error = TaskCorruptedError(
                 f"{task.kind} task {task.id}:{where} failed: {error}; wiping the task to restore it "

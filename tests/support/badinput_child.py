@@ -30,7 +30,7 @@ from typing import Any
 
 from statestore import SegmentLog
 from statestore.directory import StateDirectory
-from statestore.errors import StateStoreError
+from statestore.errors import StateStoreError, TaskCorruptedError
 from statestore.restore import restore_store
 from statestore.store import Store
 from support.badinput_support import STORE, TASK, TP, manager, store_dir
@@ -70,7 +70,17 @@ def act_manager(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
             return {"ok": False, "cls": "Hang", "statestore": False, "msg": "restore did not finish", "path": None}
         task = tm.active_task(TASK)
         view = task.store(STORE)
-        out["store"] = _hex(dict(view.range()))
+        try:
+            out["store"] = _hex(dict(view.range()))
+        except TaskCorruptedError as e:
+            # Damaged store files found by a read: handled as Kafka's stream thread does.
+            out["corrupted"] = str(e)
+            tm.handle_corruption(e.task_ids)
+            if not tm.restore(timeout=spec.get("restore_timeout", 15)):
+                return {"ok": False, "cls": "Hang", "statestore": False, "msg": "restore did not finish", "path": None}
+            task = tm.active_task(TASK)
+            view = task.store(STORE)
+            out["store"] = _hex(dict(view.range()))
         out["offsets"] = {str(tp): off for tp, off in task.offsets().items()}
         after = spec.get("limit_after_commits")
         for n in range(spec.get("commits", 1)):

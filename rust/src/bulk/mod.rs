@@ -204,7 +204,7 @@ fn run(
         io.set_move_files(true);
         store.db().ingest_external_file_cf_opts(store.data_cf(), &io, files).map_err(|e| {
             RestoreError::new(
-                ErrorKind::Store,
+                if crate::store::is_corruption(&e) { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
                 format!(
                     "ingesting SST files into store {} for {tp} failed: {e}; the ingestion is atomic, \
                      the store keeps its previous state",

@@ -216,4 +216,22 @@ mod tests {
         assert_eq!(log.abort_expired_transactions(60_000).unwrap(), vec!["app".to_string()]);
         assert_eq!(log.transactions().unwrap().entries["app"].state, TxnState::Empty);
     }
+
+    #[test]
+    fn identities_of_producers_that_are_gone_are_dropped() {
+        // Before, every transactional id a process ever used stayed in the map for good.
+        let d = tempfile::tempdir().unwrap();
+        let log = Arc::new(Log::new(d.path(), WriterConfig { sync: false, ..Default::default() }).unwrap());
+        let mut kept = log.producer(Some("kept")).unwrap();
+        for i in 0..200 {
+            // dropped at the end of each iteration
+            let _gone = log.producer(Some(&format!("gone-{i}"))).unwrap();
+        }
+        // other tests add entries concurrently, but never 200 of them
+        let held = crate::log::producer::identities_held();
+        assert!(held < 100, "{held} identities held");
+        // a live producer's identity is still shared: a second producer of its id fences it
+        let _newer = log.producer(Some("kept")).unwrap();
+        assert!(kept.begin().is_err(), "the older producer must see it was fenced");
+    }
 }

@@ -23,11 +23,34 @@ pub(super) fn pack(pid: i64, epoch: i16) -> i64 {
     (pid << 16) | (epoch as u16 as i64)
 }
 
+/// Identities by (log directory, transactional id). The map holds them weakly:
+/// an identity lives as long as a producer holds it, and an entry whose
+/// producers are all gone is dropped when the next new one is added, so a
+/// process that creates producers for ever-new transactional ids (or log
+/// directories) does not keep one entry per id for its whole life. Nothing is
+/// lost by dropping one: a producer created later reads the newest producer id
+/// and epoch from the state file.
+static IDS: OnceLock<Mutex<IdentityMap>> = OnceLock::new();
+
+/// (canonical log directory, transactional id) -> the identity its live producers share.
+type IdentityMap = HashMap<(PathBuf, String), Weak<AtomicI64>>;
+
 pub(super) fn identity(dir: &Path, id: &str) -> Identity {
-    static IDS: OnceLock<Mutex<HashMap<(PathBuf, String), Identity>>> = OnceLock::new();
     let key = (fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()), id.to_string());
     let mut m = IDS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
-    m.entry(key).or_insert_with(|| Arc::new(AtomicI64::new(i64::MIN))).clone()
+    if let Some(live) = m.get(&key).and_then(Weak::upgrade) {
+        return live;
+    }
+    m.retain(|_, w| w.strong_count() > 0);
+    let fresh = Arc::new(AtomicI64::new(i64::MIN));
+    m.insert(key, Arc::downgrade(&fresh));
+    fresh
+}
+
+/// Entries of the identity map (live or not yet dropped), for tests.
+#[cfg(test)]
+pub(super) fn identities_held() -> usize {
+    IDS.get().map_or(0, |m| m.lock().unwrap_or_else(|p| p.into_inner()).len())
 }
 
 pub(super) type Stamp = Option<(u64, u64, i64, i64)>;

@@ -25,6 +25,7 @@ pub enum ErrorClass {
     ProducerFenced,
     TransactionState,
     Store,
+    StoreCorrupted,
     Restore,
     TaskCorrupted,
 }
@@ -40,6 +41,7 @@ impl ErrorClass {
             ErrorClass::ProducerFenced => "ProducerFencedError",
             ErrorClass::TransactionState => "TransactionStateError",
             ErrorClass::Store => "StoreError",
+            ErrorClass::StoreCorrupted => "StoreCorruptedError",
             ErrorClass::Restore => "RestoreError",
             ErrorClass::TaskCorrupted => "TaskCorruptedError",
         }
@@ -103,8 +105,11 @@ impl From<LogError> for PyErr {
 
 impl From<StoreError> for PyErr {
     fn from(e: StoreError) -> PyErr {
+        // Damaged store files are `StoreCorruptedError` (a `TaskCorruptedError`:
+        // wipe and restore the task); anything else is `StoreError`.
+        let class = if e.corruption { ErrorClass::StoreCorrupted } else { ErrorClass::Store };
         let message = e.to_string();
-        raise(ErrorClass::Store, message, &Fields { path: Some(e.path), ..Fields::default() })
+        raise(class, message, &Fields { path: Some(e.path), ..Fields::default() })
     }
 }
 
@@ -117,6 +122,7 @@ pub fn restore_class(kind: ErrorKind) -> ErrorClass {
         ErrorKind::UnsupportedCompression => ErrorClass::UnsupportedCompression,
         ErrorKind::Log => ErrorClass::Log,
         ErrorKind::OutOfRange => ErrorClass::TaskCorrupted,
+        ErrorKind::StoreCorrupted => ErrorClass::StoreCorrupted,
     }
 }
 

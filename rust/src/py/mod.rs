@@ -6,6 +6,7 @@
 pub mod errors;
 pub mod feed;
 pub mod fileio;
+pub mod kafka;
 pub mod log;
 pub mod restore;
 pub mod store;

@@ -14,9 +14,11 @@ use pyo3::prelude::*;
 
 use super::errors::ErrorClass;
 use super::feed::{PyFeedLog, Raised};
+use super::kafka::PyKafkaClient;
+use crate::kafka::client::KafkaLog;
+use crate::log::SegmentLogDir;
 use crate::replay::engine::{self, Mode, RestoreOutcome, RestoreSpec};
 use crate::source::Changelog;
-use crate::log::SegmentLogDir;
 use crate::replay::{
     ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
 };
@@ -142,6 +144,16 @@ fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<(Box<dyn C
     }
     if let Ok(dir) = log.getattr("log_dir").and_then(|d| d.extract::<PathBuf>()) {
         return Ok((Box::new(SegmentLogDir(dir)), None));
+    }
+    // A Kafka changelog the native fetcher serves (`KafkaChangelog.native`),
+    // or the native client itself; else the Python feed below.
+    if let Ok(k) = log.cast::<PyKafkaClient>() {
+        return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
+    }
+    if let Ok(native) = log.getattr("native") {
+        if let Ok(k) = native.cast::<PyKafkaClient>() {
+            return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
+        }
     }
     let stall = match log.getattr("restore_stall_timeout") {
         Ok(v) => v.extract::<f64>()?,

@@ -115,7 +115,7 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<StoreDump> {
         let store = Store::open_read_only(&path)?;
         let mut entries = Vec::new();
         for item in store.db().iterator_cf(store.data_cf(), IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| StoreError::new(&path, format!("reading data: {e}")))?;
+            let (k, v) = item.map_err(|e| StoreError::rocksdb(&path, "reading data", &e))?;
             entries.push((k, v));
         }
         Ok::<_, StoreError>((entries, store.offsets()?, store.status()?))
@@ -125,15 +125,22 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<StoreDump> {
     Ok(StoreDump { entries, offsets, status })
 }
 
-/// What a tool shows about a store, read without taking its lock.
+/// What a tool shows about a store, read without taking its lock. With
+/// `check_blocks`, every block is read first with its checksum verified, so a
+/// damaged data block is `StoreCorruptedError` here rather than on the first
+/// read that reaches it.
 #[pyfunction]
-fn store_info(py: Python<'_>, path: PathBuf) -> PyResult<StoreInfo> {
+#[pyo3(signature = (path, check_blocks=false))]
+fn store_info(py: Python<'_>, path: PathBuf, check_blocks: bool) -> PyResult<StoreInfo> {
     Ok(py.detach(|| {
         let store = Store::open_read_only(&path)?;
+        if check_blocks {
+            store.check_blocks()?;
+        }
         let keys = store
             .db()
             .property_int_value_cf(store.data_cf(), "rocksdb.estimate-num-keys")
-            .map_err(|e| StoreError::new(&path, format!("reading key estimate: {e}")))?
+            .map_err(|e| StoreError::rocksdb(&path, "reading key estimate", &e))?
             .unwrap_or(0);
         Ok::<_, StoreError>(StoreInfo { offsets: store.offsets()?, status: store.status()?, estimated_keys: keys })
     })?)

@@ -46,6 +46,8 @@ pub enum ErrorKind {
     /// The store's offset lies outside the changelog (records deleted, topic
     /// recreated, store ahead): its state cannot be trusted, wipe and restore.
     OutOfRange,
+    /// The store's files are damaged (RocksDB `Corruption`): wipe and restore.
+    StoreCorrupted,
 }
 
 impl ErrorKind {
@@ -95,9 +97,11 @@ impl RestoreError {
     }
 
     /// A store error, re-worded to name the topic partition too.
+    /// Damaged store files become [`ErrorKind::StoreCorrupted`].
     pub fn store(tp: &str, e: StoreError) -> Self {
         let path = e.path.clone();
-        let mut r = Self::new(ErrorKind::Store, format!("restoring {tp}: {e}"));
+        let kind = if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store };
+        let mut r = Self::new(kind, format!("restoring {tp}: {e}"));
         r.path = Some(path);
         r
     }
