@@ -24,7 +24,7 @@ use super::conn::{self, Conn};
 use super::fetch::KafkaSource;
 use super::KafkaError;
 #[cfg(feature = "store")]
-use crate::source::{ChangelogSource, SourceError};
+use crate::source::{Bounds, Changelog, ChangelogSource, LogError};
 
 /// Idle connections kept per broker.
 const POOL_PER_BROKER: usize = 8;
@@ -259,14 +259,13 @@ impl KafkaClient {
 #[derive(Clone)]
 pub struct KafkaLog(pub Arc<KafkaClient>);
 
-#[cfg(feature = "store")]
-impl crate::replay::engine::ChangelogLog for KafkaLog {
-    fn bounds(&self, topic: &str, partition: i32) -> Result<crate::replay::engine::Bounds, SourceError> {
+impl Changelog for KafkaLog {
+    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
         let o = self.0.offsets(topic, partition)?;
-        Ok(crate::replay::engine::Bounds { start: o.start, end: o.end, last_stable: o.last_stable })
+        Ok(Bounds { start: o.start, end: o.end, last_stable: o.last_stable })
     }
 
-    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError> {
+    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
         Ok(Box::new(KafkaSource::new(self.0.clone(), topic, partition, start)))
     }
 }

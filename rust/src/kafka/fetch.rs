@@ -31,7 +31,7 @@ use super::client::{KafkaClient, FIRST_BACKOFF, MAX_BACKOFF};
 use super::conn::Conn;
 use super::KafkaError;
 use crate::codec::{self, BatchHeader, CodecError, ControlType, RecordRef, HEADER_LEN};
-use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+use crate::source::{ChangeRecord, ChangelogSource, LogError, SkipCounts};
 
 /// Highest Fetch version used: v12 is the last that names topics (v13+ use topic ids).
 pub const FETCH_VERSION: i16 = 12;
@@ -483,7 +483,7 @@ impl ChangelogSource for KafkaSource {
         end: i64,
         max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
-    ) -> Result<bool, SourceError> {
+    ) -> Result<bool, LogError> {
         Ok(self.cursor.read(end, max_bytes, &mut |r| sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value }))?)
     }
 

@@ -10,7 +10,7 @@
 //! the segment log uses (CRC-32C checked, every compression), drops the
 //! transactions the broker lists as aborted and the control batches exactly
 //! as Kafka's own consumer does, and feeds committed records to the engine's
-//! sink. So [`client::KafkaClient`] is a [`crate::replay::engine::ChangelogLog`]
+//! sink. So [`client::KafkaClient`] is a [`crate::source::Changelog`]
 //! like the segment log: replay, bulk, the thread pool, the state updater and
 //! Spark tasks all run on it unchanged.
 //!
@@ -33,7 +33,7 @@ mod tests;
 pub use client::KafkaClient;
 pub use config::{ClientConfig, ConfigError};
 
-use crate::source::SourceError;
+use crate::source::{LogError, LogErrorKind};
 
 /// Why a Kafka call failed. Every message names the broker, and where known
 /// the topic, partition and offset.
@@ -103,13 +103,13 @@ impl KafkaError {
     }
 }
 
-impl From<KafkaError> for SourceError {
+impl From<KafkaError> for LogError {
     fn from(e: KafkaError) -> Self {
         match e {
-            KafkaError::Corrupt(m) => SourceError::Corrupt(m),
-            KafkaError::UnsupportedCompression(m) => SourceError::UnsupportedCompression(m),
-            KafkaError::OutOfRange(m) => SourceError::OutOfRange(m),
-            e => SourceError::Other(e.to_string()),
+            KafkaError::Corrupt(m) => LogError::new(LogErrorKind::Corrupt, m),
+            KafkaError::UnsupportedCompression(m) => LogError::new(LogErrorKind::UnsupportedCompression, m),
+            KafkaError::OutOfRange(m) => LogError::new(LogErrorKind::OutOfRange, m),
+            e => LogError::other(e.to_string()),
         }
     }
 }

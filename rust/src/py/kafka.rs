@@ -11,25 +11,21 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use super::error;
-use super::log::Decoded;
+use super::errors::ErrorClass;
+use super::log::{push_record, records_to_py};
+use crate::source::RecordChunk;
 use crate::kafka::fetch::FetchCursor;
 use crate::kafka::{ClientConfig, ConfigError, KafkaClient, KafkaError};
 
-/// The `statestore.errors` class of a fetcher error.
+/// A fetcher error as the `statestore.errors` class of its kind (through
+/// [`crate::log::LogError`], the one error type of changelogs).
 pub fn kafka_err(e: KafkaError) -> PyErr {
-    let class = match &e {
-        KafkaError::OutOfRange(_) => "TaskCorruptedError",
-        KafkaError::Corrupt(_) => "CorruptLogError",
-        KafkaError::UnsupportedCompression(_) => "UnsupportedCompressionError",
-        _ => "LogError",
-    };
-    error(class, e.to_string())
+    crate::log::LogError::from(e).into()
 }
 
 fn seconds(name: &str, s: f64) -> PyResult<Duration> {
     if !(s > 0.0 && s.is_finite()) {
-        return Err(error("LogError", format!("{name} must be > 0 seconds, got {s}")));
+        return Err(ErrorClass::Log.err(format!("{name} must be > 0 seconds, got {s}")));
     }
     Ok(Duration::from_secs_f64(s))
 }
@@ -56,7 +52,7 @@ impl PyKafkaClient {
     fn new(config: HashMap<String, String>, request_timeout: f64, stall_timeout: f64) -> PyResult<Self> {
         match parse(&config, request_timeout, stall_timeout)? {
             Ok(c) => Ok(PyKafkaClient { client: KafkaClient::new(c) }),
-            Err(e) => Err(error("LogError", format!("Kafka configuration: {e}"))),
+            Err(e) => Err(ErrorClass::Log.err(format!("Kafka configuration: {e}"))),
         }
     }
 
@@ -68,7 +64,7 @@ impl PyKafkaClient {
         match parse(&config, 1.0, 1.0)? {
             Ok(_) => Ok(None),
             Err(ConfigError::Unsupported(why)) => Ok(Some(why)),
-            Err(e) => Err(error("LogError", format!("Kafka configuration: {e}"))),
+            Err(e) => Err(ErrorClass::Log.err(format!("Kafka configuration: {e}"))),
         }
     }
 
@@ -119,12 +115,12 @@ impl KafkaReaderCore {
         let decoded = py
             .detach(|| {
                 let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                let mut d = Decoded::default();
+                let mut d = RecordChunk::default();
                 let mut n = 0usize;
                 // Markers and aborted batches yield nothing: go on until something is.
                 loop {
                     let more = c.read(end, max_bytes, &mut |r| {
-                        d.push(r);
+                        push_record(&mut d, r);
                         n += 1;
                     })?;
                     if !more || n > 0 {
@@ -134,7 +130,7 @@ impl KafkaReaderCore {
                 Ok::<_, KafkaError>(d)
             })
             .map_err(kafka_err)?;
-        decoded.into_py(py)
+        records_to_py(py, &decoded)
     }
 }
 
