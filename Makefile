@@ -114,7 +114,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_SANITIZER ?= address
 FUZZ_WORK ?= $(HOME)/.cache/statestore/fuzz-corpus
 FUZZ_TARGET_DIR ?= $(HOME)/.cache/statestore/fuzz-target
-FUZZ_RUST_TARGETS := batch segment offsets txn_state
+FUZZ_RUST_TARGETS := batch segment offsets txn_state fetch_response
 FUZZ_PY_TARGETS := checkpoint process_metadata offsets_entry task_dir_name
 # -timeout: an input taking 10 s is a hang. -rss_limit_mb / -malloc_limit_mb:
 # no input may make the process that big or ask for a single larger block (the

@@ -33,7 +33,6 @@ statestore's confluent-kafka consumer: librdkafka's defaults,
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,11 +43,10 @@ import pytest
 from conftest import scaled
 from statestore import TopicPartition
 from statestore.restore import RestoreSpec, restore_many
+from support import kstreams_app
+from support.kafka_broker import Broker, BrokerUnavailable, start_broker
 
 kafka = pytest.importorskip("statestore.kafka")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "procs"))
-import kstreams_app  # noqa: E402
-from kafka_broker import Broker, BrokerUnavailable, start_broker  # noqa: E402
 
 N = scaled(2_000_000, minimum=20_000)
 KEYS = max(1, N // 10)

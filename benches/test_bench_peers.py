@@ -48,10 +48,9 @@ import pytest
 from conftest import scaled
 from statestore import TopicPartition
 from statestore.restore import RestoreSpec, restore_many
+from support.kafka_broker import Broker, BrokerUnavailable, start_broker
 
 kafka = pytest.importorskip("statestore.kafka")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "procs"))
-from kafka_broker import Broker, BrokerUnavailable, start_broker  # noqa: E402
 
 N = scaled(1_000_000, minimum=20_000)
 KEYS = max(1, N // 10)

@@ -43,10 +43,10 @@ from conftest import scaled
 from statestore import TopicPartition, changelog_topic
 from statestore.log import SegmentLog
 from statestore.restore import RestoreSpec, restore_many
+from statestore.spark import restore_on_spark, spark_session
 
 pyspark = pytest.importorskip("pyspark")
 
-from statestore.spark import restore_on_spark, spark_session  # noqa: E402
 
 APP = "bench"
 STORE = "s"

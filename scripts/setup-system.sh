@@ -4,7 +4,9 @@
 set -euo pipefail
 
 need=()
-for pkg in libclang-dev clang build-essential pkg-config; do
+# fiu-utils/libfiu-dev: libfiu's fiu-run and its POSIX preload, which inject I/O errors into the
+# system calls of the fault-injection tests (tests/test_io_faults.py).
+for pkg in libclang-dev clang build-essential pkg-config fiu-utils libfiu-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 # The Kafka tests run an Apache Kafka broker from Maven Central jars (scripts/kafka-broker.sh): Java 17+ and Maven.

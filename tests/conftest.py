@@ -1,13 +1,22 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules.
+
+Child processes the tests start (and SIGKILL) import ``support.<module>``
+too: ``tests`` is put on their ``PYTHONPATH`` here, as pytest's
+``pythonpath`` setting puts it on this process's import path.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+_TESTS = str(Path(__file__).resolve().parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +42,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     failure instead, so CI never passes without having run the Kafka suite.
     """
     pytest.importorskip("confluent_kafka")
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-    from kafka_broker import BrokerUnavailable, broker_or_skip_reason
+    from support.kafka_broker import BrokerUnavailable, broker_or_skip_reason
 
     try:
         broker, reason = broker_or_skip_reason(tmp_path_factory.mktemp("kafka-broker"))

@@ -1,7 +1,7 @@
 """Bad-input suite: every file statestore reads, damaged every typical way (issue #9, item 2).
 
 Each case copies a small world (a changelog and a task restored from it, see
-``tests/procs/badinput_support.py``), damages one file, and runs a
+``tests/support/badinput_support.py``), damages one file, and runs a
 user-facing path in a child process: the task manager's start, assign,
 restore, read and commit (``manager``), ``restore_store`` (``restore``),
 ``SegmentLog.read`` (``read_log``), a transactional producer (``produce``) or
@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict
 
-from procs.badinput_cases import WORLDS, Case, Outcome, check, prepare, run_child, traversable_tmpdir
-from procs.badinput_support import TP, Model, build_worlds, store_dir
 from statestore.store import OFFSETS_CF, STATUS_KEY
+from support.badinput_cases import WORLDS, Case, Outcome, check, prepare, run_child, traversable_tmpdir
+from support.badinput_support import TP, Model, build_worlds, store_dir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,7 +70,7 @@ def _cases() -> list[Case]:
     # -- the store's RocksDB files --
     add("CURRENT", "eos-store", {T: R, Z: R, X: R, V: R, D: R, P: R})
     add("MANIFEST", "eos-store", {T: R, Z: R, X: R, D: R, P: R})
-    add("SST", "eos-store", {T: R, Z: R, X: E, V: R, L: R, D: R, P: R})
+    add("SST", "eos-store", {T: R, Z: R, X: R, V: R, L: R, D: R, P: R})
     add("OPTIONS", "eos-store", {T: R, Z: R, X: R, V: R, L: R, D: R, P: R})
     add("rocksdict-config", "eos-store", {T: R, Z: R, X: R, V: R, D: R, P: R})
     for damage in OFFSETS_DAMAGE:
@@ -182,8 +182,8 @@ CLI_DAMAGE = [
     "CURRENT-zero-filled", "SST-truncated", "SST-random-bytes", "offset-4-bytes", "segment-random-bytes",
     "segment-deleted-dir",
 ]
-#: Damage inspect shows (it opens stores and reads offsets, not data or the log's batches).
-INSPECT_SHOWS = {"CURRENT-zero-filled", "SST-truncated", "offset-4-bytes"}
+#: Damage inspect shows (it opens stores, reads offsets and checks every block's checksum, not the log's batches).
+INSPECT_SHOWS = {"CURRENT-zero-filled", "SST-truncated", "SST-random-bytes", "offset-4-bytes"}
 
 
 @pytest.fixture
@@ -199,7 +199,7 @@ def cli_world(worlds: dict[str, tuple[Path, Model]], tmp_path: Path) -> Iterator
 @pytest.mark.parametrize("command", ["inspect", "verify"])
 def test_cli_on_damaged_files(cli_world: Path, command: str, damage: str) -> None:
     """inspect and verify end with one line naming the damaged file and exit 1 -- never a trace."""
-    from procs.badinput_cases import FILES, random_bytes, truncate, zero_fill
+    from support.badinput_cases import FILES, random_bytes, truncate, zero_fill
 
     root = cli_world
     named: Path
@@ -241,7 +241,7 @@ def test_cli_on_damaged_files(cli_world: Path, command: str, damage: str) -> Non
 @pytest.mark.parametrize("damage", ["zero-filled", "random-bytes", "wrong-version", "absurd-length"])
 def test_cli_log_dump_on_damaged_segment(cli_world: Path, damage: str) -> None:
     """``statestore log dump`` of a damaged last segment: exit 1, one line naming the segment, no trace."""
-    from procs.badinput_cases import FILES, GENERIC, SPECIFIC
+    from support.badinput_cases import FILES, GENERIC, SPECIFIC
 
     segment = FILES["segment-last"](cli_world)
     SPECIFIC.get(("segment-last", damage), GENERIC.get(damage))(segment)  # type: ignore[misc]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from statestore import TopicPartition, _native
+from statestore import TopicPartition
+from statestore._native import _testing
 from statestore.log import SegmentLog
 from statestore.restore import restore_store
 
@@ -93,7 +94,7 @@ def test_verify_passes_then_catches_a_tampered_store(app: tuple[Path, Path]) -> 
     assert ok.stdout.count("exact") == 2
     # tamper: change one value behind the changelog's back, keep the offset
     victim = state_dir / APP / "0_1" / "rocksdb" / STORE
-    _native.store_write_batch(victim, [(b"k010", b"tampered")], {f"{TOPIC}-1": 203})
+    _testing.store_write_batch(victim, [(b"k010", b"tampered")], {f"{TOPIC}-1": 203})
     bad = run(*args)
     assert bad.returncode == 1
     assert "MISMATCH" in bad.stdout
@@ -103,7 +104,7 @@ def test_verify_passes_then_catches_a_tampered_store(app: tuple[Path, Path]) -> 
 def test_verify_catches_a_store_that_lost_a_key(app: tuple[Path, Path]) -> None:
     state_dir, log_dir = app
     victim = state_dir / APP / "0_0" / "rocksdb" / STORE
-    _native.store_write_batch(victim, [(b"k020", None)], {f"{TOPIC}-0": 203})
+    _testing.store_write_batch(victim, [(b"k020", None)], {f"{TOPIC}-0": 203})
     bad = run("verify", "--state-dir", str(state_dir), "--app-id", APP, "--log-dir", str(log_dir))
     assert bad.returncode == 1
     assert "k020" in bad.stderr and "(missing)" in bad.stderr

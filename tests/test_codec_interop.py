@@ -19,9 +19,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kafka.record.util import calc_crc32c
 
 from statestore import SegmentLog, TopicPartition
-from statestore import _native as _native_module
-
-_native: Any = _native_module
+from statestore._native import _testing
 
 Rec = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
@@ -87,7 +85,7 @@ def test_kafka_python_batches_decode_identically(codec: str, transactional: bool
     pid, epoch, seq = (4242, 7, 100) if transactional else (-1, -1, -1)
     data = kp_batch(1000, RECORDS, transactional=transactional, producer_id=pid, epoch=epoch, base_sequence=seq,
                     codec=codec)
-    header, records = _native.decode_batch(data)
+    header, records = _testing.decode_batch(data)
     kb, krecs = kp_read(data)
     assert header["base_offset"] == kb.base_offset == 1000
     assert header["last_offset"] == kb.last_offset == 1004
@@ -109,7 +107,7 @@ def test_kafka_python_batches_decode_identically(codec: str, transactional: bool
 def test_our_batches_decode_identically_with_kafka_python(codec: str, transactional: bool) -> None:
     pid, epoch, seq = (99, 3, 0) if transactional else (-1, -1, -1)
     recs = [(1000 + i, ts, k, v, h) for i, (ts, k, v, h) in enumerate(RECORDS)]
-    data = _native.encode_batch(1000, recs, pid, epoch, seq, transactional, codec)
+    data = _testing.encode_batch(1000, recs, pid, epoch, seq, transactional, codec)
     kb, krecs = kp_read(data)
     assert kb.magic == 2 and kb.base_offset == 1000 and kb.last_offset == 1004 and kb.records_count == 5
     assert kb.is_transactional == transactional and not kb.is_control_batch
@@ -129,14 +127,14 @@ def test_our_batches_decode_identically_with_kafka_python(codec: str, transactio
 
 @pytest.mark.parametrize("commit", [True, False])
 def test_control_batches_interoperate(commit: bool) -> None:
-    ours = _native.encode_batch(77, [(77, 1_700_000_000_000, None, None, [])], 5, 2, -1, True, "none",
+    ours = _testing.encode_batch(77, [(77, 1_700_000_000_000, None, None, [])], 5, 2, -1, True, "none",
                                 "COMMIT" if commit else "ABORT")
     kb, krecs = kp_read(ours)
     assert kb.is_control_batch and kb.is_transactional and kb.base_offset == 77
     assert (kb.producer_id, kb.producer_epoch) == (5, 2)
     assert len(krecs) == 1 and krecs[0].commit == commit and krecs[0].abort == (not commit)
     theirs = kp_marker(77, 5, 2, commit)
-    header, records = _native.decode_batch(theirs)
+    header, records = _testing.decode_batch(theirs)
     assert header["is_control"] and header["transactional"]
     assert header["control"] == ("COMMIT" if commit else "ABORT")
     assert len(records) == 1
@@ -147,7 +145,7 @@ def test_kafka_python_crc_mismatch_is_refused_by_both() -> None:
     data[-2] ^= 0xFF
     assert not DefaultRecordBatch(bytearray(data)).validate_crc()
     with pytest.raises(Exception, match="CRC"):
-        _native.decode_batch(bytes(data))
+        _testing.decode_batch(bytes(data))
 
 
 def test_segment_of_kafka_python_batches_reads_committed(tmp_path: Path) -> None:
@@ -176,8 +174,8 @@ def test_segment_of_kafka_python_batches_reads_committed(tmp_path: Path) -> None
     assert [r.value for r in log.read(tp, isolation="read_uncommitted")] == [
         b"committed-1", b"committed-2", b"aborted", b"plain", b"open", b"behind-open"]
     dumped = log.dump(tp)
-    assert [b["control"] for b in dumped] == [None, None, "ABORT", None, "COMMIT", None, None]
-    assert [b["outcome"] for b in dumped] == ["committed", "aborted", None, None, None, "open", None]
+    assert [b.control for b in dumped] == [None, None, "ABORT", None, "COMMIT", None, None]
+    assert [b.outcome for b in dumped] == ["committed", "aborted", None, None, None, "open", None]
 
 
 def test_our_segment_files_read_with_kafka_python(tmp_path: Path) -> None:

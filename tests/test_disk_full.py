@@ -1,6 +1,6 @@
 """Disk full and I/O errors during commit and restore (issue #9, items 2 and 4).
 
-A child process works on a small world (see ``tests/procs/badinput_support.py``)
+A child process works on a small world (see ``tests/support/badinput_support.py``)
 until a write fails: ``RLIMIT_FSIZE`` (with ``SIGXFSZ`` ignored, so the write
 fails with ``EFBIG`` as on a full disk), set at a chosen moment so the failure
 hits a chosen file, or a tiny tmpfs that is full (``ENOSPC``) when this
@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from procs.badinput_cases import NOBODY, Outcome, chown_tree, run_child, traversable_tmpdir, unhex
-from procs.badinput_support import Model, build_world, build_worlds, partition_dir, store_dir, task_dir
+from support.badinput_cases import NOBODY, Outcome, chown_tree, run_child, traversable_tmpdir, unhex
+from support.badinput_support import Model, build_world, build_worlds, partition_dir, store_dir, task_dir
 
 pytestmark = pytest.mark.timeout(300)
 

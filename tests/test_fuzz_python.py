@@ -9,21 +9,20 @@ committed seed corpus and past crashes are replayed.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+import statestore_fuzz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from statestore import OffsetCheckpoint, StoreError, TaskId, TopicPartition
+from statestore.directory import PROCESS_FILE_NAME, StateDirectory, describe_lock_holder, parse_process_file
+from statestore.store import decode_offset_entry
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "fuzz" / "python"))
 
-import statestore_fuzz  # noqa: E402
 
-from statestore import OffsetCheckpoint, StoreError, TaskId, TopicPartition  # noqa: E402
-from statestore.directory import PROCESS_FILE_NAME, StateDirectory, describe_lock_holder, parse_process_file  # noqa: E402
-from statestore.store import decode_offset_entry  # noqa: E402
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -5,25 +5,24 @@ fencing, topics, corruption handling. Aborted data and broker faults: test_kafka
 from __future__ import annotations
 
 import random
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from statestore import SegmentLog, TaskId, TopicPartition, _native, restore_many, restore_store
+from statestore import SegmentLog, TaskId, TopicPartition, restore_many, restore_store
 from statestore.directory import StateDirectory
 from statestore.errors import LogError, ProducerFencedError, TaskCorruptedError
 from statestore.restore import RestoreSpec
 from statestore.task_manager import TaskManager
+from support.model import store_difference
+from support.tasks import Events
 
 kafka = pytest.importorskip("statestore.kafka")
 KafkaChangelog = kafka.KafkaChangelog
 ensure_changelog_topics = kafka.ensure_changelog_topics
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from support import Events  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -71,8 +70,8 @@ def _write_both(kc: KafkaChangelog, seg: SegmentLog, tp: TopicPartition, txns: l
 
 
 def _same_store(a: Path, b: Path) -> None:
-    da, db, na, nb, first = _native.store_compare(a, b)
-    assert (da, na) == (db, nb), f"stores differ; first differing key {first}"
+    diff = store_difference(a, b)
+    assert diff is None, diff
 
 
 def test_restore_from_kafka_equals_restore_from_a_segment_log(changelog: KafkaChangelog, tmp_path: Path) -> None:

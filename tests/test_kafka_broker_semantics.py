@@ -31,16 +31,16 @@ from typing import Any
 
 import pytest
 
-from statestore import TaskId, TopicPartition, _native, restore_store
+from statestore import TaskId, TopicPartition, restore_store
 from statestore.errors import LogError, StateStoreError, TaskCorruptedError
 from statestore.task_manager import TaskManager
+from support.kafka_broker import Broker, BrokerUnavailable, start_broker
+from support.model import apply, store_contents
 
 kafka = pytest.importorskip("statestore.kafka")
 ck = pytest.importorskip("confluent_kafka")
 KafkaChangelog = kafka.KafkaChangelog
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from kafka_broker import Broker, BrokerUnavailable, start_broker  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -56,19 +56,6 @@ def changelog(kafka_bootstrap: str) -> Iterator[Any]:
 
 def topic_name(prefix: str = "sem") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def apply(model: Model, records: list[tuple[bytes, bytes | None]]) -> None:
-    for k, v in records:
-        if v is None:
-            model.pop(k, None)
-        else:
-            model[k] = v
-
-
-def store_contents(path: Path) -> tuple[Model, dict[str, int]]:
-    entries, offsets, _status = _native.store_dump(str(path))
-    return {bytes(k): bytes(v) for k, v in entries}, offsets
 
 
 def txn(rng: random.Random, n: int, keys: int, tag: str) -> list[tuple[bytes, bytes | None]]:
@@ -106,7 +93,8 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
         r = restore_store(store, changelog, tp, mode=mode)
         assert r.end_offset == lso and r.offset is not None and r.offset < lso
         assert r.records_applied == committed
-        data, offsets = store_contents(store)
+        _c = store_contents(store)
+        data, offsets = _c.data, _c.offsets
         assert data == model, f"{mode}: the store is not the committed changelog"
         assert offsets == {str(tp): r.offset}
     # The open transaction commits: a resumed replay picks up only its records and the marker.
@@ -116,7 +104,7 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
     r = restore_store(tmp_path / "replay", changelog, tp)
     assert r.mode == "replay" and r.records_applied == len(open_records)
     assert r.end_offset == changelog.end_offset(tp) and r.offset == r.end_offset - 2
-    assert store_contents(tmp_path / "replay")[0] == model
+    assert store_contents(tmp_path / "replay").data == model
 
 
 def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_path: Path) -> None:
@@ -140,7 +128,7 @@ def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_pa
         written += len(records)
     uncompacted = tmp_path / "before"
     restore_store(uncompacted, changelog, tp, mode="replay")
-    assert store_contents(uncompacted)[0] == model
+    assert store_contents(uncompacted).data == model
     # Roll the active segment (segment.ms) so the cleaner may compact everything before it, then wait for it.
     deadline = time.monotonic() + 90
     remaining = written
@@ -158,11 +146,11 @@ def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_pa
     for mode in ("replay", "bulk"):
         store = tmp_path / f"after-{mode}"
         restore_store(store, changelog, tp, mode=mode)
-        data = store_contents(store)[0]
+        data = store_contents(store).data
         assert data.pop(b"roll") and model.get(b"roll") is not None
         expected = {k: v for k, v in model.items() if k != b"roll"}
         assert data == expected, f"{mode}: the compacted changelog restored to another store"
-    before = store_contents(uncompacted)[0]
+    before = store_contents(uncompacted).data
     assert {k for k in before if k != b"roll"} == {k for k in expected}, "tombstoned keys must stay deleted"
 
 
@@ -198,7 +186,8 @@ def test_records_deleted_below_the_store_offset_make_the_task_corrupted(kafka_bo
         tm.assign([TaskId(0, 0)], [])
         assert tm.restore(), "the corrupted task must be wiped and restored from the new log start"
         tm.close()
-        data, offsets = store_contents(tmp_path / "state" / app / "0_0" / "rocksdb" / store)
+        _c = store_contents(tmp_path / "state" / app / "0_0" / "rocksdb" / store)
+        data, offsets = _c.data, _c.offsets
         assert offsets[str(tp)] == 399
         assert data == {b"k%03d" % (i % 100): b"v%d" % i for i in range(350, 400)}
 
@@ -252,7 +241,7 @@ def test_a_transaction_left_open_by_a_killed_process_is_aborted(changelog: Any, 
     _start, end, lso = changelog.offsets(tp)
     assert lso == end, f"the open transaction was not aborted by {aborted_by}"
     r = restore_store(tmp_path / "s", changelog, tp)
-    data = store_contents(tmp_path / "s")[0]
+    data = store_contents(tmp_path / "s").data
     assert data == {b"k%03d" % i: b"KEPT" for i in range(50)}, "records of the aborted transaction reached the store"
     assert r.records_applied == 50
 
@@ -328,7 +317,7 @@ def test_a_broker_killed_during_a_restore_and_a_commit_loses_nothing(own_broker:
         # The restore either finished across the restart or failed cleanly; either way a second call completes it.
         r = restore_store(store, c, tp)
         assert r.offset is not None and r.end_offset == c.offsets(tp)[2]
-        data = store_contents(store)[0]
+        data = store_contents(store).data
         assert data == model, "after the broker crashes the store is not the committed changelog"
         assert all(v != b"IN-DOUBT" for v in data.values())
 

@@ -1,6 +1,6 @@
 """Exactly-once against Apache Kafka with real crashes: a counting processor SIGKILLed and restarted.
 
-``procs/kafka_counting_child.py`` runs a TaskManager whose changelog is a
+``support/kafka_counting_child.py`` runs a TaskManager whose changelog is a
 Kafka topic (transactional producer, restore from the broker), again and
 again over one state directory, and every run is SIGKILLed -- by itself at a
 random step (restore batches, both sides of the Kafka commit, store commits
@@ -24,17 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from statestore import TaskId, TopicPartition, _native
+from statestore import TaskId, TopicPartition
 from statestore.directory import StateDirectory
 from statestore.task_manager import TaskManager
+from support.kafka_counting_child import STORE, check, last_committed, model_from_broker
+from support.killer import kill_counting_children
+from support.model import store_contents
 
 kafka = pytest.importorskip("statestore.kafka")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from kafka_counting_child import STORE, check, last_committed, model_from_broker  # noqa: E402
-from killer import kill_counting_children  # noqa: E402
 
-CHILD = Path(__file__).resolve().parent / "procs" / "kafka_counting_child.py"
+CHILD = Path(__file__).resolve().parent / "support" / "kafka_counting_child.py"
 TASK = TaskId(0, 0)
 
 pytestmark = pytest.mark.kafka
@@ -49,7 +49,8 @@ def check_store_on_disk(root: Path, app: str, changelog: kafka.KafkaChangelog) -
     store_dir = root / "state" / app / str(TASK) / "rocksdb" / STORE
     if not (store_dir / "CURRENT").exists():
         return
-    entries, offsets, _status = _native.store_dump(str(store_dir))
+    _contents = store_contents(store_dir)
+    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
     data = {bytes(k): bytes(v) for k, v in entries}
     topic = f"{app}-{STORE}-changelog"
     offset = offsets.get(str(TopicPartition(topic, 0)))

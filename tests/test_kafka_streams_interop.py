@@ -31,14 +31,14 @@ from typing import Any
 import pytest
 
 from statestore import _native
+from statestore._native import _testing
 from statestore.inspection import inspect_app
 from statestore.store import decode_timestamped
 from statestore.verify import verify_app
+from support import kstreams_app
+from support.model import store_contents, store_difference
 
 kafka = pytest.importorskip("statestore.kafka")
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-import kstreams_app  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -74,10 +74,8 @@ def read_stores(state: Path, app: str) -> tuple[dict[str, str], dict[str, int], 
     counts: dict[str, int] = {}
     stamps: dict[str, int] = {}
     for p in range(PARTITIONS):
-        entries, _offsets, _status = _native.store_dump(store_dir(state, app, p, "latest"))
-        latest.update((k.decode(), v.decode()) for k, v in entries)
-        entries, _offsets, _status = _native.store_dump(store_dir(state, app, p, "counts"))
-        for k, raw in entries:
+        latest.update((k.decode(), v.decode()) for k, v in store_contents(store_dir(state, app, p, "latest")).entries)
+        for k, raw in store_contents(store_dir(state, app, p, "counts")).entries:
             ts, v = decode_timestamped(raw)
             counts[k.decode()] = int.from_bytes(v, "big", signed=True)
             stamps[k.decode()] = ts
@@ -201,13 +199,12 @@ def test_kafka_streams_starts_on_what_statestore_restored(
     for p in range(PARTITIONS):
         assert _native.store_format(store_dir(restored, app, p, "counts")) == "timestamped"
         assert _native.store_format(store_dir(restored, app, p, "latest")) == "plain"
-        _offsets, status, _keys = _native.store_info(store_dir(restored, app, p, "counts"))
-        assert status == 0, "CLOSED"
+        assert _native.store_info(store_dir(restored, app, p, "counts")).status == 0, "CLOSED"
     # byte for byte what Kafka Streams itself holds (same digests, both formats)
     for p in range(PARTITIONS):
         for name in kstreams_app.STORE_FORMATS:
-            da, db, na, nb, diff = _native.store_compare(store_dir(first, app, p, name), store_dir(restored, app, p, name))
-            assert (da, na) == (db, nb), f"{name} partition {p} differs at {diff}"
+            diff = store_difference(store_dir(first, app, p, name), store_dir(restored, app, p, name))
+            assert diff is None, f"{name} partition {p}: {diff}"
 
     # Kafka Streams, restore only: nothing to restore
     only = kstreams_app.run_app(kafka_bootstrap, app, restored, guarantee=guarantee, mode="restore",
@@ -252,9 +249,9 @@ def test_unknown_store_types_are_reported_and_left_untouched(tmp_path: Path) -> 
     base.mkdir(parents=True)
     # a windowed store: RocksDB segments one level down
     (base / "win").mkdir()
-    _native.store_write_batch(base / "win" / "win.1700000000000", [(b"k", b"v")], {})
+    _testing.store_write_batch(base / "win" / "win.1700000000000", [(b"k", b"v")], {})
     # a headers store: an extra column family
-    _native.store_write_batch(base / "hdr", [(b"k", b"v")], {"odd-hdr-changelog-0": 0}, format="timestamped")
+    _testing.store_write_batch(base / "hdr", [(b"k", b"v")], {"odd-hdr-changelog-0": 0}, format="timestamped")
     import rocksdict
 
     raw = rocksdict.Options(raw_mode=True)
@@ -262,7 +259,7 @@ def test_unknown_store_types_are_reported_and_left_untouched(tmp_path: Path) -> 
     db.create_column_family("keyValueWithTimestampAndHeaders", raw)
     db.close()
     # a store RocksDB cannot open: CURRENT names a manifest that is not there
-    _native.store_write_batch(base / "broken", [(b"k", b"v")], {})
+    _testing.store_write_batch(base / "broken", [(b"k", b"v")], {})
     (base / "broken" / "CURRENT").write_text("MANIFEST-999999\n")
     before = {p: p.stat().st_mtime_ns for p in base.rglob("*") if p.is_file()}
 

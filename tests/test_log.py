@@ -41,7 +41,7 @@ def test_send_returns_offsets_and_writes_multi_record_batches(tmp_path: Path) ->
     p.flush()
     batches = log.dump(TP)
     assert len(batches) < 10, "records are batched, not one batch per record"
-    assert sum(b["count"] for b in batches) == 1000
+    assert sum(b.count for b in batches) == 1000
     got = list(log.read(TP))
     assert [r.offset for r in got] == offsets
     assert got[5].key == b"k5" and got[5].value == b"v5"
@@ -270,7 +270,7 @@ def test_flipped_byte_raises_corrupt_log_error_with_file_and_position(tmp_path: 
     log.close()
     f = log_file(tmp_path)
     batches = SegmentLog(tmp_path).dump(TP)
-    second = batches[1]["position"]
+    second = batches[1].position
     data = bytearray(f.read_bytes())
     data[second + 65] ^= 0x01
     f.write_bytes(bytes(data))
@@ -282,7 +282,7 @@ def test_flipped_byte_raises_corrupt_log_error_with_file_and_position(tmp_path: 
         SegmentLog(tmp_path).producer().send(TP.topic, 0, None, b"x")
     # The dump still shows the damage instead of failing.
     dumped = SegmentLog(tmp_path).dump(TP)
-    assert [b["crc_valid"] for b in dumped] == [True, False, True]
+    assert [b.crc_valid for b in dumped] == [True, False, True]
 
 
 def test_truncated_tail_is_recovered(tmp_path: Path) -> None:
@@ -317,7 +317,7 @@ def test_compressed_batches_round_trip(tmp_path: Path, codec: str) -> None:
         p.send(TP.topic, 0, b"key-%d" % (i % 7), b"value " * 20)
     p.commit()
     batches = log.dump(TP)
-    assert {b["compression"] for b in batches if not b["control"]} == {codec}
+    assert {b.compression for b in batches if not b.control} == {codec}
     got = list(log.read(TP))
     assert len(got) == 500 and got[499].key == b"key-%d" % (499 % 7)
 

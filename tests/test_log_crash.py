@@ -108,8 +108,8 @@ def check(log_dir: Path, journal: Path) -> int:
             tp = TopicPartition(TOPIC, part)
             assert log.recover(tp) == log.end_offset(tp)
             batches = log.dump(tp)
-            for seg in {b["segment"] for b in batches}:
-                size = sum(b["size"] for b in batches if b["segment"] == seg)
+            for seg in {b.segment for b in batches}:
+                size = sum(b.size for b in batches if b.segment == seg)
                 assert (log_dir / str(tp) / seg).stat().st_size == size, f"{tp}/{seg}: bytes left after the last batch"
         return total
     finally:

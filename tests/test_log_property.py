@@ -17,9 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statestore import SegmentLog, TopicPartition
-from statestore import _native as _native_module
-
-_native: Any = _native_module
+from statestore._native import _testing
 
 TOPIC = "prop"
 TXN_IDS = ("A", "B")
@@ -66,7 +64,7 @@ def torn_prefix(log_dir: Path, partition: int, cut: int) -> None:
     segs = sorted(part_dir.glob("*.log"))
     if not segs:
         return
-    batch = _native.encode_batch(0, [(0, 0, b"k", b"v" * 300, [])])
+    batch = _testing.encode_batch(0, [(0, 0, b"k", b"v" * 300, [])])
     with open(segs[-1], "ab") as f:
         f.write(batch[: min(cut, len(batch) - 1)])
 

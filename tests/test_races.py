@@ -2,11 +2,11 @@
 
 Two harnesses, each run by several real processes at once for a bounded time:
 
-* **locks** (``procs/race_locks.py``): processes sharing one state directory
+* **locks** (``support/race_locks.py``): processes sharing one state directory
   (``shared=True``) lock, write, wipe and release random tasks from several
   threads each, with a cleaner deleting unlocked directories on a zero delay
   in every process, and stale writers trying their old tokens.
-* **tasks** (``procs/race_tasks.py``): each process is an application instance
+* **tasks** (``support/race_tasks.py``): each process is an application instance
   with its own state directory and several stream threads (one
   :class:`~statestore.task_manager.TaskManager` each) over one changelog;
   random rebalances move active and standby tasks between threads with no
@@ -16,11 +16,11 @@ Two harnesses, each run by several real processes at once for a bounded time:
 Afterwards, from the files alone:
 
 * no lock was ever held by two owners: the audit log every directory writes
-  (see ``procs/race_audit.py``) replays without overlap;
+  (see ``support/race_audit.py``) replays without overlap;
 * no task directory was re-created by a stale writer: monitors log every task
   directory (by inode) they see holding files, and each must have been locked
   by someone before (a stale writer re-creating a directory the cleaner
-  deleted, as in seed 001, writes into an inode nobody locked);
+  deleted, as in KAFKA-8187, writes into an inode nobody locked);
 * every store equals the model of its changelog: a store holding its offsets
   equals the committed changelog replayed up to that offset; after a final
   restore every store equals the whole changelog; and every counter in the
@@ -44,10 +44,10 @@ from typing import Any
 
 import pytest
 
-PROCS = Path(__file__).resolve().parent / "procs"
-sys.path.insert(0, str(PROCS))
+from support.race_audit import TASK_DIR, AuditReport, check_audit
 
-from race_audit import TASK_DIR, AuditReport, check_audit  # noqa: E402
+PROCS = Path(__file__).resolve().parent / "support"
+
 
 PROCESSES = 3
 THREADS = 3
@@ -74,10 +74,9 @@ class Run:
 
 def run_children(script: str, args_per_child: list[list[str]], timeout: float) -> list[dict[str, Any]]:
     """Start every child at once, wait, and return each one's JSON summary (its last stdout line)."""
-    env = {**os.environ, "PYTHONPATH": str(PROCS)}
     procs = [
         subprocess.Popen([sys.executable, str(PROCS / script), *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+                         stderr=subprocess.PIPE, text=True)
         for args in args_per_child
     ]
     outputs = []
@@ -351,7 +350,7 @@ def test_no_one_can_lock_a_directory_the_cleaner_is_half_way_through_deleting(
 def test_active_task_that_never_got_its_lock_can_be_moved_to_standby(tmp_path: Path) -> None:
     """The first race the task harness found. Stream thread B is assigned active task 0_0 while
     thread A still holds it: B cannot lock it and keeps it CREATED (retrying on its next poll,
-    seed 001's setting). The next rebalance makes it B's standby: recycling a task that was never
+    KAFKA-8187's setting). The next rebalance makes it B's standby: recycling a task that was never
     initialized must not fail (it raised ``IllegalStateError`` and left B's assignment half done)."""
     from concurrent.futures import ThreadPoolExecutor
 

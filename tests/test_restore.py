@@ -19,9 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statestore import RestoreError, StateStoreError, TopicPartition, _native
+from statestore import RestoreError, StateStoreError, TopicPartition
+from statestore._native import _testing
 from statestore.log import SegmentLog
 from statestore.restore import RestoreResult, RestoreSpec, restore_many, restore_store
+from support.model import apply, store_contents
 
 TP = TopicPartition("app-store-changelog", 0)
 
@@ -37,19 +39,8 @@ class Model:
     end: int = 0
 
     def store_at(self, end: int) -> tuple[dict[bytes, bytes], int | None]:
-        data: dict[bytes, bytes] = {}
-        last = None
-        for off, k, v in self.records:
-            if off >= end:
-                break
-            last = off
-            if k is None:
-                continue
-            if v is None:
-                data.pop(k, None)
-            else:
-                data[k] = v
-        return data, last
+        below = [(off, k, v) for off, k, v in self.records if off < end]
+        return apply({}, ((k, v) for _, k, v in below)), (below[-1][0] if below else None)
 
 
 def write_log(log_dir: Path, groups: list[tuple[str, list[Rec]]], tp: TopicPartition = TP) -> Model:
@@ -89,7 +80,8 @@ def _native_end(log_dir: Path, tp: TopicPartition) -> int:
 
 
 def dump(path: Path) -> tuple[dict[bytes, bytes], dict[str, int]]:
-    entries, offsets, _status = _native.store_dump(str(path))
+    _contents = store_contents(path)
+    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
     return dict(entries), dict(offsets)
 
 
@@ -314,7 +306,7 @@ def test_restore_many_isolates_a_failure(tmp_path: Path) -> None:
             tmp_path / "log", [("plain", [(b"k%d" % i, b"p%d-%d" % (part, i)) for i in range(500)])], tp
         )
     # store 3 already holds data and an offset far beyond its log: its restore fails, untouched
-    _native.store_write_batch(str(tmp_path / "s3"), [(b"old", b"data")], {f"{TP.topic}-3": 10**6})
+    _testing.store_write_batch(str(tmp_path / "s3"), [(b"old", b"data")], {f"{TP.topic}-3": 10**6})
     before = dump(tmp_path / "s3")
     specs = [RestoreSpec(tmp_path / f"s{p}", tmp_path / "log", TopicPartition(TP.topic, p)) for p in range(4)]
     out = restore_many(specs, threads=2)

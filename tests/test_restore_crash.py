@@ -30,6 +30,7 @@ from rocksdict import AccessType, Options, Rdict
 from statestore import TopicPartition, _native
 from statestore.log import SegmentLog
 from statestore.restore import restore_store
+from support.model import apply, store_contents
 
 TP = TopicPartition("app-crash-changelog", 0)
 KILLS = 30
@@ -82,19 +83,10 @@ def build_log(log_dir: Path, n: int) -> tuple[Records, int]:
 
 
 def model_at(records: Records, last: int | None) -> dict[bytes, bytes]:
-    data: dict[bytes, bytes] = {}
+    """The reference model through offset ``last`` of the committed ``records``."""
     if last is None:
-        return data
-    for off, k, v in records:
-        if off > last:
-            break
-        if k is None:
-            continue
-        if v is None:
-            data.pop(k, None)
-        else:
-            data[k] = v
-    return data
+        return {}
+    return apply({}, ((k, v) for off, k, v in records if off <= last))
 
 
 def on_disk(store: Path) -> tuple[dict[bytes, bytes], int | None]:
@@ -107,7 +99,8 @@ def on_disk(store: Path) -> tuple[dict[bytes, bytes], int | None]:
             return dict(db.items()), None
         finally:
             db.close()
-    entries, offsets, _ = _native.store_dump(str(store))
+    _contents = store_contents(store)
+    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
     return dict(entries), offsets.get(str(TP))
 
 

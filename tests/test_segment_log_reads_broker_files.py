@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from statestore import SegmentLog, TopicPartition, _native, restore_store
+from statestore import SegmentLog, TopicPartition, restore_store
+from support.kafka_broker import SCRIPT, Broker, BrokerUnavailable, start_broker
+from support.model import store_contents
 
 kafka = pytest.importorskip("statestore.kafka")
 ck = pytest.importorskip("confluent_kafka")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from kafka_broker import SCRIPT, Broker, BrokerUnavailable, start_broker  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -164,7 +164,8 @@ def test_stores_restore_from_the_broker_log_dir(
         for mode in ("replay", "bulk"):
             store = tmp_path / f"{tp}-{mode}"
             r = restore_store(store, log, tp, mode=mode)
-            entries, offsets, _ = _native.store_dump(str(store))
+            _contents = store_contents(store)
+            entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
             assert {bytes(k): bytes(v) for k, v in entries} == model, f"{tp} {mode}"
             assert offsets == {str(tp): expected[tp][-1][0]} and r.offset == expected[tp][-1][0]
     state = tmp_path / "state"
@@ -173,8 +174,8 @@ def test_stores_restore_from_the_broker_log_dir(
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 ok, 0 failed" in out.stdout
-    a = _native.store_dump(str(state / APP / "0_0" / "rocksdb" / STORE))
-    b = _native.store_dump(str(tmp_path / f"{TopicPartition(TXN_TOPIC, 0)}-replay"))
+    a = store_contents(state / APP / "0_0" / "rocksdb" / STORE)
+    b = store_contents(tmp_path / f"{TopicPartition(TXN_TOPIC, 0)}-replay")
     assert a[:2] == b[:2]
 
 
@@ -206,7 +207,7 @@ def test_log_dump_agrees_with_kafkas_dump_log_segments(
     log = SegmentLog(broker.log_dir)
     for tp in (TopicPartition(TXN_TOPIC, 0), TopicPartition("codec-lz4", 0)):
         ours = [
-            (b["base_offset"], b["last_offset"], int(b["producer_id"]), bool(b["transactional"]), b["control"] is not None)
+            (b.base_offset, b.last_offset, int(b.producer_id), bool(b.transactional), b.control is not None)
             for b in log.dump(tp)
         ]
         theirs = []

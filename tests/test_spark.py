@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from statestore import TaskId, TopicPartition, _native, changelog_topic
+from statestore import TaskId, TopicPartition, changelog_topic
 from statestore._faults import FAIL_ATTEMPT_ENV, InjectedFailure
+from statestore._native import _testing
 from statestore.cli import main
 from statestore.directory import StateDirectory
 from statestore.log import SegmentLog
@@ -32,6 +33,7 @@ from statestore.restore import RestoreSpec, restore_many, restore_store
 from statestore.spark import restore_on_spark
 from statestore.staging import STAGING_DIR_NAME, restore_partition
 from statestore.work import RESULT_COLUMNS, PartitionWork, RestoreRow
+from support.model import store_contents
 
 APP = "app"
 STORES = ("counts", "totals")
@@ -64,7 +66,8 @@ def write_changelogs(log_dir: Path, stores: tuple[str, ...] = STORES, partitions
 
 
 def dump(path: Path) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
-    entries, offsets, _status = _native.store_dump(str(path))
+    _contents = store_contents(path)
+    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
     return list(entries), dict(offsets)
 
 
@@ -261,7 +264,7 @@ def test_store_with_data_but_no_offset(tmp_path: Path, changelogs: Path, guarant
     state = tmp_path / "state"
     target = store_path(state, "counts", 1)
     target.parent.mkdir(parents=True)
-    _native.store_write_batch(str(target), [(b"stray", b"x")], {})
+    _testing.store_write_batch(str(target), [(b"stray", b"x")], {})
     row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts",
                             partition=1, guarantee=guarantee)
     assert row.ok and row.mode == ("replay" if stray_kept else "bulk")
@@ -279,7 +282,7 @@ def test_errors_come_back_as_rows_naming_task_and_file(tmp_path: Path, changelog
     # A store whose offset is beyond the log's end cannot be restored; it is left as it was.
     target = store_path(state, "counts", 0)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _native.store_write_batch(str(target), [(b"a", b"b")], {str(TopicPartition(changelog_topic(APP, "counts"), 0)): 10**6})
+    _testing.store_write_batch(str(target), [(b"a", b"b")], {str(TopicPartition(changelog_topic(APP, "counts"), 0)): 10**6})
     before = dump(target)
     row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=0)
     assert row.status == "failed" and "task 0_0" in (row.error or "") and row.start_offset is None

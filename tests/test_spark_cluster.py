@@ -25,12 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from statestore import SegmentLog, TopicPartition, _native
+from restore_data import write_changelog
+from statestore import SegmentLog, TopicPartition
 from statestore.restore import RestoreSpec, restore_many
 from statestore.staging import STAGING_DIR_NAME
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
-from restore_data import write_changelog
+from support.model import store_contents
 
 pytestmark = pytest.mark.spark_cluster
 
@@ -75,7 +74,8 @@ def assert_same_as_in_process(log: Path, state: Path, tmp_path: Path) -> None:
     for key, expected in expected_stores(log, tmp_path / "expected").items():
         task, store = key.split("/")
         got = state / APP / task / "rocksdb" / store
-        assert _native.store_dump(str(got))[:2] == _native.store_dump(str(expected))[:2], f"{key} differs"
+        a, b = store_contents(got), store_contents(expected)
+        assert (a.data, a.offsets) == (b.data, b.offsets), f"{key} differs"
         assert not list((state / APP / task).glob(f"{STAGING_DIR_NAME}/*/*")), f"{key}: staging leftovers"
 
 
@@ -182,7 +182,8 @@ def test_two_concurrent_jobs_restore_each_partition_once(spark_cluster: tuple[st
     assert applied == {f"0_{p}": 120_000 for p in range(8)}, applied
     log = SegmentLog(app_log)
     for p in range(8):
-        _, offsets, _ = _native.store_dump(str(state / APP / f"0_{p}" / "rocksdb" / "counts"))
+        _contents = store_contents(state / APP / f"0_{p}" / "rocksdb" / "counts")
+        _, offsets, _ = _contents.entries, _contents.offsets, _contents.status
         assert offsets == {f"{APP}-counts-changelog-{p}": log.end_offset((f"{APP}-counts-changelog", p)) - 1}
     shutil.rmtree(state)
 

@@ -17,12 +17,13 @@ from statestore import (
     TaskCorruptedError,
     TaskId,
     TopicPartition,
-    _native,
 )
+from statestore._native import _testing
 from statestore.directory import StateDirectory
 from statestore.policy import Policy
 from statestore.state_manager import StateManager
 from statestore.store import Store
+from support.model import store_contents
 
 TASK = TaskId(0, 1)
 P = TopicPartition("app-persistent-changelog", 1)
@@ -341,7 +342,8 @@ def test_holder_that_lost_its_lock_cannot_write_offsets(sd: StateDirectory, poli
         sm.close()  # clean close: nothing recorded, stores closed, and the caller is told
     assert all(sm.store_names()) and sd.owner(TASK) is not threading.current_thread()
     assert not OffsetCheckpoint(sd.checkpoint_path(TASK)).exists()
-    entries, offsets, _ = _native.store_dump(str(sd.store_dir(TASK, "persistent")))
+    _contents = store_contents(sd.store_dir(TASK, "persistent"))
+    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
     assert entries == [] and offsets == {}
 
 
@@ -395,9 +397,11 @@ def test_commit_applies_staged_writes_with_offsets_in_store_mode(sd: StateDirect
     assert sm.commit({P: 10, IRRELEVANT: 99}) is True
     assert sm.store("inMemory").get(b"c") == b"3"
     sm.close()
-    entries, offsets, status = _native.store_dump(str(sd.store_dir(TASK, "persistent")))
+    _contents = store_contents(sd.store_dir(TASK, "persistent"))
+    entries, offsets, status = _contents.entries, _contents.offsets, _contents.status
     assert [(bytes(k), bytes(v)) for k, v in entries] == [(b"a", b"1")] and offsets == {str(P): 10} and status == 0
-    entries, offsets, _ = _native.store_dump(str(sd.store_dir(TASK, "unlogged")))
+    _contents = store_contents(sd.store_dir(TASK, "unlogged"))
+    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
     assert len(entries) == 1 and offsets == {}
 
 
@@ -421,7 +425,7 @@ def test_release_and_reopen_stores_for_the_restore_engine(sd: StateDirectory) ->
     sm.commit({P: 3})
     sm.release_stores()
     assert sm.initialized and sd.owner(TASK) is threading.current_thread()
-    _native.store_write_batch(str(sd.store_dir(TASK, "persistent")), [(b"b", b"2")], {str(P): 4})
+    _testing.store_write_batch(str(sd.store_dir(TASK, "persistent")), [(b"b", b"2")], {str(P): 4})
     sm.reopen_stores()
     sm.update_offsets({P: 4})
     assert sm.store("persistent").get(b"b") == b"2"

@@ -30,15 +30,14 @@ from pathlib import Path
 
 import pytest
 
-from statestore import OffsetCheckpoint, TaskCorruptedError, TaskId, TopicPartition, _native
+from statestore import OffsetCheckpoint, TaskCorruptedError, TaskId, TopicPartition
 from statestore.directory import StateDirectory
 from statestore.policy import Policy
 from statestore.state_manager import StateManager
+from support.model import store_contents
+from support.state_manager_child import TOPIC_PARTITION, Changelog, check_invariants
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_crash import TOPIC_PARTITION, Changelog, check_invariants
-
-CHILD = Path(__file__).resolve().parent / "helpers_crash.py"
+CHILD = Path(__file__).resolve().parent / "support" / "state_manager_child.py"
 TP = TopicPartition(*TOPIC_PARTITION)
 TASK = TaskId(0, 0)
 COMBINATIONS = [
@@ -56,7 +55,8 @@ def on_disk(root: Path, mode: str) -> tuple[dict[bytes, bytes], int | None, bool
     store: dict[bytes, bytes] = {}
     store_offsets: dict[str, int] = {}
     if (store_dir / "CURRENT").exists():
-        entries, store_offsets, _ = _native.store_dump(str(store_dir))
+        _contents = store_contents(store_dir)
+        entries, store_offsets, _ = _contents.entries, _contents.offsets, _contents.status
         store = {bytes(k): bytes(v) for k, v in entries}
     ckpt = OffsetCheckpoint(app / str(TASK) / ".checkpoint")
     if mode == "store":

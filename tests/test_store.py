@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
-from statestore import IllegalStateError, StoreError, TopicPartition, _native
+from statestore import IllegalStateError, StoreError, TopicPartition
+from statestore._native import _testing
 from statestore.store import (
     OFFSETS_CF,
     STATUS_CLOSED,
@@ -17,13 +18,15 @@ from statestore.store import (
     decode_i64,
     encode_i64,
 )
+from support.model import store_contents
 
 TP = TopicPartition("app-s-changelog", 3)
 
 
 def dump(path: Path) -> tuple[list[tuple[bytes, bytes]], dict[str, int], int | None]:
     """Read a closed store with the Rust data plane: (entries, offsets, status)."""
-    entries, offsets, status = _native.store_dump(str(path))
+    _contents = store_contents(path)
+    entries, offsets, status = _contents.entries, _contents.offsets, _contents.status
     return [(bytes(k), bytes(v)) for k, v in entries], dict(offsets), status
 
 
@@ -85,7 +88,7 @@ def test_commit_puts_data_and_offsets_in_one_batch_readable_by_rust(tmp_path: Pa
 
 def test_opens_a_store_written_by_rust(tmp_path: Path) -> None:
     p = tmp_path / "s"
-    _native.store_write_batch(str(p), [(b"x", b"1"), (b"y", b"2"), (b"x", None)], {str(TP): 99}, STATUS_OPEN)
+    _testing.store_write_batch(str(p), [(b"x", b"1"), (b"y", b"2"), (b"x", None)], {str(TP): 99}, STATUS_OPEN)
     with Store(p) as s:
         assert s.previous_status == STATUS_OPEN  # Rust left it "open": e.g. a crash mid-restore
         assert s.offsets() == {TP: 99}

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
-from statestore import StoreError, _native
+from statestore import StoreError
+from statestore._native import _testing
+from support.model import store_contents
 
 
 def _open_rocksdict(path: Path, create: bool = False) -> Rdict:
@@ -21,9 +23,9 @@ def _open_rocksdict(path: Path, create: bool = False) -> Rdict:
 def test_rust_written_store_reads_in_rocksdict(tmp_path: Path) -> None:
     path = tmp_path / "store"
     items = [(b"k%03d" % i, b"v%03d" % i) for i in range(100)]
-    _native.store_write_batch(str(path), items, {"app-counts-changelog-3": 99}, 1)
+    _testing.store_write_batch(str(path), items, {"app-counts-changelog-3": 99}, 1)
     # a second batch with a tombstone and an overwrite
-    _native.store_write_batch(str(path), [(b"k000", None), (b"k001", b"new")], {"app-counts-changelog-3": 101})
+    _testing.store_write_batch(str(path), [(b"k000", None), (b"k001", b"new")], {"app-counts-changelog-3": 101})
 
     db = _open_rocksdict(path)
     try:
@@ -54,7 +56,9 @@ def test_rocksdict_written_store_reads_from_rust(tmp_path: Path) -> None:
     del offsets
     db.close()
 
-    entries, offs, status = _native.store_dump(str(path))
+    _contents = store_contents(path)
+
+    entries, offs, status = _contents.entries, _contents.offsets, _contents.status
     assert entries == sorted((b"key-%02d" % i, b"\x00value\xff" * i) for i in range(50))
     assert offs == {"app-s-changelog-0": 49}
     assert status == 0
@@ -62,7 +66,7 @@ def test_rocksdict_written_store_reads_from_rust(tmp_path: Path) -> None:
 
 def test_dump_of_missing_store_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=str(tmp_path / "nope")):
-        _native.store_dump(str(tmp_path / "nope"))
+        store_contents(tmp_path / "nope")
 
 
 def test_bad_offset_value_names_store_and_key(tmp_path: Path) -> None:
@@ -75,7 +79,7 @@ def test_bad_offset_value_names_store_and_key(tmp_path: Path) -> None:
     del h
     db.close()
     with pytest.raises(StoreError, match=r"t-0.*2 bytes"):
-        _native.store_dump(str(path))
+        store_contents(path)
 
 
 def _options_version(store: Path) -> tuple[int, ...]:
@@ -87,7 +91,7 @@ def _options_version(store: Path) -> tuple[int, ...]:
 def test_rust_side_bundles_the_rocksdb_major_of_rocksdict(tmp_path: Path) -> None:
     """Stores written from Rust must stay readable by rocksdict's RocksDB (9.8.4): same major, close minor."""
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    _native.store_write_batch(str(ours), [(b"k", b"v")], {})
+    _testing.store_write_batch(str(ours), [(b"k", b"v")], {})
     _open_rocksdict(theirs, create=True).close()
     assert _options_version(ours)[0] == _options_version(theirs)[0] == 9
     assert _options_version(ours) >= _options_version(theirs)

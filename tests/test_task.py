@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +20,7 @@ from statestore.task import (
 )
 from statestore.task_manager import TaskManager
 from statestore.updater import SuspendReason
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from support import STORE, Events, changelog_tp, close_all, manager, produce
+from support.tasks import STORE, Events, changelog_tp, close_all, manager, produce
 
 T = TaskId(0, 1)
 TP = changelog_tp(T)

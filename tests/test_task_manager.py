@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,8 @@ from statestore import IllegalStateError, LogError, SegmentLog, TaskId
 from statestore.store import OFFSETS_CF, STATUS_KEY, STATUS_OPEN, encode_i64
 from statestore.task import ActiveTask, TaskState
 from statestore.task_manager import TaskManager
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from support import STORE, Events, changelog_tp, close_all, manager, produce
+from support.model import store_contents
+from support.tasks import STORE, Events, changelog_tp, close_all, manager, produce
 
 T = TaskId(0, 0)
 T2 = TaskId(0, 1)
@@ -43,9 +41,10 @@ def committed(root: Path, tp: object = TP) -> dict[bytes, bytes | None]:
 
 
 def on_disk(root: Path, task: TaskId = T) -> tuple[dict[bytes, bytes], dict[str, int]]:
-    from statestore import _native
 
-    entries, offsets, _ = _native.store_dump(str(root / "state" / "app" / str(task) / "rocksdb" / STORE))
+    _contents = store_contents(root / "state" / "app" / str(task) / "rocksdb" / STORE)
+
+    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
     return {bytes(k): bytes(v) for k, v in entries}, offsets
 
 

@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 
 from statestore import SegmentLog, TaskId
+from support.tasks import STORE, Events, changelog_tp, close_all, manager
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from support import STORE, Events, changelog_tp, close_all, manager
-
-CHILD = Path(__file__).resolve().parent / "procs" / "tail_child.py"
+CHILD = Path(__file__).resolve().parent / "support" / "tail_child.py"
 T = TaskId(0, 0)
 TP = changelog_tp(T)
 

@@ -1,7 +1,7 @@
 """Crash torture: a counting processor on a TaskManager, SIGKILLed at random points, real processes.
 
 For each (guarantee, offsets mode) a fresh interpreter runs
-``procs/counting_child.py`` over the same state directory and changelog, again
+``support/counting_child.py`` over the same state directory and changelog, again
 and again, and every run is SIGKILLed -- by itself at a random step (restore
 batches, both sides of the changelog commit, store writes, flushes, checkpoint
 writes, closes) or by this process at a random moment (during start-up and
@@ -29,15 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from statestore import SegmentLog, TaskId, TopicPartition, _native
+from statestore import SegmentLog, TaskId, TopicPartition
 from statestore.directory import StateDirectory
 from statestore.task_manager import TaskManager
+from support.counting_child import STORE, check, model_from_log
+from support.killer import kill_counting_children
+from support.model import store_contents
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from counting_child import STORE, check, model_from_log
-from killer import kill_counting_children
-
-CHILD = Path(__file__).resolve().parent / "procs" / "counting_child.py"
+CHILD = Path(__file__).resolve().parent / "support" / "counting_child.py"
 TASK = TaskId(0, 0)
 TP = TopicPartition(f"app-{STORE}-changelog", 0)
 COMBINATIONS = [
@@ -68,7 +67,8 @@ def check_store_on_disk(root: Path) -> None:
     store_dir = root / "state" / "app" / str(TASK) / "rocksdb" / STORE
     if not (store_dir / "CURRENT").exists():
         return
-    entries, offsets, _status = _native.store_dump(str(store_dir))
+    _contents = store_contents(store_dir)
+    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
     data = {bytes(k): bytes(v) for k, v in entries}
     offset = offsets.get(str(TP))
     if offset is None:

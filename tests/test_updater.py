@@ -6,7 +6,6 @@ Offsets here are real segment-log offsets: transaction markers occupy one, so
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +18,7 @@ from statestore.restore import restore_store
 from statestore.store import Store
 from statestore.task import ActiveTask, StandbyTask, TaskState, build_state_manager
 from statestore.updater import StateUpdater, SuspendReason
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "procs"))
-from support import STORE, Events, changelog_tp, close_all, manager, produce
+from support.tasks import STORE, Events, changelog_tp, close_all, manager, produce
 
 T = TaskId(0, 0)
 T2 = TaskId(0, 1)
@@ -351,11 +348,11 @@ def test_background_restore(sd: StateDirectory, log: SegmentLog) -> None:
     task.close()
 
 
-# -- seed 002 (KAFKA-7672): "restore complete" belongs to one assignment ---------------------
+# -- guarantees 5 and 6 (KAFKA-7672): "restore complete" belongs to one assignment ---------------------
 
 
 @pytest.mark.parametrize("offsets", ["store", "checkpoint"])
-def test_seed_002_reassigned_task_whose_state_was_cleaned_is_restored_in_full(tmp_path: Path, offsets: str) -> None:
+def test_reassigned_task_whose_state_was_cleaned_is_restored_in_full(tmp_path: Path, offsets: str) -> None:
     t11 = TaskId(1, 1)
     tp = changelog_tp(t11)
     (tmp_path / "log").mkdir()
@@ -381,7 +378,7 @@ def test_seed_002_reassigned_task_whose_state_was_cleaned_is_restored_in_full(tm
     close_all(tm)
 
 
-def test_seed_002_exactly_once_without_checkpoint_but_local_files_wipes_and_restores(tmp_path: Path) -> None:
+def test_exactly_once_without_checkpoint_but_local_files_wipes_and_restores(tmp_path: Path) -> None:
     t11 = TaskId(1, 1)
     tp = changelog_tp(t11)
     (tmp_path / "log").mkdir()

@@ -23,6 +23,7 @@ from statestore.errors import (
     ProducerFencedError,
     RestoreError,
     StateStoreError,
+    StoreCorruptedError,
     StoreError,
     TaskCorruptedError,
     TransactionStateError,
@@ -45,7 +46,7 @@ from statestore.state_manager import StateManager
 from statestore.store import InMemoryStore, Store
 from statestore.task import ActiveTask, StandbyTask, TaskState
 from statestore.task_manager import TaskManager
-from statestore.updater import StandbyUpdateListener, StateUpdater, SuspendReason
+from statestore.updater import StandbyUpdateListener, StateRestoreListener, StateUpdater, SuspendReason
 
 if TYPE_CHECKING:
     from statestore.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
@@ -101,9 +102,11 @@ __all__ = [
     "StandbyUpdateListener",
     "StateDirectory",
     "StateManager",
+    "StateRestoreListener",
     "StateStoreError",
     "StateUpdater",
     "Store",
+    "StoreCorruptedError",
     "StoreError",
     "StoreMetrics",
     "SuspendReason",

@@ -1,8 +1,8 @@
 """What a changelog must offer the task manager, its tasks, the state updater and the restore engine.
 
 Two implementations exist: :class:`statestore.log.SegmentLog` (the embedded
-segment log) and :class:`statestore.kafka.KafkaChangelog` (a Kafka cluster
-through confluent-kafka). Everything above them -- policies, tasks, the
+segment log) and :class:`statestore.kafka.KafkaChangelog` (a Kafka cluster,
+fetched natively by the restore engine). Everything above them -- policies, tasks, the
 updater, the restore engine -- is typed against these protocols only, so it
 behaves the same on both.
 
@@ -15,14 +15,15 @@ was seen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
-from statestore.ids import TopicPartition
+from statestore.ids import PartitionLike, TopicPartition
 
-#: A partition as changelogs accept it: a TopicPartition, ``(topic, partition)`` or ``"topic-partition"``.
-PartitionLike = TopicPartition | tuple[str, int] | str
+if TYPE_CHECKING:
+    from statestore.log import Record
+
 Header = tuple[str, bytes | None]
 
 
@@ -133,6 +134,12 @@ class Changelog(Protocol):
         """First offset of the oldest open transaction of ``tp``, else the end offset."""
         ...
 
+    def read(self, tp: PartitionLike, start_offset: int | None = None, *,
+             end_offset: int | None = None) -> Iterator[Record]:
+        """The committed records of ``tp`` from ``start_offset`` (default: the log start) to ``end_offset``
+        (exclusive; default: the last stable offset): no aborted records, no markers."""
+        ...
+
     def committed_records(self, tp: PartitionLike, start: int, end: int) -> int:
         """How many committed data records of ``tp`` lie in ``[start, end)``: what a restore would apply.
 
@@ -150,14 +157,23 @@ class Changelog(Protocol):
         """
         ...
 
+    def create(self) -> None:
+        """Make the changelog exist, empty, if it does not yet (a new application's changelog).
+
+        The segment log creates its directory; on Kafka the changelog topics
+        are created by :func:`statestore.kafka.ensure_changelog_topics`.
+        """
+        ...
+
 
 @runtime_checkable
 class FedChangelog(Protocol):
-    """A changelog the restore engine reads through Python, a chunk of records per call.
+    """A changelog the restore engine reads through Python, a chunk of records per call (the fallback of
+    ``KafkaChangelog`` for configurations its native fetcher cannot serve).
 
     ``restore_feed`` returns an object with ``poll(max_records) -> list`` of
-    message objects with C-level ``error()``, ``offset()``, ``key()`` and
-    ``value()`` methods (confluent-kafka's ``Message``), ``on_error(message)
+    message objects with C-level ``error()``, ``offset()``, ``key()``,
+    ``value()`` and ``timestamp()`` methods (confluent-kafka's ``Message``), ``on_error(message)
     -> bool`` (True at the end of the partition; raises for real errors),
     ``position() -> int | None`` and ``close()``.
     """

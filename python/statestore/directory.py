@@ -23,7 +23,7 @@ offsets carries the :class:`TaskLock` token it got when it locked, and checks it
 with :meth:`StateDirectory.ensure_held` right before writing. A token whose lock
 was released, taken over, or whose directory was deleted fails with
 ``LockError`` -- so a stale writer can never re-create a directory the cleaner
-deleted (KAFKA-8187, seed 001).
+deleted (KAFKA-8187; guarantee 4 of docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """One exception hierarchy for everything statestore raises.
 
-Every error names what it is about -- the file, the task and the offset where
-known -- and, where there is one, what to do about it. The Rust data plane
-raises these same classes (it looks them up here by name), so callers catch one
-family whatever layer failed.
+Every error names what it is about -- the file, the task, the changelog
+partition and the offset where known -- and, where there is one, what to do
+about it. The Rust data plane raises these same classes (``rust/src/py/errors.rs``
+maps each of its errors to one of them and fills the fields below), so callers
+catch one family whatever layer failed.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from pathlib import Path
 class StateStoreError(Exception):
     """Root of every error statestore raises.
 
-    ``path``, ``task_id`` and ``offset`` are filled in when the error is about
-    a particular file, task or changelog offset, so tools can act on them
-    without parsing the message.
+    ``path``, ``task_id``, ``topic``/``partition`` and ``offset`` are filled in
+    when the error is about a particular file, task, changelog partition or
+    offset, so tools can act on them without parsing the message.
     """
 
     def __init__(
@@ -25,11 +26,15 @@ class StateStoreError(Exception):
         *,
         path: str | Path | None = None,
         task_id: object | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
         offset: int | None = None,
     ) -> None:
         super().__init__(message)
         self.path = str(path) if path is not None else None
         self.task_id = task_id
+        self.topic = topic
+        self.partition = partition
         self.offset = offset
 
 
@@ -77,6 +82,17 @@ class TaskCorruptedError(StateStoreError):
         self.task_ids = task_ids
 
 
+class StoreCorruptedError(StoreError, TaskCorruptedError):
+    """A store's files are damaged: RocksDB reported ``Corruption`` (a bad block checksum, a
+    truncated, missing or unreadable table file, a damaged MANIFEST -- also when a background
+    compaction found it), or the offsets column family holds bytes statestore never writes.
+
+    It is a ``StoreError`` (the store failed) and a ``TaskCorruptedError`` (its task's local state
+    cannot be trusted): the task manager closes the task dirty, wipes it and restores it from its
+    changelog. ``task_ids`` names the task when the store knows it.
+    """
+
+
 class IllegalStateError(StateStoreError):
     """A lifecycle transition or call that is not legal in the current state."""
 
@@ -95,6 +111,7 @@ __all__ = [
     "ProducerFencedError",
     "RestoreError",
     "StateStoreError",
+    "StoreCorruptedError",
     "StoreError",
     "TaskCorruptedError",
     "TransactionStateError",

@@ -53,9 +53,24 @@ class TaskId(NamedTuple):
         return cls(int(m.group(1)), int(m.group(2)))
 
 
+#: What calls that take a topic partition accept: the tuple itself, a plain
+#: ``(topic, partition)`` pair, or Kafka's ``"<topic>-<partition>"`` text.
+PartitionLike = TopicPartition | tuple[str, int] | str
+
+
+def coerce_tp(tp: PartitionLike) -> TopicPartition:
+    """The :class:`TopicPartition` that ``tp`` names (see :data:`PartitionLike`)."""
+    if isinstance(tp, TopicPartition):
+        return tp
+    if isinstance(tp, str):
+        return TopicPartition.parse(tp)
+    topic, partition = tp
+    return TopicPartition(topic, partition)
+
+
 def changelog_topic(application_id: str, store: str) -> str:
     """The changelog topic of ``store``: ``<application_id>-<store>-changelog``."""
     return f"{application_id}-{store}-changelog"
 
 
-__all__ = ["OFFSET_UNKNOWN", "TaskId", "TopicPartition", "changelog_topic"]
+__all__ = ["OFFSET_UNKNOWN", "PartitionLike", "TaskId", "TopicPartition", "changelog_topic", "coerce_tp"]

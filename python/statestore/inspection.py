@@ -150,11 +150,16 @@ def inspect_app(
     log_dir: str | Path | None = None,
     *,
     changelog: Changelog | None = None,
+    check_blocks: bool = False,
 ) -> tuple[int | None, list[StoreReport]]:
     """The process-lock holder's pid and one report per store of the application.
 
     Log offsets and lag come from the segment log in ``log_dir``, or from
-    ``changelog`` (e.g. a :class:`~statestore.kafka.KafkaChangelog`).
+    ``changelog`` (e.g. a :class:`~statestore.kafka.KafkaChangelog`). With
+    ``check_blocks`` every block of every store is read with its checksum
+    verified (a full read of the stores), so a damaged data block shows as the
+    store's problem with RocksDB's reason; without it only what opening a store
+    and reading its offsets notices does.
     """
     root = app_dir(state_dir, application_id)
     holders = flock_holders()
@@ -169,8 +174,8 @@ def inspect_app(
         fmt: str | None = None
         try:
             fmt = _native.store_format(ls.path)
-            offsets, st, keys = _native.store_info(ls.path)
-            offset = offsets.get(str(ls.changelog))
+            info = _native.store_info(ls.path, check_blocks)
+            offset, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
             status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"
         except StateStoreError as e:
             problem = str(e)

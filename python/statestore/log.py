@@ -18,15 +18,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
-from statestore import _native as _native_module
+from statestore import _native
+from statestore._native import LogBatch
 from statestore.changelog import ClosesOnCleanExit
-from statestore.ids import TopicPartition
-
-# The log's native classes are not in the shared ``_native.pyi`` stub; they are
-# used through this typed module only.
-_native: Any = _native_module
+from statestore.ids import PartitionLike, TopicPartition, coerce_tp
 
 #: Default segment size (Kafka's ``segment.bytes``): 1 GiB.
 DEFAULT_SEGMENT_BYTES = 1 << 30
@@ -34,17 +31,9 @@ DEFAULT_SEGMENT_BYTES = 1 << 30
 Isolation = Literal["read_committed", "read_uncommitted"]
 Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 Header = tuple[str, bytes | None]
-PartitionLike = TopicPartition | tuple[str, int] | str
 
 _POLL_RECORDS = 10_000
 _POLL_BYTES = 4 << 20
-
-
-def _tp(tp: PartitionLike) -> TopicPartition:
-    if isinstance(tp, str):
-        return TopicPartition.parse(tp)
-    topic, partition = tp
-    return TopicPartition(topic, partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +97,7 @@ class Producer(ClosesOnCleanExit):
     every call raises ``ProducerFencedError``.
     """
 
-    def __init__(self, core: Any, transactional_id: str | None) -> None:
+    def __init__(self, core: _native.ProducerCore, transactional_id: str | None) -> None:
         self._core = core
         self.transactional_id = transactional_id
 
@@ -194,18 +183,19 @@ class SegmentLog:
     def reader(self, tp: PartitionLike, start_offset: int | None = None, *, isolation: Isolation = "read_committed") -> LogReader:
         """A cursor over ``tp`` from ``start_offset`` (default: the start of the log)."""
         # Offsets below the start of the log begin at its first record.
-        return LogReader(self.log_dir, _tp(tp), 0 if start_offset is None else start_offset, isolation)
+        return LogReader(self.log_dir, coerce_tp(tp), 0 if start_offset is None else start_offset, isolation)
 
     def read(
         self,
         tp: PartitionLike,
         start_offset: int | None = None,
         *,
+        end_offset: int | None = None,
         isolation: Isolation = "read_committed",
         max_records: int | None = None,
         max_bytes: int | None = None,
     ) -> Iterator[Record]:
-        """Yield the records of ``tp`` from ``start_offset``.
+        """Yield the records of ``tp`` from ``start_offset`` to ``end_offset`` (exclusive; default: no bound).
 
         ``read_committed`` (the default) yields no aborted records, no control
         records and nothing at or beyond the last stable offset. ``max_records``
@@ -216,7 +206,7 @@ class SegmentLog:
         budget = max_bytes if max_bytes is not None else -1
         while left != 0 and budget != 0:
             n = _POLL_RECORDS if left < 0 else min(left, _POLL_RECORDS)
-            batch = r.poll(n)
+            batch = r.poll(n, end=end_offset)
             if not batch:
                 return
             for rec in batch:
@@ -230,9 +220,9 @@ class SegmentLog:
 
     def offsets(self, tp: PartitionLike) -> tuple[int, int, int]:
         """``(start, end, last_stable)`` offsets of ``tp`` (all 0 for a partition with no files)."""
-        t = _tp(tp)
-        start, end, lso = _native.log_offsets(str(self.log_dir), t.topic, t.partition)
-        return int(start), int(end), int(lso)
+        t = coerce_tp(tp)
+        b = _native.log_offsets(str(self.log_dir), t.topic, t.partition)
+        return b.start, b.end, b.last_stable
 
     def start_offset(self, tp: PartitionLike) -> int:
         """The first offset in the log of ``tp``."""
@@ -248,11 +238,10 @@ class SegmentLog:
 
     def committed_records(self, tp: PartitionLike, start: int, end: int) -> int:
         """How many committed data records of ``tp`` lie in ``[start, end)`` (markers and aborted records are not)."""
-        t = _tp(tp)
+        t = coerce_tp(tp)
         if end <= start:
             return 0
-        records, _bytes, _position, _read = _native.log_committed_stats(str(self.log_dir), t.topic, t.partition, start, end)
-        return int(records)
+        return _native.log_committed_stats(str(self.log_dir), t.topic, t.partition, start, end).records
 
     def recover(self, tp: PartitionLike) -> int:
         """Open ``tp`` for writing now: take its writer lock, cut a torn tail, rebuild its index.
@@ -260,8 +249,12 @@ class SegmentLog:
         Producers do this on their first send; calling it directly checks a
         partition after a crash. Returns the log end offset.
         """
-        t = _tp(tp)
+        t = coerce_tp(tp)
         return int(self._core.recover(t.topic, t.partition))
+
+    def create(self) -> None:
+        """Create the log directory if it does not exist (an empty log is a valid one)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def abort_expired_transactions(self, timeout_ms: int) -> list[str]:
         """Abort transactions open longer than ``timeout_ms`` and finish ones a crash interrupted.
@@ -273,9 +266,15 @@ class SegmentLog:
         """
         return list(self._core.abort_expired_transactions(timeout_ms))
 
-    def dump(self, tp: PartitionLike, *, records: bool = False, isolation: Isolation = "read_committed") -> list[dict[str, Any]]:
-        """The batches of ``tp`` as kafka-dump-log shows them (and their records when asked)."""
-        t = _tp(tp)
+    def dump(self, tp: PartitionLike, *, records: bool = False, isolation: Isolation = "read_committed") -> list[LogBatch]:
+        """The batches of ``tp`` as kafka-dump-log shows them (and their records when asked).
+
+        Each :class:`LogBatch` holds the batch header's fields, whether its CRC
+        is valid, its control type and transaction outcome, and with
+        ``records`` the ``(offset, key, value, timestamp, headers)`` of each
+        record a consumer of ``isolation`` would get.
+        """
+        t = coerce_tp(tp)
         return list(_native.log_dump(str(self.log_dir), t.topic, t.partition, records, isolation))
 
     def partitions(self) -> list[TopicPartition]:
@@ -305,4 +304,4 @@ class SegmentLog:
         self.close()
 
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "LogReader", "Producer", "Record", "SegmentLog"]
+__all__ = ["DEFAULT_SEGMENT_BYTES", "LogBatch", "LogReader", "Producer", "Record", "SegmentLog"]

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from statestore import _native
 from statestore.changelog import Changelog, FedChangelog
 from statestore.errors import RestoreError, StateStoreError
-from statestore.ids import OFFSET_UNKNOWN, TopicPartition
+from statestore.ids import OFFSET_UNKNOWN, PartitionLike, TopicPartition, coerce_tp
 
 #: Default memory budget of a bulk restore (keys, values and merge buffers).
 DEFAULT_MEMORY_BUDGET: int = 256 * 2**20
@@ -89,16 +89,11 @@ class HasLogDir(Protocol):
 LogLike = HasLogDir | str | os.PathLike[str] | FedChangelog | Changelog
 
 
-def _native_log(log: LogLike) -> Any:
-    """What the native engine takes: a segment log directory, or the fed changelog itself."""
-    if isinstance(log, (str, os.PathLike)):
-        return Path(log)
-    if isinstance(log, FedChangelog):
+def _check_log(log: LogLike) -> LogLike:
+    """``log`` if the native engine can read it: a segment log directory, a segment log, or a fed changelog."""
+    if isinstance(log, (str, os.PathLike, FedChangelog)) or getattr(log, "log_dir", None) is not None:
         return log
-    log_dir = getattr(log, "log_dir", None)
-    if log_dir is None:
-        raise TypeError(f"cannot restore from {log!r}: not a segment log, a log directory or a fed changelog")
-    return Path(log_dir)
+    raise TypeError(f"cannot restore from {log!r}: not a segment log, a log directory or a fed changelog")
 
 
 @dataclass(frozen=True)
@@ -159,22 +154,18 @@ class RestoreSpec:
     format: str = "plain"
 
 
-_Outcome = tuple[str, int, int, int, int, int, int, int, float, int | None]
-
-
-def _result(tp: TopicPartition, store_path: Path, o: _Outcome) -> RestoreResult:
-    mode, start, end, applied, aborted, control, null_key, bytes_read, seconds, offset = o
+def _result(tp: TopicPartition, store_path: Path, o: _native.RestoreOutcome) -> RestoreResult:
     return RestoreResult(
         tp=tp,
         store_path=store_path,
-        mode=mode,
-        start_offset=start,
-        end_offset=end,
-        records_applied=applied,
-        records_skipped=SkippedRecords(aborted, control, null_key),
-        bytes_read=bytes_read,
-        seconds=seconds,
-        offset=offset,
+        mode=o.mode,
+        start_offset=o.start_offset,
+        end_offset=o.end_offset,
+        records_applied=o.records_applied,
+        records_skipped=SkippedRecords(o.skipped_aborted, o.skipped_control, o.skipped_null_key),
+        bytes_read=o.bytes_read,
+        seconds=o.seconds,
+        offset=o.offset,
     )
 
 
@@ -184,14 +175,10 @@ def _check_format(fmt: str) -> str:
     return fmt
 
 
-def _tp(tp: TopicPartition | tuple[str, int]) -> TopicPartition:
-    return tp if isinstance(tp, TopicPartition) else TopicPartition(*tp)
-
-
 def restore_store(
     store_path: str | os.PathLike[str],
     log: LogLike,
-    tp: TopicPartition,
+    tp: PartitionLike,
     *,
     end_offset: int | None = None,
     mode: str = "auto",
@@ -222,10 +209,10 @@ def restore_store(
     :class:`~statestore.errors.LogError` subclass; in every case the store
     keeps a committed state with its offset (bulk: its previous state).
     """
-    tp = _tp(tp)
+    tp = coerce_tp(tp)
     path = Path(store_path)
     out = _native.restore_store(
-        path, _native_log(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval,
+        path, _check_log(log), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval,
         read_ahead=read_ahead, format=_check_format(format),
     )
     return _result(tp, path, out)
@@ -248,27 +235,18 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     paths = [Path(s.store_path) for s in specs]
     if len({p.resolve() for p in paths}) != len(paths):
         raise ValueError("restore_many: two specs name the same store; restore each store once")
-    native_specs = [
-        (
-            p,
-            _native_log(s.log),
-            _tp(s.tp),
-            s.end_offset,
-            s.mode,
-            s.memory_budget_bytes,
-            s.listener,
-            s.progress_interval,
-            _check_format(s.format),
-        )
+    specs = [
+        replace(s, store_path=p, log=_check_log(s.log), tp=coerce_tp(s.tp), format=_check_format(s.format))
         for p, s in zip(paths, specs, strict=True)
     ]
-    out = _native.restore_many(native_specs, max(threads, 1))
+    out = _native.restore_many(specs, max(threads, 1))
     results = []
-    for p, s, (outcome, err) in zip(paths, specs, out, strict=True):
-        tp = _tp(s.tp)
-        if outcome is not None:
+    for p, s, outcome in zip(paths, specs, out, strict=True):
+        tp = coerce_tp(s.tp)
+        if isinstance(outcome, _native.RestoreOutcome):
             results.append(_result(tp, p, outcome))
         else:
+            err = outcome
             if not isinstance(err, StateStoreError):
                 wrapped = RestoreError(f"restoring store {p} from {tp} failed: {err!r}", path=p)
                 wrapped.__cause__ = err

@@ -31,7 +31,14 @@ from statestore.errors import ClusterError
 from statestore.planning import plan
 from statestore.policy import Guarantee
 from statestore.restore import DEFAULT_MEMORY_BUDGET, STORE_FORMATS
-from statestore.staging import DEFAULT_LOCK_TIMEOUT, check_mode, restore_partition, sweep_staging
+from statestore.staging import (
+    DEFAULT_LOCK_TIMEOUT,
+    check_mode,
+    kafka_changelog,
+    kafka_conf,
+    restore_partition,
+    sweep_staging,
+)
 from statestore.work import RESULT_COLUMNS, PartitionWork, RestoreRow
 
 if TYPE_CHECKING:
@@ -85,7 +92,7 @@ def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1
     max_attempts: int = payload["max_attempts"]
     try:
         row = restore_partition(
-            log_dir=payload["log_dir"], state_dir=payload["state_dir"], application_id=payload["application_id"],
+            log_dir=payload.get("log_dir"), kafka=payload.get("kafka"), state_dir=payload["state_dir"], application_id=payload["application_id"],
             store=work.store, partition=work.tp.partition, subtopology=work.task_id.subtopology,
             mode=payload["mode"], guarantee=payload["guarantee"], memory_budget_bytes=payload["memory_budget_bytes"],
             lock_timeout=payload["lock_timeout"], attempt=attempt, attempt_label=label, cpus=cpus,
@@ -284,7 +291,8 @@ def rows_frame(spark: SparkSession, rows: Sequence[Sequence[Any]]) -> DataFrame:
 def restore_on_spark(
     spark: SparkSession,
     *,
-    log_dir: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str] | None = None,
+    kafka: Mapping[str, Any] | None = None,
     state_dir: str | os.PathLike[str],
     application_id: str,
     stores: Sequence[str] | Mapping[str, int],
@@ -304,7 +312,10 @@ def restore_on_spark(
     store's changelog found under ``log_dir`` (read on the driver). ``log_dir``
     and ``state_dir`` are paths as the executors see them (relative ones are
     made absolute on the driver): a shared filesystem, or local disks holding
-    the same log (see the README). On a local master ``state_dir`` is created
+    the same log (see the README). Or ``kafka={"bootstrap.servers": ...,
+    ...}`` (confluent-kafka style properties, SSL and SASL included): every
+    task fetches its own partition from the cluster natively, and partitions
+    default to every partition of each store's changelog topic. On a local master ``state_dir`` is created
     when missing; on a cluster it must exist on every executor, and a host
     where it does not (a filesystem not mounted there) answers with failed
     rows naming the host and the path.
@@ -330,13 +341,18 @@ def restore_on_spark(
         raise ValueError(f"unknown store formats {bad}: use one of {', '.join(STORE_FORMATS)}")
     if memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
-    work = plan(log_dir, application_id, stores, partitions)
+    if (log_dir is None) == (kafka is None):
+        raise ValueError("name the changelog: log_dir (a segment log) or kafka (a cluster's properties)")
+    conf = None if kafka is None else kafka_conf(kafka)
+    source: Any = kafka_changelog(conf) if conf is not None else log_dir
+    work = plan(source, application_id, stores, partitions)
     sc = spark.sparkContext
     master = sc.master or "local"
     _default_python(sc)
     max_attempts = _max_attempts(master, sc.getConf().get("spark.task.maxFailures"))
     payloads = [
-        _task_payload(w, i, log_dir=os.path.abspath(log_dir), state_dir=os.path.abspath(state_dir),
+        _task_payload(w, i, log_dir=None if log_dir is None else os.path.abspath(log_dir), kafka=conf,
+                      state_dir=os.path.abspath(state_dir),
                       application_id=application_id, mode=mode, memory_budget_bytes=memory_budget_bytes,
                       lock_timeout=lock_timeout, max_attempts=max_attempts, guarantee=g.value,
                       create_state_dir=_is_local(master), format=fmts.get(w.store, "plain"))

@@ -36,10 +36,12 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from statestore import _native
 from statestore._faults import FAIL_ATTEMPT_ENV, InjectedFailure, failure_injected
@@ -78,7 +80,8 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
     if not target.is_dir():
         return False
     try:
-        offsets, _status, keys = _native.store_info(target)
+        info = _native.store_info(target)
+        offsets, keys = info.offsets, info.estimated_keys
     except StateStoreError as e:
         log.warning("%s cannot be read (%s); restoring it from the changelog's start", target, e)
         return False
@@ -152,18 +155,47 @@ def _remove_tree(path: Path) -> None:
         path.parent.parent.rmdir()
 
 
-def _lag_after(log_dir: str | os.PathLike[str], tp: TopicPartition, offset: int | None) -> Lag | None:
+def _lag_after(changelog: Any, tp: TopicPartition, offset: int | None) -> Lag | None:
     """The store's lag once restored; None (unknown) when the log cannot be read now."""
     try:
-        return store_lag(SegmentLog(Path(log_dir)), tp, offset)
+        return store_lag(SegmentLog(changelog) if isinstance(changelog, Path) else changelog, tp, offset)
     except StateStoreError as e:
         log.debug("lag of %s unknown after its restore: %s", tp, e)
         return None
 
 
+#: A Kafka cluster as Spark work items carry it: its confluent-kafka style properties, sorted.
+KafkaConf = tuple[tuple[str, str], ...]
+
+_KAFKA_CHANGELOGS: dict[KafkaConf, Any] = {}
+_KAFKA_LOCK = threading.Lock()
+
+
+def kafka_conf(kafka: Mapping[str, Any]) -> KafkaConf:
+    """``kafka`` (``{"bootstrap.servers": ..., ...}``) as a hashable, picklable work-item field."""
+    conf = tuple(sorted((str(k).replace("_", "."), str(v)) for k, v in kafka.items()))
+    if not any(k == "bootstrap.servers" for k, _ in conf):
+        raise ValueError("kafka= needs bootstrap.servers")
+    return conf
+
+
+def kafka_changelog(conf: KafkaConf) -> Any:
+    """The process's :class:`~statestore.kafka.KafkaChangelog` for ``conf`` (one per executor process, reused
+    by its tasks so connections to the brokers are too)."""
+    with _KAFKA_LOCK:
+        cl = _KAFKA_CHANGELOGS.get(conf)
+        if cl is None:
+            from statestore.kafka import KafkaChangelog
+
+            props: dict[str, Any] = dict(conf)
+            cl = _KAFKA_CHANGELOGS[conf] = KafkaChangelog(props.pop("bootstrap.servers"), **props)
+        return cl
+
+
 def restore_partition(
     *,
-    log_dir: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str] | None = None,
+    kafka: KafkaConf | Mapping[str, Any] | None = None,
     state_dir: str | os.PathLike[str],
     application_id: str,
     store: str,
@@ -183,7 +215,8 @@ def restore_partition(
 
     The store is ``<state_dir>/<application_id>/<subtopology>_<partition>/rocksdb/<store>``
     and its changelog ``<application_id>-<store>-changelog`` partition
-    ``partition`` under ``log_dir``. Errors of statestore (bad log, lock
+    ``partition`` under ``log_dir``, or on the Kafka cluster ``kafka`` names
+    (confluent-kafka style properties; fetched natively). Errors of statestore (bad log, lock
     timeout, state directory held exclusively by an application ...) come back
     as a row with status ``failed``; anything else raises, after the staging
     directory is removed. ``attempt`` is the 0-based attempt number (Spark's),
@@ -199,6 +232,12 @@ def restore_partition(
     is left untouched and answered with a failed row.
     """
     check_mode(mode)
+    if (log_dir is None) == (kafka is None):
+        raise ValueError("name the changelog: log_dir or kafka")
+    changelog: Any = (
+        Path(log_dir) if log_dir is not None
+        else kafka_changelog(kafka if isinstance(kafka, tuple) else kafka_conf(kafka or {}))
+    )
     policy = Policy(Guarantee(guarantee))
     work = PartitionWork.of(application_id, store, partition, subtopology)
     task_id, tp = work.task_id, work.tp
@@ -229,7 +268,7 @@ def restore_partition(
         if can_resume_from(target, tp, policy.guarantee):
             _native.link_copy_dir(target, staged)
         result = restore_store(
-            staged, log_dir, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1,
+            staged, changelog, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1,
             format=format,
         )
         if failure_injected(store, partition, attempt):
@@ -241,7 +280,7 @@ def restore_partition(
         _native.fsync_dir(staged)  # what the restore wrote beside the copy's links
         _native.replace_dir(staged, target, attempt_dir / "previous")
         return RestoreRow.restored(work, result, seconds=time.perf_counter() - t0,
-                                   lag=_lag_after(log_dir, tp, result.offset), attempts=attempt + 1)
+                                   lag=_lag_after(changelog, tp, result.offset), attempts=attempt + 1)
     except StateStoreError as e:
         msg = str(e)
         if staged is not None and target is not None:  # the staging store started as a copy of the store

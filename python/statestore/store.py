@@ -36,7 +36,8 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from statestore.errors import IllegalStateError, StoreError
+from statestore import _native
+from statestore.errors import IllegalStateError, StoreCorruptedError, StoreError
 from statestore.ids import TaskId, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -74,15 +75,37 @@ def encode_i64(value: int) -> bytes:
     return value.to_bytes(8, "big", signed=True)
 
 
-def decode_i64(data: bytes, *, what: str, path: Path) -> int:
-    """Decode an 8-byte big-endian signed value; any other length is a ``StoreError`` naming ``what``."""
+def is_corruption(e: BaseException) -> bool:
+    """Whether a RocksDB error (rocksdict raises plain ``Exception``) reports damaged files.
+
+    RocksDB's status text starts with its code: ``Corruption: block checksum mismatch ...``,
+    ``Corruption: Sst file size mismatch ...``, ``Corruption: Bad table magic number ...``; a
+    background compaction that read a damaged block makes later writes fail with the same status.
+    """
+    return str(e).lstrip().startswith("Corruption:")
+
+
+def decode_i64(data: bytes, *, what: str, path: Path, task_id: object | None = None) -> int:
+    """Decode an 8-byte big-endian signed value; any other length is a ``StoreCorruptedError`` naming ``what``."""
     if len(data) != 8:
-        raise StoreError(
+        raise StoreCorruptedError(
             f"store {path}: {what} is {len(data)} bytes, expected 8; the offsets column family is damaged "
             "-- wipe the task to restore it from its changelog",
             path=path,
+            task_id=task_id,
+            task_ids=frozenset() if task_id is None else frozenset({task_id}),
         )
     return int.from_bytes(data, "big", signed=True)
+
+
+def read_offsets(path: Path) -> dict[str, int]:
+    """The offsets recorded in the store at ``path`` (``"<topic>-<partition>"`` -> offset), read-only.
+
+    Takes no lock and changes nothing, so a tool or the task manager may read
+    an unowned store; a damaged offsets column family is a ``StoreError``
+    naming the store.
+    """
+    return dict(_native.store_info(path).offsets)
 
 
 def decode_offset_entry(
@@ -91,20 +114,21 @@ def decode_offset_entry(
     """Decode one ``"<topic>-<partition>" -> offset`` entry of the offsets column family.
 
     The bytes come from disk: a key that is not ``<topic>-<partition>`` or a
-    value that is not 8 bytes raises ``StoreError`` naming the store, never
-    another exception.
+    value that is not 8 bytes raises ``StoreCorruptedError`` (a ``StoreError``)
+    naming the store, never another exception.
     """
     try:
         tp = TopicPartition.parse(key.decode())
     except (UnicodeDecodeError, ValueError) as e:
         shown = key if len(key) <= 80 else key[:80] + b"..."
-        raise StoreError(
+        raise StoreCorruptedError(
             f"{who}: offsets key {shown!r} in {path} is not '<topic>-<partition>'; "
             "wipe the task to restore it from its changelog",
             path=path,
             task_id=task_id,
+            task_ids=frozenset() if task_id is None else frozenset({task_id}),
         ) from e
-    return tp, decode_i64(value, what=f"offset of {tp}", path=path)
+    return tp, decode_i64(value, what=f"offset of {tp}", path=path, task_id=task_id)
 
 
 class _Staging:
@@ -200,6 +224,8 @@ class Store(_StagedWrites):
         try:
             self._db: Rdict | None = Rdict(str(self.path), opts, column_families=families)
         except Exception as e:  # rocksdict raises plain Exception
+            if is_corruption(e):
+                raise self._failed(f"cannot open RocksDB at {self.path}", e) from e
             raise StoreError(
                 f"{self._who()}: cannot open RocksDB at {self.path}: {e}; if another process or the "
                 "restore engine has it open, close that first",
@@ -211,11 +237,12 @@ class Store(_StagedWrites):
             self._db.get_column_family(TIMESTAMPED_CF) if format == "timestamped" else self._db
         )
         self._wal = WriteOptions()
-        raw = self._offsets_db.get(STATUS_KEY)
-        self.previous_status: int | None = (
-            None if raw is None else decode_i64(raw, what="status marker", path=self.path)
-        )
-        self._write_marker(STATUS_OPEN)
+        try:
+            self.previous_status: int | None = self._status_now()
+            self._write_marker(STATUS_OPEN)
+        except BaseException:
+            self._drop_handles(quiet=True)
+            raise
 
     def _check_format_on_disk(self) -> None:
         from statestore import _native  # the Rust extension lists column families without opening for writing
@@ -255,14 +282,26 @@ class Store(_StagedWrites):
     def _batch(self) -> WriteBatch:
         return WriteBatch(raw_mode=True)
 
+    def _failed(self, what: str, e: Exception) -> StoreError:
+        """The error for a failed RocksDB call: ``StoreCorruptedError`` when RocksDB reports damaged files
+        (wipe the task and restore it), else ``StoreError``. Both name the store and keep RocksDB's reason."""
+        if is_corruption(e):
+            return StoreCorruptedError(
+                f"{self._who()}: {what}: {e}; its files are damaged -- wipe the task to restore it from "
+                "its changelog",
+                path=self.path,
+                task_id=self.task_id,
+                task_ids=frozenset() if self.task_id is None else frozenset({self.task_id}),
+            )
+        return StoreError(f"{self._who()}: {what}: {e}", path=self.path, task_id=self.task_id)
+
     def _write(self, batch: WriteBatch) -> None:
         try:
             self._open_db().write(batch, self._wal)
         except IllegalStateError:
             raise
         except Exception as e:
-            raise StoreError(f"{self._who()}: write to {self.path} failed: {e}", path=self.path,
-                             task_id=self.task_id) from e
+            raise self._failed(f"write to {self.path} failed", e) from e
 
     def _write_marker(self, status: int) -> None:
         db = self._open_db()
@@ -285,12 +324,7 @@ class Store(_StagedWrites):
         return value
 
     def _read_failed(self, e: Exception) -> StoreError:
-        return StoreError(
-            f"{self._who()}: reading {self.path} failed: {e}; its files are damaged -- wipe the task to "
-            "restore it from its changelog",
-            path=self.path,
-            task_id=self.task_id,
-        )
+        return self._failed(f"reading {self.path} failed", e)
 
     def _committed(self, start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         it = self._data().iter()
@@ -323,7 +357,12 @@ class Store(_StagedWrites):
 
     def approximate_num_entries(self) -> int:
         """RocksDB's estimate of the number of keys, plus staged puts (an estimate, never exact)."""
-        estimate = self._data().property_int_value("rocksdb.estimate-num-keys") or 0
+        try:
+            estimate = self._data().property_int_value("rocksdb.estimate-num-keys") or 0
+        except IllegalStateError:
+            raise
+        except Exception as e:
+            raise self._read_failed(e) from e
         staged = sum(1 for v in self._staging.writes.values() if v is not None)
         return estimate + staged
 
@@ -375,10 +414,28 @@ class Store(_StagedWrites):
 
     # -- offsets and status -----------------------------------------------------------
 
+    def _get_offsets_entry(self, key: bytes) -> bytes | None:
+        try:
+            raw: bytes | None = self._offsets().get(key)
+        except IllegalStateError:
+            raise
+        except Exception as e:  # rocksdict raises plain Exception
+            raise self._read_failed(e) from e
+        return raw
+
+    def _decode(self, raw: bytes, what: str) -> int:
+        return decode_i64(raw, what=what, path=self.path, task_id=self.task_id)
+
     def offsets(self) -> dict[TopicPartition, int]:
         """Every offset recorded in the store (the status marker excluded)."""
         out: dict[TopicPartition, int] = {}
-        for key, value in self._offsets().items():
+        try:
+            items = list(self._offsets().items())
+        except IllegalStateError:
+            raise
+        except Exception as e:  # rocksdict raises plain Exception
+            raise self._read_failed(e) from e
+        for key, value in items:
             if not isinstance(key, bytes) or key in (STATUS_KEY, POSITION_KEY):
                 continue
             tp, offset = decode_offset_entry(key, value, path=self.path, who=self._who(), task_id=self.task_id)
@@ -387,26 +444,51 @@ class Store(_StagedWrites):
 
     def offset(self, tp: TopicPartition) -> int | None:
         """The offset recorded for ``tp``, or None."""
-        raw = self._offsets().get(str(TopicPartition(*tp)).encode())
-        return None if raw is None else decode_i64(raw, what=f"offset of {tp}", path=self.path)
+        raw = self._get_offsets_entry(str(TopicPartition(*tp)).encode())
+        return None if raw is None else self._decode(raw, f"offset of {tp}")
+
+    def _status_now(self) -> int | None:
+        raw = self._get_offsets_entry(STATUS_KEY)
+        return None if raw is None else self._decode(raw, "status marker")
 
     def status(self) -> int | None:
         """The status marker as stored now (``STATUS_OPEN`` while open)."""
-        raw = self._offsets().get(STATUS_KEY)
-        return None if raw is None else decode_i64(raw, what="status marker", path=self.path)
+        return self._status_now()
 
     # -- durability and closing -------------------------------------------------------
 
     def flush(self) -> None:
-        """Flush committed data, then offsets, to SST files and wait (staged writes are not flushed)."""
+        """Flush committed data, then offsets, to SST files and wait (staged writes are not flushed).
+
+        A flush after a background compaction found damaged files raises
+        ``StoreCorruptedError``; other failures (disk full, I/O errors) ``StoreError``.
+        """
         try:
             self._data().flush(True)
             self._offsets().flush(True)
         except IllegalStateError:
             raise
         except Exception as e:
-            raise StoreError(f"{self._who()}: flush of {self.path} failed: {e}", path=self.path,
-                             task_id=self.task_id) from e
+            raise self._failed(f"flush of {self.path} failed", e) from e
+
+    def _drop_handles(self, *, quiet: bool = False) -> None:
+        """Close RocksDB. With ``quiet`` (a dirty close) a failure is only logged: RocksDB repeats the
+        error that stopped its writes (e.g. a compaction that found a damaged block), the handle is
+        released all the same, and nothing of the store is trusted anyway."""
+        # Column-family handles keep the RocksDB LOCK alive: drop them first.
+        self._offsets_db = None
+        self._data_db = None
+        db, self._db = self._db, None
+        if db is None:
+            return
+        try:
+            db.close()
+        except Exception as e:
+            if not quiet:
+                raise self._failed(f"closing {self.path} failed", e) from e
+            log.warning("%s: closing %s dirty: %s", self._who(), self.path, e)
+        finally:
+            del db
 
     @property
     def closed(self) -> bool:
@@ -428,19 +510,12 @@ class Store(_StagedWrites):
             if clean:
                 self.flush()
                 self._write_marker(STATUS_CLOSED)
-                self._offsets().flush(True)
+                try:
+                    self._offsets().flush(True)
+                except Exception as e:
+                    raise self._failed(f"flush of {self.path} failed", e) from e
         finally:
-            # Column-family handles keep the RocksDB LOCK alive: drop them first.
-            self._offsets_db = None
-            self._data_db = None
-            db, self._db = self._db, None
-            try:
-                db.close()
-            except Exception as e:
-                raise StoreError(f"{self._who()}: closing {self.path} failed: {e}", path=self.path,
-                                 task_id=self.task_id) from e
-            finally:
-                del db
+            self._drop_handles(quiet=not clean)
 
     def __enter__(self) -> Store:
         return self
@@ -545,4 +620,5 @@ __all__ = [
     "decode_timestamped",
     "encode_i64",
     "encode_timestamped",
+    "is_corruption",
 ]

@@ -3,7 +3,7 @@
 :class:`TaskManager` is what a stream processor talks to. It
 
 * on :meth:`~TaskManager.start`, opens every non-empty task directory as a
-  *startup standby* (seed 004, KAFKA-17411): corrupted state is found and wiped
+  *startup standby* (guarantee 8 of docs/architecture.md, KAFKA-17411): corrupted state is found and wiped
   before any assignment, at most ``max_startup_tasks`` stay open (memory is
   bounded), and the first assignment reuses them instead of reopening;
 * turns assignments into tasks (:meth:`~TaskManager.assign`): creates,
@@ -26,9 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rocksdict import AccessType, Options, Rdict
-
-from statestore.changelog import Changelog, ChangelogProducer, DeferredOffsets
+from statestore.changelog import Changelog
 from statestore.checkpoint import OffsetCheckpoint
 from statestore.directory import StateDirectory
 from statestore.errors import (
@@ -42,12 +40,12 @@ from statestore.errors import (
 )
 from statestore.ids import TaskId, TopicPartition, changelog_topic
 from statestore.lag import Lag, store_lag
-from statestore.log import SegmentLog
 from statestore.metrics import RestoreMetrics
 from statestore.policy import Guarantee, OffsetsMode, Policy
-from statestore.restore import RestoreListener as EngineRestoreListener
+from statestore.record_collector import RecordCollector
+from statestore.restore import RestoreListener
 from statestore.state_manager import StateManager
-from statestore.store import OFFSETS_CF, decode_i64
+from statestore.store import read_offsets
 from statestore.task import ActiveTask, StandbyTask, Task, TaskState, build_state_manager
 from statestore.updater import (
     DEFAULT_CHUNK_OFFSETS,
@@ -66,48 +64,6 @@ _IDLE_WAIT = 0.01
 DEFAULT_MAX_STARTUP_TASKS = 64
 #: Most times in a row a task that restores nothing is wiped before poll() raises instead.
 MAX_WIPES = 3
-
-
-class RecordCollector:
-    """The task manager's changelog producer: every store write of every active task goes through it.
-
-    Under exactly-once it is transactional (one transactional id per state
-    directory process id, so a restarted process fences its predecessor and
-    aborts what it left open) and a transaction is begun by the first write
-    after a commit.
-    """
-
-    def __init__(self, changelog: Changelog, transactional_id: str | None) -> None:
-        self.producer: ChangelogProducer = changelog.producer(transactional_id)
-        self.transactional = transactional_id is not None
-
-    def send(self, tp: TopicPartition, key: bytes, value: bytes | None) -> int:
-        """Send one change and return its offset (beginning a transaction if needed)."""
-        if self.transactional and not self.producer.in_transaction:
-            self.producer.begin()
-        return self.producer.send(tp.topic, tp.partition, key, value)
-
-    def commit(self) -> dict[TopicPartition, int]:
-        """Make everything sent durable and visible: commit the transaction, or flush.
-
-        Returns the offsets learnt on delivery (a Kafka producer's ``send``
-        returns -1), by partition; empty for the segment log.
-        """
-        if self.transactional:
-            if self.producer.in_transaction:
-                self.producer.commit()
-        else:
-            self.producer.flush()
-        return self.producer.take_offsets() if isinstance(self.producer, DeferredOffsets) else {}
-
-    def abort(self) -> None:
-        """Abort the open transaction (exactly-once); at-least-once has nothing to abort."""
-        if self.transactional and self.producer.in_transaction:
-            self.producer.abort()
-
-    def close(self) -> None:
-        """Flush what is buffered; an open transaction stays open (its successor aborts it)."""
-        self.producer.close()
 
 
 class TaskManager:
@@ -138,7 +94,7 @@ class TaskManager:
         *,
         guarantee: Guarantee | str,
         offsets: OffsetsMode | str = "store",
-        listener: EngineRestoreListener | None = None,
+        listener: RestoreListener | None = None,
         standby_listener: StandbyUpdateListener | None = None,
         metrics: RestoreMetrics | None = None,
         commit_interval_ms: int = 30_000,
@@ -227,7 +183,7 @@ class TaskManager:
     def start(self) -> None:
         """Open the changelog producer and every non-empty local task directory as a startup standby.
 
-        Corrupted state is wiped here, before any assignment (seed 004). At
+        Corrupted state is wiped here, before any assignment (guarantee 8). At
         most ``max_startup_tasks`` startup standbys stay open until the first
         :meth:`assign`; the others are verified (and wiped if corrupted) and
         closed again. Under exactly-once the producer fences this instance's
@@ -237,8 +193,7 @@ class TaskManager:
         if self._started:
             return
         self._started = True
-        if isinstance(self.changelog, SegmentLog):
-            self.changelog.log_dir.mkdir(parents=True, exist_ok=True)  # an empty changelog is a valid one
+        self.changelog.create()  # a new application's changelog is an empty one
         tid = None
         if self.policy.eos:
             tid = f"{self.directory.application_id}-{self.directory.process_id}"
@@ -568,22 +523,14 @@ class TaskManager:
             path = self.directory.store_dir(task_id, name)
             if not (path / "CURRENT").exists():
                 continue
-            raw_opts = Options(raw_mode=True)
             try:
-                db = Rdict(str(path), raw_opts, column_families={OFFSETS_CF: Options(raw_mode=True)},
-                           access_type=AccessType.read_only())
-                try:
-                    cf = db.get_column_family(OFFSETS_CF)
-                    raw = cf.get(str(tp).encode())
-                    del cf
-                finally:
-                    db.close()
-            except Exception as e:  # rocksdict raises plain Exception for damaged files
+                recorded = read_offsets(path)
+            except StoreError as e:
                 raise StoreError(
                     f"task {task_id}: cannot read the offsets of store {path}: {e}", path=path, task_id=task_id
                 ) from e
-            if raw is not None:
-                out[tp] = decode_i64(raw, what=f"offset of {tp}", path=path)
+            if str(tp) in recorded:
+                out[tp] = recorded[str(tp)]
         return out
 
     # -- commit and close ----------------------------------------------------------------------
@@ -615,10 +562,21 @@ class TaskManager:
                 for t in running:
                     t.abort()
                 raise
+        corrupted: list[TaskCorruptedError] = []
         for t in running:
             if t.commit_needed:
-                t.commit(delivered)
+                try:
+                    t.commit(delivered)
+                except TaskCorruptedError as e:
+                    # Damaged store files (e.g. found by a background compaction): the changelog
+                    # already holds these writes, so the other tasks commit and this one is wiped
+                    # and restored by handle_corruption(), which the caller runs as Kafka's stream
+                    # thread does.
+                    log.warning("%s task %s: commit found its local state corrupted: %s", t.kind, t.id, e)
+                    corrupted.append(e)
         self.updater.record_offsets()
+        if corrupted:
+            raise _combined(corrupted)
 
     def close(self, clean: bool = True) -> None:
         """Close every task (committing first when clean), the updater and the producer.
@@ -671,6 +629,20 @@ class TaskManager:
         self.close(clean=exc == (None, None, None))
 
 
+def _combined(errors: list[TaskCorruptedError]) -> TaskCorruptedError:
+    """One ``TaskCorruptedError`` naming every task of ``errors`` (the first is the cause)."""
+    if len(errors) == 1:
+        return errors[0]
+    ids = frozenset().union(*(e.task_ids for e in errors))
+    out = TaskCorruptedError(
+        f"tasks {', '.join(sorted(map(str, ids)))} are corrupted: " + "; ".join(map(str, errors)),
+        task_ids=ids,
+        path=errors[0].path,
+    )
+    out.__cause__ = errors[0]
+    return out
+
+
 #: Largest offset sum reported (Kafka pins overflowing sums at Long.MAX_VALUE).
 MAX_OFFSET_SUM = 2**63 - 1
 
@@ -679,4 +651,4 @@ def _offset_sum(offsets: Iterable[int | None]) -> int:
     return min(MAX_OFFSET_SUM, sum(o for o in offsets if o is not None and o >= 0))
 
 
-__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "MAX_OFFSET_SUM", "MAX_WIPES", "RecordCollector", "TaskManager"]
+__all__ = ["DEFAULT_MAX_STARTUP_TASKS", "MAX_OFFSET_SUM", "MAX_WIPES", "TaskManager"]

@@ -19,7 +19,7 @@ with every byte of restoration going through the Rust restore engine
   most ``chunk_offsets`` offsets per changelog and a poll stops starting new
   chunks once its time slice is spent. With ``background=True`` chunks run on
   a worker thread and ``poll`` only collects what finished.
-* "Restore complete" belongs to one assignment (seed 002, KAFKA-7672): all
+* "Restore complete" belongs to one assignment (guarantee 5 of docs/architecture.md, KAFKA-7672): all
   progress of a task is kept in one record that :meth:`StateUpdater.remove`
   drops, so a task added again starts from what its stores hold now.
 """
@@ -37,8 +37,7 @@ from statestore.changelog import Changelog
 from statestore.errors import LogError, RestoreError, StateStoreError, StoreError, TaskCorruptedError
 from statestore.ids import TaskId, TopicPartition
 from statestore.metrics import RestoreMetrics
-from statestore.restore import RestoreListener as EngineRestoreListener
-from statestore.restore import RestoreResult, RestoreSpec, restore_many
+from statestore.restore import RestoreListener, RestoreResult, RestoreSpec, restore_many
 from statestore.task import ActiveTask, ChangelogStore, StandbyTask, Task, TaskState
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ class SuspendReason(enum.Enum):
     """The standby was revoked from this instance."""
 
 
-class RestoreListener(EngineRestoreListener):
+class StateRestoreListener(RestoreListener):
     """Restoration of active tasks' changelogs, with the shape of Kafka's ``StateRestoreListener``.
 
     The restore engine's listener (:class:`statestore.RestoreListener`) plus
@@ -160,7 +159,7 @@ class StateUpdater:
         self,
         changelog: Changelog,
         *,
-        listener: EngineRestoreListener | None = None,
+        listener: RestoreListener | None = None,
         standby_listener: StandbyUpdateListener | None = None,
         metrics: RestoreMetrics | None = None,
         commit_interval_ms: int = 30_000,
@@ -419,7 +418,10 @@ class StateUpdater:
         entry.failed = True
         task = entry.task
         original = error
-        if isinstance(error, (LogError, StoreError, RestoreError)) and not isinstance(error, TaskCorruptedError):
+        # A TaskCorruptedError that does not name its task (e.g. the restore engine's
+        # StoreCorruptedError for damaged store files) is wrapped too, so it does.
+        named = isinstance(error, TaskCorruptedError) and error.task_id is not None
+        if isinstance(error, (LogError, StoreError, RestoreError)) and not named:
             where = f" restoring {cl.store.name} from {cl.store.tp}" if cl is not None else ""
             error = TaskCorruptedError(
                 f"{task.kind} task {task.id}:{where} failed: {error}; wiping the task to restore it "
@@ -469,8 +471,8 @@ __all__ = [
     "DEFAULT_TIME_SLICE_MS",
     "DEFAULT_TRANSACTION_TIMEOUT_MS",
     "ChangelogPhase",
-    "RestoreListener",
     "StandbyUpdateListener",
+    "StateRestoreListener",
     "StateUpdater",
     "SuspendReason",
 ]

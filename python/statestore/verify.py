@@ -6,6 +6,10 @@ different code path from the bulk mode that fills empty stores, so the two
 check each other -- and the two
 stores are compared in Rust: a digest of each and, on mismatch, the first key
 at which they differ with both values. Nothing per record runs in Python.
+
+A store whose files RocksDB cannot read (a damaged table file, MANIFEST or
+offsets entry) is reported as damaged with RocksDB's reason, and the other
+stores are still verified.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import cast
 
 from statestore import _native
 from statestore.changelog import Changelog
-from statestore.errors import StateStoreError
+from statestore.errors import StateStoreError, StoreCorruptedError, StoreError
 from statestore.inspection import LocalStore, local_stores
 from statestore.log import SegmentLog
 from statestore.restore import LogLike, restore_store
@@ -43,6 +47,8 @@ class VerifyResult:
     format: str | None = None
     #: Why the store could not be verified (a type statestore does not know, a store RocksDB cannot open).
     problem: str | None = None
+    #: The store's files are damaged (RocksDB's ``Corruption``; ``problem`` holds its reason).
+    damaged: bool = False
 
     @property
     def ok(self) -> bool:
@@ -60,20 +66,41 @@ def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult
     """
     try:
         fmt = _native.store_format(store.path) or "plain"
-        offsets, _status, _keys = _native.store_info(store.path)
+        offsets = _native.store_info(store.path).offsets
     except StateStoreError as e:
-        return VerifyResult(store, None, "", "", 0, 0, None, None, None, str(e))
+        return _unreadable(store, None, None, e)
     offset = offsets.get(str(store.changelog))
     expected = scratch / f"{store.task_id}-{store.store}"
     expected_offset = None
-    if offset is None:
-        _native.store_write_batch(expected, [], {}, format=fmt)
-    else:
-        result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay", format=fmt)
-        expected_offset = result.offset
-    e_digest, a_digest, e_n, a_n, diff = _native.store_compare(expected, store.path)
-    shutil.rmtree(expected, ignore_errors=True)
-    return VerifyResult(store, offset, e_digest, a_digest, e_n, a_n, diff, expected_offset, fmt)
+    try:
+        if offset is None:
+            _native.store_create(expected, fmt)
+        else:
+            result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay", format=fmt)
+            expected_offset = result.offset
+        try:
+            # The rebuilt store was just written: a store error here is the local store's (a damaged block).
+            c = _native.store_compare(expected, store.path)
+        except StoreError as e:
+            return _unreadable(store, offset, fmt, e)
+    finally:
+        shutil.rmtree(expected, ignore_errors=True)
+    return VerifyResult(
+        store,
+        offset,
+        c.expected_digest,
+        c.actual_digest,
+        c.expected_entries,
+        c.actual_entries,
+        c.first_difference,
+        expected_offset,
+        fmt,
+    )
+
+
+def _unreadable(store: LocalStore, offset: int | None, fmt: str | None, e: StateStoreError) -> VerifyResult:
+    return VerifyResult(store, offset, "", "", 0, 0, None, None, fmt, str(e),
+                        damaged=isinstance(e, StoreCorruptedError))
 
 
 def verify_app(

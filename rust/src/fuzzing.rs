@@ -327,12 +327,111 @@ pub fn txn_state(data: &[u8]) {
     }
 }
 
+// ------------------------------------------------------------ fetch responses
+
+/// Target `fetch_response`: a Fetch response as a broker sends it -- the
+/// first byte picks the version (4..=12), the rest is the frame after its
+/// length (response header with correlation id 1, then the body) -- decoded
+/// with the `kafka-protocol` crate, then walked batch by batch as a restore
+/// does. Invariants: every batch handed out lies inside the records, in
+/// order, with a valid CRC; the walk never goes backwards.
+pub fn fetch_response(data: &[u8]) {
+    use crate::kafka::fetch::{Batches, Fate};
+    use kafka_protocol::messages::FetchRequest;
+
+    let Some((&v, frame)) = data.split_first() else { return };
+    let version = 4 + (v % 9) as i16;
+    let frame = bytes::Bytes::copy_from_slice(frame);
+    let Ok(resp) = crate::kafka::conn::decode_response::<FetchRequest>(frame, 1, version) else { return };
+    for t in &resp.responses {
+        for p in &t.partitions {
+            let records = p.records.clone().unwrap_or_default();
+            let aborted = p.aborted_transactions.iter().flatten().map(|a| (a.producer_id.0, a.first_offset));
+            let mut batches = Batches::new(&records, aborted);
+            let mut at = 0usize;
+            while let Some(b) = batches.next_batch() {
+                let Ok(b) = b else { break };
+                assert!(batches.position() > at && batches.position() <= records.len());
+                assert_eq!(batches.position() - at, b.bytes.len());
+                at = batches.position();
+                assert!(codec::verify_crc(&b.header, b.bytes).is_ok(), "a batch with a bad CRC was handed out");
+                if b.fate == Fate::Data {
+                    let mut scratch = Vec::new();
+                    if let Ok(recs) = codec::batch_records(&b.header, b.bytes, &mut scratch) {
+                        for r in recs {
+                            if r.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            let _ = Batches::next_offset_after(&records);
+        }
+    }
+}
+
+/// A Fetch response frame for the `fetch_response` target: `version`, then the frame.
+pub fn fetch_response_seed(version: i16, records: &[u8], aborted: &[(i64, i64)]) -> Vec<u8> {
+    use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::{ApiKey, FetchResponse, ProducerId, ResponseHeader, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+
+    let mut out = vec![(version - 4) as u8];
+    ResponseHeader::default()
+        .with_correlation_id(1)
+        .encode(&mut out, ApiKey::Fetch.response_header_version(version))
+        .expect("encodes");
+    let p = PartitionData::default()
+        .with_partition_index(0)
+        .with_high_watermark(100)
+        .with_last_stable_offset(100)
+        .with_aborted_transactions(Some(
+            aborted
+                .iter()
+                .map(|&(pid, first)| AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first))
+                .collect(),
+        ))
+        .with_records(Some(bytes::Bytes::copy_from_slice(records)));
+    FetchResponse::default()
+        .with_responses(vec![FetchableTopicResponse::default()
+            .with_topic(TopicName(StrBytes::from_static_str("t")))
+            .with_partitions(vec![p])])
+        .encode(&mut out, version)
+        .expect("encodes");
+    out
+}
+
 // ------------------------------------------------------------- seed corpus
 
 /// The seed corpus: `(target, file name, bytes)`. Written to
 /// `fuzz/corpus/<target>/` by the `write_seed_corpus` test below.
 pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut out = Vec::new();
+    // Fetch responses: plain data, an aborted transaction with its marker, a batch cut at the end.
+    {
+        let meta = |pid| BatchMeta { producer_id: pid, producer_epoch: 0, base_sequence: 0, transactional: true, ..Default::default() };
+        let mut plain = BatchBuilder::new(0, BatchMeta::default());
+        plain.append(0, 1_700_000_000_000, Some(b"k0"), Some(b"v0"), &[]);
+        plain.append(1, 1_700_000_000_001, Some(b"k1"), None, &[(b"h", Some(b"x"))]);
+        let mut aborted = BatchBuilder::new(2, meta(5));
+        aborted.append(2, 1_700_000_000_002, Some(b"k2"), Some(b"aborted"), &[]);
+        let mut committed = BatchBuilder::new(3, meta(6));
+        committed.append(3, 1_700_000_000_003, Some(b"k3"), Some(b"committed"), &[]);
+        let records = [
+            plain.finish(Compression::None),
+            aborted.finish(Compression::Lz4),
+            committed.finish(Compression::Zstd),
+            codec::control_batch(4, 5, 0, false, 1_700_000_000_004, 0),
+            codec::control_batch(5, 6, 0, true, 1_700_000_000_005, 0),
+        ]
+        .concat();
+        for version in [4i16, 11, 12] {
+            out.push(("fetch_response", format!("v{version}"), fetch_response_seed(version, &records, &[(5, 2)])));
+        }
+        let cut = &records[..records.len() - 9];
+        out.push(("fetch_response", "v12-cut".to_string(), fetch_response_seed(12, cut, &[(5, 2)])));
+    }
     // Batches of every codec, plain, transactional, with headers and nulls, and control batches.
     for codec in [Compression::None, Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd] {
         for (name, meta) in [
@@ -371,7 +470,7 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
 
 /// Seed partition directories, written by the real writer and packed.
 fn seed_dirs() -> Vec<(String, Vec<u8>)> {
-    use crate::log::txn::Log;
+    use crate::log::Log;
     use std::sync::Arc;
     let mut out = Vec::new();
     let pack = |dir: &Path, flags: u8| {
@@ -449,6 +548,7 @@ mod tests {
             "segment" => segment,
             "offsets" => offsets,
             "txn_state" => txn_state,
+            "fetch_response" => fetch_response,
             other => panic!("no fuzz target {other}"),
         }
     }
@@ -559,7 +659,9 @@ mod tests {
     fn mutated_corpus_runs_cleanly() {
         let seed = std::env::var("STATESTORE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_F00D_u64);
         let scale: usize = std::env::var("STATESTORE_FUZZ_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-        for (t, rounds) in [("batch", 20_000), ("offsets", 20_000), ("txn_state", 10_000), ("segment", 1_500)] {
+        for (t, rounds) in
+            [("batch", 20_000), ("offsets", 20_000), ("txn_state", 10_000), ("segment", 1_500), ("fetch_response", 20_000)]
+        {
             let mut inputs: Vec<Vec<u8>> =
                 seed_corpus().into_iter().filter(|(name, _, _)| *name == t).map(|(_, _, b)| b).collect();
             if let Ok(entries) = fs::read_dir(corpus_dir().join(t)) {

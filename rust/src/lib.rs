@@ -14,6 +14,7 @@
 pub mod bulk;
 pub mod codec;
 pub mod fileio;
+pub mod kafka;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -37,8 +38,10 @@ use pyo3::prelude::*;
 #[pyo3(name = "_native")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     py::fileio::register(m)?;
+    py::kafka::register(m)?;
     py::log::register(m)?;
     py::restore::register(m)?;
     py::store::register(m)?;
+    py::testing::register(m)?;
     Ok(())
 }

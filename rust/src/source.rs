@@ -3,8 +3,14 @@
 //! partition that hands out committed data records without any per-record
 //! allocation or Python.
 //!
-//! `log` implements [`ChangelogSource`] for segment files; `replay` and `bulk`
-//! consume it. Tests of the restore engine may implement it over a vector.
+//! Errors are [`LogError`]s whatever the changelog.
+//!
+//! A [`Changelog`] says where a partition's log starts and ends and opens a
+//! [`ChangelogSource`] on it. `log` implements both for segment files, the
+//! Python bindings for a changelog reached through Python; `replay` and `bulk`
+//! consume them. Tests of the restore engine implement them over a vector.
+
+pub use crate::log::{LogError, LogErrorKind};
 
 /// One committed changelog record. A `None` value is a tombstone; a `None`
 /// key is skipped (and counted) by the restore engine.
@@ -18,6 +24,104 @@ pub struct ChangeRecord<'a> {
     pub value: Option<&'a [u8]>,
 }
 
+/// Where bytes sit in a [`RecordChunk`]'s arena: `(start, end)`.
+pub type Span = (usize, usize);
+
+/// One record of a [`RecordChunk`].
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkRecord {
+    pub offset: i64,
+    pub timestamp: i64,
+    pub key: Option<Span>,
+    pub value: Option<Span>,
+    /// Its headers: `headers[start..end]` of the chunk.
+    pub headers: Span,
+}
+
+/// Records copied out of a log, owned: their bytes in one arena. What crosses
+/// a thread (read-ahead), comes from a feed, or goes to Python.
+#[derive(Debug, Default, Clone)]
+pub struct RecordChunk {
+    pub data: Vec<u8>,
+    pub records: Vec<ChunkRecord>,
+    /// `(key, value)` of every header of every record, in record order.
+    pub headers: Vec<(Span, Option<Span>)>,
+}
+
+impl RecordChunk {
+    /// An empty chunk whose arena holds `bytes` without growing.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self { data: Vec::with_capacity(bytes), ..Self::default() }
+    }
+
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.records.clear();
+        self.headers.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    fn put(&mut self, b: Option<&[u8]>) -> Option<Span> {
+        b.map(|b| {
+            let at = self.data.len();
+            self.data.extend_from_slice(b);
+            (at, self.data.len())
+        })
+    }
+
+    /// Append a record without headers (copies key and value into the arena).
+    pub fn push(&mut self, r: ChangeRecord<'_>) {
+        let (key, value) = (self.put(r.key), self.put(r.value));
+        let h = self.headers.len();
+        self.records.push(ChunkRecord { offset: r.offset, timestamp: r.timestamp, key, value, headers: (h, h) });
+    }
+
+    /// Append a record with its headers.
+    pub fn push_with_headers<'h>(
+        &mut self,
+        r: ChangeRecord<'_>,
+        headers: impl IntoIterator<Item = (&'h [u8], Option<&'h [u8]>)>,
+    ) {
+        let (key, value) = (self.put(r.key), self.put(r.value));
+        let h = self.headers.len();
+        for (k, v) in headers {
+            let (k, v) = (self.put(Some(k)).unwrap_or_default(), self.put(v));
+            self.headers.push((k, v));
+        }
+        let headers = (h, self.headers.len());
+        self.records.push(ChunkRecord { offset: r.offset, timestamp: r.timestamp, key, value, headers });
+    }
+
+    /// The bytes at `span`.
+    pub fn bytes(&self, span: Option<Span>) -> Option<&[u8]> {
+        span.map(|(a, b)| &self.data[a..b])
+    }
+
+    /// The `i`-th record, borrowed.
+    pub fn get(&self, i: usize) -> ChangeRecord<'_> {
+        let r = &self.records[i];
+        ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: self.bytes(r.key), value: self.bytes(r.value) }
+    }
+
+    /// The records in order, borrowed.
+    pub fn iter(&self) -> impl Iterator<Item = ChangeRecord<'_>> + '_ {
+        (0..self.records.len()).map(|i| self.get(i))
+    }
+
+    /// The headers of the `i`-th record.
+    pub fn headers_of(&self, i: usize) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> + '_ {
+        let (a, b) = self.records[i].headers;
+        self.headers[a..b].iter().map(|&(k, v)| (&self.data[k.0..k.1], self.bytes(v)))
+    }
+}
+
 /// Records a source stepped over instead of yielding.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SkipCounts {
@@ -25,21 +129,6 @@ pub struct SkipCounts {
     pub aborted: u64,
     /// Control records (transaction markers).
     pub control: u64,
-}
-
-/// Why a source could not go on. Each message names the file, byte position
-/// and offset where known.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// Bytes that are not a valid batch before the tail (bad CRC or header).
-    #[error("{0}")]
-    Corrupt(String),
-    /// A batch compressed with a codec this build cannot decode.
-    #[error("{0}")]
-    UnsupportedCompression(String),
-    /// Anything else: I/O errors, a missing partition, an offset out of range.
-    #[error("{0}")]
-    Other(String),
 }
 
 /// A read_committed cursor over one changelog partition.
@@ -62,11 +151,31 @@ pub trait ChangelogSource: Send {
         end: i64,
         max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
-    ) -> Result<bool, SourceError>;
+    ) -> Result<bool, LogError>;
 
     /// What was stepped over so far.
     fn skipped(&self) -> SkipCounts;
 
     /// Bytes of log read so far.
     fn bytes_read(&self) -> u64;
+}
+
+/// Offsets of a changelog partition as its log reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// First offset still in the log.
+    pub start: i64,
+    /// Log end offset (next offset to be written).
+    pub end: i64,
+    /// Last stable offset: first offset of the oldest open transaction, else `end`.
+    pub last_stable: i64,
+}
+
+/// Where changelog partitions come from: the segment log, a Kafka cluster,
+/// or a test double. One value serves every partition of its changelogs.
+pub trait Changelog: Sync {
+    /// Start, end and last stable offset of `topic`-`partition`.
+    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError>;
+    /// A read_committed cursor on `topic`-`partition` positioned at `start`.
+    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError>;
 }

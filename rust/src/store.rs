@@ -30,12 +30,39 @@ pub struct StoreError {
     pub path: PathBuf,
     /// What went wrong.
     pub message: String,
+    /// The store's files are damaged (RocksDB reported `Corruption`, or the
+    /// offsets column family holds bytes statestore never writes): the state
+    /// cannot be trusted and the task must be wiped and restored, as opposed
+    /// to an I/O error or a lock, which say nothing about the files.
+    pub corruption: bool,
 }
 
 impl StoreError {
     pub fn new(path: &Path, message: impl Into<String>) -> Self {
-        Self { path: path.to_path_buf(), message: message.into() }
+        Self { path: path.to_path_buf(), message: message.into(), corruption: false }
     }
+
+    /// Damaged files: the store must be wiped and restored.
+    pub fn corrupt(path: &Path, message: impl Into<String>) -> Self {
+        Self { corruption: true, ..Self::new(path, message) }
+    }
+
+    /// A RocksDB error while doing `what`; `Corruption` (a bad checksum, a
+    /// truncated or missing table file, a damaged MANIFEST, or a background
+    /// compaction that read one) marks the error as corruption.
+    pub fn rocksdb(path: &Path, what: &str, e: &rocksdb::Error) -> Self {
+        let message = format!("{what}: {e}");
+        if is_corruption(e) {
+            Self::corrupt(path, message)
+        } else {
+            Self::new(path, message)
+        }
+    }
+}
+
+/// Whether RocksDB reports damaged files (its `Corruption` status).
+pub fn is_corruption(e: &rocksdb::Error) -> bool {
+    e.kind() == rocksdb::ErrorKind::Corruption
 }
 
 /// Column family of a timestamped store's data.
@@ -170,13 +197,13 @@ impl Store {
         let present = match Self::column_families(path)? {
             Some(p) => p,
             None => DB::list_cf(&opts, path)
-                .map_err(|e| StoreError::new(path, format!("cannot open RocksDB read-only: {e}")))?,
+                .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?,
         };
         let format = StoreFormat::detect(&present).map_err(|m| StoreError::new(path, m))?;
         let cfs: Vec<&str> =
             format.column_families().iter().copied().filter(|cf| present.iter().any(|p| p == cf)).collect();
         let db = DB::open_cf_for_read_only(&opts, path, cfs, false)
-            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB read-only: {e}")))?;
+            .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?;
         Ok(Self { db, path: path.to_path_buf(), format })
     }
 
@@ -208,7 +235,7 @@ impl Store {
         }
         DB::list_cf(&Options::default(), path)
             .map(Some)
-            .map_err(|e| StoreError::new(path, format!("cannot list column families: {e}")))
+            .map_err(|e| StoreError::rocksdb(path, "cannot list column families", &e))
     }
 
     /// The format of the store at `path` as found on disk (None: no store
@@ -265,7 +292,7 @@ impl Store {
             })
             .collect();
         let db = DB::open_cf_descriptors(&opts, path, cfs)
-            .map_err(|e| StoreError::new(path, format!("cannot open RocksDB: {e}")))?;
+            .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB", &e))?;
         Ok(Self { db, path: path.to_path_buf(), format })
     }
 
@@ -295,7 +322,7 @@ impl Store {
     }
 
     fn err(&self, what: &str, e: rocksdb::Error) -> StoreError {
-        StoreError::new(&self.path, format!("{what}: {e}"))
+        StoreError::rocksdb(&self.path, what, &e)
     }
 
     /// Every entry of the offsets column family except the status marker.
@@ -308,7 +335,7 @@ impl Store {
             if &*k == STATUS_KEY {
                 continue;
             }
-            match decode_entry(&k, &v).map_err(|m| StoreError::new(&self.path, m))? {
+            match decode_entry(&k, &v).map_err(|m| StoreError::corrupt(&self.path, m))? {
                 OffsetsEntry::Offset(key, off) => out.insert(key, off),
                 OffsetsEntry::Status(_) | OffsetsEntry::Position => None,
             };
@@ -322,7 +349,7 @@ impl Store {
         let v = self.db.get_cf(cf, tp.as_bytes()).map_err(|e| self.err("reading offset", e))?;
         v.map(|v| {
             decode_i64(&v)
-                .ok_or_else(|| StoreError::new(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len())))
+                .ok_or_else(|| StoreError::corrupt(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len())))
         })
         .transpose()
     }
@@ -333,9 +360,26 @@ impl Store {
         let v = self.db.get_cf(cf, STATUS_KEY).map_err(|e| self.err("reading status", e))?;
         v.map(|v| {
             decode_i64(&v)
-                .ok_or_else(|| StoreError::new(&self.path, format!("status marker is {} bytes, expected 8", v.len())))
+                .ok_or_else(|| StoreError::corrupt(&self.path, format!("status marker is {} bytes, expected 8", v.len())))
         })
         .transpose()
+    }
+
+    /// Read every block of both column families with checksums verified (not
+    /// through the block cache), so damage that opening the store does not
+    /// notice -- a data block -- is found. Returns the number of data entries.
+    pub fn check_blocks(&self) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for cf in self.format.column_families().iter().filter_map(|name| self.db.cf_handle(name)) {
+            let mut ro = rocksdb::ReadOptions::default();
+            ro.fill_cache(false);
+            ro.set_verify_checksums(true);
+            for item in self.db.iterator_cf_opt(cf, ro, IteratorMode::Start) {
+                item.map_err(|e| self.err("checking blocks", e))?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// True when the data column family holds no key.
@@ -404,7 +448,7 @@ fn hex(bytes: &[u8]) -> String {
 pub fn compare(expected: &Store, actual: &Store) -> Result<Comparison, StoreError> {
     use sha2::Digest;
     let read = |s: &Store, item: RawEntry| {
-        item.map_err(|e| StoreError::new(s.path(), format!("reading data: {e}")))
+        item.map_err(|e| StoreError::rocksdb(s.path(), "reading data", &e))
     };
     let mut ia = expected.db.iterator_cf(expected.data_cf(), IteratorMode::Start);
     let mut ib = actual.db.iterator_cf(actual.data_cf(), IteratorMode::Start);

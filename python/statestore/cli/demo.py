@@ -71,7 +71,7 @@ def _crash_and_recover(root: Path, records: int, console: Console) -> bool:
         f"{commit_every:,}): nothing of the killed transaction survived"
     )
     verdicts = verify_app(root / "state", CounterApp, root / "log")
-    store = _native.store_dump(verdicts[0].store.path)[0] if verdicts else []
+    store = _native.store_dump(verdicts[0].store.path).entries if verdicts else []
     counts = {k: int(v) for k, v in store if k != POS_KEY}
     exact = (
         bool(verdicts)

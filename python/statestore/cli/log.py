@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from statestore.ids import TopicPartition
-from statestore.log import Isolation, SegmentLog
+from statestore.log import Isolation, LogBatch, SegmentLog
 
 
 @click.group()
@@ -32,17 +31,17 @@ def _show(b: bytes | None, limit: int = 64) -> str:
     return "0x" + (h if len(h) <= limit else h[:limit] + "…")
 
 
-def _batch_table(tp: TopicPartition, batches: list[dict[str, Any]]) -> Table:
+def _batch_table(tp: TopicPartition, batches: list[LogBatch]) -> Table:
     t = Table(title=f"{tp}: {len(batches)} batches", title_justify="left")
     for col in ("segment", "position", "baseOffset", "lastOffset", "count", "producerId", "epoch",
                 "transactional", "control", "outcome", "compression", "size", "crc", "crcValid"):
         t.add_column(col, justify="right" if col in ("position", "baseOffset", "lastOffset", "count", "size") else "left")
     for b in batches:
         t.add_row(
-            b["segment"], str(b["position"]), str(b["base_offset"]), str(b["last_offset"]), str(b["count"]),
-            str(b["producer_id"]), str(b["producer_epoch"]), str(b["transactional"]).lower(),
-            b["control"] or "", b["outcome"] or "", b["compression"], str(b["size"]),
-            f"{b['crc']:08x}", "true" if b["crc_valid"] else "[red]false[/red]",
+            b.segment, str(b.position), str(b.base_offset), str(b.last_offset), str(b.count),
+            str(b.producer_id), str(b.producer_epoch), str(b.transactional).lower(),
+            b.control or "", b.outcome or "", b.compression, str(b.size),
+            f"{b.crc:08x}", "true" if b.crc_valid else "[red]false[/red]",
         )
     return t
 
@@ -87,7 +86,7 @@ def dump(log_dir: Path, partitions: tuple[str, ...], isolation: Isolation, show_
             for col in ("offset", "timestamp", "key", "value", "headers"):
                 rt.add_column(col)
             for b in batches:
-                for off, key, value, ts, headers in b["records"] or []:
+                for off, key, value, ts, headers in b.records or []:
                     hs = ", ".join(f"{k}={_show(v, 16)}" for k, v in headers)
                     rt.add_row(str(off), str(ts), _show(key), _show(value), hs)
             console.print(rt)

@@ -210,7 +210,12 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
     console = Console() if sys.stdout.isatty() else Console(width=200)
     if kafka is not None:
         if engine != "local":
-            raise click.UsageError("--kafka restores with --engine local")
+            conf = {"bootstrap.servers": kafka, **dict(kv.partition("=")[::2] for kv in kafka_config)}
+            rows = _restore_spark(list(stores), parts, log_dir=None, kafka=conf, state_dir=state_dir,
+                                  application_id=application_id, mode=mode, guarantee=guarantee,
+                                  memory_budget_bytes=budget, master=master, formats=formats)
+            _report(console, rows, t0, f"{engine}, Kafka")
+            return
         with kafka_changelog(kafka, kafka_config) as changelog:
             work = kafka_plan(changelog, application_id, list(stores), parts)
             with restore_progress(console) as progress:
@@ -265,9 +270,9 @@ def parse_store_formats(items: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path, state_dir: Path,
+def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path | None, state_dir: Path,
                    application_id: str, mode: str, guarantee: str, memory_budget_bytes: int,
-                   master: str, formats: Mapping[str, str]) -> list[RestoreRow]:
+                   master: str, formats: Mapping[str, str], kafka: dict[str, str] | None = None) -> list[RestoreRow]:
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
@@ -277,7 +282,10 @@ def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path, 
     active = SparkSession.getActiveSession()
     session = active if active is not None else spark_session(master)
     try:
-        df = restore_on_spark(session, log_dir=log_dir.resolve(), state_dir=state_dir.resolve(),
+        if not names:
+            raise click.UsageError("--engine spark with --kafka needs the stores named (--store)")
+        df = restore_on_spark(session, log_dir=None if log_dir is None else log_dir.resolve(), kafka=kafka,
+                              state_dir=state_dir.resolve(),
                               application_id=application_id, stores=names, partitions=parts, mode=mode,
                               guarantee=guarantee, memory_budget_bytes=memory_budget_bytes,
                               lock_timeout=DEFAULT_LOCK_TIMEOUT, formats=formats)

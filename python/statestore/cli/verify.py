@@ -51,14 +51,15 @@ def verify(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None
     bad = []
     for r in results:
         verdict = "[green]exact[/green]" if r.ok else (
-            "[red]MISMATCH[/red]" if r.problem is None else "[red]UNREADABLE[/red]")
+            "[red]MISMATCH[/red]" if r.problem is None
+            else "[red]DAMAGED[/red]" if r.damaged else "[red]UNREADABLE[/red]")
         table.add_row(
             str(r.store.task_id),
             r.store.store,
             r.format or "?",
             "-" if r.offset is None else f"{r.offset:,}",
-            f"{r.actual_entries:,}",
-            r.actual_digest[:16],
+            "-" if r.problem else f"{r.actual_entries:,}",
+            r.actual_digest[:16] or "-",
             verdict,
         )
         if not r.ok:
@@ -66,7 +67,13 @@ def verify(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None
     console.print(table)
     for r in bad:
         where = f"task {r.store.task_id} store {r.store.store} ({r.store.path}) at offset {r.offset}"
-        if r.problem is not None:
+        if r.damaged:
+            err_console.print(
+                f"damaged: task {r.store.task_id} store {r.store.store} ({r.store.path}) cannot be read: "
+                f"{r.problem}",
+                soft_wrap=True,
+            )
+        elif r.problem is not None:
             err_console.print(f"cannot verify task {r.store.task_id} store {r.store.store}: {r.problem}")
         elif r.first_difference is not None:
             key, exp, act = r.first_difference

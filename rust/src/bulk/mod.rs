@@ -14,6 +14,7 @@
 //! idempotent and converges to the same store.
 
 pub mod collect;
+mod pool;
 pub mod runs;
 
 use std::io;
@@ -21,9 +22,8 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
 
-use crate::replay::{restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError};
+use crate::replay::{restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError, Target};
 use crate::source::ChangelogSource;
-use crate::store::Store;
 use collect::{Collector, Full, Stage};
 
 /// Largest chunk of log a bulk restore buffers at a time: a chunk is decoded,
@@ -80,13 +80,12 @@ impl From<RestoreError> for Failure {
 /// Restore `[source.position(), end)` into `store` in bulk. See the module
 /// documentation for what a failure leaves behind.
 pub fn bulk(
-    store: &Store,
+    target: Target<'_>,
     source: &mut dyn ChangelogSource,
-    tp: &str,
-    end: i64,
     opts: &BulkOptions,
     progress: &mut Progress<'_>,
 ) -> Result<Applied, RestoreError> {
+    let Target { store, tp, end } = target;
     let dir = scratch_dir(store.path());
     let start = source.position();
     let failed = |what: &str, e: &dyn std::fmt::Display| {
@@ -103,7 +102,7 @@ pub fn bulk(
         std::fs::remove_dir_all(&dir).map_err(|e| failed(&format!("removing stale {}", dir.display()), &e))?;
     }
     std::fs::create_dir(&dir).map_err(|e| failed(&format!("creating {}", dir.display()), &e))?;
-    let result = run(store, source, tp, end, opts, progress, &dir);
+    let result = run(target, source, opts, progress, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result.map_err(|f| match f {
         Failure::Io(e) => failed(&format!("in scratch directory {}", dir.display()), &e),
@@ -113,14 +112,13 @@ pub fn bulk(
 }
 
 fn run(
-    store: &Store,
+    target: Target<'_>,
     source: &mut dyn ChangelogSource,
-    tp: &str,
-    end: i64,
     opts: &BulkOptions,
     progress: &mut Progress<'_>,
     dir: &Path,
 ) -> Result<Applied, Failure> {
+    let Target { store, tp, end } = target;
     let budget = opts.memory_budget.max(64 << 10);
     let merge_share = budget / 4;
     let fan_in = (merge_share / (256 << 10)).clamp(2, 64);
@@ -206,7 +204,7 @@ fn run(
         io.set_move_files(true);
         store.db().ingest_external_file_cf_opts(store.data_cf(), &io, files).map_err(|e| {
             RestoreError::new(
-                ErrorKind::Store,
+                if crate::store::is_corruption(&e) { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
                 format!(
                     "ingesting SST files into store {} for {tp} failed: {e}; the ingestion is atomic, \
                      the store keeps its previous state",
@@ -278,6 +276,7 @@ mod tests {
     use super::*;
     use crate::replay::testing::*;
     use crate::replay::{replay, restore_options};
+    use crate::store::Store;
 
     fn restore_bulk(p: &Path, log: &[Entry], start: i64, end: i64, budget: usize) -> Applied {
         let store = Store::open_with(p, restore_options()).unwrap();
@@ -286,7 +285,7 @@ mod tests {
         opts.chunk_bytes = 300;
         opts.sst_target_bytes = 4096;
         let mut pr = Progress::new(None, Duration::ZERO);
-        let a = bulk(&store, &mut src, "t-0", end, &opts, &mut pr).unwrap();
+        let a = bulk(Target { store: &store, tp: "t-0", end }, &mut src, &opts, &mut pr).unwrap();
         assert!(!scratch_dir(p).exists());
         a
     }
@@ -307,7 +306,7 @@ mod tests {
             let p2 = dir.path().join("r");
             let s2 = Store::open_with(&p2, restore_options()).unwrap();
             let mut src = VecSource::new(log.clone(), 0);
-            let r = replay(&s2, &mut src, "t-0", 20_000, 1000, &mut Progress::new(None, Duration::ZERO)).unwrap();
+            let r = replay(Target { store: &s2, tp: "t-0", end: 20_000 }, &mut src, 1000, &mut Progress::new(None, Duration::ZERO)).unwrap();
             assert_eq!(r, a);
         }
     }
@@ -343,9 +342,9 @@ mod tests {
                 if bulk_mode {
                     let mut opts = BulkOptions::new(budget);
                     opts.chunk_bytes = 300;
-                    bulk(&store, &mut src, "t-0", 12_000, &opts, &mut pr).unwrap();
+                    bulk(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, &opts, &mut pr).unwrap();
                 } else {
-                    replay(&store, &mut src, "t-0", 12_000, 1000, &mut pr).unwrap();
+                    replay(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, 1000, &mut pr).unwrap();
                 }
             }
             let mut cfs = DB::list_cf(&Options::default(), &p).unwrap();
@@ -375,7 +374,7 @@ mod tests {
             let mut src = VecSource::new(log.clone(), off + 1);
             src.fail_at = Some(4_500);
             let opts = BulkOptions { memory_budget: 64 << 10, chunk_bytes: 300, sst_target_bytes: 4096 };
-            let e = bulk(&store, &mut src, "t-0", 5_000, &opts, &mut Progress::new(None, Duration::ZERO)).unwrap_err();
+            let e = bulk(Target { store: &store, tp: "t-0", end: 5_000 }, &mut src, &opts, &mut Progress::new(None, Duration::ZERO)).unwrap_err();
             assert_eq!(e.kind, ErrorKind::CorruptLog);
         }
         let store = Store::open(&p, false).unwrap();

@@ -14,6 +14,9 @@
 //! Writers take the partition's `.writer.lock` (one writer process per
 //! partition) and repair a torn tail on open.
 
+pub mod coordinator;
+pub mod dump;
+pub mod producer;
 pub mod reader;
 pub mod segment;
 pub mod txn;
@@ -23,71 +26,94 @@ use std::fmt::Display;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use reader::{CommittedReader, Isolation, PartitionOffsets, PartitionReader};
+pub use coordinator::Log;
+pub use producer::Producer;
+pub use reader::{CommittedReader, Isolation, PartitionReader};
 
-use crate::source::{ChangelogSource, SourceError};
+use crate::source::{Bounds, Changelog, ChangelogSource};
 
-/// Everything that can go wrong in the log. Each variant maps to one class of
-/// `statestore.errors`; every message names the file and, where known, the
-/// byte position and offset, and says what to do.
-#[derive(Debug, thiserror::Error)]
-pub enum LogError {
+/// Which kind of log failure an error is; each maps to one class of
+/// `statestore.errors` (see `py::errors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogErrorKind {
     /// Bytes that are not a valid batch before the tail (`CorruptLogError`).
-    #[error("{0}")]
-    Corrupt(String),
+    Corrupt,
     /// A codec this build cannot decode (`UnsupportedCompressionError`).
-    #[error("{0}")]
-    UnsupportedCompression(String),
+    UnsupportedCompression,
     /// A newer producer took over (`ProducerFencedError`).
-    #[error("{0}")]
-    Fenced(String),
+    Fenced,
     /// A transactional call out of order (`TransactionStateError`).
-    #[error("{0}")]
-    TxnState(String),
+    TxnState,
     /// The partition is being written by another process (`LockError`).
-    #[error("{0}")]
-    Lock(String),
-    /// Anything else: I/O, bad arguments (`LogError`).
-    #[error("{0}")]
-    Other(String),
+    Lock,
+    /// The requested offset is outside the partition: the reader's state cannot
+    /// be trusted (`TaskCorruptedError` when it comes from a restore).
+    OutOfRange,
+    /// Anything else: I/O, bad arguments, a changelog that stopped answering (`LogError`).
+    Other,
+}
+
+/// Everything that can go wrong reading or writing a changelog: the segment
+/// log, and every other [`Changelog`] source. The message names the file and,
+/// where known, the byte position and offset, and says what to do; `path` and
+/// `offset` carry the same facts for tools.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct LogError {
+    pub kind: LogErrorKind,
+    pub message: String,
+    /// The file or directory the error is about.
+    pub path: Option<PathBuf>,
+    /// The changelog offset the error is about.
+    pub offset: Option<i64>,
 }
 
 impl LogError {
+    pub fn new(kind: LogErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), path: None, offset: None }
+    }
+
+    /// Any failure without a more specific kind.
+    pub fn other(message: impl Into<String>) -> Self {
+        Self::new(LogErrorKind::Other, message)
+    }
+
+    /// The same error, about `path`.
+    pub fn with_path(mut self, path: &Path) -> Self {
+        self.path = Some(path.to_path_buf());
+        self
+    }
+
+    /// The same error, about `offset`.
+    pub fn with_offset(mut self, offset: i64) -> Self {
+        self.offset = Some(offset);
+        self
+    }
+
     /// An I/O failure doing `op` to `path`.
     pub fn io(op: &str, path: &Path, e: io::Error) -> Self {
-        LogError::Other(format!("{op} {}: {e}", path.display()))
+        Self::other(format!("{op} {}: {e}", path.display())).with_path(path)
     }
 
     /// Corrupt bytes in `path` at byte `position`, in the batch with base `offset`.
     pub fn corrupt(path: &Path, position: u64, offset: i64, msg: impl Display) -> Self {
-        LogError::Corrupt(format!(
-            "corrupt log segment {} at byte {position} (batch base offset {offset}): {msg}; the log cannot be read \
-             past this point: restore the partition's files from a good copy, or delete this segment and the ones \
-             after it to truncate the log before offset {offset}",
-            path.display()
-        ))
+        Self::new(
+            LogErrorKind::Corrupt,
+            format!(
+                "corrupt log segment {} at byte {position} (batch base offset {offset}): {msg}; the log cannot be \
+                 read past this point: restore the partition's files from a good copy, or delete this segment and \
+                 the ones after it to truncate the log before offset {offset}",
+                path.display()
+            ),
+        )
+        .with_path(path)
+        .with_offset(offset)
     }
 
-    /// The name of the `statestore.errors` class this error is raised as.
-    pub fn class_name(&self) -> &'static str {
-        match self {
-            LogError::Corrupt(_) => "CorruptLogError",
-            LogError::UnsupportedCompression(_) => "UnsupportedCompressionError",
-            LogError::Fenced(_) => "ProducerFencedError",
-            LogError::TxnState(_) => "TransactionStateError",
-            LogError::Lock(_) => "LockError",
-            LogError::Other(_) => "LogError",
-        }
-    }
-}
-
-impl From<LogError> for SourceError {
-    fn from(e: LogError) -> Self {
-        match e {
-            LogError::Corrupt(m) => SourceError::Corrupt(m),
-            LogError::UnsupportedCompression(m) => SourceError::UnsupportedCompression(m),
-            other => SourceError::Other(other.to_string()),
-        }
+    /// The same error with `context` put in front of its message.
+    pub fn context(mut self, context: impl Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
     }
 }
 
@@ -102,7 +128,7 @@ pub fn check_topic(topic: &str) -> Result<(), LogError> {
     if ok {
         Ok(())
     } else {
-        Err(LogError::Other(format!(
+        Err(LogError::other(format!(
             "invalid topic name {topic:?}: use 1 to 249 of the characters a-z A-Z 0-9 . _ - (as Kafka does)"
         )))
     }
@@ -112,7 +138,7 @@ pub fn check_topic(topic: &str) -> Result<(), LogError> {
 pub fn partition_dir(log_dir: &Path, topic: &str, partition: i32) -> Result<PathBuf, LogError> {
     check_topic(topic)?;
     if partition < 0 {
-        return Err(LogError::Other(format!("invalid partition {partition} of topic {topic}: must be >= 0")));
+        return Err(LogError::other(format!("invalid partition {partition} of topic {topic}: must be >= 0")));
     }
     Ok(log_dir.join(format!("{topic}-{partition}")))
 }
@@ -121,7 +147,7 @@ fn check_log_dir(log_dir: &Path) -> Result<(), LogError> {
     if log_dir.is_dir() {
         Ok(())
     } else {
-        Err(LogError::Other(format!(
+        Err(LogError::other(format!(
             "log directory {} does not exist (or is not a directory); check the path of the changelog",
             log_dir.display()
         )))
@@ -130,10 +156,10 @@ fn check_log_dir(log_dir: &Path) -> Result<(), LogError> {
 
 /// Start, end and last stable offset of a partition. A partition with no
 /// files yet is empty: all three are 0. Takes no lock.
-pub fn partition_offsets(log_dir: &Path, topic: &str, partition: i32) -> Result<PartitionOffsets, SourceError> {
+pub fn partition_offsets(log_dir: &Path, topic: &str, partition: i32) -> Result<Bounds, LogError> {
     check_log_dir(log_dir)?;
     let dir = partition_dir(log_dir, topic, partition)?;
-    Ok(reader::offsets_of(&dir)?)
+    reader::offsets_of(&dir)
 }
 
 /// A read_committed cursor over a partition from `start_offset` (clamped to
@@ -143,10 +169,30 @@ pub fn open_committed_source(
     topic: &str,
     partition: i32,
     start_offset: i64,
-) -> Result<Box<dyn ChangelogSource>, SourceError> {
+) -> Result<Box<dyn ChangelogSource>, LogError> {
     check_log_dir(log_dir)?;
     let dir = partition_dir(log_dir, topic, partition)?;
     Ok(Box::new(CommittedReader::open(&dir, start_offset)?))
+}
+
+/// The segment log in a directory, as a [`Changelog`] of every partition in it.
+#[derive(Debug, Clone)]
+pub struct SegmentLogDir(pub PathBuf);
+
+impl SegmentLogDir {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Changelog for SegmentLogDir {
+    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
+        partition_offsets(&self.0, topic, partition)
+    }
+
+    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
+        open_committed_source(&self.0, topic, partition, start)
+    }
 }
 
 #[cfg(test)]

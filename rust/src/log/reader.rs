@@ -18,9 +18,9 @@ use super::segment::{
     check_below_next_segment, damaged_length, list_segments, not_a_torn_tail, valid_batch_after, BatchCursor, Segment,
     DEFAULT_CHUNK, MAX_TORN_TAIL,
 };
-use super::LogError;
+use super::{LogError, LogErrorKind};
 use crate::codec::{self, BatchHeader, ControlType, RecordRef, HEADER_LEN};
-use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+use crate::source::{Bounds, ChangeRecord, ChangelogSource, SkipCounts};
 
 /// What became of a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl HeaderScan {
                 got += r;
             }
             if got < n {
-                return Err(LogError::Other(format!("{} shrank while being read (at byte {pos})", p.display())));
+                return Err(LogError::other(format!("{} shrank while being read (at byte {pos})", p.display())));
             }
             self.buf_pos = pos;
             self.buf_len = got;
@@ -371,12 +371,12 @@ impl PartitionReader {
                     let batch = self.cursor.batch_bytes();
                     let path = self.cursor.segment_path();
                     let records = codec::batch_records(&h, batch, &mut self.scratch).map_err(|e| match e {
-                        codec::CodecError::UnsupportedCompression(c) => LogError::UnsupportedCompression(format!(
+                        codec::CodecError::UnsupportedCompression(c) => LogError::new(LogErrorKind::UnsupportedCompression, format!(
                             "{}: batch at byte {} (base offset {}) uses compression {c}, which this build cannot decode",
                             path.display(),
                             p.position,
                             h.base_offset
-                        )),
+                        )).with_path(path).with_offset(h.base_offset),
                         e => LogError::corrupt(path, p.position, h.base_offset, e),
                     })?;
                     let pos = self.position;
@@ -450,7 +450,7 @@ impl ChangelogSource for CommittedReader {
         end: i64,
         max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
-    ) -> Result<bool, SourceError> {
+    ) -> Result<bool, LogError> {
         let more = self.inner.read(end, max_bytes, |r| {
             sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value });
             true
@@ -467,21 +467,10 @@ impl ChangelogSource for CommittedReader {
     }
 }
 
-/// Offsets of a partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartitionOffsets {
-    /// First offset in the log (base of the first segment).
-    pub start: i64,
-    /// Log end offset: the next offset to be written.
-    pub end: i64,
-    /// First offset of the oldest open transaction, else `end`.
-    pub last_stable: i64,
-}
-
 /// Compute the offsets of the partition in `dir` by walking batch headers.
-pub fn offsets_of(dir: &Path) -> Result<PartitionOffsets, LogError> {
+pub fn offsets_of(dir: &Path) -> Result<Bounds, LogError> {
     let segments = list_segments(dir)?;
-    let Some(first) = segments.first() else { return Ok(PartitionOffsets { start: 0, end: 0, last_stable: 0 }) };
+    let Some(first) = segments.first() else { return Ok(Bounds { start: 0, end: 0, last_stable: 0 }) };
     let start = first.base;
     let mut end = start;
     let mut open: HashMap<i64, i64> = HashMap::new();
@@ -501,5 +490,5 @@ pub fn offsets_of(dir: &Path) -> Result<PartitionOffsets, LogError> {
         end = end.max(last.base);
     }
     let last_stable = open.values().copied().min().unwrap_or(end);
-    Ok(PartitionOffsets { start, end, last_stable })
+    Ok(Bounds { start, end, last_stable })
 }

@@ -2,7 +2,7 @@ use std::fs;
 use std::sync::Arc;
 use std::path::{Path, PathBuf};
 
-use super::txn::Log;
+use super::Log;
 use super::writer::WriterConfig;
 use super::*;
 use crate::source::ChangelogSource;
@@ -42,7 +42,7 @@ fn plain_records_round_trip_across_segments() {
     let segs = segment::list_segments(&d.path().join("t-0")).unwrap();
     assert!(segs.len() > 5, "rolled: {}", segs.len());
     let o = partition_offsets(d.path(), "t", 0).unwrap();
-    assert_eq!(o, PartitionOffsets { start: 0, end: 500, last_stable: 500 });
+    assert_eq!(o, Bounds { start: 0, end: 500, last_stable: 500 });
     for start in [0, 1, 77, 250, 499, 500] {
         let mut src = open_committed_source(d.path(), "t", 0, start).unwrap();
         let got = drain(src.as_mut(), o.end);
@@ -74,7 +74,7 @@ fn transactions_commit_abort_and_lso() {
     b.send("t", 0, Some(b"b2"), Some(b"2"), &[], None).unwrap(); // 5
     b.flush().unwrap();
     let o = partition_offsets(d.path(), "t", 0).unwrap();
-    assert_eq!(o, PartitionOffsets { start: 0, end: 6, last_stable: 5 });
+    assert_eq!(o, Bounds { start: 0, end: 6, last_stable: 5 });
     let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
     let got = drain(src.as_mut(), o.last_stable);
     let offs: Vec<i64> = got.iter().map(|r| r.0).collect();
@@ -105,8 +105,8 @@ fn fencing_aborts_the_old_transaction() {
     let mut new = log.producer(Some("x")).unwrap();
     assert_eq!(new.identity().0, old.identity().0);
     assert_eq!(new.identity().1, old.identity().1 + 1);
-    assert!(matches!(old.send("t", 0, None, Some(b"v"), &[], None), Err(LogError::Fenced(_))));
-    assert!(matches!(old.commit(), Err(LogError::Fenced(_))));
+    assert!(matches!(old.send("t", 0, None, Some(b"v"), &[], None), Err(LogError { kind: LogErrorKind::Fenced, .. })));
+    assert!(matches!(old.commit(), Err(LogError { kind: LogErrorKind::Fenced, .. })));
     for (t, p) in [("t", 0), ("u", 1)] {
         let o = partition_offsets(d.path(), t, p).unwrap();
         assert_eq!((o.end, o.last_stable), (2, 2), "{t}");
@@ -135,7 +135,7 @@ fn expired_transaction_is_aborted() {
     assert_eq!(log.abort_expired_transactions(1).unwrap(), vec!["slow".to_string()]);
     let o = partition_offsets(d.path(), "t", 0).unwrap();
     assert_eq!((o.end, o.last_stable), (2, 2));
-    assert!(matches!(p.commit(), Err(LogError::Fenced(_))));
+    assert!(matches!(p.commit(), Err(LogError { kind: LogErrorKind::Fenced, .. })));
 }
 
 #[test]
@@ -178,16 +178,16 @@ fn torn_tail_is_truncated_and_corruption_is_reported() {
     let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
     let err = src.next_chunk(100, 1 << 20, &mut |_| {}).unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, SourceError::Corrupt(_)), "{msg}");
+    assert!(matches!(err, LogError { kind: LogErrorKind::Corrupt, .. }), "{msg}");
     assert!(msg.contains(&seg.display().to_string()) && msg.contains(&format!("at byte {one}")) && msg.contains("offset 1"), "{msg}");
     let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
-    assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))));
+    assert!(matches!(log.writer("t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })));
 }
 
 #[test]
 fn empty_and_missing_partitions() {
     let d = tempfile::tempdir().unwrap();
-    assert_eq!(partition_offsets(d.path(), "t", 0).unwrap(), PartitionOffsets { start: 0, end: 0, last_stable: 0 });
+    assert_eq!(partition_offsets(d.path(), "t", 0).unwrap(), Bounds { start: 0, end: 0, last_stable: 0 });
     let mut src = open_committed_source(d.path(), "t", 0, 0).unwrap();
     assert!(drain(src.as_mut(), 10).is_empty());
     assert!(partition_offsets(&d.path().join("nope"), "t", 0).is_err());
@@ -226,7 +226,7 @@ fn second_process_writer_is_refused() {
     log.writer("t", 0).unwrap();
     // Same process: shared. Another open file description: refused.
     let other = super::writer::PartitionWriter::open(&d.path().join("t-0"), cfg(1 << 30));
-    let Err(LogError::Lock(msg)) = other else { panic!("expected a lock error") };
+    let Err(LogError { kind: LogErrorKind::Lock, message: msg, .. }) = other else { panic!("expected a lock error") };
     assert!(msg.contains("t-0") && msg.contains("another process"), "{msg}");
 }
 
@@ -300,10 +300,10 @@ fn damaged_length_far_from_the_end_is_corruption_not_a_torn_tail() {
         Err(e) => e,
         Ok(mut src) => src.next_chunk(i64::MAX, 1 << 20, &mut |_| {}).unwrap_err(),
     };
-    assert!(matches!(err, SourceError::Corrupt(ref m) if m.contains("damaged")), "{err}");
-    assert!(matches!(partition_offsets(d.path(), "t", 0), Err(SourceError::Corrupt(_))));
+    assert!(matches!(err, LogError { kind: LogErrorKind::Corrupt, ref message, .. } if message.contains("damaged")), "{err}");
+    assert!(matches!(partition_offsets(d.path(), "t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })));
     let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
-    assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))));
+    assert!(matches!(log.writer("t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })));
     assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
 }
 
@@ -329,9 +329,9 @@ fn damaged_length_near_the_end_is_corruption_when_a_valid_batch_follows() {
         Err(e) => e,
         Ok(mut src) => src.next_chunk(i64::MAX, 1 << 20, &mut |_| {}).unwrap_err(),
     };
-    assert!(matches!(err, SourceError::Corrupt(ref m) if m.contains("a valid batch follows")), "{err}");
+    assert!(matches!(err, LogError { kind: LogErrorKind::Corrupt, ref message, .. } if message.contains("a valid batch follows")), "{err}");
     let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
-    assert!(matches!(log.writer("t", 0), Err(LogError::Corrupt(_))), "the writer must not cut committed batches off");
+    assert!(matches!(log.writer("t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })), "the writer must not cut committed batches off");
     assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
 }
 

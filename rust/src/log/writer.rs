@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::segment::{list_segments, log_file_name, scan_segment, Segment, INDEX_INTERVAL_BYTES};
-use super::LogError;
+use super::{LogError, LogErrorKind};
 use crate::codec::{control_batch, BatchBuilder, BatchMeta, Compression};
 use crate::fileio::fsync_dir;
 
@@ -81,11 +81,12 @@ fn lock_exclusive(path: &Path, what: &str) -> Result<File, LogError> {
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(LogError::Lock(format!(
+            return Err(LogError::new(LogErrorKind::Lock, format!(
                 "{what} is already being written by another process (lock {} is held); only one writer per \
                  partition may run: close the other producer, or write to another partition",
                 path.display()
-            )));
+            ))
+            .with_path(path));
         }
         return Err(LogError::io("lock", path, e));
     }
@@ -98,7 +99,7 @@ fn write_index(seg: &Segment, entries: &[(u32, u32)]) -> Result<(), LogError> {
         bytes.extend_from_slice(&rel.to_be_bytes());
         bytes.extend_from_slice(&pos.to_be_bytes());
     }
-    crate::fileio::atomic_write(&seg.index_path(), &bytes).map_err(|e| LogError::Other(e.to_string()))
+    crate::fileio::atomic_write(&seg.index_path(), &bytes).map_err(|e| LogError::other(e.to_string()))
 }
 
 fn create_segment(dir: &Path, base: i64) -> Result<Segment, LogError> {
@@ -109,7 +110,7 @@ fn create_segment(dir: &Path, base: i64) -> Result<Segment, LogError> {
         .append(true)
         .open(seg.index_path())
         .map_err(|e| LogError::io("create", &seg.index_path(), e))?;
-    fsync_dir(dir).map_err(|e| LogError::Other(e.to_string()))?;
+    fsync_dir(dir).map_err(|e| LogError::other(e.to_string()))?;
     Ok(seg)
 }
 
@@ -200,7 +201,7 @@ impl PartitionWriter {
     /// exist); a segment named near it leaves no room to append.
     fn check_room(&self, offset: i64) -> Result<(), LogError> {
         if offset == i64::MAX {
-            return Err(LogError::Other(format!(
+            return Err(LogError::other(format!(
                 "partition {} has no offsets left to assign (the log ends at offset {offset})",
                 self.dir.display()
             )));

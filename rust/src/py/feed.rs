@@ -1,6 +1,6 @@
 //! A changelog reached through Python -- `statestore.kafka.KafkaChangelog`,
 //! a confluent-kafka read_committed consumer -- as the restore engine's
-//! [`ChangelogLog`].
+//! [`Changelog`].
 //!
 //! The engine runs with the GIL released; a feed takes it back once per pull
 //! (one `consume()` of up to [`crate::replay::feed::MAX_PULL_RECORDS`]
@@ -25,20 +25,19 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::replay::engine::{Bounds, ChangelogLog};
 use crate::replay::feed::{ChunkFeed, FeedChunk, FeedSource};
-use crate::source::{ChangelogSource, SourceError};
+use crate::source::{Bounds, Changelog, ChangelogSource, LogError};
 
 /// The first Python exception a feed raised, kept for the binding to re-raise.
 pub type Raised = Arc<Mutex<Option<PyErr>>>;
 
-fn keep(raised: &Raised, e: PyErr) -> SourceError {
+fn keep(raised: &Raised, e: PyErr) -> LogError {
     let msg = e.to_string();
     let mut slot = raised.lock().unwrap_or_else(|p| p.into_inner());
     if slot.is_none() {
         *slot = Some(e);
     }
-    SourceError::Other(msg)
+    LogError::other(msg)
 }
 
 /// A Python changelog object (see the module docs).
@@ -68,8 +67,8 @@ impl PyFeedLog {
     }
 }
 
-impl ChangelogLog for PyFeedLog {
-    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, SourceError> {
+impl Changelog for PyFeedLog {
+    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
         Python::attach(|py| {
             let (start, end, last_stable): (i64, i64, i64) =
                 self.obj.call_method1(py, intern!(py, "restore_bounds"), (topic, partition))?.extract(py)?;
@@ -78,7 +77,7 @@ impl ChangelogLog for PyFeedLog {
         .map_err(|e| keep(&self.raised, e))
     }
 
-    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError> {
+    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
         let feed = Python::attach(|py| self.obj.call_method1(py, intern!(py, "restore_feed"), (topic, partition, start)))
             .map_err(|e| keep(&self.raised, e))?;
         let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone(), timestamps: self.timestamps };
@@ -102,9 +101,9 @@ fn bytes<'a>(o: &'a Bound<'_, PyAny>) -> PyResult<Option<&'a [u8]>> {
 }
 
 impl ChunkFeed for PyChunkFeed {
-    fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), SourceError> {
+    fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), LogError> {
         let Some(obj) = self.obj.as_ref() else {
-            return Err(SourceError::Other("the feed is closed".into()));
+            return Err(LogError::other("the feed is closed"));
         };
         Python::attach(|py| -> PyResult<()> {
             let feed = obj.bind(py);

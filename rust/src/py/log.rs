@@ -6,27 +6,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use super::error;
+use super::errors::ErrorClass;
 use crate::codec::{self, Compression, RecordRef};
-use crate::log::reader::{Outcome, TxnResolver};
-use crate::log::segment::BatchCursor;
-use crate::log::txn::{Log, Producer};
+use crate::log::dump::{dump_partition, DumpBatch};
 use crate::log::writer::WriterConfig;
-use crate::log::{partition_dir, Isolation, LogError, PartitionReader};
-use crate::source::{ChangeRecord, SourceError};
+use crate::log::{partition_dir, Isolation, Log, LogError, PartitionReader, Producer};
+use crate::source::{ChangeRecord, RecordChunk};
 
 fn log_err(e: LogError) -> PyErr {
-    error(e.class_name(), e.to_string())
-}
-
-fn source_err(e: SourceError) -> PyErr {
-    match e {
-        SourceError::Corrupt(m) => error("CorruptLogError", m),
-        SourceError::UnsupportedCompression(m) => error("UnsupportedCompressionError", m),
-        SourceError::Other(m) => error("LogError", m),
-    }
+    e.into()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -37,7 +27,7 @@ fn isolation(name: &str) -> PyResult<Isolation> {
     match name {
         "read_committed" => Ok(Isolation::ReadCommitted),
         "read_uncommitted" => Ok(Isolation::ReadUncommitted),
-        other => Err(error("LogError", format!("unknown isolation {other:?}: use read_committed or read_uncommitted"))),
+        other => Err(ErrorClass::Log.err(format!("unknown isolation {other:?}: use read_committed or read_uncommitted"))),
     }
 }
 
@@ -53,7 +43,7 @@ impl SegmentLogCore {
     #[pyo3(signature = (log_dir, segment_bytes, sync=true, compression="none"))]
     fn new(log_dir: PathBuf, segment_bytes: u64, sync: bool, compression: &str) -> PyResult<Self> {
         let compression = Compression::from_name(compression).ok_or_else(|| {
-            error("LogError", format!("unknown compression {compression:?}: use none, gzip, snappy, lz4 or zstd"))
+            ErrorClass::Log.err(format!("unknown compression {compression:?}: use none, gzip, snappy, lz4 or zstd"))
         })?;
         let cfg = WriterConfig { segment_bytes, sync, compression };
         Ok(SegmentLogCore { log: Arc::new(Log::new(&log_dir, cfg).map_err(log_err)?) })
@@ -93,27 +83,42 @@ impl SegmentLogCore {
         py.detach(|| log.close()).map_err(log_err)
     }
 
-    /// `{transactional_id: (producer_id, epoch, state, started_ms, [(topic, partition)])}`.
-    #[allow(clippy::type_complexity)]
-    fn transactions(&self, py: Python<'_>) -> PyResult<Vec<(String, i64, i16, String, i64, Vec<(String, i32)>)>> {
+    /// The coordinator's record of every transactional id.
+    fn transactions(&self, py: Python<'_>) -> PyResult<Vec<TransactionInfo>> {
         let log = self.log.clone();
         let st = py.detach(|| log.transactions()).map_err(log_err)?;
         Ok(st
             .entries
             .into_iter()
-            .map(|(id, e)| {
-                let state = format!("{:?}", e.state);
-                (id, e.producer_id, e.epoch, state, e.started_ms, e.partitions.into_iter().collect())
+            .map(|(id, e)| TransactionInfo {
+                transactional_id: id,
+                producer_id: e.producer_id,
+                epoch: e.epoch,
+                state: format!("{:?}", e.state),
+                started_ms: e.started_ms,
+                partitions: e.partitions.into_iter().collect(),
             })
             .collect())
     }
 }
 
-type Headers = Vec<(String, Option<Vec<u8>>)>;
-type Bytes = Option<Vec<u8>>;
-type Range = Option<(usize, usize)>;
-/// offset, timestamp, key, value, headers start, headers end
-type DecodedRecord = (i64, i64, Range, Range, usize, usize);
+/// What the coordinator of a segment log records about one transactional id.
+#[pyclass(module = "statestore._native", name = "TransactionInfo", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub struct TransactionInfo {
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+    /// `Empty`, `Ongoing`, `PrepareCommit` or `PrepareAbort`.
+    state: String,
+    /// When the open transaction began (ms since the epoch), -1 when none is open.
+    started_ms: i64,
+    /// `(topic, partition)` of the open transaction.
+    partitions: Vec<(String, i32)>,
+}
+
+pub(super) type Headers = Vec<(String, Option<Vec<u8>>)>;
+pub(super) type Bytes = Option<Vec<u8>>;
 
 /// The native half of `statestore.log.Producer`.
 #[pyclass(module = "statestore._native", name = "ProducerCore", frozen)]
@@ -185,46 +190,25 @@ impl ProducerCore {
     }
 }
 
-/// Records decoded without the GIL, converted to Python afterwards.
-#[derive(Default)]
-struct Decoded {
-    data: Vec<u8>,
-    recs: Vec<DecodedRecord>,
-    headers: Vec<(String, Option<(usize, usize)>)>,
+/// Append a decoded record, headers included, to `chunk`.
+pub(super) fn push_record(chunk: &mut RecordChunk, r: &RecordRef<'_>) {
+    let c = ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value };
+    chunk.push_with_headers(c, r.headers());
 }
 
-impl Decoded {
-    fn put(&mut self, b: Option<&[u8]>) -> Option<(usize, usize)> {
-        b.map(|b| {
-            let s = self.data.len();
-            self.data.extend_from_slice(b);
-            (s, self.data.len())
-        })
+/// Records decoded without the GIL, as Python `(offset, key, value,
+/// timestamp, headers)` tuples (`statestore.log.Record` is built from them).
+pub(super) fn records_to_py<'py>(py: Python<'py>, chunk: &RecordChunk) -> PyResult<Bound<'py, PyList>> {
+    let bytes = |b: Option<&[u8]>| b.map(|b| PyBytes::new(py, b));
+    let out = PyList::empty(py);
+    for (i, r) in chunk.iter().enumerate() {
+        let headers = PyTuple::new(
+            py,
+            chunk.headers_of(i).map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), bytes(v))).collect::<Vec<_>>(),
+        )?;
+        out.append((r.offset, bytes(r.key), bytes(r.value), r.timestamp, headers))?;
     }
-
-    fn push(&mut self, r: &RecordRef<'_>) {
-        let key = self.put(r.key);
-        let value = self.put(r.value);
-        let hs = self.headers.len();
-        for (k, v) in r.headers() {
-            let v = self.put(v);
-            self.headers.push((String::from_utf8_lossy(k).into_owned(), v));
-        }
-        self.recs.push((r.offset, r.timestamp, key, value, hs, self.headers.len()));
-    }
-
-    fn into_py<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let bytes = |r: Option<(usize, usize)>| -> Option<Bound<'py, PyBytes>> { r.map(|(a, b)| PyBytes::new(py, &self.data[a..b])) };
-        let out = PyList::empty(py);
-        for &(off, ts, k, v, hs, he) in &self.recs {
-            let headers = PyTuple::new(
-                py,
-                self.headers[hs..he].iter().map(|(hk, hv)| (hk.as_str(), bytes(*hv))).collect::<Vec<_>>(),
-            )?;
-            out.append((off, bytes(k), bytes(v), ts, headers))?;
-        }
-        Ok(out)
-    }
+    Ok(out)
 }
 
 /// The native half of `statestore.log.LogReader`.
@@ -241,7 +225,7 @@ impl LogReaderCore {
         let iso = self::isolation(isolation)?;
         let dir = partition_dir(&log_dir, topic, partition).map_err(log_err)?;
         if !log_dir.is_dir() {
-            return Err(error("LogError", format!("log directory {} does not exist", log_dir.display())));
+            return Err(LogError::other(format!("log directory {} does not exist", log_dir.display())).with_path(&log_dir).into());
         }
         let r = py.detach(|| PartitionReader::open(&dir, start_offset, iso, 1 << 20)).map_err(log_err)?;
         Ok(LogReaderCore { inner: Mutex::new(r) })
@@ -267,14 +251,14 @@ impl LogReaderCore {
         let decoded = py
             .detach(|| {
                 let mut r = lock(&self.inner);
-                let mut d = Decoded::default();
+                let mut d = RecordChunk::default();
                 let mut n = 0usize;
                 let end = end.unwrap_or(i64::MAX);
                 // Markers and aborted batches yield nothing: go on until
                 // something is yielded or the log (or `end`) is reached.
                 loop {
                     let more = r.read(end, max_bytes, |rec| {
-                        d.push(rec);
+                        push_record(&mut d, rec);
                         n += 1;
                         n < max_records
                     })?;
@@ -285,21 +269,45 @@ impl LogReaderCore {
                 Ok::<_, LogError>(d)
             })
             .map_err(log_err)?;
-        decoded.into_py(py)
+        records_to_py(py, &decoded)
     }
 }
 
-/// `(start, end, last_stable)` offsets of a partition.
+/// Start, end and last stable offset of a changelog partition.
+#[pyclass(module = "statestore._native", name = "PartitionBounds", frozen, get_all)]
+#[derive(Debug, Clone, Copy)]
+pub struct PartitionBounds {
+    /// First offset in the log.
+    start: i64,
+    /// Log end offset: the next offset to be written.
+    end: i64,
+    /// First offset of the oldest open transaction, else `end`.
+    last_stable: i64,
+}
+
 #[pyfunction]
-fn log_offsets(py: Python<'_>, log_dir: PathBuf, topic: &str, partition: i32) -> PyResult<(i64, i64, i64)> {
-    py.detach(|| crate::log::partition_offsets(&log_dir, topic, partition))
-        .map(|o| (o.start, o.end, o.last_stable))
-        .map_err(source_err)
+fn log_offsets(py: Python<'_>, log_dir: PathBuf, topic: &str, partition: i32) -> PyResult<PartitionBounds> {
+    let b = py.detach(|| crate::log::partition_offsets(&log_dir, topic, partition))?;
+    Ok(PartitionBounds { start: b.start, end: b.end, last_stable: b.last_stable })
+}
+
+/// What a read_committed pass over a range of a partition found.
+#[pyclass(module = "statestore._native", name = "CommittedStats", frozen, get_all)]
+#[derive(Debug, Clone, Copy)]
+pub struct CommittedStats {
+    /// Committed data records.
+    records: u64,
+    /// Their key and value bytes.
+    bytes: u64,
+    /// Where the pass stopped (next offset to read).
+    position: i64,
+    /// Bytes of log read.
+    bytes_read: u64,
 }
 
 /// Drain the read_committed source of a partition from `start_offset` to
-/// `end` natively: `(records, key+value bytes, position, log bytes read)`.
-/// What the restore path does, without a store (tools, benchmarks).
+/// `end` natively, counting what a restore of that range would apply (the
+/// lag of a store in records).
 #[pyfunction]
 fn log_committed_stats(
     py: Python<'_>,
@@ -308,8 +316,8 @@ fn log_committed_stats(
     partition: i32,
     start_offset: i64,
     end: i64,
-) -> PyResult<(u64, u64, i64, u64)> {
-    py.detach(|| {
+) -> PyResult<CommittedStats> {
+    Ok(py.detach(|| {
         let mut src = crate::log::open_committed_source(&log_dir, topic, partition, start_offset)?;
         let (mut n, mut bytes) = (0u64, 0u64);
         let mut sink = |r: ChangeRecord<'_>| {
@@ -317,188 +325,93 @@ fn log_committed_stats(
             bytes += (r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len)) as u64;
         };
         while src.next_chunk(end, 8 << 20, &mut sink)? {}
-        Ok((n, bytes, src.position(), src.bytes_read()))
-    })
-    .map_err(source_err)
+        Ok::<_, LogError>(CommittedStats { records: n, bytes, position: src.position(), bytes_read: src.bytes_read() })
+    })?)
 }
 
-struct DumpBatch {
+/// One batch of a partition as `kafka-dump-log` shows it.
+#[pyclass(module = "statestore._native", name = "LogBatch", frozen, get_all)]
+pub struct LogBatch {
+    /// File name of the segment.
     segment: String,
+    /// Byte position in the segment.
     position: u64,
-    header: codec::BatchHeader,
-    crc_valid: bool,
+    base_offset: i64,
+    last_offset: i64,
+    count: i32,
+    /// Bytes of the whole batch.
+    size: usize,
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+    transactional: bool,
+    /// `COMMIT`/`ABORT` (or `TYPE_<n>`) for a control batch with a valid CRC.
     control: Option<String>,
+    /// `committed`, `aborted` or `open` for a transactional data batch.
     outcome: Option<&'static str>,
-    records: Option<Decoded>,
+    compression: String,
+    crc: u32,
+    crc_valid: bool,
+    max_timestamp: i64,
+    /// `(offset, key, value, timestamp, headers)` per record, when asked for
+    /// and visible under the isolation; `None` otherwise.
+    records: Option<Py<PyList>>,
+}
+
+#[pymethods]
+impl LogBatch {
+    fn __repr__(&self) -> String {
+        format!(
+            "LogBatch(segment={:?}, position={}, base_offset={}, last_offset={}, count={}, outcome={:?}, control={:?})",
+            self.segment, self.position, self.base_offset, self.last_offset, self.count, self.outcome, self.control
+        )
+    }
+}
+
+impl LogBatch {
+    fn new(py: Python<'_>, b: DumpBatch) -> PyResult<Self> {
+        let h = &b.header;
+        let records = match &b.records {
+            Some(chunk) => Some(records_to_py(py, chunk)?.unbind()),
+            None => None,
+        };
+        Ok(Self {
+            segment: b.segment,
+            position: b.position,
+            base_offset: h.base_offset,
+            last_offset: h.last_offset(),
+            count: h.records_count,
+            size: h.total_len(),
+            producer_id: h.producer_id,
+            producer_epoch: h.producer_epoch,
+            base_sequence: h.base_sequence,
+            transactional: h.is_transactional(),
+            control: b.control,
+            outcome: b.outcome.map(|o| o.name()),
+            compression: codec::codec_name(h.compression_id()),
+            crc: h.crc,
+            crc_valid: b.crc_valid,
+            max_timestamp: h.max_timestamp,
+            records,
+        })
+    }
 }
 
 /// Batches of a partition as kafka-dump-log shows them; with `records`, the
 /// records too (for read_committed only those a read_committed consumer gets).
 #[pyfunction]
 #[pyo3(signature = (log_dir, topic, partition, records=false, isolation="read_committed"))]
-fn log_dump<'py>(
-    py: Python<'py>,
+fn log_dump(
+    py: Python<'_>,
     log_dir: PathBuf,
     topic: &str,
     partition: i32,
     records: bool,
     isolation: &str,
-) -> PyResult<Bound<'py, PyList>> {
+) -> PyResult<Vec<LogBatch>> {
     let iso = self::isolation(isolation)?;
-    let dir = partition_dir(&log_dir, topic, partition).map_err(log_err)?;
-    let batches = py
-        .detach(|| {
-            let mut cursor = BatchCursor::open(&dir, 0, 1 << 20, false)?;
-            let mut resolver = TxnResolver::new(&dir, 0, 0);
-            let mut out = Vec::new();
-            let mut scratch = Vec::new();
-            let mut open_seen = false;
-            while let Some(p) = cursor.peek()? {
-                let h = p.header;
-                let batch = cursor.batch_bytes();
-                let path = cursor.segment_path().to_path_buf();
-                let crc_valid = codec::batch_crc(batch) == h.crc;
-                let control = if h.is_control() && crc_valid {
-                    codec::control_type(&h, batch).ok().map(|c| c.name())
-                } else {
-                    None
-                };
-                let outcome = if h.is_transactional() && !h.is_control() {
-                    Some(match resolver.resolve(h.producer_id, h.base_offset)? {
-                        Outcome::Committed => "committed",
-                        Outcome::Aborted => "aborted",
-                        Outcome::Open => "open",
-                    })
-                } else {
-                    None
-                };
-                open_seen |= outcome == Some("open");
-                let show = records
-                    && !h.is_control()
-                    && (iso == Isolation::ReadUncommitted || (!open_seen && outcome != Some("aborted")));
-                let recs = if show && crc_valid {
-                    let mut d = Decoded::default();
-                    let it = codec::batch_records(&h, batch, &mut scratch).map_err(|e| match e {
-                        codec::CodecError::UnsupportedCompression(c) => LogError::UnsupportedCompression(format!(
-                            "{}: batch at byte {} (base offset {}) uses compression {c}",
-                            path.display(),
-                            p.position,
-                            h.base_offset
-                        )),
-                        e => LogError::corrupt(&path, p.position, h.base_offset, e),
-                    })?;
-                    for r in it {
-                        d.push(&r.map_err(|e| LogError::corrupt(&path, p.position, h.base_offset, e))?);
-                    }
-                    Some(d)
-                } else {
-                    None
-                };
-                let segment = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                out.push(DumpBatch { segment, position: p.position, header: h, crc_valid, control, outcome, records: recs });
-                cursor.advance();
-            }
-            Ok::<_, LogError>(out)
-        })
-        .map_err(log_err)?;
-    let list = PyList::empty(py);
-    for b in batches {
-        let d = PyDict::new(py);
-        let h = &b.header;
-        d.set_item("segment", b.segment)?;
-        d.set_item("position", b.position)?;
-        d.set_item("base_offset", h.base_offset)?;
-        d.set_item("last_offset", h.last_offset())?;
-        d.set_item("count", h.records_count)?;
-        d.set_item("size", h.total_len())?;
-        d.set_item("producer_id", h.producer_id)?;
-        d.set_item("producer_epoch", h.producer_epoch)?;
-        d.set_item("base_sequence", h.base_sequence)?;
-        d.set_item("transactional", h.is_transactional())?;
-        d.set_item("control", b.control)?;
-        d.set_item("outcome", b.outcome)?;
-        d.set_item("compression", codec::codec_name(h.compression_id()))?;
-        d.set_item("crc", h.crc)?;
-        d.set_item("crc_valid", b.crc_valid)?;
-        d.set_item("max_timestamp", h.max_timestamp)?;
-        match b.records {
-            Some(r) => d.set_item("records", r.into_py(py)?)?,
-            None => d.set_item("records", py.None())?,
-        }
-        list.append(d)?;
-    }
-    Ok(list)
-}
-
-/// Decode one batch given as bytes (tests and tools): `(header dict, records)`.
-#[pyfunction]
-fn decode_batch<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyList>)> {
-    let corrupt = |e: codec::CodecError| match e {
-        codec::CodecError::UnsupportedCompression(c) => error("UnsupportedCompressionError", format!("batch uses compression {c}")),
-        e => error("CorruptLogError", format!("not a valid batch: {e}")),
-    };
-    let h = codec::BatchHeader::parse(data).map_err(corrupt)?;
-    if h.total_len() != data.len() {
-        return Err(error("CorruptLogError", format!("batch length says {} bytes, {} given", h.total_len(), data.len())));
-    }
-    codec::verify_crc(&h, data).map_err(corrupt)?;
-    let mut scratch = Vec::new();
-    let mut d = Decoded::default();
-    for r in codec::batch_records(&h, data, &mut scratch).map_err(corrupt)? {
-        d.push(&r.map_err(corrupt)?);
-    }
-    let hd = PyDict::new(py);
-    hd.set_item("base_offset", h.base_offset)?;
-    hd.set_item("last_offset", h.last_offset())?;
-    hd.set_item("count", h.records_count)?;
-    hd.set_item("producer_id", h.producer_id)?;
-    hd.set_item("producer_epoch", h.producer_epoch)?;
-    hd.set_item("base_sequence", h.base_sequence)?;
-    hd.set_item("transactional", h.is_transactional())?;
-    hd.set_item("is_control", h.is_control())?;
-    hd.set_item("compression", codec::codec_name(h.compression_id()))?;
-    hd.set_item("crc", h.crc)?;
-    hd.set_item("base_timestamp", h.base_timestamp)?;
-    hd.set_item("max_timestamp", h.max_timestamp)?;
-    let control = if h.is_control() { codec::control_type(&h, data).ok().map(|c| c.name()) } else { None };
-    hd.set_item("control", control)?;
-    Ok((hd, d.into_py(py)?))
-}
-
-/// Encode one batch (tests and tools). `records` are `(offset, timestamp,
-/// key, value, headers)`; `control` is None, "COMMIT" or "ABORT".
-#[pyfunction]
-#[pyo3(signature = (base_offset, records, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=false, compression="none", control=None))]
-#[allow(clippy::too_many_arguments)]
-fn encode_batch<'py>(
-    py: Python<'py>,
-    base_offset: i64,
-    records: Vec<(i64, i64, Bytes, Bytes, Headers)>,
-    producer_id: i64,
-    producer_epoch: i16,
-    base_sequence: i32,
-    transactional: bool,
-    compression: &str,
-    control: Option<&str>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let codec = Compression::from_name(compression)
-        .ok_or_else(|| error("LogError", format!("unknown compression {compression:?}")))?;
-    if let Some(c) = control {
-        let commit = match c {
-            "COMMIT" => true,
-            "ABORT" => false,
-            other => return Err(error("LogError", format!("control must be COMMIT or ABORT, not {other:?}"))),
-        };
-        let ts = records.first().map_or(0, |r| r.1);
-        return Ok(PyBytes::new(py, &codec::control_batch(base_offset, producer_id, producer_epoch, commit, ts, 0)));
-    }
-    let meta = codec::BatchMeta { producer_id, producer_epoch, base_sequence, transactional, ..Default::default() };
-    let mut b = codec::BatchBuilder::new(base_offset, meta);
-    for (off, ts, k, v, hs) in &records {
-        let hrefs: Vec<(&[u8], Option<&[u8]>)> = hs.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())).collect();
-        b.append(*off, *ts, k.as_deref(), v.as_deref(), &hrefs);
-    }
-    Ok(PyBytes::new(py, &b.finish(codec)))
+    let batches = py.detach(|| dump_partition(&log_dir, topic, partition, records, iso))?;
+    batches.into_iter().map(|b| LogBatch::new(py, b)).collect()
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -508,7 +421,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log_offsets, m)?)?;
     m.add_function(wrap_pyfunction!(log_committed_stats, m)?)?;
     m.add_function(wrap_pyfunction!(log_dump, m)?)?;
-    m.add_function(wrap_pyfunction!(decode_batch, m)?)?;
-    m.add_function(wrap_pyfunction!(encode_batch, m)?)?;
+    m.add_class::<TransactionInfo>()?;
+    m.add_class::<PartitionBounds>()?;
+    m.add_class::<CommittedStats>()?;
+    m.add_class::<LogBatch>()?;
     Ok(())
 }

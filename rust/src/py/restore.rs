@@ -12,32 +12,58 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use super::error;
+use super::errors::ErrorClass;
 use super::feed::{PyFeedLog, Raised};
-use crate::replay::engine::{self, ChangelogLog, Mode, RestoreOutcome, RestoreSpec};
-use crate::replay::segment_log::SegmentLogDir;
+use super::kafka::PyKafkaClient;
+use crate::kafka::client::KafkaLog;
+use crate::log::SegmentLogDir;
+use crate::replay::engine::{self, Mode, RestoreOutcome, RestoreSpec};
+use crate::source::Changelog;
 use crate::replay::{
     ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
 };
 use crate::store::{Store, StoreFormat};
 
-/// `(mode, start_offset, end_offset, records_applied, skipped_aborted,
-/// skipped_control, skipped_null_key, bytes_read, seconds, offset)`.
-type OutcomeTuple = (&'static str, i64, i64, u64, u64, u64, u64, u64, f64, Option<i64>);
+/// What one restore did (`statestore.restore.RestoreResult` is built from it).
+#[pyclass(module = "statestore._native", name = "RestoreOutcome", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub struct PyRestoreOutcome {
+    /// `"replay"` or `"bulk"`: the mode used.
+    mode: &'static str,
+    start_offset: i64,
+    end_offset: i64,
+    records_applied: u64,
+    skipped_aborted: u64,
+    skipped_control: u64,
+    skipped_null_key: u64,
+    bytes_read: u64,
+    seconds: f64,
+    /// The offset the store records afterwards.
+    offset: Option<i64>,
+}
 
-fn outcome_tuple(o: &RestoreOutcome) -> OutcomeTuple {
-    (
-        o.mode.name(),
-        o.start_offset,
-        o.end_offset,
-        o.records_applied,
-        o.skipped.aborted,
-        o.skipped.control,
-        o.skipped_null_key,
-        o.bytes_read,
-        o.seconds,
-        o.offset,
-    )
+impl From<&RestoreOutcome> for PyRestoreOutcome {
+    fn from(o: &RestoreOutcome) -> Self {
+        Self {
+            mode: o.mode.name(),
+            start_offset: o.start_offset,
+            end_offset: o.end_offset,
+            records_applied: o.records_applied,
+            skipped_aborted: o.skipped.aborted,
+            skipped_control: o.skipped.control,
+            skipped_null_key: o.skipped_null_key,
+            bytes_read: o.bytes_read,
+            seconds: o.seconds,
+            offset: o.offset,
+        }
+    }
+}
+
+#[pymethods]
+impl PyRestoreOutcome {
+    fn __repr__(&self) -> String {
+        format!("{self:?}")
+    }
 }
 
 /// A Python object with `on_restore_start/on_batch_restored/on_restore_end`.
@@ -86,8 +112,9 @@ fn to_pyerr(e: RestoreError, raised: &Arc<Mutex<Option<PyErr>>>, fed: Option<&Ra
     if let Some(cause) = fed.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take()) {
         return cause;
     }
-    let err = error(e.kind.class_name(), e.message);
-    if e.kind == ErrorKind::Listener {
+    let listener = e.kind == ErrorKind::Listener;
+    let err = PyErr::from(e);
+    if listener {
         if let Some(cause) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
             Python::attach(|py| err.set_cause(py, Some(cause)));
         }
@@ -97,7 +124,7 @@ fn to_pyerr(e: RestoreError, raised: &Arc<Mutex<Option<PyErr>>>, fed: Option<&Ra
 
 /// One restore as Python describes it.
 struct Job {
-    log: Box<dyn ChangelogLog + Send>,
+    log: Box<dyn Changelog + Send>,
     spec: RestoreSpec,
     listener: Option<PyListener>,
     raised: Arc<Mutex<Option<PyErr>>>,
@@ -109,20 +136,31 @@ struct Job {
 /// restore gives up, unless it says otherwise (`restore_stall_timeout`).
 const DEFAULT_STALL_SECONDS: f64 = 60.0;
 
-/// A segment log directory (a `str` or `os.PathLike`), or a Python changelog object.
-fn changelog(
-    log: &Bound<'_, PyAny>,
-    format: StoreFormat,
-) -> PyResult<(Box<dyn ChangelogLog + Send>, Option<Raised>)> {
+/// A segment log directory (a `str` or `os.PathLike`), an object naming one
+/// in `log_dir` (`statestore.SegmentLog`), or a Python changelog object.
+fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<(Box<dyn Changelog + Send>, Option<Raised>)> {
     if let Ok(dir) = log.extract::<PathBuf>() {
         return Ok((Box::new(SegmentLogDir(dir)), None));
+    }
+    if let Ok(dir) = log.getattr("log_dir").and_then(|d| d.extract::<PathBuf>()) {
+        return Ok((Box::new(SegmentLogDir(dir)), None));
+    }
+    // A Kafka changelog the native fetcher serves (`KafkaChangelog.native`),
+    // or the native client itself; else the Python feed below.
+    if let Ok(k) = log.cast::<PyKafkaClient>() {
+        return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
+    }
+    if let Ok(native) = log.getattr("native") {
+        if let Ok(k) = native.cast::<PyKafkaClient>() {
+            return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
+        }
     }
     let stall = match log.getattr("restore_stall_timeout") {
         Ok(v) => v.extract::<f64>()?,
         Err(_) => DEFAULT_STALL_SECONDS,
     };
     if !(stall > 0.0 && stall.is_finite()) {
-        return Err(error("RestoreError", format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
+        return Err(ErrorClass::Restore.err(format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
     let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
         .with_timestamps(format == StoreFormat::Timestamped);
@@ -130,47 +168,64 @@ fn changelog(
     Ok((Box::new(f), Some(raised)))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn job(
-    tp: &Bound<'_, PyAny>,
+/// One restore as Python describes it: the attributes of
+/// `statestore.restore.RestoreSpec`, read by name.
+#[derive(FromPyObject)]
+struct SpecArgs {
+    #[pyo3(attribute)]
     store_path: PathBuf,
-    log: &Bound<'_, PyAny>,
+    #[pyo3(attribute)]
+    log: Py<PyAny>,
+    #[pyo3(attribute)]
+    tp: Py<PyAny>,
+    #[pyo3(attribute)]
     end_offset: Option<i64>,
-    mode: &str,
+    #[pyo3(attribute)]
+    mode: String,
+    #[pyo3(attribute)]
     memory_budget_bytes: usize,
+    #[pyo3(attribute)]
     listener: Option<Py<PyAny>>,
+    #[pyo3(attribute)]
     progress_interval: f64,
-    format: &str,
-) -> PyResult<Job> {
+    /// `"plain"` or `"timestamped"`.
+    #[pyo3(attribute)]
+    format: String,
+}
+
+fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
+    let tp = a.tp.bind(py);
     let topic: String = tp.getattr("topic")?.extract()?;
     let partition: i32 = tp.getattr("partition")?.extract()?;
-    let mode = Mode::parse(mode).ok_or_else(|| {
-        error("RestoreError", format!("restoring {topic}-{partition}: unknown mode {mode:?}, use auto, replay or bulk"))
+    let mode = Mode::parse(&a.mode).ok_or_else(|| {
+        ErrorClass::Restore
+            .err(format!("restoring {topic}-{partition}: unknown mode {:?}, use auto, replay or bulk", a.mode))
     })?;
-    if !(progress_interval >= 0.0 && progress_interval.is_finite()) {
-        return Err(error("RestoreError", format!("progress interval must be >= 0 seconds, got {progress_interval}")));
+    let interval = a.progress_interval;
+    if !(interval >= 0.0 && interval.is_finite()) {
+        return Err(ErrorClass::Restore.err(format!("progress interval must be >= 0 seconds, got {interval}")));
     }
-    let format = StoreFormat::parse(format).ok_or_else(|| {
-        error(
-            "RestoreError",
-            format!("restoring {topic}-{partition}: unknown store format {format:?}, use plain or timestamped"),
-        )
+    let format = StoreFormat::parse(&a.format).ok_or_else(|| {
+        ErrorClass::Restore.err(format!(
+            "restoring {topic}-{partition}: unknown store format {:?}, use plain or timestamped",
+            a.format
+        ))
     })?;
-    let mut spec = RestoreSpec::new(store_path, &topic, partition);
+    let mut spec = RestoreSpec::new(a.store_path, &topic, partition);
     spec.format = format;
-    spec.end_offset = end_offset;
+    spec.end_offset = a.end_offset;
     spec.mode = mode;
-    spec.memory_budget = memory_budget_bytes;
-    spec.progress_interval = Duration::from_secs_f64(progress_interval);
+    spec.memory_budget = a.memory_budget_bytes;
+    spec.progress_interval = Duration::from_secs_f64(interval);
     let raised = Arc::new(Mutex::new(None));
     let store_name = spec.store_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let listener = listener.map(|obj| PyListener { obj, tp: tp.clone().unbind(), store_name, raised: raised.clone() });
-    let (log, fed) = changelog(log, spec.format)?;
+    let listener = a.listener.map(|obj| PyListener { obj, tp: a.tp.clone_ref(py), store_name, raised: raised.clone() });
+    let (log, fed) = changelog(a.log.bind(py), spec.format)?;
     Ok(Job { log, spec, listener, raised, fed })
 }
 
 /// Restore the store at `store_path` from partition `tp` (a `TopicPartition`)
-/// of `log`: the segment log in that directory, or a Python changelog. Returns the outcome tuple; raises the
+/// of `log`: the segment log in that directory, or a Python changelog. Returns the outcome; raises the
 /// `statestore.errors` class of the failure. The GIL is released throughout.
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
 /// `WriteBatch`) are tuning knobs for tests and tools.
@@ -191,32 +246,35 @@ fn restore_store(
     chunk_bytes: usize,
     read_ahead: bool,
     format: &str,
-) -> PyResult<OutcomeTuple> {
-    let mut j = job(tp, store_path, log, end_offset, mode, memory_budget_bytes, listener, progress_interval, format)?;
+) -> PyResult<PyRestoreOutcome> {
+    let args = SpecArgs {
+        store_path,
+        log: log.clone().unbind(),
+        tp: tp.clone().unbind(),
+        end_offset,
+        mode: mode.to_string(),
+        memory_budget_bytes,
+        listener,
+        progress_interval,
+        format: format.to_string(),
+    };
+    let mut j = job(py, args)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
     j.spec.chunk_bytes = chunk_bytes.max(1);
     j.spec.read_ahead = read_ahead;
     let r = py.detach(|| engine::restore(&*j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)));
-    r.map(|o| outcome_tuple(&o)).map_err(|e| to_pyerr(e, &j.raised, j.fed.as_ref()))
+    r.map(|o| PyRestoreOutcome::from(&o)).map_err(|e| to_pyerr(e, &j.raised, j.fed.as_ref()))
 }
 
-/// Spec tuple of `restore_many`: `(store_path, log, tp, end_offset, mode,
-/// memory_budget_bytes, listener, progress_interval, format)`; `log` as in `restore_store`.
-type SpecTuple = (PathBuf, Py<PyAny>, Py<PyAny>, Option<i64>, String, usize, Option<Py<PyAny>>, f64, String);
-
-/// Restore many stores on `threads` native threads. Returns, per spec in
-/// order, `(outcome_tuple, None)` or `(None, exception)`.
+/// Restore many stores on `threads` native threads. `specs` are objects with
+/// the attributes of `statestore.restore.RestoreSpec` (`store_path`, `log`,
+/// `tp`, `end_offset`, `mode`, `memory_budget_bytes`, `listener`,
+/// `progress_interval`), read by name. Returns, per spec in order, its
+/// `RestoreOutcome` or the exception it failed with.
 #[pyfunction]
 #[pyo3(signature = (specs, threads))]
-fn restore_many(
-    py: Python<'_>,
-    specs: Vec<SpecTuple>,
-    threads: usize,
-) -> PyResult<Vec<(Option<OutcomeTuple>, Option<PyErr>)>> {
-    let mut jobs = Vec::with_capacity(specs.len());
-    for (store_path, log, tp, end, mode, budget, listener, interval, format) in specs {
-        jobs.push(job(tp.bind(py), store_path, log.bind(py), end, &mode, budget, listener, interval, &format)?);
-    }
+fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResult<Vec<Py<PyAny>>> {
+    let jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
         engine::run_pool(
@@ -230,14 +288,14 @@ fn restore_many(
             |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
         )
     });
-    Ok(results
+    results
         .into_iter()
         .zip(raised)
         .map(|(r, (raised, fed))| match r {
-            Ok(o) => (Some(outcome_tuple(&o)), None),
-            Err(e) => (None, Some(to_pyerr(e, &raised, fed.as_ref()))),
+            Ok(o) => Ok(Py::new(py, PyRestoreOutcome::from(&o))?.into_any()),
+            Err(e) => Ok(to_pyerr(e, &raised, fed.as_ref()).into_value(py).into_any()),
         })
-        .collect())
+        .collect()
 }
 
 /// Benchmark helper: decode `[log start, end)` of `tp` into memory, then
@@ -245,7 +303,7 @@ fn restore_many(
 /// Returns `(seconds spent writing, records)`; decoding is not timed.
 #[pyfunction]
 #[pyo3(signature = (store_path, log_dir, tp, end_offset=None))]
-fn restore_write_ceiling(
+pub fn restore_write_ceiling(
     py: Python<'_>,
     store_path: PathBuf,
     log_dir: PathBuf,
@@ -253,16 +311,27 @@ fn restore_write_ceiling(
     end_offset: Option<i64>,
 ) -> PyResult<(f64, u64)> {
     let dir = pyo3::types::PyString::new(py, &log_dir.to_string_lossy()).into_any();
-    let j = job(tp, store_path, &dir, end_offset, "replay", 0, None, 0.0, "plain")?;
+    let args = SpecArgs {
+        store_path,
+        log: dir.unbind(),
+        tp: tp.clone().unbind(),
+        end_offset,
+        mode: "replay".into(),
+        memory_budget_bytes: 0,
+        listener: None,
+        progress_interval: 0.0,
+        format: "plain".into(),
+    };
+    let j = job(py, args)?;
     let none = Arc::new(Mutex::new(None));
     py.detach(|| {
         let tpname = j.spec.tp();
-        let log_err = |e| RestoreError::new(ErrorKind::Log, format!("reading {tpname} in {}: {e}", log_dir.display()));
+        let log_err = |e| RestoreError::log(e, format!("reading {tpname} in {}", log_dir.display()));
         let b = j.log.bounds(&j.spec.topic, j.spec.partition).map_err(log_err)?;
         let end = j.spec.end_offset.unwrap_or(b.last_stable);
         let mut src = j.log.open(&j.spec.topic, j.spec.partition, b.start).map_err(log_err)?;
         let chunks = ceiling::decode(src.as_mut(), end, j.spec.chunk_bytes)
-            .map_err(|e| RestoreError::new(ErrorKind::Log, format!("decoding {tpname}: {e}")))?;
+            .map_err(|e| RestoreError::log(e, format!("decoding {tpname}")))?;
         let n = chunks.iter().map(|c| c.len() as u64).sum();
         let store =
             Store::open_with(&j.spec.store_path, restore_options()).map_err(|e| RestoreError::store(&tpname, e))?;
@@ -275,6 +344,6 @@ fn restore_write_ceiling(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restore_store, m)?)?;
     m.add_function(wrap_pyfunction!(restore_many, m)?)?;
-    m.add_function(wrap_pyfunction!(restore_write_ceiling, m)?)?;
+    m.add_class::<PyRestoreOutcome>()?;
     Ok(())
 }

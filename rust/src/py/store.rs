@@ -1,27 +1,69 @@
-//! Binding of [`crate::store`]: whole-store calls used by tools and tests
-//! (`verify`, `inspect`, interop checks). The processing path uses rocksdict.
+//! Binding of [`crate::store`]: whole-store calls used by tools (`verify`,
+//! `inspect`, the demo). The processing path uses rocksdict.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use rocksdb::{IteratorMode, WriteBatch};
 
-use super::error;
+use super::errors::ErrorClass;
 use crate::store::{self, Store, StoreError, StoreFormat};
 
-fn store_err(e: StoreError) -> PyErr {
-    error("StoreError", e.to_string())
+/// What a tool shows about a store, read without taking its lock.
+#[pyclass(module = "statestore._native", name = "StoreInfo", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub struct StoreInfo {
+    /// `"<topic>-<partition>"` -> offset of the last applied record.
+    offsets: BTreeMap<String, i64>,
+    /// 1 open, 0 closed cleanly, `None` when never written.
+    status: Option<i64>,
+    /// RocksDB's estimate of the number of keys.
+    estimated_keys: u64,
 }
 
-type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+/// `(key, expected value, actual value)`; a missing side is `None`.
+type PyDifference = (Py<PyBytes>, Option<Py<PyBytes>>, Option<Py<PyBytes>>);
+
+/// The data of two stores compared, in key order.
+#[pyclass(module = "statestore._native", name = "StoreComparison", frozen, get_all)]
+#[derive(Debug)]
+pub struct StoreComparison {
+    expected_digest: String,
+    actual_digest: String,
+    expected_entries: u64,
+    actual_entries: u64,
+    /// `(key, expected value, actual value)` at the first difference (a
+    /// missing side is `None`); `None` when the data is equal.
+    first_difference: Option<PyDifference>,
+}
+
+/// A whole store read into memory (tools and tests).
+#[pyclass(module = "statestore._native", name = "StoreDump", frozen, get_all)]
+#[derive(Debug)]
+pub struct StoreDump {
+    /// The data column family in key order.
+    entries: Vec<(Py<PyBytes>, Py<PyBytes>)>,
+    /// Offsets, without the status marker.
+    offsets: BTreeMap<String, i64>,
+    status: Option<i64>,
+}
+
+#[pymethods]
+impl StoreInfo {
+    fn __repr__(&self) -> String {
+        format!("StoreInfo(offsets={:?}, status={:?}, estimated_keys={})", self.offsets, self.status, self.estimated_keys)
+    }
+}
 
 /// Write `items` (a value of `None` deletes the key) and `offsets`
 /// (`"<topic>-<partition>"` -> offset) to the store at `path` in one batch,
 /// optionally with a status marker, then flush. Creates the store if needed.
+/// Tests use it to damage or prepare stores.
 #[pyfunction]
 #[pyo3(signature = (path, items, offsets, status=None, format=None))]
-fn store_write_batch(
+pub fn store_write_batch(
     py: Python<'_>,
     path: PathBuf,
     items: Vec<(Vec<u8>, Option<Vec<u8>>)>,
@@ -30,9 +72,9 @@ fn store_write_batch(
     format: Option<&str>,
 ) -> PyResult<()> {
     let format = format
-        .map(|f| StoreFormat::parse(f).ok_or_else(|| error("StoreError", format!("unknown store format {f:?}"))))
+        .map(|f| StoreFormat::parse(f).ok_or_else(|| ErrorClass::Store.err(format!("unknown store format {f:?}"))))
         .transpose()?;
-    py.detach(|| {
+    Ok(py.detach(|| {
         let store = match format {
             Some(f) => Store::open_format(&path, store::store_options(true), f)?,
             None => Store::open(&path, true)?,
@@ -53,42 +95,56 @@ fn store_write_batch(
         }
         store.write(b, false)?;
         store.flush()
-    })
-    .map_err(store_err)
+    })?)
 }
 
-/// Read a whole store: `(entries, offsets, status)` where entries are the data
-/// column family in key order and offsets exclude the status marker.
+/// Create an empty store at `path` (its column families, nothing else), in
+/// `format` (`"plain"` or `"timestamped"`).
 #[pyfunction]
-fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<(Entries, BTreeMap<String, i64>, Option<i64>)> {
-    py.detach(|| {
+#[pyo3(signature = (path, format="plain"))]
+fn store_create(py: Python<'_>, path: PathBuf, format: &str) -> PyResult<()> {
+    let format = StoreFormat::parse(format)
+        .ok_or_else(|| ErrorClass::Store.err(format!("unknown store format {format:?}: use plain or timestamped")))?;
+    Ok(py.detach(|| Store::open_format(&path, store::store_options(true), format).map(drop))?)
+}
+
+/// Read a whole store (read-only).
+#[pyfunction]
+fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<StoreDump> {
+    let (entries, offsets, status) = py.detach(|| {
         let store = Store::open_read_only(&path)?;
         let mut entries = Vec::new();
         for item in store.db().iterator_cf(store.data_cf(), IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| StoreError::new(&path, format!("reading data: {e}")))?;
-            entries.push((k.to_vec(), v.to_vec()));
+            let (k, v) = item.map_err(|e| StoreError::rocksdb(&path, "reading data", &e))?;
+            entries.push((k, v));
         }
-        Ok((entries, store.offsets()?, store.status()?))
-    })
-    .map_err(store_err)
+        Ok::<_, StoreError>((entries, store.offsets()?, store.status()?))
+    })?;
+    let entries =
+        entries.iter().map(|(k, v)| (PyBytes::new(py, k).unbind(), PyBytes::new(py, v).unbind())).collect();
+    Ok(StoreDump { entries, offsets, status })
 }
 
-/// What a tool shows about a store, read without taking its lock:
-/// `(offsets, status, estimated number of keys)`.
+/// What a tool shows about a store, read without taking its lock. With
+/// `check_blocks`, every block is read first with its checksum verified, so a
+/// damaged data block is `StoreCorruptedError` here rather than on the first
+/// read that reaches it.
 #[pyfunction]
-fn store_info(py: Python<'_>, path: PathBuf) -> PyResult<(BTreeMap<String, i64>, Option<i64>, u64)> {
-    py.detach(|| {
+#[pyo3(signature = (path, check_blocks=false))]
+fn store_info(py: Python<'_>, path: PathBuf, check_blocks: bool) -> PyResult<StoreInfo> {
+    Ok(py.detach(|| {
         let store = Store::open_read_only(&path)?;
+        if check_blocks {
+            store.check_blocks()?;
+        }
         let keys = store
             .db()
             .property_int_value_cf(store.data_cf(), "rocksdb.estimate-num-keys")
-            .map_err(|e| StoreError::new(&path, format!("reading key estimate: {e}")))?
+            .map_err(|e| StoreError::rocksdb(&path, "reading key estimate", &e))?
             .unwrap_or(0);
-        Ok((store.offsets()?, store.status()?, keys))
-    })
-    .map_err(store_err)
+        Ok::<_, StoreError>(StoreInfo { offsets: store.offsets()?, status: store.status()?, estimated_keys: keys })
+    })?)
 }
-
 
 /// The format of the store at `path` as found on disk (`"plain"` or
 /// `"timestamped"`), None where there is no RocksDB yet. A store of a type
@@ -96,32 +152,40 @@ fn store_info(py: Python<'_>, path: PathBuf) -> PyResult<(BTreeMap<String, i64>,
 /// column families) raises `StoreError` naming its column families.
 #[pyfunction]
 fn store_format(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>> {
-    py.detach(|| Store::detect_format(&path)).map(|f| f.map(StoreFormat::name)).map_err(store_err)
+    Ok(py.detach(|| Store::detect_format(&path)).map(|f| f.map(StoreFormat::name))?)
 }
 
-/// Compare the data of two stores (read-only): `(expected digest, actual
-/// digest, expected entries, actual entries, first difference)` where the
-/// first difference is `(key, expected value, actual value)` in key order.
+/// Compare the data of two stores (read-only).
 #[pyfunction]
-fn store_compare(
-    py: Python<'_>,
-    expected: PathBuf,
-    actual: PathBuf,
-) -> PyResult<(String, String, u64, u64, Option<store::Difference>)> {
-    py.detach(|| {
+fn store_compare(py: Python<'_>, expected: PathBuf, actual: PathBuf) -> PyResult<StoreComparison> {
+    let c = py.detach(|| {
         let e = Store::open_read_only(&expected)?;
         let a = Store::open_read_only(&actual)?;
-        let c = store::compare(&e, &a)?;
-        Ok((c.expected_digest, c.actual_digest, c.expected_entries, c.actual_entries, c.first_difference))
+        store::compare(&e, &a)
+    })?;
+    let bytes = |b: &[u8]| PyBytes::new(py, b).unbind();
+    let first_difference = c
+        .first_difference
+        .as_ref()
+        .map(|(k, e, a)| (bytes(k), e.as_deref().map(bytes), a.as_deref().map(bytes)));
+    Ok(StoreComparison {
+        expected_digest: c.expected_digest,
+        actual_digest: c.actual_digest,
+        expected_entries: c.expected_entries,
+        actual_entries: c.actual_entries,
+        first_difference,
     })
-    .map_err(store_err)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<StoreInfo>()?;
+    m.add_class::<StoreComparison>()?;
+    m.add_class::<StoreDump>()?;
     m.add_function(wrap_pyfunction!(store_info, m)?)?;
     m.add_function(wrap_pyfunction!(store_compare, m)?)?;
-    m.add_function(wrap_pyfunction!(store_write_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(store_create, m)?)?;
     m.add_function(wrap_pyfunction!(store_dump, m)?)?;
+    m.add_function(wrap_pyfunction!(store_format, m)?)?;
     m.add_function(wrap_pyfunction!(store_format, m)?)?;
     Ok(())
 }

@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::prefetch::Prefetch;
+use super::read_ahead::ReadAhead;
 use super::{
-    replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, DEFAULT_CHUNK_BYTES,
+    replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, Target, DEFAULT_CHUNK_BYTES,
     DEFAULT_WRITE_BUFFER_BYTES,
 };
 use crate::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
-use crate::source::{ChangelogSource, SkipCounts, SourceError};
+use crate::source::{Changelog, LogError, SkipCounts};
 use crate::store::{Store, StoreFormat, STATUS_CLOSED};
 
 /// How to restore.
@@ -45,23 +45,6 @@ impl Mode {
             Mode::Bulk => "bulk",
         }
     }
-}
-
-/// Offsets of a changelog partition as its log reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
-    /// First offset still in the log.
-    pub start: i64,
-    /// Log end offset (next offset to be written).
-    pub end: i64,
-    /// Last stable offset: first offset of the oldest open transaction, else `end`.
-    pub last_stable: i64,
-}
-
-/// Where changelogs come from: the segment log, or a test double.
-pub trait ChangelogLog: Sync {
-    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, SourceError>;
-    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError>;
 }
 
 /// One restore to do.
@@ -127,9 +110,18 @@ pub struct RestoreOutcome {
     pub offset: Option<i64>,
 }
 
-/// Restore one store from its changelog partition in `log`.
+/// Restore one store from its changelog partition in `log`. Every error names
+/// the store, the partition and, where known, the offset.
 pub fn restore(
-    log: &dyn ChangelogLog,
+    log: &dyn Changelog,
+    spec: &RestoreSpec,
+    listener: Option<&mut dyn Listener>,
+) -> Result<RestoreOutcome, RestoreError> {
+    restore_one(log, spec, listener).map_err(|e| e.in_restore_of(&spec.store_path, &spec.topic, spec.partition))
+}
+
+fn restore_one(
+    log: &dyn Changelog,
     spec: &RestoreSpec,
     listener: Option<&mut dyn Listener>,
 ) -> Result<RestoreOutcome, RestoreError> {
@@ -151,14 +143,7 @@ pub fn restore(
             )
         })?;
     }
-    let log_err = |e: SourceError| {
-        let kind = match e {
-            SourceError::Corrupt(_) => ErrorKind::CorruptLog,
-            SourceError::UnsupportedCompression(_) => ErrorKind::UnsupportedCompression,
-            SourceError::Other(_) => ErrorKind::Log,
-        };
-        RestoreError::new(kind, format!("restoring store {} from {tp}: {e}", path.display()))
-    };
+    let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
     let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
     let recorded = store.offset(&tp).map_err(|e| RestoreError::store(&tp, e))?;
     let bad = |msg: String| {
@@ -173,14 +158,16 @@ pub fn restore(
                 "the store records offset {o} but the log starts at {}: records between were deleted; \
                  wipe the store and restore it from the start",
                 bounds.start
-            )))
+            ))
+            .with_offset(o))
         }
         Some(o) if o + 1 > bounds.end => {
             return Err(out_of_range(format!(
                 "the store records offset {o} but the log ends at {}: the store is ahead of its changelog; \
                  wipe the store and restore it from the start",
                 bounds.end
-            )))
+            ))
+            .with_offset(o))
         }
         Some(o) => o + 1,
         None => bounds.start,
@@ -218,8 +205,9 @@ pub fn restore(
         let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
         if spec.read_ahead {
             // Decode ahead on a second thread while this one applies.
-            source = Box::new(Prefetch::spawn(source, end, spec.chunk_bytes, 2));
+            source = Box::new(ReadAhead::spawn(source, end, spec.chunk_bytes, 2));
         }
+        let target = Target { store: &store, tp: &tp, end };
         let applied: Applied = match mode {
             Mode::Bulk => {
                 let opts = BulkOptions {
@@ -227,9 +215,9 @@ pub fn restore(
                     chunk_bytes: spec.chunk_bytes.min(BULK_CHUNK_BYTES),
                     sst_target_bytes: 128 << 20,
                 };
-                bulk(&store, source.as_mut(), &tp, end, &opts, &mut progress)?
+                bulk(target, source.as_mut(), &opts, &mut progress)?
             }
-            _ => replay(&store, source.as_mut(), &tp, end, spec.chunk_bytes, &mut progress)?,
+            _ => replay(target, source.as_mut(), spec.chunk_bytes, &mut progress)?,
         };
         if source.position() < end {
             return Err(bad(format!(
@@ -301,7 +289,7 @@ pub fn run_pool<T: Send, R: Send>(
 /// on one thread (no read-ahead). Each pair's result is its own: a failure
 /// leaves the other restores running.
 pub fn restore_many(
-    log: &dyn ChangelogLog,
+    log: &dyn Changelog,
     specs: Vec<(RestoreSpec, Option<Box<dyn Listener>>)>,
     threads: usize,
 ) -> Vec<Result<RestoreOutcome, RestoreError>> {
@@ -321,19 +309,20 @@ mod tests {
     use std::collections::HashMap;
 
     use super::super::testing::*;
+    use crate::source::{Bounds, ChangelogSource};
     use super::*;
 
     struct VecLog(HashMap<(String, i32), Vec<Entry>>);
 
-    impl ChangelogLog for VecLog {
-        fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, SourceError> {
+    impl Changelog for VecLog {
+        fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
             let log = self
                 .0
                 .get(&(topic.to_string(), partition))
-                .ok_or_else(|| SourceError::Other(format!("no partition {topic}-{partition}")))?;
+                .ok_or_else(|| LogError::other(format!("no partition {topic}-{partition}")))?;
             Ok(Bounds { start: 0, end: log.len() as i64, last_stable: log.len() as i64 })
         }
-        fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, SourceError> {
+        fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
             let log = self.0.get(&(topic.to_string(), partition)).expect("checked by bounds");
             Ok(Box::new(VecSource::new(log.clone(), start)))
         }
@@ -383,6 +372,9 @@ mod tests {
         }
         let e = out[4].as_ref().unwrap_err();
         assert_eq!(e.kind, ErrorKind::Log);
+        // The engine names what failed in fields, not only in the message.
+        assert_eq!(e.path.as_deref(), Some(dir.path().join("missing").as_path()));
+        assert_eq!((e.topic.as_deref(), e.partition), (Some("t"), Some(9)));
         assert!(e.message.contains("t-9"), "{e}");
     }
 

@@ -13,27 +13,15 @@
 
 use std::time::{Duration, Instant};
 
-use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+use crate::source::{ChangeRecord, ChangelogSource, LogError, RecordChunk, SkipCounts};
 
 /// Most records asked of a feed per pull.
 pub const MAX_PULL_RECORDS: usize = 10_000;
 
-/// One record of a [`FeedChunk`]: offset and where its key and value sit in
-/// the chunk's arena (`None`: null key / tombstone).
-#[derive(Debug, Clone, Copy)]
-pub struct FeedRecord {
-    pub offset: i64,
-    /// Record timestamp (ms).
-    pub timestamp: i64,
-    pub key: Option<(usize, usize)>,
-    pub value: Option<(usize, usize)>,
-}
-
-/// What one pull handed over: records in offset order, their bytes in one arena.
+/// What one pull handed over: records in offset order, and where the feed is.
 #[derive(Debug, Default)]
 pub struct FeedChunk {
-    pub data: Vec<u8>,
-    pub records: Vec<FeedRecord>,
+    pub records: RecordChunk,
     /// The feed's position after the pull (next offset it would hand out);
     /// `None` when it does not know (a consumer that has not fetched yet).
     pub position: Option<i64>,
@@ -43,24 +31,14 @@ pub struct FeedChunk {
 
 impl FeedChunk {
     pub fn clear(&mut self) {
-        self.data.clear();
         self.records.clear();
         self.position = None;
         self.at_end = false;
     }
 
-    /// Append one record (copies key and value into the arena).
+    /// Append one record (copies key and value).
     pub fn push(&mut self, offset: i64, timestamp: i64, key: Option<&[u8]>, value: Option<&[u8]>) {
-        let mut put = |b: Option<&[u8]>| {
-            b.map(|b| {
-                let at = self.data.len();
-                self.data.extend_from_slice(b);
-                (at, b.len())
-            })
-        };
-        let key = put(key);
-        let value = put(value);
-        self.records.push(FeedRecord { offset, timestamp, key, value });
+        self.records.push(ChangeRecord { offset, timestamp, key, value });
     }
 }
 
@@ -69,7 +47,7 @@ pub trait ChunkFeed: Send {
     /// Fill `chunk` (cleared by the caller) with at most `max_records` next
     /// records. May block for a short while when nothing is available; an
     /// empty chunk without `at_end` means "nothing yet, ask again".
-    fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), SourceError>;
+    fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), LogError>;
 }
 
 /// A [`ChangelogSource`] over a [`ChunkFeed`] positioned at `start`.
@@ -113,7 +91,7 @@ impl<F: ChunkFeed> ChangelogSource for FeedSource<F> {
         end: i64,
         max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
-    ) -> Result<bool, SourceError> {
+    ) -> Result<bool, LogError> {
         let mut bytes = 0usize;
         let mut deadline = Instant::now() + self.stall_timeout;
         while self.position < end {
@@ -125,7 +103,7 @@ impl<F: ChunkFeed> ChangelogSource for FeedSource<F> {
             self.feed.pull(want, &mut self.chunk)?;
             let before = self.position;
             let mut applied = 0usize;
-            for r in &self.chunk.records {
+            for r in self.chunk.records.iter() {
                 if r.offset < self.position {
                     continue; // already applied (a feed re-delivering after a seek)
                 }
@@ -134,13 +112,11 @@ impl<F: ChunkFeed> ChangelogSource for FeedSource<F> {
                     self.position = self.position.max(end);
                     break;
                 }
-                let key = r.key.map(|(at, n)| &self.chunk.data[at..at + n]);
-                let value = r.value.map(|(at, n)| &self.chunk.data[at..at + n]);
-                let n = key.map_or(0, <[u8]>::len) + value.map_or(0, <[u8]>::len);
+                let n = r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len);
                 bytes += n;
                 self.bytes_read += n as u64;
                 applied += 1;
-                sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key, value });
+                sink(r);
                 self.position = r.offset + 1;
             }
             if let Some(p) = self.chunk.position {
@@ -162,7 +138,7 @@ impl<F: ChunkFeed> ChangelogSource for FeedSource<F> {
                 // Nothing more below `end` now: the caller sees position < end.
                 return Ok(false);
             } else if Instant::now() >= deadline {
-                return Err(SourceError::Other(format!(
+                return Err(LogError::other(format!(
                     "no record arrived for {:.1} s at offset {} (reading up to {end}); is the broker reachable?",
                     self.stall_timeout.as_secs_f64(),
                     self.position
@@ -197,7 +173,7 @@ mod tests {
     }
 
     impl ChunkFeed for VecFeed {
-        fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), SourceError> {
+        fn pull(&mut self, max_records: usize, chunk: &mut FeedChunk) -> Result<(), LogError> {
             for (o, k, v) in self.recs.iter().skip(self.next).take(max_records) {
                 chunk.push(*o, *o * 10, Some(k), v.as_deref());
                 self.next += 1;
@@ -206,7 +182,7 @@ mod tests {
                 chunk.at_end = true;
                 chunk.position = Some(self.end);
             } else {
-                chunk.position = chunk.records.last().map(|r| r.offset + 1);
+                chunk.position = chunk.records.records.last().map(|r| r.offset + 1);
             }
             Ok(())
         }
@@ -250,7 +226,7 @@ mod tests {
 
     struct Silent;
     impl ChunkFeed for Silent {
-        fn pull(&mut self, _: usize, _: &mut FeedChunk) -> Result<(), SourceError> {
+        fn pull(&mut self, _: usize, _: &mut FeedChunk) -> Result<(), LogError> {
             Ok(())
         }
     }

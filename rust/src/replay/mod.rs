@@ -11,23 +11,24 @@
 pub mod ceiling;
 pub mod engine;
 pub mod feed;
-pub mod prefetch;
+pub mod read_ahead;
 mod progress;
-pub mod segment_log;
 
 pub use progress::{Listener, Progress};
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 use rocksdb::{DBCompressionType, Options, WriteBatch};
 
-use crate::source::{ChangeRecord, ChangelogSource, SourceError};
+use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind};
 use crate::store::{store_options, Store, StoreError, StoreFormat};
 
 /// Bytes of log read per chunk: one chunk becomes one `WriteBatch`.
 pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
-/// Which class of `statestore.errors` a [`RestoreError`] maps to.
+/// Why a restore stopped, by what the caller should do about it (each maps
+/// to one class of `statestore.errors`, see `py::errors`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     /// The restore itself could not go on (bad range, listener raised...).
@@ -45,55 +46,88 @@ pub enum ErrorKind {
     /// The store's offset lies outside the changelog (records deleted, topic
     /// recreated, store ahead): its state cannot be trusted, wipe and restore.
     OutOfRange,
+    /// The store's files are damaged (RocksDB `Corruption`): wipe and restore.
+    StoreCorrupted,
 }
 
 impl ErrorKind {
-    /// Name of the exception class in `statestore.errors`.
-    pub fn class_name(self) -> &'static str {
-        match self {
-            ErrorKind::Restore | ErrorKind::Listener => "RestoreError",
-            ErrorKind::Store => "StoreError",
-            ErrorKind::CorruptLog => "CorruptLogError",
-            ErrorKind::UnsupportedCompression => "UnsupportedCompressionError",
-            ErrorKind::Log => "LogError",
-            ErrorKind::OutOfRange => "TaskCorruptedError",
+    /// The kind of a restore stopped by `e` from its changelog.
+    pub fn of_log(e: &LogError) -> Self {
+        match e.kind {
+            LogErrorKind::Corrupt => ErrorKind::CorruptLog,
+            LogErrorKind::UnsupportedCompression => ErrorKind::UnsupportedCompression,
+            LogErrorKind::OutOfRange => ErrorKind::OutOfRange,
+            _ => ErrorKind::Log,
         }
     }
 }
 
 /// Why a restore stopped. The message names the store, the topic partition
-/// and the offset, and says what the store holds now.
+/// and the offset, and says what the store holds now; the fields carry the
+/// same facts for tools (filled by the engine for every restore error).
 #[derive(Debug, Clone)]
 pub struct RestoreError {
     pub kind: ErrorKind,
     pub message: String,
+    /// The file the error is about: a log segment, else the store.
+    pub path: Option<PathBuf>,
+    pub topic: Option<String>,
+    pub partition: Option<i32>,
+    /// The changelog offset the error is about (where the restore stopped).
+    pub offset: Option<i64>,
 }
 
 impl RestoreError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self { kind, message: message.into(), path: None, topic: None, partition: None, offset: None }
+    }
+
+    /// The same error, about `offset`.
+    pub fn with_offset(mut self, offset: i64) -> Self {
+        self.offset = Some(offset);
+        self
+    }
+
+    /// Fill what is not known yet: the store's path and the partition restored.
+    pub fn in_restore_of(mut self, store_path: &Path, topic: &str, partition: i32) -> Self {
+        self.path.get_or_insert_with(|| store_path.to_path_buf());
+        self.topic.get_or_insert_with(|| topic.to_string());
+        self.partition.get_or_insert(partition);
+        self
     }
 
     /// A store error, re-worded to name the topic partition too.
+    /// Damaged store files become [`ErrorKind::StoreCorrupted`].
     pub fn store(tp: &str, e: StoreError) -> Self {
-        Self::new(ErrorKind::Store, format!("restoring {tp}: {e}"))
+        let path = e.path.clone();
+        let kind = if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store };
+        let mut r = Self::new(kind, format!("restoring {tp}: {e}"));
+        r.path = Some(path);
+        r
+    }
+
+    /// A changelog error, with `context` in front of its message.
+    pub fn log(e: LogError, context: impl fmt::Display) -> Self {
+        let mut r = Self::new(ErrorKind::of_log(&e), format!("{context}: {e}"));
+        r.path = e.path;
+        r.offset = e.offset;
+        r
     }
 
     /// A source error at `position`, naming the store and the partition.
-    pub fn source(store: &Store, tp: &str, position: i64, e: SourceError) -> Self {
-        let kind = match e {
-            SourceError::Corrupt(_) => ErrorKind::CorruptLog,
-            SourceError::UnsupportedCompression(_) => ErrorKind::UnsupportedCompression,
-            SourceError::Other(_) => ErrorKind::Log,
-        };
-        Self::new(
-            kind,
+    pub fn source(store: &Store, tp: &str, position: i64, e: LogError) -> Self {
+        let offset = e.offset.unwrap_or(position);
+        let mut r = Self::new(
+            ErrorKind::of_log(&e),
             format!(
                 "restoring store {} from {tp} stopped at offset {position}: {e}; \
                  the store keeps its last committed state, restore again once the log is repaired",
                 store.path().display()
             ),
-        )
+        );
+        r.path = e.path;
+        r.offset = Some(offset);
+        r
     }
 }
 
@@ -104,6 +138,16 @@ impl fmt::Display for RestoreError {
 }
 
 impl std::error::Error for RestoreError {}
+
+/// What a restore pass (replay or bulk) writes and how far: the store, the
+/// partition it restores as `"<topic>-<partition>"` (the key of its offset),
+/// and the exclusive end offset.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub store: &'a Store,
+    pub tp: &'a str,
+    pub end: i64,
+}
 
 /// What one replay or bulk pass applied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -147,15 +191,14 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
 /// at the end, and also when stopping on an error, so the store on disk is
 /// always a committed prefix with its offset.
 pub fn replay(
-    store: &Store,
+    target: Target<'_>,
     source: &mut dyn ChangelogSource,
-    tp: &str,
-    end: i64,
     chunk_bytes: usize,
     progress: &mut Progress<'_>,
 ) -> Result<Applied, RestoreError> {
+    let Target { store, tp, .. } = target;
     let mut applied = Applied::default();
-    let result = replay_chunks(store, source, tp, end, chunk_bytes, progress, &mut applied);
+    let result = replay_chunks(target, source, chunk_bytes, progress, &mut applied);
     let flushed = store.flush().map_err(|e| RestoreError::store(tp, e));
     result?;
     flushed?;
@@ -163,14 +206,13 @@ pub fn replay(
 }
 
 fn replay_chunks(
-    store: &Store,
+    target: Target<'_>,
     source: &mut dyn ChangelogSource,
-    tp: &str,
-    end: i64,
     chunk_bytes: usize,
     progress: &mut Progress<'_>,
     applied: &mut Applied,
 ) -> Result<(), RestoreError> {
+    let Target { store, tp, end } = target;
     let mut ops = ChunkOps::default();
     let format = store.format();
     loop {
@@ -295,7 +337,7 @@ pub(crate) mod testing {
 
     use std::collections::BTreeMap;
 
-    use crate::source::{ChangeRecord, ChangelogSource, SkipCounts, SourceError};
+    use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind, SkipCounts};
 
     /// The timestamp a [`VecSource`] gives the record at `offset`.
     pub fn ts_of(offset: i64) -> i64 {
@@ -334,12 +376,12 @@ pub(crate) mod testing {
             end: i64,
             max_bytes: usize,
             sink: &mut dyn FnMut(ChangeRecord<'_>),
-        ) -> Result<bool, SourceError> {
+        ) -> Result<bool, LogError> {
             let end = end.min(self.log.len() as i64);
             let mut used = 0usize;
             while self.pos < end && used < max_bytes.max(1) {
                 if self.fail_at == Some(self.pos) {
-                    return Err(SourceError::Corrupt(format!("bad batch at offset {}", self.pos)));
+                    return Err(LogError::new(LogErrorKind::Corrupt, format!("bad batch at offset {}", self.pos)));
                 }
                 match &self.log[self.pos as usize] {
                     Entry::Data { key, value } => {
@@ -472,7 +514,7 @@ mod tests {
         let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
         let mut src = VecSource::new(log.clone(), 0);
         let mut p = Progress::new(None, Duration::ZERO);
-        let a = replay(&store, &mut src, "t-0", 3000, 200, &mut p).unwrap();
+        let a = replay(Target { store: &store, tp: "t-0", end: 3000 }, &mut src, 200, &mut p).unwrap();
         let (m, last) = model(&log, 3000);
         assert_eq!(dump(&store), m);
         assert_eq!(store.offset("t-0").unwrap(), last);
@@ -512,7 +554,7 @@ mod tests {
             let mut src = VecSource::new(log.clone(), 0);
             src.fail_at = Some(1500);
             let mut pr = Progress::new(None, Duration::ZERO);
-            let e = replay(&store, &mut src, "t-0", 2000, 100, &mut pr).unwrap_err();
+            let e = replay(Target { store: &store, tp: "t-0", end: 2000 }, &mut src, 100, &mut pr).unwrap_err();
             assert_eq!(e.kind, ErrorKind::CorruptLog);
             assert!(e.message.contains("t-0") && e.message.contains(&p.display().to_string()), "{e}");
         }

@@ -41,14 +41,18 @@ impl<'a> Progress<'a> {
 
     fn fail(&self, what: &str, offset: Option<i64>, msg: String) -> RestoreError {
         let at = offset.map(|o| format!(" at offset {o}")).unwrap_or_default();
-        RestoreError::new(
+        let e = RestoreError::new(
             ErrorKind::Listener,
             format!(
                 "restore listener raised in {what} while {}{at}: {msg}; the restore stopped and the \
                  store keeps a committed state with its offset, restore again to go on",
                 self.context
             ),
-        )
+        );
+        match offset {
+            Some(o) => e.with_offset(o),
+            None => e,
+        }
     }
 
     pub fn start(&mut self, start: i64, end: i64) -> Result<(), RestoreError> {

@@ -1,0 +1,213 @@
+"""The native Kafka fetcher (issue 18), side by side in one run on one real broker.
+
+An Apache Kafka 4.4 broker of its own (``scripts/kafka-broker.sh``) on
+127.0.0.1 gets the same transactions as a segment log: 4 partitions of N
+records each, keys drawn from N/10 (about 10 updates a key). Every restore
+goes through the same engine; only the changelog differs. Ratios (baseline
+time / candidate time, higher is better) and their goals:
+
+- native Kafka replay vs segment-log replay: >= 0.7
+- native Kafka replay vs the confluent-kafka path (``native=False``): >= 4
+- native bulk vs native replay (about 10 updates a key): >= 2
+- ``restore_many`` of the 4 partitions on 2 threads vs 1 thread: >= 1.6
+
+As context, each row reports the bytes the broker served per second while
+the native replay ran (loopback bytes sent, read from ``/proc/net/dev``,
+which also counts the small requests going the other way).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import scaled
+from statestore import SegmentLog, TopicPartition
+from statestore.restore import RestoreSpec, restore_many, restore_store
+from support.kafka_broker import BrokerUnavailable, start_broker
+from support.model import store_difference
+
+kafka = pytest.importorskip("statestore.kafka")
+
+N = scaled(400_000, minimum=20_000)  # records per partition
+PARTITIONS = 4
+TXN = 5_000
+ROUNDS = 3
+VALUE_SIZE = 100
+
+Data = tuple[Any, Any, SegmentLog, list[TopicPartition]]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
+    try:
+        broker = start_broker()
+    except BrokerUnavailable as e:
+        pytest.skip(f"no Kafka broker could start: {e}")
+    native = kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0, restore_stall_timeout=60.0)
+    fallback = kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0, restore_stall_timeout=60.0, native=False)
+    assert native.native is not None and fallback.native is None
+    seg = SegmentLog(tmp_path_factory.mktemp("kafka-native-bench") / "log", sync=False)
+    topic = "bench-native"
+    native.create_topics({topic: PARTITIONS})
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    rng = random.Random(18)
+    values = [rng.randbytes(VALUE_SIZE) for _ in range(997)]
+    kp, sp = native.producer("bench-native"), seg.producer("bench-native")
+    t0 = time.perf_counter()
+    for tp in tps:
+        for start in range(0, N, TXN):
+            kp.begin()
+            sp.begin()
+            for i in range(start, min(start + TXN, N)):
+                k, v = b"key-%012d" % rng.randrange(N // 10), values[i % 997]
+                kp.send(tp.topic, tp.partition, k, v)
+                sp.send(tp.topic, tp.partition, k, v)
+            kp.commit()
+            sp.commit()
+    kp.close()
+    sp.close()
+    for tp in tps:
+        assert native.offsets(tp) == seg.offsets(tp)
+    print(f"\nnative kafka benchmark data: {PARTITIONS} x {N:,} records written in {time.perf_counter() - t0:.1f}s")
+    yield native, fallback, seg, tps
+    native.close()
+    fallback.close()
+    broker.stop()
+
+
+def loopback_tx_bytes() -> int:
+    """Bytes sent on the loopback interface so far (all processes)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name.strip() == "lo":
+            return int(rest.split()[8])
+    return 0
+
+
+def median_time(fn: Callable[[], Any], reset: Callable[[], None]) -> float:
+    times = []
+    for _ in range(ROUNDS):
+        reset()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def _same(a: Path, b: Path) -> None:
+    assert store_difference(a, b) is None, store_difference(a, b)
+
+
+def _served(native: Any, tp: TopicPartition, store: Path) -> dict[str, float]:
+    shutil.rmtree(store, ignore_errors=True)
+    b0 = loopback_tx_bytes()
+    t0 = time.perf_counter()
+    r = restore_store(store, native, tp, mode="replay")
+    dt = time.perf_counter() - t0
+    served = loopback_tx_bytes() - b0
+    return {"broker_served_mb_per_s": served / dt / 1e6, "log_mb": r.bytes_read / 1e6}
+
+
+def test_native_kafka_replay_vs_segment_log_replay(benchmark: Any, data: Data, tmp_path: Path) -> None:
+    native, _fallback, seg, tps = data
+    tp = tps[0]
+    store = tmp_path / "s"
+
+    def reset() -> None:
+        shutil.rmtree(store, ignore_errors=True)
+
+    seg_s = median_time(lambda: restore_store(store, seg, tp, mode="replay"), reset)
+    nat_s = median_time(lambda: restore_store(store, native, tp, mode="replay"), reset)
+    restore_store(tmp_path / "ref", seg, tp, mode="replay")
+    _same(tmp_path / "ref", store)
+    ctx = _served(native, tp, store)
+    benchmark.pedantic(lambda: restore_store(store, native, tp, mode="replay"), setup=reset, rounds=1, iterations=1)
+    benchmark.extra_info.update({
+        "baseline": "segment-log replay restore, same records",
+        "candidate": "native Kafka replay restore (Apache Kafka 4.4 on loopback)",
+        "ratio": seg_s / nat_s, "goal": 0.7, "records": N,
+        "segment_records_per_s": N / seg_s, "native_records_per_s": N / nat_s, **ctx,
+    })
+    print(f"\nsegment {N / seg_s:,.0f} rec/s, native {N / nat_s:,.0f} rec/s, ratio {seg_s / nat_s:.2f}; {ctx}")
+
+
+def test_native_kafka_vs_the_confluent_kafka_path(benchmark: Any, data: Data, tmp_path: Path) -> None:
+    native, fallback, _seg, tps = data
+    tp = tps[1]
+    store = tmp_path / "s"
+
+    def reset() -> None:
+        shutil.rmtree(store, ignore_errors=True)
+
+    ck_s = median_time(lambda: restore_store(store, fallback, tp, mode="replay"), reset)
+    nat_s = median_time(lambda: restore_store(store, native, tp, mode="replay"), reset)
+    ctx = _served(native, tp, store)
+    benchmark.pedantic(lambda: restore_store(store, native, tp, mode="replay"), setup=reset, rounds=1, iterations=1)
+    benchmark.extra_info.update({
+        "baseline": "Kafka replay restore through confluent-kafka (the fallback path), same broker",
+        "candidate": "native Kafka replay restore",
+        "ratio": ck_s / nat_s, "goal": 4.0, "records": N,
+        "confluent_records_per_s": N / ck_s, "native_records_per_s": N / nat_s, **ctx,
+    })
+    print(f"\nconfluent {N / ck_s:,.0f} rec/s, native {N / nat_s:,.0f} rec/s, ratio {ck_s / nat_s:.2f}")
+
+
+def test_native_kafka_bulk_vs_native_replay(benchmark: Any, data: Data, tmp_path: Path) -> None:
+    native, _fallback, _seg, tps = data
+    tp = tps[2]
+    store = tmp_path / "s"
+
+    def reset() -> None:
+        shutil.rmtree(store, ignore_errors=True)
+
+    rep_s = median_time(lambda: restore_store(store, native, tp, mode="replay"), reset)
+    bulk_s = median_time(lambda: restore_store(store, native, tp, mode="bulk"), reset)
+    restore_store(tmp_path / "ref", native, tp, mode="replay")
+    _same(tmp_path / "ref", store)
+    ctx = _served(native, tp, store)
+    benchmark.pedantic(lambda: restore_store(store, native, tp, mode="bulk"), setup=reset, rounds=1, iterations=1)
+    benchmark.extra_info.update({
+        "baseline": "native Kafka replay restore",
+        "candidate": "native Kafka bulk restore (about 10 updates a key)",
+        "ratio": rep_s / bulk_s, "goal": 2.0, "records": N,
+        "replay_records_per_s": N / rep_s, "bulk_records_per_s": N / bulk_s, **ctx,
+    })
+    print(f"\nreplay {N / rep_s:,.0f} rec/s, bulk {N / bulk_s:,.0f} rec/s, ratio {rep_s / bulk_s:.2f}")
+
+
+def test_native_kafka_restore_many_two_threads_vs_one(benchmark: Any, data: Data, tmp_path: Path) -> None:
+    native, _fallback, _seg, tps = data
+
+    def reset() -> None:
+        for p in range(PARTITIONS):
+            shutil.rmtree(tmp_path / f"m{p}", ignore_errors=True)
+
+    def run(threads: int) -> None:
+        rs = restore_many([RestoreSpec(tmp_path / f"m{tp.partition}", native, tp, mode="replay") for tp in tps],
+                          threads=threads)
+        assert all(r.ok for r in rs), [r.error for r in rs]
+
+    one_s = median_time(lambda: run(1), reset)
+    two_s = median_time(lambda: run(2), reset)
+    reset()
+    b0 = loopback_tx_bytes()
+    t0 = time.perf_counter()
+    run(2)
+    served = (loopback_tx_bytes() - b0) / (time.perf_counter() - t0) / 1e6
+    benchmark.pedantic(lambda: run(2), setup=reset, rounds=1, iterations=1)
+    benchmark.extra_info.update({
+        "baseline": f"restore_many of {PARTITIONS} Kafka partitions (native replay) on 1 thread",
+        "candidate": "the same on 2 threads",
+        "ratio": one_s / two_s, "goal": 1.6, "records": N * PARTITIONS,
+        "one_thread_records_per_s": N * PARTITIONS / one_s, "two_threads_records_per_s": N * PARTITIONS / two_s,
+        "broker_served_mb_per_s": served,
+    })
+    print(f"\n1 thread {N * PARTITIONS / one_s:,.0f} rec/s, 2 threads {N * PARTITIONS / two_s:,.0f}, "
+          f"ratio {one_s / two_s:.2f}")

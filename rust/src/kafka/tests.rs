@@ -1,0 +1,302 @@
+//! The fetcher against a fake in-process broker on 127.0.0.1: a well-behaved
+//! one serving a log with aborted transactions in small responses that cut
+//! batches and split a transaction, and bad ones (garbage, a connection closed
+//! mid-response, a batch with a bad CRC, a fetch that never brings anything).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
+    MetadataResponse, ProducerId, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable, StrBytes};
+
+use super::client::KafkaClient;
+use super::config::ClientConfig;
+use super::fetch::{Batches, Fate, FetchCursor};
+use super::KafkaError;
+use crate::codec::{self, control_batch, BatchBuilder, BatchMeta, Compression};
+
+/// How the fake broker misbehaves on Fetch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Good,
+    Garbage,
+    CloseMidResponse,
+    BadCrc,
+    Silent,
+}
+
+/// A log: batches, and the aborted transactions as `(producer id, first offset, marker offset)`.
+#[derive(Clone, Default)]
+struct Log {
+    batches: Vec<(i64, Vec<u8>)>,
+    aborted: Vec<(i64, i64, i64)>,
+    end: i64,
+}
+
+fn data(base: i64, n: i64, pid: Option<i64>) -> Vec<u8> {
+    let meta = match pid {
+        Some(p) => BatchMeta { producer_id: p, producer_epoch: 0, base_sequence: 0, transactional: true, ..Default::default() },
+        None => BatchMeta::default(),
+    };
+    let mut b = BatchBuilder::new(base, meta);
+    for o in base..base + n {
+        let k = format!("k{o}");
+        let v = format!("v{o}");
+        b.append(o, 1000 + o, Some(k.as_bytes()), Some(v.as_bytes()), &[]);
+    }
+    b.finish(Compression::None)
+}
+
+/// 0..10 plain; 10..15 pid 5 (aborted); 15..20 pid 6 (committed); 20..25 pid 5
+/// (the same aborted transaction); 25 ABORT pid 5; 26 COMMIT pid 6; 27..37 plain.
+fn sample() -> Log {
+    let batches = vec![
+        (0, data(0, 10, None)),
+        (10, data(10, 5, Some(5))),
+        (15, data(15, 5, Some(6))),
+        (20, data(20, 5, Some(5))),
+        (25, control_batch(25, 5, 0, false, 2000, 0)),
+        (26, control_batch(26, 6, 0, true, 2000, 0)),
+        (27, data(27, 10, None)),
+    ];
+    Log { batches, aborted: vec![(5, 10, 25)], end: 37 }
+}
+
+fn expected() -> Vec<i64> {
+    (0..10).chain(15..20).chain(27..37).collect()
+}
+
+fn respond<E: Encodable>(s: &mut TcpStream, key: ApiKey, version: i16, corr: i32, body: &E) {
+    let mut out = vec![0u8; 4];
+    ResponseHeader::default().with_correlation_id(corr).encode(&mut out, key.response_header_version(version)).unwrap();
+    body.encode(&mut out, version).unwrap();
+    let n = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&n.to_be_bytes());
+    let _ = s.write_all(&out);
+}
+
+fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
+    loop {
+        let mut len = [0u8; 4];
+        if s.read_exact(&mut len).is_err() {
+            return;
+        }
+        let mut buf = BytesMut::zeroed(u32::from_be_bytes(len) as usize);
+        if s.read_exact(&mut buf).is_err() {
+            return;
+        }
+        let mut buf: Bytes = buf.freeze();
+        let h = decode_request_header_from_buffer(&mut buf).unwrap();
+        let (key, v, corr) = (ApiKey::try_from(h.request_api_key).unwrap(), h.request_api_version, h.correlation_id);
+        match key {
+            ApiKey::ApiVersions => {
+                let keys = [(1, 4, 12), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
+                    .map(|(k, a, b)| ApiVersion::default().with_api_key(k).with_min_version(a).with_max_version(b));
+                respond(&mut s, key, v, corr, &ApiVersionsResponse::default().with_api_keys(keys.to_vec()));
+            }
+            ApiKey::Metadata => {
+                let r = MetadataResponse::default()
+                    .with_brokers(vec![MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(1))
+                        .with_host(StrBytes::from_static_str("127.0.0.1"))
+                        .with_port(port as i32)])
+                    .with_topics(vec![MetadataResponseTopic::default()
+                        .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
+                        .with_partitions(vec![MetadataResponsePartition::default()
+                            .with_partition_index(0)
+                            .with_leader_id(BrokerId(1))])]);
+                respond(&mut s, key, v, corr, &r);
+            }
+            ApiKey::ListOffsets => {
+                let req = ListOffsetsRequest::decode(&mut buf, v).unwrap();
+                let ts = req.topics[0].partitions[0].timestamp;
+                let off = if ts == -2 { 0 } else { log.end };
+                let r = ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
+                    .with_name(TopicName(StrBytes::from_static_str("t")))
+                    .with_partitions(vec![ListOffsetsPartitionResponse::default().with_partition_index(0).with_offset(off)])]);
+                respond(&mut s, key, v, corr, &r);
+            }
+            ApiKey::Fetch => {
+                let req = FetchRequest::decode(&mut buf, v).unwrap();
+                let at = req.topics[0].partitions[0].fetch_offset;
+                let mut records = Vec::new();
+                for (base, b) in &log.batches {
+                    let next = log.batches.iter().find(|(o, _)| o > base).map_or(log.end, |(o, _)| *o);
+                    if next > at && records.len() < max_bytes {
+                        records.extend_from_slice(b);
+                    }
+                }
+                // Cut the last batch, as a byte limit does, but always hand out a
+                // whole first batch (KIP-74).
+                let first = codec::peek_offset_and_length(&records).map_or(0, |(_, l)| l as usize + 12);
+                records.truncate(max_bytes.max(first));
+                if mode == Mode::BadCrc {
+                    let n = records.len();
+                    records[n.min(70) - 1] ^= 0x55;
+                }
+                if mode == Mode::Silent {
+                    records.clear();
+                }
+                let aborted = log
+                    .aborted
+                    .iter()
+                    .filter(|(_, _, marker)| *marker >= at)
+                    .map(|&(pid, first, _)| AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first))
+                    .collect();
+                let p = PartitionData::default()
+                    .with_partition_index(0)
+                    .with_high_watermark(log.end)
+                    .with_last_stable_offset(log.end)
+                    .with_aborted_transactions(Some(aborted))
+                    .with_records(Some(Bytes::from(records)));
+                let r = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+                    .with_topic(TopicName(StrBytes::from_static_str("t")))
+                    .with_partitions(vec![p])]);
+                match mode {
+                    Mode::Garbage => {
+                        let _ = s.write_all(&[0, 0, 0, 40]);
+                        let _ = s.write_all(&[0xAB; 40]);
+                    }
+                    Mode::CloseMidResponse => {
+                        let mut out = Vec::new();
+                        r.encode(&mut out, v).unwrap();
+                        let _ = s.write_all(&((out.len() + 4) as u32).to_be_bytes());
+                        let _ = s.write_all(&out[..out.len() / 2]);
+                        return;
+                    }
+                    _ => respond(&mut s, key, v, corr, &r),
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
+/// A fake broker; returns its `host:port`.
+fn fake(log: Log, mode: Mode, max_bytes: usize) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            let log = log.clone();
+            thread::spawn(move || serve(s, port, log, mode, max_bytes));
+        }
+    });
+    format!("127.0.0.1:{port}")
+}
+
+fn client(addr: &str, stall: Duration) -> Arc<KafkaClient> {
+    let c = ClientConfig::parse([("bootstrap.servers", addr)], Duration::from_secs(2), stall).unwrap();
+    KafkaClient::new(c)
+}
+
+fn drain(c: &mut FetchCursor, end: i64) -> Result<Vec<i64>, KafkaError> {
+    let mut got = Vec::new();
+    while c.read(end, 1 << 20, &mut |r| got.push(r.offset))? {}
+    Ok(got)
+}
+
+#[test]
+fn batches_follow_the_aborted_list_across_responses() {
+    let log = sample();
+    let all: Vec<u8> = log.batches.iter().flat_map(|(_, b)| b.clone()).collect();
+    let aborted = [(5, 10)];
+    let mut b = Batches::new(&all, aborted);
+    let fates: Vec<(i64, Fate)> = std::iter::from_fn(|| b.next_batch()).map(|r| r.unwrap()).map(|b| (b.header.base_offset, b.fate)).collect();
+    assert_eq!(
+        fates,
+        vec![(0, Fate::Data), (10, Fate::Aborted), (15, Fate::Data), (20, Fate::Aborted), (25, Fate::Control), (26, Fate::Control), (27, Fate::Data)]
+    );
+    // A second response starting inside the aborted transaction lists it again.
+    let tail: Vec<u8> = log.batches[3..].iter().flat_map(|(_, b)| b.clone()).collect();
+    let mut b = Batches::new(&tail, aborted);
+    assert_eq!(b.next_batch().unwrap().unwrap().fate, Fate::Aborted);
+    // A batch cut off at the end is not handed out.
+    let mut b = Batches::new(&all[..all.len() - 3], aborted);
+    assert_eq!(std::iter::from_fn(|| b.next_batch()).count(), 6);
+}
+
+#[test]
+fn restores_through_small_responses_that_cut_batches_and_split_a_transaction() {
+    let log = sample();
+    for max in [120, 200, 333, 1 << 20] {
+        let addr = fake(log.clone(), Mode::Good, max);
+        let c = client(&addr, Duration::from_secs(5));
+        let o = c.offsets("t", 0).unwrap();
+        assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
+        let mut cur = FetchCursor::new(c, "t", 0, 0);
+        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "max bytes {max}");
+        assert_eq!(cur.position(), 37);
+        assert_eq!((cur.skipped().aborted, cur.skipped().control), (10, 2));
+    }
+    // Starting mid-log, inside the aborted transaction, and stopping before the end.
+    let addr = fake(log, Mode::Good, 150);
+    let mut cur = FetchCursor::new(client(&addr, Duration::from_secs(5)), "t", 0, 12);
+    assert_eq!(drain(&mut cur, 30).unwrap(), (15..20).chain(27..30).collect::<Vec<_>>());
+}
+
+fn failure(mode: Mode) -> (KafkaError, Duration, String) {
+    let addr = fake(sample(), mode, 1 << 20);
+    let c = client(&addr, Duration::from_millis(600));
+    let mut cur = FetchCursor::new(c, "t", 0, 0);
+    let t = Instant::now();
+    let e = drain(&mut cur, 37).unwrap_err();
+    (e, t.elapsed(), addr)
+}
+
+#[test]
+fn garbage_is_an_error_naming_the_broker_partition_and_offset() {
+    let (e, took, addr) = failure(Mode::Garbage);
+    let m = e.to_string();
+    assert!(matches!(e, KafkaError::Protocol(_)), "{m}");
+    assert!(m.contains(&addr) && m.contains("t-0") && m.contains("offset 0"), "{m}");
+    assert!(took < Duration::from_secs(3));
+}
+
+#[test]
+fn a_connection_closed_mid_response_ends_in_an_error_not_a_hang() {
+    let (e, took, addr) = failure(Mode::CloseMidResponse);
+    let m = e.to_string();
+    assert!(m.contains(&addr) && m.contains("t-0") && m.contains("offset 0") && m.contains("closed"), "{m}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn a_bad_crc_is_corrupt_naming_the_batch() {
+    let (e, _, addr) = failure(Mode::BadCrc);
+    let m = e.to_string();
+    assert!(matches!(e, KafkaError::Corrupt(_)), "{m}");
+    assert!(m.contains(&addr) && m.contains("t-0") && m.contains("batch at offset 0"), "{m}");
+}
+
+#[test]
+fn no_progress_times_out_naming_the_offset() {
+    let (e, took, addr) = failure(Mode::Silent);
+    let m = e.to_string();
+    assert!(matches!(e, KafkaError::Timeout(_)), "{m}");
+    assert!(m.contains(&addr) && m.contains("t-0") && m.contains("offset 0") && m.contains("no progress"), "{m}");
+    assert!(took >= Duration::from_millis(600) && took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn an_unreachable_cluster_is_an_error_within_the_timeout() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    let t = Instant::now();
+    let e = client(&addr, Duration::from_millis(300)).offsets("t", 0).unwrap_err();
+    assert!(e.to_string().contains(&addr), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+}

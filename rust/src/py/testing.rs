@@ -1,0 +1,98 @@
+//! `statestore._native._testing`: what tests and benchmarks call and users
+//! should not -- one batch encoded or decoded by hand, a store written raw,
+//! the write ceiling of replay. Kept out of the production module so its API
+//! is what users may rely on.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use super::errors::ErrorClass;
+use super::log::{push_record, records_to_py, Bytes, Headers};
+use crate::source::RecordChunk;
+use crate::codec::{self, Compression};
+
+/// Decode one batch given as bytes (tests and tools): `(header dict, records)`.
+#[pyfunction]
+pub fn decode_batch<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyList>)> {
+    let corrupt = |e: codec::CodecError| match e {
+        codec::CodecError::UnsupportedCompression(c) => ErrorClass::UnsupportedCompression.err(format!("batch uses compression {c}")),
+        e => ErrorClass::CorruptLog.err(format!("not a valid batch: {e}")),
+    };
+    let h = codec::BatchHeader::parse(data).map_err(corrupt)?;
+    if h.total_len() != data.len() {
+        return Err(ErrorClass::CorruptLog.err(format!("batch length says {} bytes, {} given", h.total_len(), data.len())));
+    }
+    codec::verify_crc(&h, data).map_err(corrupt)?;
+    let mut scratch = Vec::new();
+    let mut d = RecordChunk::default();
+    for r in codec::batch_records(&h, data, &mut scratch).map_err(corrupt)? {
+        push_record(&mut d, &r.map_err(corrupt)?);
+    }
+    let hd = PyDict::new(py);
+    hd.set_item("base_offset", h.base_offset)?;
+    hd.set_item("last_offset", h.last_offset())?;
+    hd.set_item("count", h.records_count)?;
+    hd.set_item("producer_id", h.producer_id)?;
+    hd.set_item("producer_epoch", h.producer_epoch)?;
+    hd.set_item("base_sequence", h.base_sequence)?;
+    hd.set_item("transactional", h.is_transactional())?;
+    hd.set_item("is_control", h.is_control())?;
+    hd.set_item("compression", codec::codec_name(h.compression_id()))?;
+    hd.set_item("crc", h.crc)?;
+    hd.set_item("base_timestamp", h.base_timestamp)?;
+    hd.set_item("max_timestamp", h.max_timestamp)?;
+    let control = if h.is_control() { codec::control_type(&h, data).ok().map(|c| c.name()) } else { None };
+    hd.set_item("control", control)?;
+    Ok((hd, records_to_py(py, &d)?))
+}
+
+/// Encode one batch (tests and tools). `records` are `(offset, timestamp,
+/// key, value, headers)`; `control` is None, "COMMIT" or "ABORT".
+#[pyfunction]
+#[pyo3(signature = (base_offset, records, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=false, compression="none", control=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn encode_batch<'py>(
+    py: Python<'py>,
+    base_offset: i64,
+    records: Vec<(i64, i64, Bytes, Bytes, Headers)>,
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+    transactional: bool,
+    compression: &str,
+    control: Option<&str>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let codec = Compression::from_name(compression)
+        .ok_or_else(|| ErrorClass::Log.err(format!("unknown compression {compression:?}")))?;
+    if let Some(c) = control {
+        let commit = match c {
+            "COMMIT" => true,
+            "ABORT" => false,
+            other => return Err(ErrorClass::Log.err(format!("control must be COMMIT or ABORT, not {other:?}"))),
+        };
+        let ts = records.first().map_or(0, |r| r.1);
+        return Ok(PyBytes::new(py, &codec::control_batch(base_offset, producer_id, producer_epoch, commit, ts, 0)));
+    }
+    let meta = codec::BatchMeta { producer_id, producer_epoch, base_sequence, transactional, ..Default::default() };
+    let mut b = codec::BatchBuilder::new(base_offset, meta);
+    for (off, ts, k, v, hs) in &records {
+        let hrefs: Vec<(&[u8], Option<&[u8]>)> = hs.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())).collect();
+        b.append(*off, *ts, k.as_deref(), v.as_deref(), &hrefs);
+    }
+    Ok(PyBytes::new(py, &b.finish(codec)))
+}
+
+
+/// Build the `_testing` submodule and make it importable as
+/// `statestore._native._testing`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let t = PyModule::new(py, "_testing")?;
+    t.add_function(wrap_pyfunction!(decode_batch, &t)?)?;
+    t.add_function(wrap_pyfunction!(encode_batch, &t)?)?;
+    t.add_function(wrap_pyfunction!(super::restore::restore_write_ceiling, &t)?)?;
+    t.add_function(wrap_pyfunction!(super::store::store_write_batch, &t)?)?;
+    m.add_submodule(&t)?;
+    py.import("sys")?.getattr("modules")?.set_item("statestore._native._testing", &t)?;
+    Ok(())
+}
