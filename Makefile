@@ -67,6 +67,7 @@ test-python: build
 lint: build
 	$(VENV)/bin/ruff check python tests benches
 	$(VENV)/bin/mypy
+	cargo fmt --manifest-path rust/Cargo.toml --check
 	cargo clippy --release --manifest-path rust/Cargo.toml --all-targets --features python -- -D warnings
 
 # A Kafka 4.4 broker for people, on 127.0.0.1 (the tests start their own): `make kafka`, then `make kafka-stop`.

@@ -113,8 +113,7 @@ pub fn atomic_write(path: &Path, data: &[u8]) -> Result<(), FileIoError> {
 /// between create and rename). Best effort: failures are ignored because a
 /// leftover temp file is harmless, only untidy.
 fn sweep_stale_temps(path: &Path) {
-    let (Some(name), Ok(entries)) = (path.file_name().and_then(|n| n.to_str()), fs::read_dir(parent_of(path)))
-    else {
+    let (Some(name), Ok(entries)) = (path.file_name().and_then(|n| n.to_str()), fs::read_dir(parent_of(path))) else {
         return;
     };
     let prefix = format!("{name}.");
@@ -155,9 +154,8 @@ pub fn exchange(a: &Path, b: &Path) -> Result<bool, FileIoError> {
         };
         let (ca, cb) = (c(a)?, c(b)?);
         // SAFETY: both are valid NUL-terminated paths that live across the call.
-        let rc = unsafe {
-            libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE)
-        };
+        let rc =
+            unsafe { libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE) };
         if rc == 0 {
             return Ok(true);
         }
@@ -335,7 +333,10 @@ mod tests {
         let dst = dir.path().join("dst");
         link_copy_dir(&src, &dst).unwrap();
         use std::os::unix::fs::MetadataExt;
-        assert_eq!(fs::metadata(src.join("000007.sst")).unwrap().ino(), fs::metadata(dst.join("000007.sst")).unwrap().ino());
+        assert_eq!(
+            fs::metadata(src.join("000007.sst")).unwrap().ino(),
+            fs::metadata(dst.join("000007.sst")).unwrap().ino()
+        );
         assert_ne!(fs::metadata(src.join("CURRENT")).unwrap().ino(), fs::metadata(dst.join("CURRENT")).unwrap().ino());
         assert_eq!(fs::read(dst.join("sub").join("x")).unwrap(), b"nested");
         assert!(!dst.join("LOCK").exists());

@@ -78,10 +78,15 @@ pub fn batch(data: &[u8]) {
     for r in records {
         let Ok(r) = r else { return };
         // Nothing made up: offsets inside the batch's range, increasing.
-        assert!(r.offset >= h.base_offset && r.offset <= h.last_offset(), "record offset {} outside the batch", r.offset);
+        assert!(
+            r.offset >= h.base_offset && r.offset <= h.last_offset(),
+            "record offset {} outside the batch",
+            r.offset
+        );
         assert!(prev.is_none_or(|p| r.offset > p), "record offsets go back");
         prev = Some(r.offset);
-        let headers: Vec<(Vec<u8>, Option<Vec<u8>>)> = r.headers().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect();
+        let headers: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+            r.headers().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect();
         assert_eq!(headers.len(), r.header_count());
         decoded.push((r.offset, r.timestamp, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec), headers));
     }
@@ -111,7 +116,8 @@ pub fn batch(data: &[u8]) {
         .expect("re-encoded records")
         .map(|r| {
             let r = r.expect("a re-encoded record decodes");
-            let hs: Vec<(Vec<u8>, Option<Vec<u8>>)> = r.headers().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect();
+            let hs: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+                r.headers().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect();
             (r.offset, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec), hs)
         })
         .collect();
@@ -389,7 +395,9 @@ pub fn fetch_response_seed(version: i16, records: &[u8], aborted: &[(i64, i64)])
         .with_aborted_transactions(Some(
             aborted
                 .iter()
-                .map(|&(pid, first)| AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first))
+                .map(|&(pid, first)| {
+                    AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first)
+                })
                 .collect(),
         ))
         .with_records(Some(bytes::Bytes::copy_from_slice(records)));
@@ -410,7 +418,13 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut out = Vec::new();
     // Fetch responses: plain data, an aborted transaction with its marker, a batch cut at the end.
     {
-        let meta = |pid| BatchMeta { producer_id: pid, producer_epoch: 0, base_sequence: 0, transactional: true, ..Default::default() };
+        let meta = |pid| BatchMeta {
+            producer_id: pid,
+            producer_epoch: 0,
+            base_sequence: 0,
+            transactional: true,
+            ..Default::default()
+        };
         let mut plain = BatchBuilder::new(0, BatchMeta::default());
         plain.append(0, 1_700_000_000_000, Some(b"k0"), Some(b"v0"), &[]);
         plain.append(1, 1_700_000_000_001, Some(b"k1"), None, &[(b"h", Some(b"x"))]);
@@ -436,11 +450,26 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     for codec in [Compression::None, Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd] {
         for (name, meta) in [
             ("plain", BatchMeta::default()),
-            ("txn", BatchMeta { producer_id: 7, producer_epoch: 2, base_sequence: 0, transactional: true, ..Default::default() }),
+            (
+                "txn",
+                BatchMeta {
+                    producer_id: 7,
+                    producer_epoch: 2,
+                    base_sequence: 0,
+                    transactional: true,
+                    ..Default::default()
+                },
+            ),
         ] {
             let mut b = BatchBuilder::new(40, meta);
             b.append(40, 1_700_000_000_000, Some(b"key-1"), Some(b"value value value value"), &[]);
-            b.append(41, 1_700_000_000_005, None, Some(b"value value value value 2"), &[(b"h1", Some(b"x")), (b"h2", None)]);
+            b.append(
+                41,
+                1_700_000_000_005,
+                None,
+                Some(b"value value value value 2"),
+                &[(b"h1", Some(b"x")), (b"h2", None)],
+            );
             b.append(43, 1_699_999_999_999, Some(b"key-3"), None, &[]);
             out.push(("batch", format!("{}-{name}", codec.name()), b.finish(codec)));
         }
@@ -484,11 +513,14 @@ fn seed_dirs() -> Vec<(String, Vec<u8>)> {
         let refs: Vec<PackedFile<'_>> = files.iter().map(|(k, b, v)| (*k, *b, &v[..])).collect();
         pack_dir(flags, &refs)
     };
-    for (name, codec, segment_bytes) in
-        [("plain", Compression::None, 6000u64), ("gzip", Compression::Gzip, 1 << 20), ("zstd-rolled", Compression::Zstd, 1500)]
-    {
+    for (name, codec, segment_bytes) in [
+        ("plain", Compression::None, 6000u64),
+        ("gzip", Compression::Gzip, 1 << 20),
+        ("zstd-rolled", Compression::Zstd, 1500),
+    ] {
         let tmp = ScratchDir::new();
-        let log = Arc::new(Log::new(tmp.path(), WriterConfig { segment_bytes, sync: false, compression: codec }).unwrap());
+        let log =
+            Arc::new(Log::new(tmp.path(), WriterConfig { segment_bytes, sync: false, compression: codec }).unwrap());
         let mut plain = log.producer(None).unwrap();
         let mut tx = log.producer(Some("app-1")).unwrap();
         for i in 0..60u32 {
@@ -659,9 +691,13 @@ mod tests {
     fn mutated_corpus_runs_cleanly() {
         let seed = std::env::var("STATESTORE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_F00D_u64);
         let scale: usize = std::env::var("STATESTORE_FUZZ_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-        for (t, rounds) in
-            [("batch", 20_000), ("offsets", 20_000), ("txn_state", 10_000), ("segment", 1_500), ("fetch_response", 20_000)]
-        {
+        for (t, rounds) in [
+            ("batch", 20_000),
+            ("offsets", 20_000),
+            ("txn_state", 10_000),
+            ("segment", 1_500),
+            ("fetch_response", 20_000),
+        ] {
             let mut inputs: Vec<Vec<u8>> =
                 seed_corpus().into_iter().filter(|(name, _, _)| *name == t).map(|(_, _, b)| b).collect();
             if let Ok(entries) = fs::read_dir(corpus_dir().join(t)) {

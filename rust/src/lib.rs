@@ -14,10 +14,10 @@
 pub mod bulk;
 pub mod codec;
 pub mod fileio;
-pub mod kafka;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod kafka;
 pub mod log;
 pub mod offsets;
 #[cfg(feature = "store")]

@@ -17,10 +17,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB,
+};
 
-pub use crate::offsets::{decode_i64, encode_i64, OFFSETS_CF, STATUS_CLOSED, STATUS_KEY, STATUS_OPEN};
 use crate::offsets::{decode_entry, OffsetsEntry};
+pub use crate::offsets::{decode_i64, encode_i64, OFFSETS_CF, STATUS_CLOSED, STATUS_KEY, STATUS_OPEN};
 
 /// A store could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -196,8 +198,9 @@ impl Store {
         // offsets family; such a store claims no offset, it is not an error.
         let present = match Self::column_families(path)? {
             Some(p) => p,
-            None => DB::list_cf(&opts, path)
-                .map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?,
+            None => {
+                DB::list_cf(&opts, path).map_err(|e| StoreError::rocksdb(path, "cannot open RocksDB read-only", &e))?
+            }
         };
         let format = StoreFormat::detect(&present).map_err(|m| StoreError::new(path, m))?;
         let cfs: Vec<&str> =
@@ -263,9 +266,8 @@ impl Store {
             return Err(StoreError::new(path, "parent directory does not exist"));
         }
         if let Some(present) = Self::column_families(path)? {
-            let found = StoreFormat::detect(&present).map_err(|m| {
-                StoreError::new(path, format!("{m}; statestore leaves it untouched"))
-            })?;
+            let found = StoreFormat::detect(&present)
+                .map_err(|m| StoreError::new(path, format!("{m}; statestore leaves it untouched")))?;
             // A RocksDB with `default` alone was killed while being created: no conflict.
             let conflict = found != format && present.len() > 1;
             if conflict {
@@ -348,8 +350,9 @@ impl Store {
         let Some(cf) = self.db.cf_handle(OFFSETS_CF) else { return Ok(None) };
         let v = self.db.get_cf(cf, tp.as_bytes()).map_err(|e| self.err("reading offset", e))?;
         v.map(|v| {
-            decode_i64(&v)
-                .ok_or_else(|| StoreError::corrupt(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len())))
+            decode_i64(&v).ok_or_else(|| {
+                StoreError::corrupt(&self.path, format!("offset of {tp} is {} bytes, expected 8", v.len()))
+            })
         })
         .transpose()
     }
@@ -359,8 +362,9 @@ impl Store {
         let Some(cf) = self.db.cf_handle(OFFSETS_CF) else { return Ok(None) };
         let v = self.db.get_cf(cf, STATUS_KEY).map_err(|e| self.err("reading status", e))?;
         v.map(|v| {
-            decode_i64(&v)
-                .ok_or_else(|| StoreError::corrupt(&self.path, format!("status marker is {} bytes, expected 8", v.len())))
+            decode_i64(&v).ok_or_else(|| {
+                StoreError::corrupt(&self.path, format!("status marker is {} bytes, expected 8", v.len()))
+            })
         })
         .transpose()
     }
@@ -447,9 +451,7 @@ fn hex(bytes: &[u8]) -> String {
 /// length-prefixed keys and values) and note the first difference.
 pub fn compare(expected: &Store, actual: &Store) -> Result<Comparison, StoreError> {
     use sha2::Digest;
-    let read = |s: &Store, item: RawEntry| {
-        item.map_err(|e| StoreError::rocksdb(s.path(), "reading data", &e))
-    };
+    let read = |s: &Store, item: RawEntry| item.map_err(|e| StoreError::rocksdb(s.path(), "reading data", &e));
     let mut ia = expected.db.iterator_cf(expected.data_cf(), IteratorMode::Start);
     let mut ib = actual.db.iterator_cf(actual.data_cf(), IteratorMode::Start);
     let (mut ha, mut hb) = (sha2::Sha256::new(), sha2::Sha256::new());

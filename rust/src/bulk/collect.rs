@@ -36,9 +36,11 @@ pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
     let mut i = 0;
     while i + 8 <= n {
-        let x = u64::from_ne_bytes(a[i..i + 8].try_into().expect("8")) ^ u64::from_ne_bytes(b[i..i + 8].try_into().expect("8"));
+        let x = u64::from_ne_bytes(a[i..i + 8].try_into().expect("8"))
+            ^ u64::from_ne_bytes(b[i..i + 8].try_into().expect("8"));
         if x != 0 {
-            return i + (if cfg!(target_endian = "little") { x.trailing_zeros() } else { x.leading_zeros() } / 8) as usize;
+            return i
+                + (if cfg!(target_endian = "little") { x.trailing_zeros() } else { x.leading_zeros() } / 8) as usize;
         }
         i += 8;
     }
@@ -527,7 +529,8 @@ mod tests {
 
     #[test]
     fn same_bytes_is_slice_equality() {
-        let keys: [&[u8]; 7] = [b"", b"a", b"ab", b"key-00000001", b"key-00000002", b"key-000000012345", b"key-000000012346"];
+        let keys: [&[u8]; 7] =
+            [b"", b"a", b"ab", b"key-00000001", b"key-00000002", b"key-000000012345", b"key-000000012346"];
         for a in keys {
             for b in keys {
                 assert_eq!(same_bytes(a, b), a == b, "{a:?} {b:?}");

@@ -306,7 +306,13 @@ mod tests {
             let p2 = dir.path().join("r");
             let s2 = Store::open_with(&p2, restore_options()).unwrap();
             let mut src = VecSource::new(log.clone(), 0);
-            let r = replay(Target { store: &s2, tp: "t-0", end: 20_000 }, &mut src, 1000, &mut Progress::new(None, Duration::ZERO)).unwrap();
+            let r = replay(
+                Target { store: &s2, tp: "t-0", end: 20_000 },
+                &mut src,
+                1000,
+                &mut Progress::new(None, Duration::ZERO),
+            )
+            .unwrap();
             assert_eq!(r, a);
         }
     }
@@ -374,7 +380,13 @@ mod tests {
             let mut src = VecSource::new(log.clone(), off + 1);
             src.fail_at = Some(4_500);
             let opts = BulkOptions { memory_budget: 64 << 10, chunk_bytes: 300, sst_target_bytes: 4096 };
-            let e = bulk(Target { store: &store, tp: "t-0", end: 5_000 }, &mut src, &opts, &mut Progress::new(None, Duration::ZERO)).unwrap_err();
+            let e = bulk(
+                Target { store: &store, tp: "t-0", end: 5_000 },
+                &mut src,
+                &opts,
+                &mut Progress::new(None, Duration::ZERO),
+            )
+            .unwrap_err();
             assert_eq!(e.kind, ErrorKind::CorruptLog);
         }
         let store = Store::open(&p, false).unwrap();

@@ -68,9 +68,7 @@ impl RunWriter {
 /// Longest prefix common to every key of every run in `runs`.
 fn common_prefix_len(runs: &[Run]) -> usize {
     let Some(r0) = runs.first() else { return 0 };
-    runs.iter()
-        .flat_map(|r| [&r.first, &r.last])
-        .fold(r0.first.len(), |n, k| common_prefix(&r0.first[..n], k))
+    runs.iter().flat_map(|r| [&r.first, &r.last]).fold(r0.first.len(), |n, k| common_prefix(&r0.first[..n], k))
 }
 
 /// One run being read: its current record, in buffers reused record after record.
@@ -220,13 +218,7 @@ pub fn merge<E: From<io::Error>>(
 /// Merge groups of `fan_in` runs into new runs in `dir` until at most
 /// `fan_in` are left; returns the remaining runs, oldest first. Merged inputs
 /// are deleted as soon as they are merged.
-pub fn reduce(
-    mut runs: Vec<Run>,
-    fan_in: usize,
-    buffer: usize,
-    dir: &Path,
-    seq: &mut usize,
-) -> io::Result<Vec<Run>> {
+pub fn reduce(mut runs: Vec<Run>, fan_in: usize, buffer: usize, dir: &Path, seq: &mut usize) -> io::Result<Vec<Run>> {
     let fan_in = fan_in.max(2);
     while runs.len() > fan_in {
         let mut next = Vec::with_capacity(runs.len() / fan_in + 1);

@@ -120,7 +120,10 @@ fn snappy_into(data: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
         let len = u32::from_be_bytes(len_bytes.try_into().unwrap()) as usize;
         pos += 4;
         let Some(block) = data.get(pos..pos.saturating_add(len)) else {
-            return Err(format!("xerial snappy: block of {len} bytes at {pos} runs past the {} bytes present", data.len()));
+            return Err(format!(
+                "xerial snappy: block of {len} bytes at {pos} runs past the {} bytes present",
+                data.len()
+            ));
         };
         snappy_raw_into(block, out)?;
         pos += len;
@@ -146,9 +149,13 @@ pub fn decompress(codec: Compression, data: &[u8], out: &mut Vec<u8>) -> Result<
             out.extend_from_slice(data);
             Ok(())
         }
-        Compression::Gzip => read_bounded(flate2::read::MultiGzDecoder::new(data), out).map_err(|e| format!("gzip: {e}")),
+        Compression::Gzip => {
+            read_bounded(flate2::read::MultiGzDecoder::new(data), out).map_err(|e| format!("gzip: {e}"))
+        }
         Compression::Snappy => snappy_into(data, out),
-        Compression::Lz4 => read_bounded(lz4_flex::frame::FrameDecoder::new(data), out).map_err(|e| format!("lz4: {e}")),
+        Compression::Lz4 => {
+            read_bounded(lz4_flex::frame::FrameDecoder::new(data), out).map_err(|e| format!("lz4: {e}"))
+        }
         Compression::Zstd => zstd_into(data, out),
     }
 }
@@ -236,7 +243,11 @@ mod tests {
     fn garbage_is_an_error_for_every_codec() {
         for codec in [Compression::Gzip, Compression::Snappy, Compression::Lz4, Compression::Zstd] {
             let mut out = Vec::new();
-            assert!(decompress(codec, b"\x01\x02\x03 definitely not compressed", &mut out).is_err(), "{}", codec.name());
+            assert!(
+                decompress(codec, b"\x01\x02\x03 definitely not compressed", &mut out).is_err(),
+                "{}",
+                codec.name()
+            );
         }
     }
 }

@@ -418,7 +418,8 @@ pub fn batch_records<'a>(
         Some(Compression::None) => body,
         Some(codec) => {
             scratch.clear();
-            decompress(codec, body, scratch).map_err(|e| corrupt(format!("{} records do not decompress: {e}", codec.name())))?;
+            decompress(codec, body, scratch)
+                .map_err(|e| corrupt(format!("{} records do not decompress: {e}", codec.name())))?;
             scratch.as_slice()
         }
         None => return Err(CodecError::UnsupportedCompression(codec_name(id))),
@@ -636,7 +637,13 @@ mod tests {
     use super::*;
 
     fn sample(codec: Compression) -> Vec<u8> {
-        let meta = BatchMeta { producer_id: 7, producer_epoch: 3, base_sequence: 0, transactional: true, ..Default::default() };
+        let meta = BatchMeta {
+            producer_id: 7,
+            producer_epoch: 3,
+            base_sequence: 0,
+            transactional: true,
+            ..Default::default()
+        };
         let mut b = BatchBuilder::new(100, meta);
         b.append(100, 1_000, Some(b"k1"), Some(b"v1"), &[]);
         b.append(101, 1_005, None, Some(b"v2"), &[(b"h", Some(b"x")), (b"n", None)]);
@@ -657,7 +664,10 @@ mod tests {
             let mut scratch = Vec::new();
             let recs: Vec<_> = batch_records(&h, &batch, &mut scratch).unwrap().collect::<Result<_, _>>().unwrap();
             assert_eq!(recs.len(), 3);
-            assert_eq!((recs[0].offset, recs[0].key, recs[0].value, recs[0].timestamp), (100, Some(&b"k1"[..]), Some(&b"v1"[..]), 1000));
+            assert_eq!(
+                (recs[0].offset, recs[0].key, recs[0].value, recs[0].timestamp),
+                (100, Some(&b"k1"[..]), Some(&b"v1"[..]), 1000)
+            );
             assert_eq!((recs[1].key, recs[1].timestamp), (None, 1005));
             let hs: Vec<_> = recs[1].headers().collect();
             assert_eq!(hs, vec![(&b"h"[..], Some(&b"x"[..])), (&b"n"[..], None)]);
@@ -724,7 +734,11 @@ mod tests {
             let mut scratch = Vec::new();
             let r: Vec<_> = batch_records(&h, &batch, &mut scratch).unwrap().collect();
             assert!(r[0].is_ok(), "{deltas:?}");
-            assert!(matches!(&r[1], Err(CodecError::Corrupt(m)) if m.contains("offset delta")), "{deltas:?}: {:?}", r[1]);
+            assert!(
+                matches!(&r[1], Err(CodecError::Corrupt(m)) if m.contains("offset delta")),
+                "{deltas:?}: {:?}",
+                r[1]
+            );
         }
     }
 

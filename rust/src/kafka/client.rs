@@ -209,16 +209,24 @@ impl KafkaClient {
     }
 
     /// One ListOffsets answer: the offset for `timestamp` (-2 earliest, -1 latest) under `isolation`.
-    fn list_offset(&self, c: &mut Conn, topic: &str, partition: i32, timestamp: i64, isolation: i8) -> Result<i64, KafkaError> {
+    fn list_offset(
+        &self,
+        c: &mut Conn,
+        topic: &str,
+        partition: i32,
+        timestamp: i64,
+        isolation: i8,
+    ) -> Result<i64, KafkaError> {
         let v = c.version::<ListOffsetsRequest>(8)?;
-        let req = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_isolation_level(isolation).with_topics(
-            vec![ListOffsetsTopic::default()
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_isolation_level(isolation)
+            .with_topics(vec![ListOffsetsTopic::default()
                 .with_name(TopicName(StrBytes::from_string(topic.to_string())))
                 .with_partitions(vec![ListOffsetsPartition::default()
                     .with_partition_index(partition)
                     .with_current_leader_epoch(-1)
-                    .with_timestamp(timestamp)])],
-        );
+                    .with_timestamp(timestamp)])]);
         let resp = c.call(&req, v)?;
         let p = resp
             .topics

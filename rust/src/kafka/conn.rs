@@ -173,9 +173,10 @@ impl Conn {
     /// The version of `R` to use: the highest both sides speak, at most `highest`.
     pub fn version<R: Request>(&self, highest: i16) -> Result<i16, KafkaError> {
         let name = ApiKey::try_from(R::KEY).map_or_else(|_| R::KEY.to_string(), |k| format!("{k:?}"));
-        let (bmin, bmax) = *self.versions.get(&R::KEY).ok_or_else(|| {
-            KafkaError::Protocol(format!("broker {}: does not offer the {name} API", self.broker))
-        })?;
+        let (bmin, bmax) = *self
+            .versions
+            .get(&R::KEY)
+            .ok_or_else(|| KafkaError::Protocol(format!("broker {}: does not offer the {name} API", self.broker)))?;
         let v = highest.min(bmax).min(R::VERSIONS.max);
         if v < bmin.max(R::VERSIONS.min) {
             return Err(KafkaError::Protocol(format!(
@@ -204,7 +205,10 @@ impl Conn {
     pub fn broker_error(&self, what: &str, code: i16, message: Option<&str>) -> KafkaError {
         let name = error_name(code);
         let more = message.map(|m| format!(": {m}")).unwrap_or_default();
-        KafkaError::Broker { code, message: format!("broker {}: {what} failed with {name} ({code}){more}", self.broker) }
+        KafkaError::Broker {
+            code,
+            message: format!("broker {}: {what} failed with {name} ({code}){more}", self.broker),
+        }
     }
 
     /// Send `req` as `version`; returns its correlation id.
@@ -234,7 +238,8 @@ impl Conn {
     /// Read the response of the request sent with `corr` as `version`.
     pub fn recv<R: Request>(&mut self, corr: i32, version: i16) -> Result<R::Response, KafkaError> {
         let frame = self.read_frame()?;
-        decode_response::<R>(frame, corr, version).map_err(|e| KafkaError::Protocol(format!("broker {}: {e}", self.broker)))
+        decode_response::<R>(frame, corr, version)
+            .map_err(|e| KafkaError::Protocol(format!("broker {}: {e}", self.broker)))
     }
 
     /// One request and its response.
@@ -332,9 +337,11 @@ pub fn decode_response<R: Request>(mut frame: Bytes, corr: i32, version: i16) ->
         // The crate reserves memory for an array's claimed length before it
         // reads a single element: a fetch response (the one that carries
         // user data, in bulk) is walked first, so no count exceeds its bytes.
-        check_fetch_body(&frame, version).map_err(|e| format!("a {name} v{version} response that does not parse: {e}"))?;
+        check_fetch_body(&frame, version)
+            .map_err(|e| format!("a {name} v{version} response that does not parse: {e}"))?;
     }
-    R::Response::decode(&mut frame, version).map_err(|e| format!("a {name} v{version} response that does not decode: {e}"))
+    R::Response::decode(&mut frame, version)
+        .map_err(|e| format!("a {name} v{version} response that does not decode: {e}"))
 }
 
 /// A cursor over a response body that only checks its structure.

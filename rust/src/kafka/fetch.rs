@@ -268,10 +268,7 @@ impl FetchCursor {
                 return Err(KafkaError::OutOfRange(format!(
                     "broker {broker}: offset {} of {} is out of range (the log holds {}..{}): the topic was \
                      truncated, deleted or recreated behind the store; wipe the store and restore it",
-                    f.offset,
-                    tp,
-                    p.log_start_offset,
-                    p.high_watermark
+                    f.offset, tp, p.log_start_offset, p.high_watermark
                 )))
             }
             code => return Err(conn.broker_error(&format!("Fetch of {tp} at offset {}", f.offset), code, None)),
@@ -323,7 +320,12 @@ impl FetchCursor {
     /// Feed the committed records with offsets in `[position, end)` to `sink`
     /// until about `max_bytes` of batches were used. Returns true while
     /// `position < end` (more to read), false once `end` is reached.
-    pub fn read(&mut self, end: i64, max_bytes: usize, sink: &mut dyn FnMut(&RecordRef<'_>)) -> Result<bool, KafkaError> {
+    pub fn read(
+        &mut self,
+        end: i64,
+        max_bytes: usize,
+        sink: &mut dyn FnMut(&RecordRef<'_>),
+    ) -> Result<bool, KafkaError> {
         let mut used = 0usize;
         let mut deadline = Instant::now() + self.stall_timeout;
         while self.position < end {
@@ -374,8 +376,11 @@ impl FetchCursor {
                 match b.fate {
                     Fate::Control => self.skipped.control += (upto - from) as u64,
                     Fate::Aborted => {
-                        self.skipped.aborted +=
-                            if from == h.base_offset && upto == h.next_offset() { h.records_count as u64 } else { (upto - from) as u64 }
+                        self.skipped.aborted += if from == h.base_offset && upto == h.next_offset() {
+                            h.records_count as u64
+                        } else {
+                            (upto - from) as u64
+                        }
                     }
                     Fate::Data => {
                         let context = self.context();
@@ -415,7 +420,8 @@ impl FetchCursor {
             if first && !resp.records.is_empty() && batches.position() == 0 {
                 // The first batch did not fit the response: ask for more bytes.
                 let need = codec::peek_offset_and_length(&resp.records).map_or(0, |(_, l)| l.max(0) as i64 + 12);
-                let grown = (self.partition_max_bytes as i64 * 2).max(need).min(super::conn::MAX_RESPONSE_BYTES as i64 / 2);
+                let grown =
+                    (self.partition_max_bytes as i64 * 2).max(need).min(super::conn::MAX_RESPONSE_BYTES as i64 / 2);
                 if grown as i32 <= self.partition_max_bytes {
                     return Err(KafkaError::Protocol(format!(
                         "broker {}: {}: a batch of {need} bytes does not fit a response",
@@ -484,7 +490,9 @@ impl ChangelogSource for KafkaSource {
         max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
     ) -> Result<bool, LogError> {
-        Ok(self.cursor.read(end, max_bytes, &mut |r| sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value }))?)
+        Ok(self.cursor.read(end, max_bytes, &mut |r| {
+            sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value })
+        })?)
     }
 
     fn skipped(&self) -> SkipCounts {

@@ -140,7 +140,8 @@ impl Scram {
         if let Some(e) = sf.strip_prefix("e=") {
             return Err(format!("the server refused: {e}"));
         }
-        let v = sf.split(',').find_map(|p| p.strip_prefix("v=")).ok_or("the server's final message has no signature")?;
+        let v =
+            sf.split(',').find_map(|p| p.strip_prefix("v=")).ok_or("the server's final message has no signature")?;
         let server_key = self.hmac(salted, b"Server Key");
         let expected = self.hmac(&server_key, auth.as_bytes());
         if B64.decode(v).ok().as_deref() != Some(expected.as_slice()) {

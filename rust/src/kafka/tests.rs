@@ -13,7 +13,9 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
-use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
     MetadataResponse, ProducerId, ResponseHeader, TopicName,
@@ -46,7 +48,9 @@ struct Log {
 
 fn data(base: i64, n: i64, pid: Option<i64>) -> Vec<u8> {
     let meta = match pid {
-        Some(p) => BatchMeta { producer_id: p, producer_epoch: 0, base_sequence: 0, transactional: true, ..Default::default() },
+        Some(p) => {
+            BatchMeta { producer_id: p, producer_epoch: 0, base_sequence: 0, transactional: true, ..Default::default() }
+        }
         None => BatchMeta::default(),
     };
     let mut b = BatchBuilder::new(base, meta);
@@ -124,7 +128,9 @@ fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
                 let off = if ts == -2 { 0 } else { log.end };
                 let r = ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
                     .with_name(TopicName(StrBytes::from_static_str("t")))
-                    .with_partitions(vec![ListOffsetsPartitionResponse::default().with_partition_index(0).with_offset(off)])]);
+                    .with_partitions(vec![ListOffsetsPartitionResponse::default()
+                        .with_partition_index(0)
+                        .with_offset(off)])]);
                 respond(&mut s, key, v, corr, &r);
             }
             ApiKey::Fetch => {
@@ -152,7 +158,9 @@ fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
                     .aborted
                     .iter()
                     .filter(|(_, _, marker)| *marker >= at)
-                    .map(|&(pid, first, _)| AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first))
+                    .map(|&(pid, first, _)| {
+                        AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first)
+                    })
                     .collect();
                 let p = PartitionData::default()
                     .with_partition_index(0)
@@ -214,10 +222,19 @@ fn batches_follow_the_aborted_list_across_responses() {
     let all: Vec<u8> = log.batches.iter().flat_map(|(_, b)| b.clone()).collect();
     let aborted = [(5, 10)];
     let mut b = Batches::new(&all, aborted);
-    let fates: Vec<(i64, Fate)> = std::iter::from_fn(|| b.next_batch()).map(|r| r.unwrap()).map(|b| (b.header.base_offset, b.fate)).collect();
+    let fates: Vec<(i64, Fate)> =
+        std::iter::from_fn(|| b.next_batch()).map(|r| r.unwrap()).map(|b| (b.header.base_offset, b.fate)).collect();
     assert_eq!(
         fates,
-        vec![(0, Fate::Data), (10, Fate::Aborted), (15, Fate::Data), (20, Fate::Aborted), (25, Fate::Control), (26, Fate::Control), (27, Fate::Data)]
+        vec![
+            (0, Fate::Data),
+            (10, Fate::Aborted),
+            (15, Fate::Data),
+            (20, Fate::Aborted),
+            (25, Fate::Control),
+            (26, Fate::Control),
+            (27, Fate::Data)
+        ]
     );
     // A second response starting inside the aborted transaction lists it again.
     let tail: Vec<u8> = log.batches[3..].iter().flat_map(|(_, b)| b.clone()).collect();

@@ -16,11 +16,8 @@ use super::config::Tls;
 use super::KafkaError;
 
 /// Where Debian, Ubuntu, RHEL and Alpine keep the system's CA bundle.
-const SYSTEM_BUNDLES: &[&str] = &[
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/ssl/cert.pem",
-];
+const SYSTEM_BUNDLES: &[&str] =
+    &["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"];
 
 fn config_err(broker: &str, msg: String) -> KafkaError {
     KafkaError::Config(format!("TLS to broker {broker}: {msg}"))
@@ -30,7 +27,8 @@ fn certs(path: &str, broker: &str) -> Result<Vec<CertificateDer<'static>>, Kafka
     let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
         .map_err(|e| config_err(broker, format!("cannot read certificates from {path}: {e}")))?
         .collect();
-    let certs = certs.map_err(|e| config_err(broker, format!("{path} holds a certificate that does not parse: {e}")))?;
+    let certs =
+        certs.map_err(|e| config_err(broker, format!("{path} holds a certificate that does not parse: {e}")))?;
     if certs.is_empty() {
         return Err(config_err(broker, format!("{path} holds no PEM certificate")));
     }
@@ -130,11 +128,11 @@ pub fn client_config(tls: &Tls, broker: &str) -> Result<Arc<ClientConfig>, Kafka
         let mut roots = RootCertStore::empty();
         let bundle = match &tls.ca_location {
             Some(p) => p.clone(),
-            None => SYSTEM_BUNDLES
-                .iter()
-                .find(|p| std::path::Path::new(p).exists())
-                .map(|p| p.to_string())
-                .ok_or_else(|| config_err(broker, "ssl.ca.location is not set and no system CA bundle was found".into()))?,
+            None => {
+                SYSTEM_BUNDLES.iter().find(|p| std::path::Path::new(p).exists()).map(|p| p.to_string()).ok_or_else(
+                    || config_err(broker, "ssl.ca.location is not set and no system CA bundle was found".into()),
+                )?
+            }
         };
         for c in certs(&bundle, broker)? {
             roots.add(c).map_err(|e| config_err(broker, format!("{bundle}: a CA certificate is not usable: {e}")))?;
@@ -173,7 +171,8 @@ pub fn connect(
         .map_err(|e| config_err(broker, format!("{host} is not a server name: {e}")))?;
     let mut conn = ClientConnection::new(config, name).map_err(|e| config_err(broker, e.to_string()))?;
     while conn.is_handshaking() {
-        conn.complete_io(&mut tcp).map_err(|e| KafkaError::Tls(format!("broker {broker}: TLS handshake failed: {e}")))?;
+        conn.complete_io(&mut tcp)
+            .map_err(|e| KafkaError::Tls(format!("broker {broker}: TLS handshake failed: {e}")))?;
     }
     Ok(StreamOwned::new(conn, tcp))
 }

@@ -123,7 +123,13 @@ impl Log {
         let entry = match g.state.entries.get(id) {
             Some(e) if e.epoch < i16::MAX - 1 => TxnEntry { epoch: e.epoch + 1, ..e.clone() },
             Some(e) => TxnEntry { producer_id: next, epoch: 0, ..e.clone() },
-            None => TxnEntry { producer_id: next, epoch: 0, state: TxnState::Empty, started_ms: -1, partitions: BTreeSet::new() },
+            None => TxnEntry {
+                producer_id: next,
+                epoch: 0,
+                state: TxnState::Empty,
+                started_ms: -1,
+                partitions: BTreeSet::new(),
+            },
         };
         if entry.producer_id == next {
             g.state.next_producer_id = next + 1;

@@ -84,12 +84,17 @@ pub fn dump_partition(
             && (isolation == Isolation::ReadUncommitted || (!open_seen && outcome != Some(BatchOutcome::Aborted)));
         let recs = if show && crc_valid {
             let it = codec::batch_records(&h, batch, &mut scratch).map_err(|e| match e {
-                codec::CodecError::UnsupportedCompression(c) => LogError::new(LogErrorKind::UnsupportedCompression, format!(
-                    "{}: batch at byte {} (base offset {}) uses compression {c}",
-                    path.display(),
-                    p.position,
-                    h.base_offset
-                )).with_path(&path).with_offset(h.base_offset),
+                codec::CodecError::UnsupportedCompression(c) => LogError::new(
+                    LogErrorKind::UnsupportedCompression,
+                    format!(
+                        "{}: batch at byte {} (base offset {}) uses compression {c}",
+                        path.display(),
+                        p.position,
+                        h.base_offset
+                    ),
+                )
+                .with_path(&path)
+                .with_offset(h.base_offset),
                 e => LogError::corrupt(&path, p.position, h.base_offset, e),
             })?;
             let mut chunk = RecordChunk::default();

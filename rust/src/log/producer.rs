@@ -105,11 +105,14 @@ impl Producer {
     }
 
     fn fenced_error(t: &TxnProducer, by: i16) -> LogError {
-        LogError::new(LogErrorKind::Fenced, format!(
-            "producer of transactional id {:?} (producer id {}, epoch {}) was fenced by a newer producer with \
+        LogError::new(
+            LogErrorKind::Fenced,
+            format!(
+                "producer of transactional id {:?} (producer id {}, epoch {}) was fenced by a newer producer with \
              epoch {by}; its open transaction was aborted: close this producer and stop using it",
-            t.id, t.producer_id, t.epoch
-        ))
+                t.id, t.producer_id, t.epoch
+            ),
+        )
     }
 
     /// Raise `Fenced` if a newer producer of this id exists in this process
@@ -195,7 +198,9 @@ impl Producer {
         let meta = if self.txn.is_some() {
             self.check_fenced_here()?;
             if !self.in_transaction() {
-                return Err(self.state_error("send() of a transactional producer outside a transaction: call begin() first"));
+                return Err(
+                    self.state_error("send() of a transactional producer outside a transaction: call begin() first")
+                );
             }
             let i = self.target(topic, partition)?;
             let dir = self.log.dir.clone();

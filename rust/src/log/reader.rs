@@ -97,7 +97,8 @@ impl HeaderScan {
             let f = self.file.as_ref().expect("a segment is open");
             let mut got = 0;
             while got < want {
-                let r = f.read_at(&mut self.buf[got..want], pos + got as u64).map_err(|e| LogError::io("read", p, e))?;
+                let r =
+                    f.read_at(&mut self.buf[got..want], pos + got as u64).map_err(|e| LogError::io("read", p, e))?;
                 if r == 0 {
                     break;
                 }
@@ -291,7 +292,15 @@ impl PartitionReader {
             Isolation::ReadCommitted => Some(TxnResolver::new(dir, seg, pos)),
             Isolation::ReadUncommitted => None,
         };
-        Ok(PartitionReader { cursor, resolver, position, skipped: SkipCounts::default(), scratch: Vec::new(), isolation, batches_since_gc: 0 })
+        Ok(PartitionReader {
+            cursor,
+            resolver,
+            position,
+            skipped: SkipCounts::default(),
+            scratch: Vec::new(),
+            isolation,
+            batches_since_gc: 0,
+        })
     }
 
     /// Next offset to read.
@@ -436,7 +445,9 @@ impl CommittedReader {
         // Reads of DEFAULT_CHUNK (1 MiB; larger batches grow the buffer) keep the
         // bytes just read in the core's own cache until they are decoded: with
         // 4 MiB reads, two restores side by side ran 15% slower each.
-        Ok(CommittedReader { inner: PartitionReader::open(dir, start_offset, Isolation::ReadCommitted, DEFAULT_CHUNK)? })
+        Ok(CommittedReader {
+            inner: PartitionReader::open(dir, start_offset, Isolation::ReadCommitted, DEFAULT_CHUNK)?,
+        })
     }
 }
 

@@ -1,9 +1,9 @@
 use std::fs;
-use std::sync::Arc;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use super::Log;
 use super::writer::WriterConfig;
+use super::Log;
 use super::*;
 use crate::source::ChangelogSource;
 
@@ -17,7 +17,9 @@ fn drain(src: &mut dyn ChangelogSource, end: i64) -> Vec<Rec> {
     let mut out = Vec::new();
     loop {
         let more = src
-            .next_chunk(end, 1000, &mut |r| out.push((r.offset, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec))))
+            .next_chunk(end, 1000, &mut |r| {
+                out.push((r.offset, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec)))
+            })
             .unwrap();
         if !more {
             break;
@@ -179,7 +181,10 @@ fn torn_tail_is_truncated_and_corruption_is_reported() {
     let err = src.next_chunk(100, 1 << 20, &mut |_| {}).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, LogError { kind: LogErrorKind::Corrupt, .. }), "{msg}");
-    assert!(msg.contains(&seg.display().to_string()) && msg.contains(&format!("at byte {one}")) && msg.contains("offset 1"), "{msg}");
+    assert!(
+        msg.contains(&seg.display().to_string()) && msg.contains(&format!("at byte {one}")) && msg.contains("offset 1"),
+        "{msg}"
+    );
     let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
     assert!(matches!(log.writer("t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })));
 }
@@ -300,7 +305,10 @@ fn damaged_length_far_from_the_end_is_corruption_not_a_torn_tail() {
         Err(e) => e,
         Ok(mut src) => src.next_chunk(i64::MAX, 1 << 20, &mut |_| {}).unwrap_err(),
     };
-    assert!(matches!(err, LogError { kind: LogErrorKind::Corrupt, ref message, .. } if message.contains("damaged")), "{err}");
+    assert!(
+        matches!(err, LogError { kind: LogErrorKind::Corrupt, ref message, .. } if message.contains("damaged")),
+        "{err}"
+    );
     assert!(matches!(partition_offsets(d.path(), "t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })));
     let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
     assert!(matches!(log.writer("t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })));
@@ -329,9 +337,15 @@ fn damaged_length_near_the_end_is_corruption_when_a_valid_batch_follows() {
         Err(e) => e,
         Ok(mut src) => src.next_chunk(i64::MAX, 1 << 20, &mut |_| {}).unwrap_err(),
     };
-    assert!(matches!(err, LogError { kind: LogErrorKind::Corrupt, ref message, .. } if message.contains("a valid batch follows")), "{err}");
+    assert!(
+        matches!(err, LogError { kind: LogErrorKind::Corrupt, ref message, .. } if message.contains("a valid batch follows")),
+        "{err}"
+    );
     let log = Arc::new(Log::new(d.path(), cfg(1 << 30)).unwrap());
-    assert!(matches!(log.writer("t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })), "the writer must not cut committed batches off");
+    assert!(
+        matches!(log.writer("t", 0), Err(LogError { kind: LogErrorKind::Corrupt, .. })),
+        "the writer must not cut committed batches off"
+    );
     assert_eq!(fs::metadata(&seg).unwrap().len() as usize, len, "nothing was cut off");
 }
 

@@ -23,13 +23,13 @@
 //! transaction. `abort_expired_transactions` does the same for transactions
 //! open longer than a timeout, as a broker's coordinator does.
 
+use super::LogError;
+use crate::fileio::atomic_write;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
-use super::LogError;
-use crate::fileio::atomic_write;
 
 pub(super) const STATE_FILE: &str = "transactions.state";
 const STATE_LOCK: &str = "transactions.lock";

@@ -81,11 +81,14 @@ fn lock_exclusive(path: &Path, what: &str) -> Result<File, LogError> {
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(LogError::new(LogErrorKind::Lock, format!(
-                "{what} is already being written by another process (lock {} is held); only one writer per \
+            return Err(LogError::new(
+                LogErrorKind::Lock,
+                format!(
+                    "{what} is already being written by another process (lock {} is held); only one writer per \
                  partition may run: close the other producer, or write to another partition",
-                path.display()
-            ))
+                    path.display()
+                ),
+            )
             .with_path(path));
         }
         return Err(LogError::io("lock", path, e));
@@ -141,7 +144,8 @@ impl PartitionWriter {
             f.sync_all().map_err(|e| LogError::io("fsync", &last.path, e))?;
         }
         write_index(&last, &scan.index)?;
-        let active = OpenOptions::new().append(true).open(&last.path).map_err(|e| LogError::io("open", &last.path, e))?;
+        let active =
+            OpenOptions::new().append(true).open(&last.path).map_err(|e| LogError::io("open", &last.path, e))?;
         let index = OpenOptions::new()
             .append(true)
             .open(last.index_path())
@@ -228,7 +232,8 @@ impl PartitionWriter {
             self.index.sync_data().map_err(|e| LogError::io("fsync", &self.active_path, e))?;
         }
         let seg = create_segment(&self.dir, base)?;
-        self.active = OpenOptions::new().append(true).open(&seg.path).map_err(|e| LogError::io("open", &seg.path, e))?;
+        self.active =
+            OpenOptions::new().append(true).open(&seg.path).map_err(|e| LogError::io("open", &seg.path, e))?;
         self.index = OpenOptions::new()
             .append(true)
             .open(seg.index_path())
@@ -260,9 +265,8 @@ impl PartitionWriter {
         let mut group_start = 0usize;
         let mut at = 0usize;
         let mut seg_len = self.active_len;
-        let seg_base = |p: &Path| -> i64 {
-            p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()).unwrap_or(0)
-        };
+        let seg_base =
+            |p: &Path| -> i64 { p.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()).unwrap_or(0) };
         let mut base = seg_base(&self.active_path);
         for (batch_base, len) in batches {
             if seg_len > 0 && seg_len + len as u64 > self.cfg.segment_bytes {
@@ -299,7 +303,13 @@ impl PartitionWriter {
 
     /// Append a transaction marker for `producer_id` after everything
     /// buffered, write it out and sync. Returns the marker's offset.
-    pub fn append_marker(&mut self, producer_id: i64, epoch: i16, commit: bool, timestamp: i64) -> Result<i64, LogError> {
+    pub fn append_marker(
+        &mut self,
+        producer_id: i64,
+        epoch: i16,
+        commit: bool,
+        timestamp: i64,
+    ) -> Result<i64, LogError> {
         self.seal()?;
         let offset = self.next_offset;
         self.check_room(offset)?;

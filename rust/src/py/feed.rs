@@ -78,8 +78,9 @@ impl Changelog for PyFeedLog {
     }
 
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
-        let feed = Python::attach(|py| self.obj.call_method1(py, intern!(py, "restore_feed"), (topic, partition, start)))
-            .map_err(|e| keep(&self.raised, e))?;
+        let feed =
+            Python::attach(|py| self.obj.call_method1(py, intern!(py, "restore_feed"), (topic, partition, start)))
+                .map_err(|e| keep(&self.raised, e))?;
         let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone(), timestamps: self.timestamps };
         Ok(Box::new(FeedSource::new(feed, start, self.stall_timeout)))
     }

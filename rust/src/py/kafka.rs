@@ -13,9 +13,9 @@ use pyo3::types::PyList;
 
 use super::errors::ErrorClass;
 use super::log::{push_record, records_to_py};
-use crate::source::RecordChunk;
 use crate::kafka::fetch::FetchCursor;
 use crate::kafka::{ClientConfig, ConfigError, KafkaClient, KafkaError};
+use crate::source::RecordChunk;
 
 /// A fetcher error as the `statestore.errors` class of its kind (through
 /// [`crate::log::LogError`], the one error type of changelogs).
@@ -30,7 +30,11 @@ fn seconds(name: &str, s: f64) -> PyResult<Duration> {
     Ok(Duration::from_secs_f64(s))
 }
 
-fn parse(config: &HashMap<String, String>, request_timeout: f64, stall_timeout: f64) -> PyResult<Result<ClientConfig, ConfigError>> {
+fn parse(
+    config: &HashMap<String, String>,
+    request_timeout: f64,
+    stall_timeout: f64,
+) -> PyResult<Result<ClientConfig, ConfigError>> {
     Ok(ClientConfig::parse(
         config.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         seconds("request_timeout", request_timeout)?,

@@ -27,7 +27,9 @@ fn isolation(name: &str) -> PyResult<Isolation> {
     match name {
         "read_committed" => Ok(Isolation::ReadCommitted),
         "read_uncommitted" => Ok(Isolation::ReadUncommitted),
-        other => Err(ErrorClass::Log.err(format!("unknown isolation {other:?}: use read_committed or read_uncommitted"))),
+        other => {
+            Err(ErrorClass::Log.err(format!("unknown isolation {other:?}: use read_committed or read_uncommitted")))
+        }
     }
 }
 
@@ -148,13 +150,7 @@ impl ProducerCore {
     }
 
     /// Send many `(key, value)` pairs to one partition; returns the first offset.
-    fn send_many(
-        &self,
-        py: Python<'_>,
-        topic: &str,
-        partition: i32,
-        records: Vec<(Bytes, Bytes)>,
-    ) -> PyResult<i64> {
+    fn send_many(&self, py: Python<'_>, topic: &str, partition: i32, records: Vec<(Bytes, Bytes)>) -> PyResult<i64> {
         py.detach(|| {
             let mut p = lock(&self.inner);
             let mut first = -1;
@@ -221,11 +217,20 @@ struct LogReaderCore {
 impl LogReaderCore {
     #[new]
     #[pyo3(signature = (log_dir, topic, partition, start_offset, isolation="read_committed"))]
-    fn new(py: Python<'_>, log_dir: PathBuf, topic: &str, partition: i32, start_offset: i64, isolation: &str) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        log_dir: PathBuf,
+        topic: &str,
+        partition: i32,
+        start_offset: i64,
+        isolation: &str,
+    ) -> PyResult<Self> {
         let iso = self::isolation(isolation)?;
         let dir = partition_dir(&log_dir, topic, partition).map_err(log_err)?;
         if !log_dir.is_dir() {
-            return Err(LogError::other(format!("log directory {} does not exist", log_dir.display())).with_path(&log_dir).into());
+            return Err(LogError::other(format!("log directory {} does not exist", log_dir.display()))
+                .with_path(&log_dir)
+                .into());
         }
         let r = py.detach(|| PartitionReader::open(&dir, start_offset, iso, 1 << 20)).map_err(log_err)?;
         Ok(LogReaderCore { inner: Mutex::new(r) })
@@ -247,7 +252,13 @@ impl LogReaderCore {
     /// Up to `max_records` records (about `max_bytes` of log), below `end`
     /// when given: a list of `(offset, key, value, timestamp, headers)`.
     #[pyo3(signature = (max_records, max_bytes, end=None))]
-    fn poll<'py>(&self, py: Python<'py>, max_records: usize, max_bytes: usize, end: Option<i64>) -> PyResult<Bound<'py, PyList>> {
+    fn poll<'py>(
+        &self,
+        py: Python<'py>,
+        max_records: usize,
+        max_bytes: usize,
+        end: Option<i64>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let decoded = py
             .detach(|| {
                 let mut r = lock(&self.inner);

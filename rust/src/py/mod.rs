@@ -11,4 +11,3 @@ pub mod log;
 pub mod restore;
 pub mod store;
 pub mod testing;
-

@@ -18,10 +18,10 @@ use super::kafka::PyKafkaClient;
 use crate::kafka::client::KafkaLog;
 use crate::log::SegmentLogDir;
 use crate::replay::engine::{self, Mode, RestoreOutcome, RestoreSpec};
-use crate::source::Changelog;
 use crate::replay::{
     ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
 };
+use crate::source::Changelog;
 use crate::store::{Store, StoreFormat};
 
 /// What one restore did (`statestore.restore.RestoreResult` is built from it).

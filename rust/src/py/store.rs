@@ -53,7 +53,10 @@ pub struct StoreDump {
 #[pymethods]
 impl StoreInfo {
     fn __repr__(&self) -> String {
-        format!("StoreInfo(offsets={:?}, status={:?}, estimated_keys={})", self.offsets, self.status, self.estimated_keys)
+        format!(
+            "StoreInfo(offsets={:?}, status={:?}, estimated_keys={})",
+            self.offsets, self.status, self.estimated_keys
+        )
     }
 }
 
@@ -120,8 +123,7 @@ fn store_dump(py: Python<'_>, path: PathBuf) -> PyResult<StoreDump> {
         }
         Ok::<_, StoreError>((entries, store.offsets()?, store.status()?))
     })?;
-    let entries =
-        entries.iter().map(|(k, v)| (PyBytes::new(py, k).unbind(), PyBytes::new(py, v).unbind())).collect();
+    let entries = entries.iter().map(|(k, v)| (PyBytes::new(py, k).unbind(), PyBytes::new(py, v).unbind())).collect();
     Ok(StoreDump { entries, offsets, status })
 }
 
@@ -164,10 +166,8 @@ fn store_compare(py: Python<'_>, expected: PathBuf, actual: PathBuf) -> PyResult
         store::compare(&e, &a)
     })?;
     let bytes = |b: &[u8]| PyBytes::new(py, b).unbind();
-    let first_difference = c
-        .first_difference
-        .as_ref()
-        .map(|(k, e, a)| (bytes(k), e.as_deref().map(bytes), a.as_deref().map(bytes)));
+    let first_difference =
+        c.first_difference.as_ref().map(|(k, e, a)| (bytes(k), e.as_deref().map(bytes), a.as_deref().map(bytes)));
     Ok(StoreComparison {
         expected_digest: c.expected_digest,
         actual_digest: c.actual_digest,

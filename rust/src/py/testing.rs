@@ -8,19 +8,25 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::errors::ErrorClass;
 use super::log::{push_record, records_to_py, Bytes, Headers};
-use crate::source::RecordChunk;
 use crate::codec::{self, Compression};
+use crate::source::RecordChunk;
 
 /// Decode one batch given as bytes (tests and tools): `(header dict, records)`.
 #[pyfunction]
 pub fn decode_batch<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyList>)> {
     let corrupt = |e: codec::CodecError| match e {
-        codec::CodecError::UnsupportedCompression(c) => ErrorClass::UnsupportedCompression.err(format!("batch uses compression {c}")),
+        codec::CodecError::UnsupportedCompression(c) => {
+            ErrorClass::UnsupportedCompression.err(format!("batch uses compression {c}"))
+        }
         e => ErrorClass::CorruptLog.err(format!("not a valid batch: {e}")),
     };
     let h = codec::BatchHeader::parse(data).map_err(corrupt)?;
     if h.total_len() != data.len() {
-        return Err(ErrorClass::CorruptLog.err(format!("batch length says {} bytes, {} given", h.total_len(), data.len())));
+        return Err(ErrorClass::CorruptLog.err(format!(
+            "batch length says {} bytes, {} given",
+            h.total_len(),
+            data.len()
+        )));
     }
     codec::verify_crc(&h, data).map_err(corrupt)?;
     let mut scratch = Vec::new();
@@ -81,7 +87,6 @@ pub fn encode_batch<'py>(
     }
     Ok(PyBytes::new(py, &b.finish(codec)))
 }
-
 
 /// Build the `_testing` submodule and make it importable as
 /// `statestore._native._testing`.

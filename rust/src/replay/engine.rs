@@ -309,8 +309,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::super::testing::*;
-    use crate::source::{Bounds, ChangelogSource};
     use super::*;
+    use crate::source::{Bounds, ChangelogSource};
 
     struct VecLog(HashMap<(String, i32), Vec<Entry>>);
 

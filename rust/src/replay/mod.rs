@@ -11,8 +11,8 @@
 pub mod ceiling;
 pub mod engine;
 pub mod feed;
-pub mod read_ahead;
 mod progress;
+pub mod read_ahead;
 
 pub use progress::{Listener, Progress};
 
