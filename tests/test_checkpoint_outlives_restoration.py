@@ -152,11 +152,10 @@ def test_kafka_42_rule_would_skip_the_wipe(tmp_path: Path) -> None:
 def test_crash_while_running_with_store_offsets_keeps_the_committed_prefix(tmp_path: Path) -> None:
     """Offsets in the store: the open transaction never reached RocksDB; resume from 11, no wipe."""
     crash_while_running(tmp_path, "store")
-    _contents = store_contents(tmp_path / "app" / str(TASK) / "rocksdb" / "s")
-    entries, offsets, status = _contents.entries, _contents.offsets, _contents.status
-    content = {bytes(k): bytes(v) for k, v in entries}
-    assert offsets == {str(TP): 11}
-    assert status == 1  # the crash left the store marked open
+    store = store_contents(tmp_path / "app" / str(TASK) / "rocksdb" / "s")
+    content = store.data
+    assert store.offsets == {str(TP): 11}
+    assert store.status == 1  # the crash left the store marked open
     assert b"ABORTED" not in content.values()
     assert content[b"a"] == b"committed" and b"c" not in content
     sm = reopen(tmp_path, "store")

@@ -68,6 +68,7 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
     tp = TopicPartition(topic, 0)
     rng = random.Random(5)
     model: Model = {}
+    aborted = 0
     p = changelog.producer(f"w-{topic}")
     for i in range(30):
         records = txn(rng, rng.randrange(50, 400), 500, f"t{i}")
@@ -75,7 +76,11 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
         for k, v in records:
             p.send(topic, 0, k, v)
         if i % 4 == 2:
+            # Delivered first, so the aborted records are in the log (an abort before
+            # delivery would purge them, and can race the client's AddPartitionsToTxn).
+            p.flush()
             p.abort()  # aborted in the middle of the log
+            aborted += len(records)
         else:
             p.commit()
             apply(model, records)
@@ -88,13 +93,15 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
     start, end, lso = changelog.offsets(tp)
     assert start == 0 and lso < end, "an open transaction keeps the last stable offset below the end"
     committed = sum(1 for _ in changelog.read(tp))
+    # every record sent is in the log, aborted ones too, with one marker per ended transaction
+    assert end == committed + aborted + 30 + len(open_records)
     for mode in ("replay", "bulk"):
         store = tmp_path / mode
         r = restore_store(store, changelog, tp, mode=mode)
         assert r.end_offset == lso and r.offset is not None and r.offset < lso
         assert r.records_applied == committed
-        _c = store_contents(store)
-        data, offsets = _c.data, _c.offsets
+        contents = store_contents(store)
+        data, offsets = contents.data, contents.offsets
         assert data == model, f"{mode}: the store is not the committed changelog"
         assert offsets == {str(tp): r.offset}
     # The open transaction commits: a resumed replay picks up only its records and the marker.
@@ -186,8 +193,8 @@ def test_records_deleted_below_the_store_offset_make_the_task_corrupted(kafka_bo
         tm.assign([TaskId(0, 0)], [])
         assert tm.restore(), "the corrupted task must be wiped and restored from the new log start"
         tm.close()
-        _c = store_contents(tmp_path / "state" / app / "0_0" / "rocksdb" / store)
-        data, offsets = _c.data, _c.offsets
+        contents = store_contents(tmp_path / "state" / app / "0_0" / "rocksdb" / store)
+        data, offsets = contents.data, contents.offsets
         assert offsets[str(tp)] == 399
         assert data == {b"k%03d" % (i % 100): b"v%d" % i for i in range(350, 400)}
 

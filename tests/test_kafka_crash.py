@@ -49,9 +49,8 @@ def check_store_on_disk(root: Path, app: str, changelog: kafka.KafkaChangelog) -
     store_dir = root / "state" / app / str(TASK) / "rocksdb" / STORE
     if not (store_dir / "CURRENT").exists():
         return
-    _contents = store_contents(store_dir)
-    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
-    data = {bytes(k): bytes(v) for k, v in entries}
+    contents = store_contents(store_dir)
+    data, offsets = contents.data, contents.offsets
     topic = f"{app}-{STORE}-changelog"
     offset = offsets.get(str(TopicPartition(topic, 0)))
     if offset is None:

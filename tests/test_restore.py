@@ -80,9 +80,8 @@ def _native_end(log_dir: Path, tp: TopicPartition) -> int:
 
 
 def dump(path: Path) -> tuple[dict[bytes, bytes], dict[str, int]]:
-    _contents = store_contents(path)
-    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
-    return dict(entries), dict(offsets)
+    contents = store_contents(path)
+    return contents.data, contents.offsets
 
 
 def check(path: Path, model: Model, end: int) -> None:

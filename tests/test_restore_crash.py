@@ -43,7 +43,7 @@ sys.stdout.write("go\n"); sys.stdout.flush()
 # 256 KiB memtables and 64 KiB chunks: with the WAL off, replay progress reaches
 # disk at each (atomic) memtable flush, so small ones make kills land between flushes
 r = _native.restore_store(store, log, TopicPartition(topic, 0), None, mode, int(budget), None, 0.1, 256 << 10, 64 << 10)
-sys.stdout.write(f"done {r[-1]}\n"); sys.stdout.flush()
+sys.stdout.write(f"done {r.end_offset}\n"); sys.stdout.flush()
 """
 
 Records = list[tuple[int, bytes | None, bytes | None]]
@@ -99,9 +99,8 @@ def on_disk(store: Path) -> tuple[dict[bytes, bytes], int | None]:
             return dict(db.items()), None
         finally:
             db.close()
-    _contents = store_contents(store)
-    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
-    return dict(entries), offsets.get(str(TP))
+    contents = store_contents(store)
+    return contents.data, contents.offsets.get(str(TP))
 
 
 @pytest.fixture(scope="module")

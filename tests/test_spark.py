@@ -66,9 +66,8 @@ def write_changelogs(log_dir: Path, stores: tuple[str, ...] = STORES, partitions
 
 
 def dump(path: Path) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
-    _contents = store_contents(path)
-    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
-    return list(entries), dict(offsets)
+    contents = store_contents(path)
+    return contents.entries, contents.offsets
 
 
 def store_path(state_dir: Path, store: str, partition: int) -> Path:

@@ -342,9 +342,8 @@ def test_holder_that_lost_its_lock_cannot_write_offsets(sd: StateDirectory, poli
         sm.close()  # clean close: nothing recorded, stores closed, and the caller is told
     assert all(sm.store_names()) and sd.owner(TASK) is not threading.current_thread()
     assert not OffsetCheckpoint(sd.checkpoint_path(TASK)).exists()
-    _contents = store_contents(sd.store_dir(TASK, "persistent"))
-    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
-    assert entries == [] and offsets == {}
+    contents = store_contents(sd.store_dir(TASK, "persistent"))
+    assert contents.data == {} and contents.offsets == {}
 
 
 def test_clean_close_with_uncommitted_writes_is_refused(sd: StateDirectory) -> None:
@@ -397,12 +396,10 @@ def test_commit_applies_staged_writes_with_offsets_in_store_mode(sd: StateDirect
     assert sm.commit({P: 10, IRRELEVANT: 99}) is True
     assert sm.store("inMemory").get(b"c") == b"3"
     sm.close()
-    _contents = store_contents(sd.store_dir(TASK, "persistent"))
-    entries, offsets, status = _contents.entries, _contents.offsets, _contents.status
-    assert [(bytes(k), bytes(v)) for k, v in entries] == [(b"a", b"1")] and offsets == {str(P): 10} and status == 0
-    _contents = store_contents(sd.store_dir(TASK, "unlogged"))
-    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
-    assert len(entries) == 1 and offsets == {}
+    persistent = store_contents(sd.store_dir(TASK, "persistent"))
+    assert (persistent.data, persistent.offsets, persistent.status) == ({b"a": b"1"}, {str(P): 10}, 0)
+    unlogged = store_contents(sd.store_dir(TASK, "unlogged"))
+    assert len(unlogged.data) == 1 and unlogged.offsets == {}
 
 
 def test_close_releases_the_lock_held_by_another_thread(sd: StateDirectory) -> None:

@@ -55,9 +55,8 @@ def on_disk(root: Path, mode: str) -> tuple[dict[bytes, bytes], int | None, bool
     store: dict[bytes, bytes] = {}
     store_offsets: dict[str, int] = {}
     if (store_dir / "CURRENT").exists():
-        _contents = store_contents(store_dir)
-        entries, store_offsets, _ = _contents.entries, _contents.offsets, _contents.status
-        store = {bytes(k): bytes(v) for k, v in entries}
+        contents = store_contents(store_dir)
+        store, store_offsets = contents.data, contents.offsets
     ckpt = OffsetCheckpoint(app / str(TASK) / ".checkpoint")
     if mode == "store":
         return store, store_offsets.get(str(TP)), ckpt.exists()

@@ -25,9 +25,8 @@ TP = TopicPartition("app-s-changelog", 3)
 
 def dump(path: Path) -> tuple[list[tuple[bytes, bytes]], dict[str, int], int | None]:
     """Read a closed store with the Rust data plane: (entries, offsets, status)."""
-    _contents = store_contents(path)
-    entries, offsets, status = _contents.entries, _contents.offsets, _contents.status
-    return [(bytes(k), bytes(v)) for k, v in entries], dict(offsets), status
+    contents = store_contents(path)
+    return contents.entries, contents.offsets, contents.status
 
 
 def test_encoding_is_8_byte_big_endian_signed() -> None:

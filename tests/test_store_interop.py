@@ -56,12 +56,10 @@ def test_rocksdict_written_store_reads_from_rust(tmp_path: Path) -> None:
     del offsets
     db.close()
 
-    _contents = store_contents(path)
-
-    entries, offs, status = _contents.entries, _contents.offsets, _contents.status
-    assert entries == sorted((b"key-%02d" % i, b"\x00value\xff" * i) for i in range(50))
-    assert offs == {"app-s-changelog-0": 49}
-    assert status == 0
+    contents = store_contents(path)
+    assert contents.entries == sorted((b"key-%02d" % i, b"\x00value\xff" * i) for i in range(50))
+    assert contents.offsets == {"app-s-changelog-0": 49}
+    assert contents.status == 0
 
 
 def test_dump_of_missing_store_names_the_path(tmp_path: Path) -> None:

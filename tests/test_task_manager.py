@@ -42,10 +42,8 @@ def committed(root: Path, tp: object = TP) -> dict[bytes, bytes | None]:
 
 def on_disk(root: Path, task: TaskId = T) -> tuple[dict[bytes, bytes], dict[str, int]]:
 
-    _contents = store_contents(root / "state" / "app" / str(task) / "rocksdb" / STORE)
-
-    entries, offsets, _ = _contents.entries, _contents.offsets, _contents.status
-    return {bytes(k): bytes(v) for k, v in entries}, offsets
+    contents = store_contents(root / "state" / "app" / str(task) / "rocksdb" / STORE)
+    return contents.data, contents.offsets
 
 
 # -- processing API and commit -------------------------------------------------------------------

@@ -67,9 +67,8 @@ def check_store_on_disk(root: Path) -> None:
     store_dir = root / "state" / "app" / str(TASK) / "rocksdb" / STORE
     if not (store_dir / "CURRENT").exists():
         return
-    _contents = store_contents(store_dir)
-    entries, offsets, _status = _contents.entries, _contents.offsets, _contents.status
-    data = {bytes(k): bytes(v) for k, v in entries}
+    contents = store_contents(store_dir)
+    data, offsets = contents.data, contents.offsets
     offset = offsets.get(str(TP))
     if offset is None:
         assert not data, f"store holds {len(data)} keys but records no offset"
