@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,33 @@ def test_failed_changelog_commit_drops_the_staged_writes(root: Path, monkeypatch
     assert dict(view) == {b"a": b"1"}, "the transaction was aborted: its writes are gone"
     assert b"b" not in committed(root)
     close_all(tm)
+
+
+def test_a_commit_whose_abort_fails_too_still_drops_the_staged_writes(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kafka client can refuse the abort after a failed commit (a fatal client state): the staged writes
+    are dropped all the same, and the error raised is the commit's, with the abort's failure noted."""
+    tm = running(root, "exactly_once_v2")
+    view = tm.active_task(T).store(STORE)
+    view.put(b"a", b"1")
+    tm.commit()
+    view.put(b"b", b"2")
+
+    def fail(what: str) -> Callable[[], None]:
+        def raise_() -> None:
+            raise LogError(what)
+        return raise_
+
+    monkeypatch.setattr(tm.collector.producer, "commit", fail("commit refused"))
+    monkeypatch.setattr(tm.collector.producer, "abort", fail("abort refused"))
+    with pytest.raises(LogError, match="commit refused") as ei:
+        tm.commit()
+    assert any("abort refused" in note for note in ei.value.__notes__)
+    monkeypatch.undo()
+    assert dict(view) == {b"a": b"1"}, "the staged write was dropped"
+    assert b"b" not in committed(root)
+    close_all(tm, clean=False)
 
 
 def test_at_least_once_commit_flushes_the_changelog_then_applies(root: Path) -> None:

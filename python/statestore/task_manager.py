@@ -557,8 +557,15 @@ class TaskManager:
                 for t in running:
                     t.abort()
                 raise
-            except LogError:
-                self._collector.abort()
+            except LogError as e:
+                try:
+                    self._collector.abort()
+                except StateStoreError as abort_error:
+                    # The transaction cannot be aborted either (e.g. the client's state is fatal): the
+                    # next producer of the id, or the transaction timeout, aborts it. The tasks' staged
+                    # writes are dropped all the same, and the commit's own error is the one raised.
+                    log.warning("aborting the transaction after a failed commit failed too: %s", abort_error)
+                    e.add_note(f"aborting the transaction failed too: {abort_error}")
                 for t in running:
                     t.abort()
                 raise
