@@ -104,6 +104,7 @@ impl Producer {
         self.txn.as_ref().is_some_and(|t| t.in_txn)
     }
 
+    /// `Fenced`, about the transaction state file that records the newer epoch.
     fn fenced_error(t: &TxnProducer, by: i16) -> LogError {
         LogError::new(
             LogErrorKind::Fenced,
@@ -113,6 +114,7 @@ impl Producer {
                 t.id, t.producer_id, t.epoch
             ),
         )
+        .with_path(&t.state_path)
     }
 
     /// Raise `Fenced` if a newer producer of this id exists in this process
@@ -182,7 +184,7 @@ impl Producer {
 
     fn state_error(&self, what: &str) -> LogError {
         let id = self.txn.as_ref().map_or("<none>".to_string(), |t| format!("{:?}", t.id));
-        LogError::new(LogErrorKind::TxnState, format!("{what} (transactional id {id})"))
+        LogError::new(LogErrorKind::TxnState, format!("{what} (transactional id {id})")).with_path(&self.log.dir)
     }
 
     /// Buffer one record for `topic`/`partition`; returns its offset.
