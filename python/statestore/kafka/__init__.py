@@ -146,8 +146,8 @@ class KafkaChangelog:
         """``(start, end, last_stable)`` of ``tp``: earliest, latest, and latest under read_committed."""
         t = coerce_tp(tp)
         if self._native is not None:
-            s, e, lso = self._native.offsets(t.topic, t.partition)
-            return int(s), int(e), int(lso)
+            b = self._native.offsets(t.topic, t.partition)
+            return b.start, b.end, b.last_stable
         start, end = self._watermarks(t, "read_uncommitted")
         _, lso = self._watermarks(t, "read_committed")
         return start, end, min(max(lso, start), end)

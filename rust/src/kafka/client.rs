@@ -32,14 +32,6 @@ const POOL_PER_BROKER: usize = 8;
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// `(start, end, last_stable)` of a partition as the broker reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Offsets {
-    pub start: i64,
-    pub end: i64,
-    pub last_stable: i64,
-}
-
 #[derive(Default)]
 struct State {
     /// node id -> `host:port`
@@ -245,13 +237,13 @@ impl KafkaClient {
 
     /// `(start, end, last_stable)` of `topic-partition`: earliest, latest, and
     /// latest under read_committed (the last stable offset).
-    pub fn offsets(&self, topic: &str, partition: i32) -> Result<Offsets, KafkaError> {
+    pub fn offsets(&self, topic: &str, partition: i32) -> Result<Bounds, KafkaError> {
         let deadline = Instant::now() + self.config.request_timeout;
         self.with_leader(topic, partition, deadline, |c| {
             let start = self.list_offset(c, topic, partition, -2, 0)?;
             let end = self.list_offset(c, topic, partition, -1, 0)?;
             let lso = self.list_offset(c, topic, partition, -1, 1)?;
-            Ok(Offsets { start, end, last_stable: lso.max(start).min(end) })
+            Ok(Bounds { start, end, last_stable: lso.max(start).min(end) })
         })
         .map_err(|e| {
             e.context(&format!(
@@ -269,8 +261,7 @@ pub struct KafkaLog(pub Arc<KafkaClient>);
 
 impl Changelog for KafkaLog {
     fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
-        let o = self.0.offsets(topic, partition)?;
-        Ok(Bounds { start: o.start, end: o.end, last_stable: o.last_stable })
+        Ok(self.0.offsets(topic, partition)?)
     }
 
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {

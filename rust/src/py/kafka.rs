@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::errors::ErrorClass;
-use super::log::{push_record, records_to_py};
+use super::log::{push_record, records_to_py, PartitionBounds};
 use crate::kafka::fetch::FetchCursor;
 use crate::kafka::{ClientConfig, ConfigError, KafkaClient, KafkaError};
 use crate::source::RecordChunk;
@@ -78,11 +78,11 @@ impl PyKafkaClient {
         self.client.servers()
     }
 
-    /// `(start, end, last_stable)` of a partition (ListOffsets earliest,
-    /// latest, latest under read_committed).
-    fn offsets(&self, py: Python<'_>, topic: &str, partition: i32) -> PyResult<(i64, i64, i64)> {
-        let o = py.detach(|| self.client.offsets(topic, partition)).map_err(kafka_err)?;
-        Ok((o.start, o.end, o.last_stable))
+    /// Start, end and last stable offset of a partition (ListOffsets
+    /// earliest, latest, latest under read_committed).
+    fn offsets(&self, py: Python<'_>, topic: &str, partition: i32) -> PyResult<PartitionBounds> {
+        let b = py.detach(|| self.client.offsets(topic, partition)).map_err(kafka_err)?;
+        Ok(b.into())
     }
 
     /// A read_committed reader of `topic-partition` from `start`.

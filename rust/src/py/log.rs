@@ -298,8 +298,13 @@ pub struct PartitionBounds {
 
 #[pyfunction]
 fn log_offsets(py: Python<'_>, log_dir: PathBuf, topic: &str, partition: i32) -> PyResult<PartitionBounds> {
-    let b = py.detach(|| crate::log::partition_offsets(&log_dir, topic, partition))?;
-    Ok(PartitionBounds { start: b.start, end: b.end, last_stable: b.last_stable })
+    Ok(py.detach(|| crate::log::partition_offsets(&log_dir, topic, partition))?.into())
+}
+
+impl From<crate::source::Bounds> for PartitionBounds {
+    fn from(b: crate::source::Bounds) -> Self {
+        PartitionBounds { start: b.start, end: b.end, last_stable: b.last_stable }
+    }
 }
 
 /// What a read_committed pass over a range of a partition found.
