@@ -35,49 +35,18 @@ fn certs(path: &str, broker: &str) -> Result<Vec<CertificateDer<'static>>, Kafka
     Ok(certs)
 }
 
-/// Accepts any certificate (`enable.ssl.certificate.verification=false`), but
-/// still checks the handshake's signatures.
+/// The relaxed certificate checks librdkafka's properties can ask for: with
+/// `chain` (`ssl.endpoint.identification.algorithm=none`) a certificate signed
+/// by the CAs is accepted whatever name it carries; without it
+/// (`enable.ssl.certificate.verification=false`) any certificate is. Either
+/// way the handshake's signatures are still checked.
 #[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Relaxed {
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    chain: Option<Arc<rustls::client::WebPkiServerVerifier>>,
 }
 
-/// Accepts a certificate signed by the CAs whatever name it carries
-/// (`ssl.endpoint.identification.algorithm=none`).
-#[derive(Debug)]
-struct NoHostname(Arc<rustls::client::WebPkiServerVerifier>);
-
-impl ServerCertVerifier for NoHostname {
+impl ServerCertVerifier for Relaxed {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -86,7 +55,8 @@ impl ServerCertVerifier for NoHostname {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.0.verify_server_cert(end_entity, intermediates, name, ocsp, now) {
+        let Some(chain) = &self.chain else { return Ok(ServerCertVerified::assertion()) };
+        match chain.verify_server_cert(end_entity, intermediates, name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
             | Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForNameContext { .. })) => {
                 Ok(ServerCertVerified::assertion())
@@ -100,7 +70,7 @@ impl ServerCertVerifier for NoHostname {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(m, c, d)
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.provider.signature_verification_algorithms)
     }
     fn verify_tls13_signature(
         &self,
@@ -108,10 +78,10 @@ impl ServerCertVerifier for NoHostname {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(m, c, d)
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.provider.signature_verification_algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -123,7 +93,9 @@ pub fn client_config(tls: &Tls, broker: &str) -> Result<Arc<ClientConfig>, Kafka
         .with_safe_default_protocol_versions()
         .map_err(|e| config_err(broker, e.to_string()))?;
     let builder = if !tls.verify_certificate {
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerify(provider.clone())))
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Relaxed { provider: provider.clone(), chain: None }))
     } else {
         let mut roots = RootCertStore::empty();
         let bundle = match &tls.ca_location {
@@ -144,7 +116,9 @@ pub fn client_config(tls: &Tls, broker: &str) -> Result<Arc<ClientConfig>, Kafka
             let v = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                 .build()
                 .map_err(|e| config_err(broker, e.to_string()))?;
-            builder.dangerous().with_custom_certificate_verifier(Arc::new(NoHostname(v)))
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Relaxed { provider: provider.clone(), chain: Some(v) }))
         }
     };
     let config = match (&tls.certificate_location, &tls.key_location) {
