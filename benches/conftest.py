@@ -7,6 +7,10 @@ the same benchmarks quickly; ratios at small scale are indicative only.
 from __future__ import annotations
 
 import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
 
 
 def bench_scale() -> float:
@@ -17,3 +21,19 @@ def bench_scale() -> float:
 def scaled(n: int, minimum: int = 1000) -> int:
     """``n`` scaled by :func:`bench_scale`, never below ``minimum``."""
     return max(minimum, int(n * bench_scale()))
+
+
+def run_times(fn: Callable[[], Any], reset: Callable[[], None], rounds: int) -> list[float]:
+    """Wall seconds of ``rounds`` calls of ``fn``, each after ``reset`` (which is not timed)."""
+    times = []
+    for _ in range(rounds):
+        reset()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median_time(fn: Callable[[], Any], reset: Callable[[], None], rounds: int) -> float:
+    """The median of :func:`run_times`: one slow round (a page-cache miss, a GC) does not move it."""
+    return statistics.median(run_times(fn, reset, rounds))

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from conftest import scaled
+from conftest import median_time, scaled
 from statestore import SegmentLog, TopicPartition
 from statestore.restore import restore_store
 from support.kafka_broker import BrokerUnavailable, start_broker
@@ -69,16 +69,6 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Segmen
     yield changelog, seg, tp
     changelog.close()
     broker.stop()
-
-
-def best_of(fn: Any, reset: Any) -> float:
-    times = []
-    for _ in range(ROUNDS):
-        reset()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def consume_only(changelog: Any, tp: TopicPartition, end: int) -> int:
@@ -130,17 +120,18 @@ def test_kafka_restore_vs_segment_log(benchmark: Any, data: tuple[Any, SegmentLo
 
     figures: dict[str, float] = {}
     for mode in ("replay", "bulk"):
-        figures[f"segment_{mode}_s"] = best_of(lambda m=mode: restore_store(store, seg, tp, mode=m), reset)
-        figures[f"kafka_{mode}_s"] = best_of(lambda m=mode: restore_store(store, changelog, tp, mode=m), reset)
+        for name, source in (("segment", seg), ("kafka", changelog)):
+            figures[f"{name}_{mode}_s"] = median_time(
+                lambda m=mode, c=source: restore_store(store, c, tp, mode=m), reset, ROUNDS)
     expected = tmp_path / "expected"
     restore_store(expected, seg, tp, mode="replay")
     reset()
     restore_store(store, changelog, tp, mode="replay")
     assert store_difference(expected, store) is None
-    figures["consume_only_s"] = best_of(lambda: consume_only(changelog, tp, end), lambda: None)
+    figures["consume_only_s"] = median_time(lambda: consume_only(changelog, tp, end), lambda: None, ROUNDS)
     py = tmp_path / "py"
-    figures["python_restore_s"] = best_of(lambda: restore_in_python(changelog, tp, py),
-                                          lambda: shutil.rmtree(py, ignore_errors=True))
+    figures["python_restore_s"] = median_time(lambda: restore_in_python(changelog, tp, py),
+                                               lambda: shutil.rmtree(py, ignore_errors=True), ROUNDS)
     rate = {k.replace("_s", "_records_per_s"): N / v for k, v in figures.items()}
     benchmark.pedantic(lambda: restore_store(store, changelog, tp, mode="replay"), setup=reset, rounds=1, iterations=1)
     benchmark.extra_info.update({

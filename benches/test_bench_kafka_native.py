@@ -21,13 +21,13 @@ from __future__ import annotations
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
-from conftest import scaled
+from conftest import median_time, scaled
 from statestore import SegmentLog, TopicPartition
 from statestore.restore import RestoreSpec, restore_many, restore_store
 from support.kafka_broker import BrokerUnavailable, start_broker
@@ -91,20 +91,6 @@ def loopback_tx_bytes() -> int:
     return 0
 
 
-def median_time(fn: Callable[[], Any], reset: Callable[[], None]) -> float:
-    times = []
-    for _ in range(ROUNDS):
-        reset()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
-def _same(a: Path, b: Path) -> None:
-    assert store_difference(a, b) is None, store_difference(a, b)
-
-
 def _served(native: Any, tp: TopicPartition, store: Path) -> dict[str, float]:
     shutil.rmtree(store, ignore_errors=True)
     b0 = loopback_tx_bytes()
@@ -115,71 +101,65 @@ def _served(native: Any, tp: TopicPartition, store: Path) -> dict[str, float]:
     return {"broker_served_mb_per_s": served / dt / 1e6, "log_mb": r.bytes_read / 1e6}
 
 
-def test_native_kafka_replay_vs_segment_log_replay(benchmark: Any, data: Data, tmp_path: Path) -> None:
-    native, _fallback, seg, tps = data
-    tp = tps[0]
-    store = tmp_path / "s"
+class Side(NamedTuple):
+    """One side of a comparison: a short name for its figures, what it is, and the restore it times."""
+
+    name: str
+    description: str
+    changelog: Any
+    mode: str
+
+
+def side_by_side(benchmark: Any, data: Data, tp: TopicPartition, store: Path, baseline: Side, candidate: Side,
+                 goal: float, reference: Any = None) -> None:
+    """Time the baseline's and the candidate's restore of ``tp`` into ``store`` (median of ROUNDS each) and
+    record the ratio baseline / candidate, with the bytes the broker served during a native replay. With a
+    ``reference`` changelog the candidate's store must equal a replay of it."""
 
     def reset() -> None:
         shutil.rmtree(store, ignore_errors=True)
 
-    seg_s = median_time(lambda: restore_store(store, seg, tp, mode="replay"), reset)
-    nat_s = median_time(lambda: restore_store(store, native, tp, mode="replay"), reset)
-    restore_store(tmp_path / "ref", seg, tp, mode="replay")
-    _same(tmp_path / "ref", store)
-    ctx = _served(native, tp, store)
-    benchmark.pedantic(lambda: restore_store(store, native, tp, mode="replay"), setup=reset, rounds=1, iterations=1)
+    def restore(side: Side) -> Any:
+        return restore_store(store, side.changelog, tp, mode=side.mode)
+
+    base_s = median_time(lambda: restore(baseline), reset, ROUNDS)
+    cand_s = median_time(lambda: restore(candidate), reset, ROUNDS)
+    if reference is not None:
+        ref = store.parent / "ref"
+        restore_store(ref, reference, tp, mode="replay")
+        assert store_difference(ref, store) is None, store_difference(ref, store)
+    ctx = _served(data[0], tp, store)
+    benchmark.pedantic(lambda: restore(candidate), setup=reset, rounds=1, iterations=1)
     benchmark.extra_info.update({
-        "baseline": "segment-log replay restore, same records",
-        "candidate": "native Kafka replay restore (Apache Kafka 4.4 on loopback)",
-        "ratio": seg_s / nat_s, "goal": 0.7, "records": N,
-        "segment_records_per_s": N / seg_s, "native_records_per_s": N / nat_s, **ctx,
+        "baseline": baseline.description, "candidate": candidate.description, "ratio": base_s / cand_s,
+        "goal": goal, "records": N, f"{baseline.name}_records_per_s": N / base_s,
+        f"{candidate.name}_records_per_s": N / cand_s, **ctx,
     })
-    print(f"\nsegment {N / seg_s:,.0f} rec/s, native {N / nat_s:,.0f} rec/s, ratio {seg_s / nat_s:.2f}; {ctx}")
+    print(f"\n{baseline.name} {N / base_s:,.0f} rec/s, {candidate.name} {N / cand_s:,.0f} rec/s, "
+          f"ratio {base_s / cand_s:.2f}; {ctx}")
+
+
+def test_native_kafka_replay_vs_segment_log_replay(benchmark: Any, data: Data, tmp_path: Path) -> None:
+    native, _fallback, seg, tps = data
+    side_by_side(benchmark, data, tps[0], tmp_path / "s", reference=seg, goal=0.7,
+                 baseline=Side("segment", "segment-log replay restore, same records", seg, "replay"),
+                 candidate=Side("native", "native Kafka replay restore (Apache Kafka 4.4 on loopback)", native,
+                                "replay"))
 
 
 def test_native_kafka_vs_the_confluent_kafka_path(benchmark: Any, data: Data, tmp_path: Path) -> None:
     native, fallback, _seg, tps = data
-    tp = tps[1]
-    store = tmp_path / "s"
-
-    def reset() -> None:
-        shutil.rmtree(store, ignore_errors=True)
-
-    ck_s = median_time(lambda: restore_store(store, fallback, tp, mode="replay"), reset)
-    nat_s = median_time(lambda: restore_store(store, native, tp, mode="replay"), reset)
-    ctx = _served(native, tp, store)
-    benchmark.pedantic(lambda: restore_store(store, native, tp, mode="replay"), setup=reset, rounds=1, iterations=1)
-    benchmark.extra_info.update({
-        "baseline": "Kafka replay restore through confluent-kafka (the fallback path), same broker",
-        "candidate": "native Kafka replay restore",
-        "ratio": ck_s / nat_s, "goal": 4.0, "records": N,
-        "confluent_records_per_s": N / ck_s, "native_records_per_s": N / nat_s, **ctx,
-    })
-    print(f"\nconfluent {N / ck_s:,.0f} rec/s, native {N / nat_s:,.0f} rec/s, ratio {ck_s / nat_s:.2f}")
+    side_by_side(benchmark, data, tps[1], tmp_path / "s", goal=4.0,
+                 baseline=Side("confluent", "Kafka replay restore through confluent-kafka (the fallback path), "
+                               "same broker", fallback, "replay"),
+                 candidate=Side("native", "native Kafka replay restore", native, "replay"))
 
 
 def test_native_kafka_bulk_vs_native_replay(benchmark: Any, data: Data, tmp_path: Path) -> None:
     native, _fallback, _seg, tps = data
-    tp = tps[2]
-    store = tmp_path / "s"
-
-    def reset() -> None:
-        shutil.rmtree(store, ignore_errors=True)
-
-    rep_s = median_time(lambda: restore_store(store, native, tp, mode="replay"), reset)
-    bulk_s = median_time(lambda: restore_store(store, native, tp, mode="bulk"), reset)
-    restore_store(tmp_path / "ref", native, tp, mode="replay")
-    _same(tmp_path / "ref", store)
-    ctx = _served(native, tp, store)
-    benchmark.pedantic(lambda: restore_store(store, native, tp, mode="bulk"), setup=reset, rounds=1, iterations=1)
-    benchmark.extra_info.update({
-        "baseline": "native Kafka replay restore",
-        "candidate": "native Kafka bulk restore (about 10 updates a key)",
-        "ratio": rep_s / bulk_s, "goal": 2.0, "records": N,
-        "replay_records_per_s": N / rep_s, "bulk_records_per_s": N / bulk_s, **ctx,
-    })
-    print(f"\nreplay {N / rep_s:,.0f} rec/s, bulk {N / bulk_s:,.0f} rec/s, ratio {rep_s / bulk_s:.2f}")
+    side_by_side(benchmark, data, tps[2], tmp_path / "s", reference=native, goal=2.0,
+                 baseline=Side("replay", "native Kafka replay restore", native, "replay"),
+                 candidate=Side("bulk", "native Kafka bulk restore (about 10 updates a key)", native, "bulk"))
 
 
 def test_native_kafka_restore_many_two_threads_vs_one(benchmark: Any, data: Data, tmp_path: Path) -> None:
@@ -194,8 +174,8 @@ def test_native_kafka_restore_many_two_threads_vs_one(benchmark: Any, data: Data
                           threads=threads)
         assert all(r.ok for r in rs), [r.error for r in rs]
 
-    one_s = median_time(lambda: run(1), reset)
-    two_s = median_time(lambda: run(2), reset)
+    one_s = median_time(lambda: run(1), reset, ROUNDS)
+    two_s = median_time(lambda: run(2), reset, ROUNDS)
     reset()
     b0 = loopback_tx_bytes()
     t0 = time.perf_counter()

@@ -33,13 +33,13 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import scaled
+from conftest import run_times, scaled
 from statestore import TopicPartition, changelog_topic
 from statestore.log import SegmentLog
 from statestore.restore import RestoreSpec, restore_many
@@ -124,16 +124,6 @@ def task_seconds(rows: list[Any]) -> float:
     return round(sum(r.seconds for r in rows), 3)
 
 
-def mean_of(fn: Callable[[], Any], reset: Callable[[], None], rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        reset()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sum(times) / len(times)
-
-
 def record(benchmark: Any, baseline: str, candidate: str, base_s: float, cand_s: float, goal: float,
            **extra: Any) -> None:
     ratio = base_s / cand_s
@@ -214,7 +204,7 @@ def test_b_spark_vs_restore_many(benchmark: Any, log_dir: Path, tmp_path: Path, 
     base_s: list[float] = []
 
     def setup() -> None:  # rounds alternate: in-process baseline, then the timed Spark job
-        base_s.append(mean_of(in_process, lambda: fresh(local), 1))
+        base_s.append(statistics.mean(run_times(in_process, lambda: fresh(local), 1)))
         fresh(state)
 
     benchmark.pedantic(lambda: spark_restore(spark2, log_dir, state), setup=setup, rounds=ROUNDS, iterations=1)
@@ -223,7 +213,8 @@ def test_b_spark_vs_restore_many(benchmark: Any, log_dir: Path, tmp_path: Path, 
 
     # Fixed costs: jobs whose tasks find their stores up to date (state restored by the last round).
     def noop(parts: list[int]) -> float:
-        return mean_of(lambda: spark_restore(spark2, log_dir, state, parts), lambda: None, NOOP_ROUNDS)
+        runs = run_times(lambda: spark_restore(spark2, log_dir, state, parts), lambda: None, NOOP_ROUNDS)
+        return statistics.mean(runs)
 
     job1 = noop([0])
     job8 = noop(list(range(PARTITIONS)))

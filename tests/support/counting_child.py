@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,42 @@ def count_one(view: Any, pos: int) -> int:
     view.put(key, b"%d" % (int(view.get(key) or b"0") + 1))
     view.put(POS_KEY, b"%d" % (pos + 1))
     return pos + 1
+
+
+def count_after_verifying(
+    tm: Any,
+    task: Any,
+    rng: random.Random,
+    killer: Any,
+    commit_every: int,
+    *,
+    verify: Callable[[dict[bytes, bytes]], str | None],
+    what: str,
+    after_commit: Callable[[Any, int], Any],
+) -> None:
+    """The child's life after a (re)start: check the restored store with ``verify`` (exit 3 with the problem
+    when it finds one), print ``verified N``, then count input records for ever, with kill points, committing
+    every ``commit_every`` records; ``after_commit(tm, pos)`` sees the position committed, may recycle or
+    reopen the manager, and returns it."""
+    view = tm.active_task(task).store(STORE)
+    store = dict(view)
+    problem = verify(store)
+    if problem is not None:
+        sys.stderr.write(f"after restart and restore {what}: {problem}\n")
+        sys.exit(3)
+    print(f"verified {len(store)}", flush=True)
+    pos = int(view.get(POS_KEY) or b"0")
+    since_commit = 0
+    while True:
+        pos = count_one(view, pos)
+        since_commit += 1
+        if rng.random() < 0.05:
+            killer.point()
+        if since_commit >= commit_every:
+            tm.commit()
+            since_commit = 0
+            tm = after_commit(tm, pos)
+            view = tm.active_task(task).store(STORE)
 
 
 def model_from_log(log_dir: Path) -> dict[bytes, bytes]:
@@ -151,36 +188,24 @@ def main(argv: list[str]) -> None:
         )
         return start_with_kill_points(tm, task, killer)
 
-    tm = open_manager()
-    view = tm.active_task(task).store(STORE)
-    store = dict(view)
-    problem = check(store, model_from_log(root / "log"), eos=eos)
-    if problem is not None:
-        sys.stderr.write(f"after restart and restore under {guarantee}/{offsets}: {problem}\n")
-        sys.exit(3)
-    print(f"verified {len(store)}", flush=True)
-
-    pos = int(view.get(POS_KEY) or b"0")
-    since_commit = 0
-    while True:
-        pos = count_one(view, pos)
-        since_commit += 1
-        if rng.random() < 0.05:
+    def recycle(tm: Any, _pos: int) -> Any:
+        roll = rng.random()
+        if roll < 0.03:
+            tm.assign([], [task])  # recycle to standby ...
             killer.point()
-        if since_commit >= commit_every:
-            tm.commit()
-            since_commit = 0
-            roll = rng.random()
-            if roll < 0.03:
-                tm.assign([], [task])  # recycle to standby ...
-                killer.point()
-                tm.poll()
-                tm.assign([task], [])  # ... and back
-                tm.restore()
-                killer.point()
-            elif roll < 0.06:
-                tm = reopen(tm, open_manager, killer)
-            view = tm.active_task(task).store(STORE)
+            tm.poll()
+            tm.assign([task], [])  # ... and back
+            tm.restore()
+            killer.point()
+        elif roll < 0.06:
+            tm = reopen(tm, open_manager, killer)
+        return tm
+
+    count_after_verifying(
+        open_manager(), task, rng, killer, commit_every,
+        verify=lambda store: check(store, model_from_log(root / "log"), eos=eos),
+        what=f"under {guarantee}/{offsets}", after_commit=recycle,
+    )
 
 
 if __name__ == "__main__":

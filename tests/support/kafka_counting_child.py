@@ -34,7 +34,7 @@ from support.counting_child import (
     POS_KEY,
     STORE,
     TASK_PARTITION,
-    count_one,
+    count_after_verifying,
     input_key,
     reopen,
     start_with_kill_points,
@@ -120,31 +120,18 @@ def main(argv: list[str]) -> None:
         )
         return start_with_kill_points(tm, task, killer)
 
-    tm = open_manager()
-    view = tm.active_task(task).store(STORE)
-    store = dict(view)
-    problem = check(store, model_from_broker(changelog, topic), last_committed(root))
-    if problem is not None:
-        sys.stderr.write(f"after restart and restore from Kafka: {problem}\n")
-        sys.exit(3)
-    print(f"verified {len(store)}", flush=True)
-
     ledger = os.open(root / "committed", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    pos = int(view.get(POS_KEY) or b"0")
-    since_commit = 0
-    while True:
-        pos = count_one(view, pos)
-        since_commit += 1
-        if rng.random() < 0.05:
-            killer.point()
-        if since_commit >= commit_every:
-            tm.commit()
-            os.write(ledger, b"%d\n" % pos)
-            os.fsync(ledger)
-            since_commit = 0
-            if rng.random() < 0.03:
-                tm = reopen(tm, open_manager, killer)
-            view = tm.active_task(task).store(STORE)
+
+    def record_and_reopen(tm: Any, pos: int) -> Any:
+        os.write(ledger, b"%d\n" % pos)
+        os.fsync(ledger)
+        return reopen(tm, open_manager, killer) if rng.random() < 0.03 else tm
+
+    count_after_verifying(
+        open_manager(), task, rng, killer, commit_every,
+        verify=lambda store: check(store, model_from_broker(changelog, topic), last_committed(root)),
+        what="from Kafka", after_commit=record_and_reopen,
+    )
 
 
 if __name__ == "__main__":
