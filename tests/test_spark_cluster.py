@@ -3,7 +3,8 @@
 The cluster (``scripts/spark-cluster.sh``: a master and two 1-core workers on
 127.0.0.1) runs jobs submitted with ``spark-submit`` -- the driver is a
 process of its own, as in production -- whose executors run this
-interpreter. Checked: the restored application equals an in-process
+interpreter. Checked: the restored application -- from a segment log, and from
+a Kafka 4.4 broker with aborted transactions -- equals an in-process
 ``restore_many`` store by store, offsets included; SIGKILLing an executor JVM
 or a Python worker in the middle of a task is retried by Spark and leaves
 exact stores and no staging leftovers; two jobs over the same state directory
@@ -16,12 +17,15 @@ the executors cannot see, a host whose Python cannot import statestore.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,25 +62,28 @@ def app_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return log
 
 
-def expected_stores(log: Path, root: Path) -> dict[str, Path]:
+def expected_stores(source: Any, root: Path, app: str) -> dict[str, Path]:
+    """Every store of ``app`` restored in this process from ``source`` (a log directory or a changelog)."""
     root.mkdir(parents=True, exist_ok=True)
     specs, names = [], {}
     for store, parts in STORES.items():
         for p in range(parts):
             path = root / f"{store}-{p}"
-            specs.append(RestoreSpec(path, log, TopicPartition(f"{APP}-{store}-changelog", p)))
+            specs.append(RestoreSpec(path, source, TopicPartition(f"{app}-{store}-changelog", p)))
             names[f"0_{p}/{store}"] = path
-    assert all(r.ok for r in restore_many(specs, threads=2))
+    results = restore_many(specs, threads=2)
+    assert all(r.ok for r in results), [r.error for r in results]
     return names
 
 
-def assert_same_as_in_process(log: Path, state: Path, tmp_path: Path) -> None:
-    for key, expected in expected_stores(log, tmp_path / "expected").items():
+def assert_same_as_in_process(source: Any, state: Path, tmp_path: Path, app: str = APP) -> None:
+    for key, expected in expected_stores(source, tmp_path / "expected", app).items():
         task, store = key.split("/")
-        got = state / APP / task / "rocksdb" / store
+        got = state / app / task / "rocksdb" / store
         a, b = store_contents(got), store_contents(expected)
         assert (a.data, a.offsets) == (b.data, b.offsets), f"{key} differs"
-        assert not list((state / APP / task).glob(f"{STAGING_DIR_NAME}/*/*")), f"{key}: staging leftovers"
+        assert a.data, f"{key}: an empty store proves nothing"
+        assert not list((state / app / task).glob(f"{STAGING_DIR_NAME}/*/*")), f"{key}: staging leftovers"
 
 
 def test_a_submitted_job_restores_the_application_exactly(spark_cluster: tuple[str, Path], app_log: Path,
@@ -94,6 +101,64 @@ def test_a_submitted_job_restores_the_application_exactly(spark_cluster: tuple[s
                                         "--app-id", APP), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("records=0 ") == sum(STORES.values())
+
+
+def write_kafka_changelogs(changelog: Any, app: str, seed: int) -> tuple[dict[str, int], int]:
+    """Every store's changelog on the broker: transactions over all 8 partitions, every fourth aborted
+    after its records were delivered. Returns the committed records per ``"<task> <store>"`` and how many
+    records the aborted transactions wrote."""
+    rng = random.Random(seed)
+    committed: dict[str, int] = {}
+    aborted = 0
+    for store, parts in STORES.items():
+        topic = f"{app}-{store}-changelog"
+        producer = changelog.producer(f"{topic}-writer")
+        for t in range(24):
+            producer.begin()
+            records = [(rng.randrange(parts), b"k%05d" % rng.randrange(2000),
+                        None if rng.random() < 0.05 else rng.randbytes(rng.randrange(10, 200)))
+                       for _ in range(rng.randrange(200, 800))]
+            for p, k, v in records:
+                producer.send(topic, p, k, v)
+            if t % 4 == 3:
+                producer.flush()  # delivered, then aborted: in the log, never in a store
+                producer.abort()
+                aborted += len(records)
+            else:
+                producer.commit()
+                for p, _, _ in records:
+                    committed[f"0_{p} {store}"] = committed.get(f"0_{p} {store}", 0) + 1
+        producer.close()
+    return committed, aborted
+
+
+@pytest.mark.kafka
+def test_a_submitted_job_restores_the_application_from_kafka_exactly(
+    spark_cluster: tuple[str, Path], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The same job with ``--kafka``: each executor fetches its partitions from the broker natively,
+    applies exactly the committed records and skips the aborted ones."""
+    from statestore.kafka import KafkaChangelog, ensure_changelog_topics
+
+    master, _ = spark_cluster
+    app = f"cluster-kafka-{uuid.uuid4().hex[:6]}"
+    changelog = KafkaChangelog(kafka_bootstrap, request_timeout=30.0)
+    try:
+        ensure_changelog_topics(changelog, app, list(STORES), 8)
+        committed, aborted = write_kafka_changelogs(changelog, app, seed=3)
+        assert aborted > 0 and len(committed) == sum(STORES.values())
+        state = tmp_path / "state"
+        state.mkdir()
+        out = subprocess.run(spark_submit(master, "--kafka", kafka_bootstrap, "--state-dir", str(state),
+                                          "--app-id", app), capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert f"{sum(STORES.values())} ok, 0 failed" in out.stdout, out.stdout
+        applied = {" ".join(line.split()[:2]): int(line.split()[3].removeprefix("records="))
+                   for line in out.stdout.splitlines() if line.startswith("0_")}
+        assert applied == committed
+        assert_same_as_in_process(changelog, state, tmp_path, app)
+    finally:
+        changelog.close()
 
 
 def processes(pattern: str, under: Path) -> list[int]:
