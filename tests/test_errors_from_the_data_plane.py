@@ -114,11 +114,11 @@ def test_producer_fenced_and_transaction_state_errors(tmp_path: Path) -> None:
         old.send(TP.topic, TP.partition, b"k", b"v")
     # the file that records the newer epoch, inside the log directory
     assert fenced.value.path is not None and Path(fenced.value.path).parent == tmp_path / "log"
-    assert Path(fenced.value.path).is_file() and "'app-1'" in str(fenced.value)
+    assert Path(fenced.value.path).is_file() and '"app-1"' in str(fenced.value)
     fresh = log.producer("app-2")
     with pytest.raises(TransactionStateError) as state:
         fresh.commit()  # commit without begin
-    assert state.value.path == str(tmp_path / "log") and "'app-2'" in str(state.value)
+    assert state.value.path == str(tmp_path / "log") and '"app-2"' in str(state.value)
 
 
 def test_store_error_names_the_store(tmp_path: Path) -> None:
