@@ -11,7 +11,8 @@ starts from an empty state directory and restores that same changelog.
   the first ``onRestoreStart`` to the last ``onRestoreEnd`` (store opening and
   the rebalance are outside the window, as Kafka Streams reports it).
 * **statestore**: ``restore_many`` over the same 4 changelog partitions
-  through the Kafka path the library uses (``KafkaChangelog``), replay and
+  through the Kafka path the library uses (``KafkaChangelog`` with its
+  native fetcher, ``rust/src/kafka``), replay and
   bulk, one thread and two; and ``restore_on_spark`` on ``local[2]``, which
   reads the broker's own partition directories (the segment log reads
   Kafka's log.dirs; executors see the same disk here), timed from the job's
@@ -26,8 +27,8 @@ the write-ahead log off on both sides (Kafka Streams restores with
 ``disableWAL``; statestore writes WAL-off batches and flushes), each side's
 default fetch settings (Kafka Streams' restore consumer: ``max.poll.records``
 1000, ``max.partition.fetch.bytes`` 1 MiB, ``fetch.max.bytes`` 50 MiB;
-statestore's confluent-kafka consumer: librdkafka's defaults,
-``fetch.wait.max.ms`` 50), the same store format (plain).
+statestore's native fetcher: ``max.partition.fetch.bytes`` 8 MiB, 100 ms fetch wait),
+the same store format (plain).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def test_statestore_vs_kafka_streams_restoration(benchmark: Any, setup: Setup, m
     ratio, ratio2 = ks1 / one_s, ks2 / two["s"]
     benchmark.extra_info.update({
         "baseline": "Kafka Streams 4.4.0 restoration (first onRestoreStart to last onRestoreEnd), 1 stream thread",
-        "candidate": f"statestore {mode} (restore_many, Kafka path), 1 thread",
+        "candidate": f"statestore {mode} (restore_many, native Kafka fetch), 1 thread",
         "ratio": ratio,
         "goal": goal,
         "ratio_2_threads": ratio2,
