@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from pyspark.sql import SparkSession
 
 from statestore.planning import changelog_stores, parse_partitions
 from statestore.spark import check_master, restore_on_spark
+from statestore.staging import kafka_changelog, kafka_conf
 
 
 def main() -> int:
@@ -44,20 +44,17 @@ def main() -> int:
     ap.add_argument("--partitions", default=None, help="e.g. 0-7 or 0,2,5-7 (default: every partition found)")
     args = ap.parse_args()
     kafka: dict[str, str] | None = None
-    source: Any = args.log_dir
     if args.kafka is not None:
-        from statestore.kafka import KafkaChangelog
+        from statestore.kafka.common import parse_properties
 
-        props: dict[str, str] = {}
-        for item in args.kafka_config:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                ap.error(f"--kafka-config: expected KEY=VALUE, got {item!r}")
-            props[key.strip()] = value.strip()
-        kafka = {"bootstrap.servers": args.kafka, **props}
-        source = KafkaChangelog(args.kafka, **props)
+        try:
+            kafka = {"bootstrap.servers": args.kafka, **parse_properties(args.kafka_config)}
+        except ValueError as e:
+            ap.error(f"--kafka-config: {e}")
     check_master()  # a master nobody answers: an error now, not after a minute of retries
     spark = SparkSession.builder.appName(f"statestore-restore-{args.app_id}").getOrCreate()
+    # the process's changelog for these properties, the one restore_on_spark plans with too
+    source = args.log_dir if kafka is None else kafka_changelog(kafka_conf(kafka))
     stores = args.store or changelog_stores(source, args.app_id)
     rows = restore_on_spark(spark, log_dir=args.log_dir, kafka=kafka, state_dir=args.state_dir,
                             application_id=args.app_id, stores=stores,

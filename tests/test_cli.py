@@ -175,3 +175,10 @@ def test_restore_in_process_shows_a_bar_per_store_and_a_table(app: tuple[Path, P
     for part in (0, 1):
         assert f"task 0_{part} {STORE}" in out.stdout  # its progress bar
     assert "2 ok, 0 failed" in out.stdout
+
+
+def test_a_kafka_property_without_a_value_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    out = run("restore", "--kafka", "127.0.0.1:1", "--kafka-config", "security.protocol",
+              "--state-dir", str(tmp_path / "state"), "--app-id", "app")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--kafka-config" in out.stderr and "expected KEY=VALUE, got 'security.protocol'" in out.stderr

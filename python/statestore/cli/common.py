@@ -78,12 +78,12 @@ def kafka_changelog(bootstrap: str, config: tuple[str, ...]) -> KafkaChangelog:
         from statestore.kafka import KafkaChangelog
     except ImportError as e:  # pragma: no cover - only without the extra
         raise click.UsageError(f"--kafka needs confluent-kafka: pip install 'statestore[kafka]' ({e})") from e
-    props: dict[str, Any] = {}
-    for item in config:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--kafka-config")
-        props[key.strip()] = value.strip()
+    from statestore.kafka.common import parse_properties
+
+    try:
+        props: dict[str, Any] = dict(parse_properties(config))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--kafka-config") from e
     try:
         return KafkaChangelog(bootstrap, **props)
     except ImportError as e:  # pragma: no cover - only without the extra

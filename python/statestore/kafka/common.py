@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _ck: Any
@@ -45,3 +45,14 @@ PYTHON_KEYS = frozenset({"error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_
 def client_properties(pairs: Mapping[str, Any]) -> dict[str, Any]:
     """librdkafka properties; ``security_protocol=...`` may be written for ``security.protocol``."""
     return {k if k in PYTHON_KEYS else k.replace("_", "."): v for k, v in pairs.items()}
+
+
+def parse_properties(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings (as command lines give them) as properties; ``ValueError`` names a bad one."""
+    props: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        props[key.strip()] = value.strip()
+    return props
