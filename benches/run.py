@@ -123,27 +123,8 @@ def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object
     return {"benchmarks": merged + list(by_name.values())}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--json", type=Path, default=ROOT / ".benchmarks" / "latest.json")
-    ap.add_argument("--no-markdown", action="store_true", help="only write the JSON")
-    ap.add_argument("--only", nargs="+", type=Path, default=None, metavar="MODULE",
-                    help="run only these benchmark modules and replace only their rows")
-    ap.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (e.g. -k decode)")
-    args = ap.parse_args()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    targets = [str(p) for p in args.only] if args.only else [str(ROOT / "benches")]
-    cmd = [
-        sys.executable, "-m", "pytest", *targets, "-q", "-s", "-p", "no:cacheprovider",
-        f"--benchmark-json={args.json}", *args.pytest_args,
-    ]
-    rc = subprocess.call(cmd, cwd=ROOT)
-    if rc != 0 or args.no_markdown:
-        return rc
-    scale = os.environ.get("STATESTORE_BENCH_SCALE", "1.0")
-    stamp = f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, scale {scale}"
-    results = merge(json.loads(args.json.read_text()), full=not args.only and not args.pytest_args, stamp=stamp)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+def render(results: dict[str, object], stamp: str) -> None:
+    """Write BENCHMARKS.md (and the chart) from ``results``, followed by ``benches/notes.md``."""
     doc = [
         "# Benchmarks",
         "",
@@ -165,6 +146,36 @@ def main() -> int:
     if notes.exists():
         doc += [line for line in notes.read_text().splitlines() if not line.startswith("<!--")]
     (ROOT / "BENCHMARKS.md").write_text("\n".join(doc))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", type=Path, default=ROOT / ".benchmarks" / "latest.json")
+    ap.add_argument("--no-markdown", action="store_true", help="only write the JSON")
+    ap.add_argument("--only", nargs="+", type=Path, default=None, metavar="MODULE",
+                    help="run only these benchmark modules and replace only their rows")
+    ap.add_argument("--render", action="store_true",
+                    help="run nothing: rewrite BENCHMARKS.md from benches/results.json and the notes")
+    ap.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (e.g. -k decode)")
+    args = ap.parse_args()
+    if args.render:
+        results = json.loads(RESULTS.read_text())
+        render(results, max(str(b.get("measured", "")) for b in results.get("benchmarks", [{}])))
+        return 0
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    targets = [str(p) for p in args.only] if args.only else [str(ROOT / "benches")]
+    cmd = [
+        sys.executable, "-m", "pytest", *targets, "-q", "-s", "-p", "no:cacheprovider",
+        f"--benchmark-json={args.json}", *args.pytest_args,
+    ]
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc != 0 or args.no_markdown:
+        return rc
+    scale = os.environ.get("STATESTORE_BENCH_SCALE", "1.0")
+    stamp = f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, scale {scale}"
+    results = merge(json.loads(args.json.read_text()), full=not args.only and not args.pytest_args, stamp=stamp)
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    render(results, stamp)
     print((ROOT / "BENCHMARKS.md").read_text())
     return 0
 

@@ -142,7 +142,7 @@ def test_statestore_vs_quix_streams_recovery(
     ratio = quix_s / one_s
     benchmark.extra_info.update({
         "baseline": f"Quix Streams {QUIX_VERSION} recovery (assignment to recovered)",
-        "candidate": f"statestore {mode} from the same changelog topics, 1 thread (Kafka path: confluent-kafka)",
+        "candidate": f"statestore {mode} from the same changelog topics, 1 thread (native Kafka fetch)",
         "ratio": ratio,
         "goal": goal,
         "records": n,
@@ -265,7 +265,7 @@ def test_statestore_vs_faust_recovery(
     ratio = faust_s / one["s"]
     benchmark.extra_info.update({
         "baseline": f"Faust {FAUST_VERSION} recovery (Restoring state... to Done reading)",
-        "candidate": f"statestore {mode} from the same changelog topic, 1 thread (Kafka path: confluent-kafka)",
+        "candidate": f"statestore {mode} from the same changelog topic, 1 thread (native Kafka fetch)",
         "ratio": ratio,
         "goal": goal,
         "records": one["n"],
