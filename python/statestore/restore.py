@@ -5,9 +5,11 @@ segment log or of a Kafka topic (:class:`~statestore.kafka.KafkaChangelog`); ``r
 pool of native threads. Two modes do the work:
 
 - **replay** applies the committed records in order, one large RocksDB
-  ``WriteBatch`` per chunk of log, write-ahead log off, the offset of the last
-  applied record written in the same batch; both column families are flushed
-  together, so the store on disk is always a committed prefix with its offset.
+  ``WriteBatch`` per chunk of log (64 MiB, less when ``memory_budget_bytes``
+  is small) holding only the last operation of each key in the chunk,
+  write-ahead log off, the offset of the last applied record written in the
+  same batch; both column families are flushed together, so the store on disk
+  is always a committed prefix with its offset.
 - **bulk** keeps only the last value per key (tombstones remove), sorts, writes
   SST files and ingests them at once, then records the offset. Memory stays
   within ``memory_budget_bytes`` by spilling sorted runs beside the store.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::read_ahead::ReadAhead;
 use super::{
     replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, Target, DEFAULT_CHUNK_BYTES,
-    DEFAULT_WRITE_BUFFER_BYTES,
+    DEFAULT_WRITE_BUFFER_BYTES, READ_BYTES,
 };
 use crate::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
 use crate::source::{Changelog, LogError, SkipCounts};
@@ -59,7 +59,7 @@ pub struct RestoreSpec {
     pub memory_budget: usize,
     /// Least time between two progress calls of the listener.
     pub progress_interval: Duration,
-    /// Bytes of log per chunk (one `WriteBatch` in replay).
+    /// Bytes of log per replay `WriteBatch` (see [`DEFAULT_CHUNK_BYTES`]).
     pub chunk_bytes: usize,
     /// Memtable size of the store while restoring.
     pub write_buffer_bytes: usize,
@@ -205,7 +205,7 @@ fn restore_one(
         let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
         if spec.read_ahead {
             // Decode ahead on a second thread while this one applies.
-            source = Box::new(ReadAhead::spawn(source, end, spec.chunk_bytes, 2));
+            source = Box::new(ReadAhead::spawn(source, end, spec.chunk_bytes.min(READ_BYTES), 2));
         }
         let target = Target { store: &store, tp: &tp, end };
         let applied: Applied = match mode {
@@ -217,7 +217,13 @@ fn restore_one(
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
-            _ => replay(target, source.as_mut(), spec.chunk_bytes, &mut progress)?,
+            // a replay batch holds about 2.5 times its log bytes: keep it within the budget
+            _ => replay(
+                target,
+                source.as_mut(),
+                spec.chunk_bytes.min((spec.memory_budget / 3).max(READ_BYTES)),
+                &mut progress,
+            )?,
         };
         if source.position() < end {
             return Err(bad(format!(

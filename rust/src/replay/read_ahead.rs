@@ -1,9 +1,11 @@
 //! Read-ahead: a [`ChangelogSource`] run on its own thread, so reading,
 //! CRC-checking and decoding the next chunks overlaps with applying the
 //! current one. The chunks cross the thread as owned buffers (one arena per
-//! chunk); at most `depth` of them wait, so memory stays bounded.
+//! chunk); at most `depth` of them wait, so memory stays bounded. Applied
+//! chunks go back to the reader to be filled again: a fresh buffer per chunk
+//! cost a page fault and the zeroing of every page it touched.
 
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
 use std::thread::JoinHandle;
 
 use crate::source::{ChangeRecord, ChangelogSource, LogError, RecordChunk, SkipCounts};
@@ -24,6 +26,8 @@ type Msg = Result<Chunk, (LogError, i64)>;
 /// `max_bytes` (callers pass the same ones anyway).
 pub struct ReadAhead {
     rx: Option<Receiver<Msg>>,
+    /// Applied chunks' buffers, back to the reader.
+    spent: Sender<RecordChunk>,
     thread: Option<JoinHandle<()>>,
     position: i64,
     skipped: SkipCounts,
@@ -35,16 +39,18 @@ impl ReadAhead {
     pub fn spawn(mut source: Box<dyn ChangelogSource>, end: i64, chunk_bytes: usize, depth: usize) -> Self {
         let position = source.position();
         let (tx, rx) = sync_channel::<Msg>(depth.max(1));
+        let (spent, reuse) = channel::<RecordChunk>();
         let thread = std::thread::Builder::new()
             .name("statestore-read-ahead".into())
             .spawn(move || loop {
-                let mut c = Chunk {
-                    records: RecordChunk::with_capacity(chunk_bytes + chunk_bytes / 4),
-                    more: false,
-                    position: 0,
-                    skipped: SkipCounts::default(),
-                    bytes_read: 0,
+                let records = match reuse.try_recv() {
+                    Ok(mut r) => {
+                        r.clear();
+                        r
+                    }
+                    Err(_) => RecordChunk::with_capacity(chunk_bytes + chunk_bytes / 4),
                 };
+                let mut c = Chunk { records, more: false, position: 0, skipped: SkipCounts::default(), bytes_read: 0 };
                 let r = source.next_chunk(end, chunk_bytes, &mut |r: ChangeRecord<'_>| c.records.push(r));
                 let msg = match r {
                     Ok(more) => {
@@ -64,6 +70,7 @@ impl ReadAhead {
             .expect("spawning the read-ahead thread");
         Self {
             rx: Some(rx),
+            spent,
             thread: Some(thread),
             position,
             skipped: SkipCounts::default(),
@@ -101,6 +108,7 @@ impl ChangelogSource for ReadAhead {
             }
         };
         c.records.iter().for_each(&mut *sink);
+        let _ = self.spent.send(c.records); // the reader may have stopped: then it is dropped
         self.position = c.position;
         self.skipped = c.skipped;
         self.bytes_read = c.bytes_read;
