@@ -168,7 +168,8 @@ def test_the_exporter_is_scraped_during_a_real_restore(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
     from statestore.metrics_prometheus import start_exporter
 
-    log = write_log(tmp_path / "log", 1, 200_000, value_bytes=100)  # ~25 MiB: several chunks
+    # ~25 MiB of log: with a 12 MiB memory budget a replay batch covers 4 MiB, so there are several
+    log = write_log(tmp_path / "log", 1, 200_000, value_bytes=100)
     m = RestoreMetrics(APP)
     port, _ = start_exporter(m)
     pause = PauseOnce()
@@ -176,7 +177,8 @@ def test_the_exporter_is_scraped_during_a_real_restore(tmp_path: Path) -> None:
 
     def run() -> None:
         out["result"] = restore_store(tmp_path / STORE, log, TopicPartition(TOPIC, 0), mode="replay",
-                                      listener=m.listener(TaskId(0, 0), also=pause), progress_interval=0.0)
+                                      listener=m.listener(TaskId(0, 0), also=pause), progress_interval=0.0,
+                                      memory_budget_bytes=12 << 20)
 
     t = threading.Thread(target=run)
     t.start()

@@ -256,12 +256,18 @@ def _big_plain_log(log_dir: Path, n: int, value_size: int = 1000) -> Model:
     return model
 
 
+# A replay batch covers at most a third of the memory budget (and at least a
+# 4 MiB read): with this budget the 20 MB logs below replay in several batches.
+SMALL_REPLAY_BATCHES = 12 << 20
+
+
 @pytest.mark.parametrize("mode", ["replay", "bulk"])
 def test_listener_is_called_with_kafkas_shape(tmp_path: Path, mode: str) -> None:
     _big_plain_log(tmp_path / "log", 20_000)
     rec = Recorder()
     res = restore_store(
-        tmp_path / "store", tmp_path / "log", TP, mode=mode, listener=rec, progress_interval=0
+        tmp_path / "store", tmp_path / "log", TP, mode=mode, listener=rec, progress_interval=0,
+        memory_budget_bytes=SMALL_REPLAY_BATCHES,
     )
     assert rec.calls[0] == ("start", TP, "store", 0, 20_000)
     assert rec.calls[-1] == ("end", TP, "store", 20_000)
@@ -282,7 +288,8 @@ def test_listener_exception_stops_the_restore_and_keeps_the_store_consistent(
     model = _big_plain_log(tmp_path / "log", 20_000)
     rec = Recorder(fail_on_batch=2)
     with pytest.raises(RestoreError, match="listener") as ei:
-        restore_store(tmp_path / "s", tmp_path / "log", TP, mode=mode, listener=rec, progress_interval=0)
+        restore_store(tmp_path / "s", tmp_path / "log", TP, mode=mode, listener=rec, progress_interval=0,
+                      memory_budget_bytes=SMALL_REPLAY_BATCHES)
     assert isinstance(ei.value.__cause__, KeyError)
     assert str(tmp_path / "s") in str(ei.value) and str(TP) in str(ei.value)
     assert rec.calls[-1][0] == "batch"

@@ -197,6 +197,10 @@ def restore_store(
     it off where each restore is granted one core, such as a Spark task with
     ``spark.task.cpus=1`` (:func:`restore_many` always runs one thread per restore).
 
+    ``memory_budget_bytes`` bounds what the restore holds in memory: bulk
+    spills sorted runs beyond it, and a replay batch covers at most a third of
+    it in log bytes (64 MiB at most, 4 MiB at least).
+
     ``format`` is how the store lays out its data (:data:`STORE_FORMATS`):
     ``"plain"`` (column family ``default``, the value as logged: Kafka
     Streams' ``Stores.persistentKeyValueStore``) or ``"timestamped"``
