@@ -7,6 +7,10 @@
 //! spills a sorted run to a temporary directory beside the store; the runs
 //! are merged (in several passes when there are many) into the SST files.
 //!
+//! With read-ahead (a lone restore, which may use two cores) the log is
+//! read, decoded and hashed on a second thread while this one collects; the
+//! chunks' buffers go back and forth between the two.
+//!
 //! Nothing touches the store before the ingestion, so a failure or a crash
 //! before it leaves the store exactly as it was. A crash between the
 //! ingestion and the offset write leaves data ahead of the recorded offset,
@@ -19,11 +23,13 @@ pub mod runs;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
 
 use crate::replay::{restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError, Target};
-use crate::source::ChangelogSource;
+use crate::source::{ChangelogSource, LogError};
+use crate::store::StoreFormat;
 use collect::{Collector, Full, Stage};
 
 /// Largest chunk of log a bulk restore buffers at a time: a chunk is decoded,
@@ -40,11 +46,14 @@ pub struct BulkOptions {
     pub chunk_bytes: usize,
     /// An SST file is closed once it reaches this size.
     pub sst_target_bytes: u64,
+    /// Read, decode and hash the next chunks on a second thread while this
+    /// one collects (a restore that may use two cores; see [`read_chunks`]).
+    pub read_ahead: bool,
 }
 
 impl BulkOptions {
     pub fn new(memory_budget: usize) -> Self {
-        Self { memory_budget, chunk_bytes: BULK_CHUNK_BYTES, sst_target_bytes: 128 << 20 }
+        Self { memory_budget, chunk_bytes: BULK_CHUNK_BYTES, sst_target_bytes: 128 << 20, read_ahead: false }
     }
 }
 
@@ -135,29 +144,15 @@ fn run(
         c.drain_sorted(|k, v| w.add(k, v))?;
         w.finish()
     };
-    // A chunk is buffered, then added with what the records a few places
-    // ahead will touch already requested from memory, one level of the index
-    // per step (the adds are bound by cache misses, not by work; two restores
-    // side by side share the cache, so hiding the misses matters more there).
-    let mut ops = ChunkOps::default();
-    let format = store.format();
-    let mut hashes: Vec<u64> = Vec::new();
+    // A chunk is added with what the records a few places ahead will touch
+    // already requested from memory, one level of the index per step (the
+    // adds are bound by cache misses, not by work; two restores side by side
+    // share the cache, so hiding the misses matters more there).
     const SLOT_AHEAD: usize = 32;
     const DATA_AHEAD: usize = 16;
-    loop {
-        ops.clear();
-        let mut last = None;
-        let more = source
-            .next_chunk(end, opts.chunk_bytes, &mut |r| {
-                last = Some(r.offset);
-                match r.key {
-                    None => applied.null_keys += 1,
-                    Some(k) => ops.push_record(format, k, &r),
-                }
-            })
-            .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
-        hashes.clear();
-        hashes.extend((0..ops.len()).map(|i| Collector::hash(ops.get(i).0)));
+    let mut add = |chunk: &Chunk| -> Result<(), Failure> {
+        let Chunk { ops, hashes, last, null_keys } = chunk;
+        applied.null_keys += null_keys;
         for &h in hashes.iter().take(SLOT_AHEAD) {
             collector.prefetch(h, Stage::Slot);
         }
@@ -174,14 +169,38 @@ fn run(
                 debug_assert_eq!(again, Full::No);
             }
         }
-        if let Some(off) = last {
+        if let Some(off) = *last {
             let n = ops.len() as u64;
             applied.records += n;
             applied.last_offset = Some(off);
             progress.batch(off, n)?;
         }
-        if !more {
-            break;
+        Ok(())
+    };
+    let (format, chunk_bytes) = (store.format(), opts.chunk_bytes);
+    if opts.read_ahead {
+        std::thread::scope(|scope| -> Result<(), Failure> {
+            let (filled_tx, filled) = sync_channel::<Result<Chunk, RestoreError>>(CHUNKS_AHEAD);
+            let (spent, reuse) = channel::<Chunk>();
+            scope.spawn(move || read_chunks(target, source, format, chunk_bytes, &filled_tx, &reuse));
+            // Leaving this loop early (an error) drops `filled`: the reader then stops.
+            for chunk in filled {
+                let chunk = chunk?;
+                add(&chunk)?;
+                let _ = spent.send(chunk); // the reader may be done: then the buffers are dropped
+            }
+            Ok(())
+        })?;
+    } else {
+        let mut chunk = Chunk::default();
+        loop {
+            let more = chunk
+                .fill(source, end, format, chunk_bytes)
+                .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+            add(&chunk)?;
+            if !more {
+                break;
+            }
         }
     }
 
@@ -220,6 +239,71 @@ fn run(
     }
     store.flush().map_err(|e| RestoreError::store(tp, e))?;
     Ok(applied)
+}
+
+/// Chunks read ahead of the one being collected.
+const CHUNKS_AHEAD: usize = 2;
+
+/// One chunk of log, decoded: its operations, their keys' hashes, the offset
+/// of its last committed data record and how many records had no key.
+#[derive(Default)]
+struct Chunk {
+    ops: ChunkOps,
+    hashes: Vec<u64>,
+    last: Option<i64>,
+    null_keys: u64,
+}
+
+impl Chunk {
+    /// Refill with the next chunk of `source` below `end`; whether more follows.
+    fn fill(
+        &mut self,
+        source: &mut dyn ChangelogSource,
+        end: i64,
+        format: StoreFormat,
+        chunk_bytes: usize,
+    ) -> Result<bool, LogError> {
+        let Self { ops, hashes, last, null_keys } = self;
+        ops.clear();
+        *last = None;
+        *null_keys = 0;
+        let more = source.next_chunk(end, chunk_bytes, &mut |r| {
+            *last = Some(r.offset);
+            match r.key {
+                None => *null_keys += 1,
+                Some(k) => ops.push_record(format, k, &r),
+            }
+        })?;
+        hashes.clear();
+        hashes.extend((0..ops.len()).map(|i| Collector::hash(ops.get(i).0)));
+        Ok(more)
+    }
+}
+
+/// The reading side of a bulk restore with read-ahead, on its own thread:
+/// fill chunks (reusing the buffers of collected chunks that come back
+/// through `reuse`) and send them in order; stop at the end of the log, at an
+/// error (sent last), or when the collecting side is gone. Decoding and
+/// hashing here, not in a generic read-ahead, spares the collecting side a
+/// copy of every record.
+fn read_chunks(
+    target: Target<'_>,
+    source: &mut dyn ChangelogSource,
+    format: StoreFormat,
+    chunk_bytes: usize,
+    filled: &SyncSender<Result<Chunk, RestoreError>>,
+    reuse: &Receiver<Chunk>,
+) {
+    let Target { store, tp, end } = target;
+    loop {
+        let mut c = reuse.try_recv().unwrap_or_default();
+        let msg = c.fill(source, end, format, chunk_bytes).map(|more| (more, c));
+        let more = matches!(msg, Ok((true, _)));
+        let msg = msg.map(|(_, c)| c).map_err(|e| RestoreError::source(store, tp, source.position(), e));
+        if filled.send(msg).is_err() || !more {
+            return;
+        }
+    }
 }
 
 /// Writes the merged stream into SST files of about `target` bytes each.
@@ -278,10 +362,11 @@ mod tests {
     use crate::replay::{replay, restore_options};
     use crate::store::Store;
 
-    fn restore_bulk(p: &Path, log: &[Entry], start: i64, end: i64, budget: usize) -> Applied {
+    fn restore_bulk(p: &Path, log: &[Entry], start: i64, end: i64, budget: usize, read_ahead: bool) -> Applied {
         let store = Store::open_with(p, restore_options()).unwrap();
         let mut src = VecSource::new(log.to_vec(), start);
         let mut opts = BulkOptions::new(budget);
+        opts.read_ahead = read_ahead;
         opts.chunk_bytes = 300;
         opts.sst_target_bytes = 4096;
         let mut pr = Progress::new(None, Duration::ZERO);
@@ -294,12 +379,12 @@ mod tests {
     fn bulk_equals_replay_and_model_with_and_without_spilling() {
         let log = random_log(20_000, 2_000, 3);
         let (m, last) = model(&log, 20_000);
-        for budget in [64 << 20, 64 << 10] {
+        for (budget, read_ahead) in [(64 << 20, false), (64 << 10, false), (64 << 20, true), (64 << 10, true)] {
             let dir = tempfile::tempdir().unwrap();
             let p = dir.path().join("s");
-            let a = restore_bulk(&p, &log, 0, 20_000, budget);
+            let a = restore_bulk(&p, &log, 0, 20_000, budget, read_ahead);
             let store = Store::open(&p, false).unwrap();
-            assert_eq!(dump(&store), m, "budget {budget}");
+            assert_eq!(dump(&store), m, "budget {budget}, read-ahead {read_ahead}");
             assert_eq!(store.offset("t-0").unwrap(), last);
             assert_eq!(a.last_offset, last);
 
@@ -320,12 +405,12 @@ mod tests {
     #[test]
     fn bulk_resume_over_existing_data_applies_tombstones() {
         let log = random_log(8_000, 500, 11);
-        for budget in [64 << 20, 64 << 10] {
+        for (budget, read_ahead) in [(64 << 20, false), (64 << 10, true)] {
             let dir = tempfile::tempdir().unwrap();
             let p = dir.path().join("s");
-            restore_bulk(&p, &log, 0, 3_000, budget);
+            restore_bulk(&p, &log, 0, 3_000, budget, read_ahead);
             let off = Store::open(&p, false).unwrap().offset("t-0").unwrap().unwrap();
-            restore_bulk(&p, &log, off + 1, 8_000, budget);
+            restore_bulk(&p, &log, off + 1, 8_000, budget, read_ahead);
             let store = Store::open(&p, false).unwrap();
             let (m, last) = model(&log, 8_000);
             assert_eq!(dump(&store), m);
@@ -370,28 +455,32 @@ mod tests {
     #[test]
     fn a_failing_source_leaves_the_store_untouched() {
         let log = random_log(5_000, 300, 5);
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("s");
-        restore_bulk(&p, &log, 0, 2_000, 1 << 20);
-        let before = dump(&Store::open(&p, false).unwrap());
-        let off = Store::open(&p, false).unwrap().offset("t-0").unwrap().unwrap();
-        {
-            let store = Store::open_with(&p, restore_options()).unwrap();
-            let mut src = VecSource::new(log.clone(), off + 1);
-            src.fail_at = Some(4_500);
-            let opts = BulkOptions { memory_budget: 64 << 10, chunk_bytes: 300, sst_target_bytes: 4096 };
-            let e = bulk(
-                Target { store: &store, tp: "t-0", end: 5_000 },
-                &mut src,
-                &opts,
-                &mut Progress::new(None, Duration::ZERO),
-            )
-            .unwrap_err();
-            assert_eq!(e.kind, ErrorKind::CorruptLog);
+        for read_ahead in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("s");
+            restore_bulk(&p, &log, 0, 2_000, 1 << 20, false);
+            let before = dump(&Store::open(&p, false).unwrap());
+            let off = Store::open(&p, false).unwrap().offset("t-0").unwrap().unwrap();
+            {
+                let store = Store::open_with(&p, restore_options()).unwrap();
+                let mut src = VecSource::new(log.clone(), off + 1);
+                src.fail_at = Some(4_500);
+                let opts =
+                    BulkOptions { memory_budget: 64 << 10, chunk_bytes: 300, sst_target_bytes: 4096, read_ahead };
+                let e = bulk(
+                    Target { store: &store, tp: "t-0", end: 5_000 },
+                    &mut src,
+                    &opts,
+                    &mut Progress::new(None, Duration::ZERO),
+                )
+                .unwrap_err();
+                assert_eq!(e.kind, ErrorKind::CorruptLog, "read-ahead {read_ahead}");
+                assert_eq!(e.offset, Some(4_500), "read-ahead {read_ahead}: the offset it stopped at");
+            }
+            let store = Store::open(&p, false).unwrap();
+            assert_eq!(dump(&store), before);
+            assert_eq!(store.offset("t-0").unwrap(), Some(off));
+            assert!(!scratch_dir(&p).exists());
         }
-        let store = Store::open(&p, false).unwrap();
-        assert_eq!(dump(&store), before);
-        assert_eq!(store.offset("t-0").unwrap(), Some(off));
-        assert!(!scratch_dir(&p).exists());
     }
 }

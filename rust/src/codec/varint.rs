@@ -26,12 +26,24 @@ pub fn unzigzag64(v: u64) -> i64 {
 /// Read a varlong (up to 10 bytes) at `buf[*pos..]`, advancing `pos`.
 #[inline]
 pub fn read_varlong(buf: &[u8], pos: &mut usize) -> Result<i64, VarintError> {
-    // Fast path: one byte (small deltas and lengths are by far the most common).
-    if let Some(&b) = buf.get(*pos) {
-        if b < 0x80 {
+    // Fast paths: one byte (small deltas and lengths are by far the most
+    // common), then two (a record's length and its offset delta in a large
+    // batch).
+    match buf.get(*pos..*pos + 2) {
+        Some(&[b0, _]) if b0 < 0x80 => {
+            *pos += 1;
+            return Ok(unzigzag64(b0 as u64));
+        }
+        Some(&[b0, b1]) if b1 < 0x80 => {
+            *pos += 2;
+            return Ok(unzigzag64((b0 & 0x7f) as u64 | (b1 as u64) << 7));
+        }
+        None if buf.get(*pos).is_some_and(|&b| b < 0x80) => {
+            let b = buf[*pos];
             *pos += 1;
             return Ok(unzigzag64(b as u64));
         }
+        _ => {}
     }
     let mut value: u64 = 0;
     let mut shift = 0u32;
@@ -98,6 +110,22 @@ mod tests {
             let mut pos = 0;
             assert_eq!(read_varlong(&out, &mut pos), Ok(v));
             assert_eq!(pos, out.len());
+        }
+    }
+
+    #[test]
+    fn every_one_and_two_byte_value_decodes_at_the_end_and_inside_a_buffer() {
+        for v in -9_000i64..9_000 {
+            let mut out = vec![0x7f]; // something before it
+            write_varlong(&mut out, v);
+            let n = out.len();
+            for tail in [&[][..], &[0x05], &[0x85, 0x01]] {
+                let mut buf = out.clone();
+                buf.extend_from_slice(tail);
+                let mut pos = 1;
+                assert_eq!(read_varlong(&buf, &mut pos), Ok(v), "{v} followed by {tail:?}");
+                assert_eq!(pos, n, "{v} followed by {tail:?}");
+            }
         }
     }
 

@@ -203,8 +203,9 @@ fn restore_one(
     };
     if start < end {
         let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
-        if spec.read_ahead {
-            // Decode ahead on a second thread while this one applies.
+        if spec.read_ahead && mode != Mode::Bulk {
+            // Decode ahead on a second thread while this one applies (bulk
+            // reads ahead in its own way, see `BulkOptions::read_ahead`).
             source = Box::new(ReadAhead::spawn(source, end, spec.chunk_bytes.min(READ_BYTES), 2));
         }
         let target = Target { store: &store, tp: &tp, end };
@@ -214,6 +215,7 @@ fn restore_one(
                     memory_budget: spec.memory_budget,
                     chunk_bytes: spec.chunk_bytes.min(BULK_CHUNK_BYTES),
                     sst_target_bytes: 128 << 20,
+                    read_ahead: spec.read_ahead,
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
