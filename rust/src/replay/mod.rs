@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{DBCompressionType, Options, WriteBatch};
 
-use crate::bulk::collect::Collector;
+use crate::bulk::collect::{common_prefix, prefix_of, Collector};
 use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind};
 use crate::store::{store_options, Store, StoreError, StoreFormat};
 
@@ -232,20 +232,11 @@ fn replay_chunks(
         let mut last = None;
         let mut null_keys = 0u64;
         let first = source.bytes_read();
-        let mut judged = false;
         let mut more = true;
         while more {
             let read = usize::try_from(source.bytes_read().saturating_sub(first)).unwrap_or(usize::MAX);
             if read >= chunk_bytes {
                 break;
-            }
-            if read > 0 && !judged {
-                // After the first read: is a whole chunk worth gathering?
-                judged = true;
-                let whole = ops.len() * (chunk_bytes / read);
-                if expected_repeats(ops.len(), ops.count_distinct_keys(), whole) < MIN_REPEATS {
-                    break;
-                }
             }
             more = source
                 .next_chunk(end, (chunk_bytes - read).min(READ_BYTES), &mut |r| {
@@ -273,39 +264,6 @@ fn replay_chunks(
     }
 }
 
-/// A replay chunk larger than one read is gathered only when at least this
-/// share of its operations is expected to repeat a key of the chunk. A large
-/// chunk pays when keys repeat within it (only the last operation of each is
-/// written: ~10 updates a key replay twice as fast in 64 MiB chunks as in
-/// 4 MiB ones); when they hardly do, it only makes the sort longer (unique
-/// keys replay a fifth slower in 64 MiB chunks).
-pub const MIN_REPEATS: f64 = 0.15;
-
-/// The share of `n` operations expected to repeat a key among them, judged
-/// from a sample of `sample` operations on `distinct` keys: the key space
-/// that makes `sample` uniformly drawn keys hit `distinct` distinct ones is
-/// solved for, then `n` are drawn from it. A sample without repeats gives 0.
-pub fn expected_repeats(sample: usize, distinct: usize, n: usize) -> f64 {
-    if distinct >= sample || sample == 0 || n == 0 {
-        return 0.0;
-    }
-    let (c, d) = (sample as f64, distinct as f64);
-    // `keys(1 - e^(-c/keys))` grows with `keys` from below `d` towards `c`;
-    // bisect (in log space) for the `keys` that gives `d`.
-    let covered = |keys: f64, draws: f64| keys * -(-draws / keys).exp_m1();
-    let (mut lo, mut hi) = (d.ln(), (c * c).ln() + 1.0);
-    for _ in 0..64 {
-        let mid = (lo + hi) / 2.0;
-        if covered(mid.exp(), c) < d {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    let keys = ((lo + hi) / 2.0).exp();
-    1.0 - covered(keys, n as f64) / n as f64
-}
-
 /// The operations of one chunk, turned into a `WriteBatch` in key order with
 /// only the last operation per key: the batch is applied atomically, so the
 /// result is the same as applying every operation in log order, and a
@@ -319,8 +277,11 @@ pub struct ChunkOps {
     /// Open-addressing index of the chunk's keys (kept between chunks): per
     /// slot, 1 + the index of the key's last operation; 0 is empty.
     slots: Vec<u32>,
-    /// Index of the last operation of each key, sorted by key.
+    /// Index of the last operation of each key.
     last: Vec<u32>,
+    /// Those indices in key order, each with the 8 bytes of its key that
+    /// follow the prefix every key of the chunk shares (compared first).
+    order: Vec<(u64, u32)>,
 }
 
 impl ChunkOps {
@@ -332,12 +293,6 @@ impl ChunkOps {
     /// Operations pushed (not deduplicated).
     pub fn len(&self) -> usize {
         self.ops.len()
-    }
-
-    /// Distinct keys among the operations pushed so far.
-    pub fn count_distinct_keys(&mut self) -> usize {
-        self.find_last_per_key();
-        self.last.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -381,20 +336,28 @@ impl ChunkOps {
     /// Keep the last operation of each key (found by hashing: a chunk
     /// holds many operations per key when keys repeat, and sorting them all
     /// cost more than the writes), sort those by key, and build the batch of
-    /// `store`'s data column family.
+    /// `store`'s data column family. Changelog keys share long prefixes (a
+    /// namespace, zero padding): the sort compares the 8 bytes after the
+    /// prefix all keys of the chunk share, held beside each index, and looks
+    /// at the keys themselves only on a tie, so a large chunk of unique keys
+    /// sorts nearly as fast per key as a small one.
     pub fn to_batch(&mut self, store: &Store) -> WriteBatch {
         let cf = store.data_cf();
-        let mut batch = WriteBatch::default();
         self.find_last_per_key();
-        let Self { data, ops, last, .. } = &mut *self;
-        last.sort_unstable_by(|&a, &b| {
-            let key = |i: u32| {
-                let (at, kl, _) = ops[i as usize];
-                &data[at..at + kl as usize]
-            };
-            key(a).cmp(key(b))
-        });
-        for &i in &self.last {
+        let Self { data, ops, last, order, .. } = &mut *self;
+        let key = |i: u32| {
+            let (at, kl, _) = ops[i as usize];
+            &data[at..at + kl as usize]
+        };
+        let shared = match last.first() {
+            Some(&i0) => last.iter().fold(key(i0).len(), |n, &i| common_prefix(&key(i0)[..n], key(i))),
+            None => 0,
+        };
+        order.clear();
+        order.extend(last.iter().map(|&i| (prefix_of(&key(i)[shared..]), i)));
+        order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1)[shared..].cmp(&key(b.1)[shared..])));
+        let mut batch = WriteBatch::default();
+        for &(_, i) in &self.order {
             match self.get(i as usize) {
                 (k, Some(v)) => batch.put_cf(cf, k, v),
                 (k, None) => batch.delete_cf(cf, k),
@@ -405,7 +368,7 @@ impl ChunkOps {
 
     /// Fill `last` with the index of the last operation of each key (in no order).
     fn find_last_per_key(&mut self) {
-        let Self { data, ops, slots, last } = self;
+        let Self { data, ops, slots, last, .. } = self;
         let key = |i: u32| {
             let (at, kl, _) = ops[i as usize];
             &data[at..at + kl as usize]
@@ -643,19 +606,32 @@ mod tests {
     }
 
     #[test]
-    fn expected_repeats_follow_the_key_space_the_sample_shows() {
-        // unique keys: no repeats, whatever the size
-        assert_eq!(expected_repeats(28_000, 28_000, 450_000), 0.0);
-        // 28k draws from 50k keys hit ~21.4k: at 450k draws ~89% repeat
-        let r = expected_repeats(28_000, 21_400, 450_000);
-        assert!((r - 0.889).abs() < 0.01, "{r}");
-        // 28k draws from 200k keys hit ~26.1k: a sample with 7% repeats, 60% in the whole chunk
-        let r = expected_repeats(28_000, 26_120, 450_000);
-        assert!((r - 0.60).abs() < 0.02, "{r}");
-        // the sample itself is predicted back
-        let r = expected_repeats(10_000, 8_000, 10_000);
-        assert!((r - 0.2).abs() < 1e-6, "{r}");
-        assert_eq!(expected_repeats(0, 0, 10), 0.0);
+    fn chunk_ops_sort_keys_bytewise_whatever_their_shared_prefix_and_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+        let shapes: [&[u8]; 12] = [
+            b"ns:",
+            b"ns:a",
+            b"ns:a\0",
+            b"ns:a\0\0",
+            b"ns:ab",
+            b"ns:abcdefgh",
+            b"ns:abcdefghi",
+            b"ns:abcdefgh\xff",
+            b"ns:abcdefghij",
+            b"ns:b",
+            b"ns:\xff",
+            b"ns:\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+        ];
+        let mut ops = ChunkOps::default();
+        for (n, i) in [7usize, 3, 11, 0, 5, 9, 1, 3, 10, 2, 8, 4, 6, 0].into_iter().enumerate() {
+            ops.push(shapes[i], Some(format!("{n}").as_bytes()));
+        }
+        let _ = ops.to_batch(&store);
+        let got: Vec<&[u8]> = ops.order.iter().map(|&(_, i)| ops.get(i as usize).0).collect();
+        let mut want = shapes.to_vec();
+        want.sort();
+        assert_eq!(got, want);
     }
 
     #[test]
