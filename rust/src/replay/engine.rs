@@ -201,6 +201,18 @@ fn restore_one(
         seconds: 0.0,
         offset: recorded,
     };
+    // A store no processor ever opened is closed: say so, as Kafka Streams
+    // expects of a store it may reuse under exactly_once_v2. A status a
+    // processor wrote (OPEN while it runs) is left alone. Written first, it
+    // reaches disk with the restore's own flush (one flush, not two); a
+    // restore that stops on an error leaves a committed state with its
+    // offset, which CLOSED describes truly.
+    let unmarked = store.status().map_err(|e| RestoreError::store(&tp, e))?.is_none();
+    if unmarked {
+        let mut b = rocksdb::WriteBatch::default();
+        store.put_status(&mut b, STATUS_CLOSED);
+        store.write(b, false).map_err(|e| RestoreError::store(&tp, e))?;
+    }
     if start < end {
         let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
         if spec.read_ahead && mode != Mode::Bulk {
@@ -242,14 +254,8 @@ fn restore_one(
             outcome.offset = applied.last_offset;
         }
     }
-    // A store no processor ever opened is closed: say so, as Kafka Streams
-    // expects of a store it may reuse under exactly_once_v2. A status a
-    // processor wrote (OPEN while it runs) is left alone.
-    if store.status().map_err(|e| RestoreError::store(&tp, e))?.is_none() {
-        let mut b = rocksdb::WriteBatch::default();
-        store.put_status(&mut b, STATUS_CLOSED);
-        store.write(b, false).map_err(|e| RestoreError::store(&tp, e))?;
-        store.flush().map_err(|e| RestoreError::store(&tp, e))?;
+    if unmarked && start >= end {
+        store.flush().map_err(|e| RestoreError::store(&tp, e))?; // nothing restored flushed the status
     }
     progress.end(outcome.records_applied)?;
     outcome.seconds = t0.elapsed().as_secs_f64();
