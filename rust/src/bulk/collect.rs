@@ -4,8 +4,6 @@
 //! full the arena is compacted (when most of it is overwritten values) or
 //! handed out sorted as a run to spill.
 
-use std::cmp::Ordering;
-
 use super::pool::{keep_spare, new_arena, new_table, spares};
 
 /// `val_len` of a tombstone.
@@ -54,6 +52,29 @@ pub fn prefix_of(key: &[u8]) -> u64 {
     let n = key.len().min(8);
     w[..n].copy_from_slice(&key[..n]);
     u64::from_be_bytes(w)
+}
+
+/// Put the keys behind `handles` in bytewise order into `order`, each with its
+/// handle. Changelog keys share long prefixes (a namespace, zero padding), so
+/// the sort compares the 8 bytes that follow the prefix all the keys share,
+/// held beside each handle, and reads the keys themselves only on a tie.
+/// `handles` is called twice (the shared prefix is found first).
+pub fn sort_by_key<'a, H: Copy, I: Iterator<Item = H>>(
+    order: &mut Vec<(u64, H)>,
+    handles: impl Fn() -> I,
+    key: impl Fn(H) -> &'a [u8],
+) {
+    let mut all = handles();
+    let shared = match all.next() {
+        Some(h0) => {
+            let k0 = key(h0);
+            all.fold(k0.len(), |n, h| common_prefix(&k0[..n], key(h)))
+        }
+        None => 0,
+    };
+    order.clear();
+    order.extend(handles().map(|h| (prefix_of(&key(h)[shared..]), h)));
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1)[shared..].cmp(&key(b.1)[shared..])));
 }
 
 #[inline]
@@ -404,26 +425,8 @@ impl Collector {
     /// held keys, and only on a tie the rest of the keys.
     pub fn drain_sorted<E>(&mut self, mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>) -> Result<(), E> {
         let arena = &self.arena;
-        let mut first: Option<&[u8]> = None;
-        let mut lcp = 0;
-        for r in Self::live(arena) {
-            let k = r.key(arena);
-            match first {
-                None => {
-                    first = Some(k);
-                    lcp = k.len();
-                }
-                Some(fk) => lcp = common_prefix(&fk[..lcp], k),
-            }
-        }
         let mut order = std::mem::take(&mut self.order);
-        order.clear();
-        order.extend(Self::live(arena).map(|r| (prefix_of(&r.key(arena)[lcp..]), r.off)));
-        let key = |off: usize| Record::at(arena, off).key(arena);
-        order.sort_unstable_by(|a, b| match a.0.cmp(&b.0) {
-            Ordering::Equal => key(a.1)[lcp..].cmp(&key(b.1)[lcp..]),
-            o => o,
-        });
+        sort_by_key(&mut order, || Self::live(arena).map(|r| r.off), |off| Record::at(arena, off).key(arena));
         // Records are sorted by key, their bytes lie in insertion order: fetch ahead.
         const AHEAD: usize = 8;
         let base = arena.as_ptr();

@@ -151,8 +151,8 @@ fn run(
     const SLOT_AHEAD: usize = 32;
     const DATA_AHEAD: usize = 16;
     let mut add = |chunk: &Chunk| -> Result<(), Failure> {
-        let Chunk { ops, hashes, last, null_keys } = chunk;
-        applied.null_keys += null_keys;
+        let Chunk { ops, hashes } = chunk;
+        applied.null_keys += ops.null_keys();
         for &h in hashes.iter().take(SLOT_AHEAD) {
             collector.prefetch(h, Stage::Slot);
         }
@@ -169,7 +169,7 @@ fn run(
                 debug_assert_eq!(again, Full::No);
             }
         }
-        if let Some(off) = *last {
+        if let Some(off) = ops.last_offset() {
             let n = ops.len() as u64;
             applied.records += n;
             applied.last_offset = Some(off);
@@ -244,14 +244,11 @@ fn run(
 /// Chunks read ahead of the one being collected.
 const CHUNKS_AHEAD: usize = 2;
 
-/// One chunk of log, decoded: its operations, their keys' hashes, the offset
-/// of its last committed data record and how many records had no key.
+/// One chunk of log, decoded: its operations and their keys' hashes.
 #[derive(Default)]
 struct Chunk {
     ops: ChunkOps,
     hashes: Vec<u64>,
-    last: Option<i64>,
-    null_keys: u64,
 }
 
 impl Chunk {
@@ -263,17 +260,9 @@ impl Chunk {
         format: StoreFormat,
         chunk_bytes: usize,
     ) -> Result<bool, LogError> {
-        let Self { ops, hashes, last, null_keys } = self;
+        let Self { ops, hashes } = self;
         ops.clear();
-        *last = None;
-        *null_keys = 0;
-        let more = source.next_chunk(end, chunk_bytes, &mut |r| {
-            *last = Some(r.offset);
-            match r.key {
-                None => *null_keys += 1,
-                Some(k) => ops.push_record(format, k, &r),
-            }
-        })?;
+        let more = ops.read(source, end, chunk_bytes, format)?;
         hashes.clear();
         hashes.extend((0..ops.len()).map(|i| Collector::hash(ops.get(i).0)));
         Ok(more)
@@ -297,9 +286,10 @@ fn read_chunks(
     let Target { store, tp, end } = target;
     loop {
         let mut c = reuse.try_recv().unwrap_or_default();
-        let msg = c.fill(source, end, format, chunk_bytes).map(|more| (more, c));
-        let more = matches!(msg, Ok((true, _)));
-        let msg = msg.map(|(_, c)| c).map_err(|e| RestoreError::source(store, tp, source.position(), e));
+        let (msg, more) = match c.fill(source, end, format, chunk_bytes) {
+            Ok(more) => (Ok(c), more),
+            Err(e) => (Err(RestoreError::source(store, tp, source.position(), e)), false),
+        };
         if filled.send(msg).is_err() || !more {
             return;
         }

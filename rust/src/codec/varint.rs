@@ -29,21 +29,15 @@ pub fn read_varlong(buf: &[u8], pos: &mut usize) -> Result<i64, VarintError> {
     // Fast paths: one byte (small deltas and lengths are by far the most
     // common), then two (a record's length and its offset delta in a large
     // batch).
-    match buf.get(*pos..*pos + 2) {
-        Some(&[b0, _]) if b0 < 0x80 => {
+    if let Some(&b0) = buf.get(*pos) {
+        if b0 < 0x80 {
             *pos += 1;
             return Ok(unzigzag64(b0 as u64));
         }
-        Some(&[b0, b1]) if b1 < 0x80 => {
+        if let Some(&b1) = buf.get(*pos + 1).filter(|&&b1| b1 < 0x80) {
             *pos += 2;
             return Ok(unzigzag64((b0 & 0x7f) as u64 | (b1 as u64) << 7));
         }
-        None if buf.get(*pos).is_some_and(|&b| b < 0x80) => {
-            let b = buf[*pos];
-            *pos += 1;
-            return Ok(unzigzag64(b as u64));
-        }
-        _ => {}
     }
     let mut value: u64 = 0;
     let mut shift = 0u32;

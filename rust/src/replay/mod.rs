@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{DBCompressionType, Options, WriteBatch};
 
-use crate::bulk::collect::{common_prefix, prefix_of, Collector};
+use crate::bulk::collect::{sort_by_key, Collector};
 use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind};
 use crate::store::{store_options, Store, StoreError, StoreFormat};
 
@@ -229,8 +229,6 @@ fn replay_chunks(
     let format = store.format();
     loop {
         ops.clear();
-        let mut last = None;
-        let mut null_keys = 0u64;
         let first = source.bytes_read();
         let mut more = true;
         while more {
@@ -238,23 +236,17 @@ fn replay_chunks(
             if read >= chunk_bytes {
                 break;
             }
-            more = source
-                .next_chunk(end, (chunk_bytes - read).min(READ_BYTES), &mut |r| {
-                    last = Some(r.offset);
-                    match r.key {
-                        None => null_keys += 1,
-                        Some(k) => ops.push_record(format, k, &r),
-                    }
-                })
+            more = ops
+                .read(source, end, (chunk_bytes - read).min(READ_BYTES), format)
                 .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
         }
-        if let Some(off) = last {
+        if let Some(off) = ops.last_offset() {
             let mut batch = ops.to_batch(store);
             store.put_offset(&mut batch, tp, off);
             store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
             let n = ops.len() as u64;
             applied.records += n;
-            applied.null_keys += null_keys;
+            applied.null_keys += ops.null_keys();
             applied.last_offset = Some(off);
             progress.batch(off, n)?;
         }
@@ -282,12 +274,46 @@ pub struct ChunkOps {
     /// Those indices in key order, each with the 8 bytes of its key that
     /// follow the prefix every key of the chunk shares (compared first).
     order: Vec<(u64, u32)>,
+    /// Offset of the last committed data record read into the chunk.
+    last_offset: Option<i64>,
+    /// Records read into the chunk without a key (skipped).
+    null_keys: u64,
 }
 
 impl ChunkOps {
     pub fn clear(&mut self) {
         self.data.clear();
         self.ops.clear();
+        self.last_offset = None;
+        self.null_keys = 0;
+    }
+
+    /// Add the records of one read of `source` (about `max_bytes` of log
+    /// below `end`) as a store of `format` keeps them; whether more follows.
+    pub fn read(
+        &mut self,
+        source: &mut dyn ChangelogSource,
+        end: i64,
+        max_bytes: usize,
+        format: StoreFormat,
+    ) -> Result<bool, LogError> {
+        source.next_chunk(end, max_bytes, &mut |r| {
+            self.last_offset = Some(r.offset);
+            match r.key {
+                None => self.null_keys += 1,
+                Some(k) => self.push_record(format, k, &r),
+            }
+        })
+    }
+
+    /// Offset of the last committed data record read since [`ChunkOps::clear`].
+    pub fn last_offset(&self) -> Option<i64> {
+        self.last_offset
+    }
+
+    /// Records without a key read since [`ChunkOps::clear`] (they are skipped).
+    pub fn null_keys(&self) -> u64 {
+        self.null_keys
     }
 
     /// Operations pushed (not deduplicated).
@@ -335,27 +361,22 @@ impl ChunkOps {
 
     /// Keep the last operation of each key (found by hashing: a chunk
     /// holds many operations per key when keys repeat, and sorting them all
-    /// cost more than the writes), sort those by key, and build the batch of
-    /// `store`'s data column family. Changelog keys share long prefixes (a
-    /// namespace, zero padding): the sort compares the 8 bytes after the
-    /// prefix all keys of the chunk share, held beside each index, and looks
-    /// at the keys themselves only on a tie, so a large chunk of unique keys
-    /// sorts nearly as fast per key as a small one.
+    /// cost more than the writes), sort those by key (as the bulk collector
+    /// does, [`sort_by_key`]: a large chunk of unique keys sorts nearly as
+    /// fast per key as a small one), and build the batch of `store`'s data
+    /// column family.
     pub fn to_batch(&mut self, store: &Store) -> WriteBatch {
         let cf = store.data_cf();
         self.find_last_per_key();
         let Self { data, ops, last, order, .. } = &mut *self;
-        let key = |i: u32| {
-            let (at, kl, _) = ops[i as usize];
-            &data[at..at + kl as usize]
-        };
-        let shared = match last.first() {
-            Some(&i0) => last.iter().fold(key(i0).len(), |n, &i| common_prefix(&key(i0)[..n], key(i))),
-            None => 0,
-        };
-        order.clear();
-        order.extend(last.iter().map(|&i| (prefix_of(&key(i)[shared..]), i)));
-        order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1)[shared..].cmp(&key(b.1)[shared..])));
+        sort_by_key(
+            order,
+            || last.iter().copied(),
+            |i| {
+                let (at, kl, _) = ops[i as usize];
+                &data[at..at + kl as usize]
+            },
+        );
         let mut batch = WriteBatch::default();
         for &(_, i) in &self.order {
             match self.get(i as usize) {
@@ -592,12 +613,28 @@ mod tests {
         let n = 150_000;
         let log = random_log(n, 5_000, 13);
         let dir = tempfile::tempdir().unwrap();
-        for (name, chunk) in [("gathered", 5 << 20), ("default", DEFAULT_CHUNK_BYTES)] {
+        struct Batches(usize);
+        impl Listener for Batches {
+            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+                Ok(())
+            }
+            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+                self.0 += 1;
+                Ok(())
+            }
+            fn on_end(&mut self, _: u64) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        for (name, chunk, batches) in [("gathered", 5 << 20, 2), ("default", DEFAULT_CHUNK_BYTES, 1)] {
             let store = Store::open_with(&dir.path().join(name), restore_options()).unwrap();
             let mut src = VecSource::new(log.clone(), 0);
-            let mut p = Progress::new(None, Duration::ZERO);
+            let mut counted = Batches(0);
+            let mut p = Progress::new(Some(&mut counted), Duration::ZERO);
             let a = replay(Target { store: &store, tp: "t-0", end: n as i64 }, &mut src, chunk, &mut p).unwrap();
             assert!(src.bytes > (READ_BYTES + (1 << 20)) as u64, "{name}: the log is larger than a read");
+            assert!(src.bytes < (5 << 20) + READ_BYTES as u64, "{name}: two 5 MiB chunks at most");
+            assert_eq!(counted.0, batches, "{name}: one write per chunk, not per read");
             let (m, last) = model(&log, n as i64);
             assert_eq!(dump(&store), m, "{name}");
             assert_eq!(store.offset("t-0").unwrap(), last, "{name}");
