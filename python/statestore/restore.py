@@ -228,7 +228,11 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     """Run many restores on ``threads`` native threads (default: one per core, at most one per spec).
 
     Each restore runs on one thread (a lone :func:`restore_store` also decodes
-    ahead on a second one): ``threads`` is the number of cores to use.
+    ahead on a second one). A restore from Kafka's native fetcher also
+    receives and checks its fetch responses on a fetch thread of its own, as a
+    Kafka client's network thread does, so ``threads`` counts restore threads:
+    with the segment log it is the number of cores used, from Kafka somewhat
+    more.
 
     Results come back in the order of ``specs``. A failing restore does not
     raise: its result carries the exception in ``error`` and the other

@@ -372,7 +372,7 @@ pub fn fetch_response(data: &[u8]) {
                     }
                 }
             }
-            let _ = Batches::next_offset_after(&records);
+            let _ = Batches::plan(&records);
         }
     }
 }

@@ -67,6 +67,11 @@ class AppRun:
         """From the first onRestoreStart to the last onRestoreEnd, ms (Kafka Streams' own restoration)."""
         return float(self.summary.get("ms", "0"))
 
+    @property
+    def restore_cpu_ms(self) -> float:
+        """CPU time of the whole JVM over that window, ms (every thread: restoration, RocksDB, clients, GC, JIT)."""
+        return float(self.summary.get("cpu_ms", "0"))
+
 
 def parse(lines: list[str], returncode: int = 0, stderr: str = "") -> AppRun:
     """The events of a run's output."""

@@ -13,13 +13,19 @@
 //! fills responses up to a byte limit) is not used; the next fetch starts at
 //! its offset. Each batch's CRC-32C is checked before anything is used.
 //!
-//! [`FetchCursor`] fetches (pipelined: the next request goes out before the
-//! current response is decoded), retries leader changes and broken
-//! connections until the stall timeout, and feeds records below `end` to a
-//! sink; [`KafkaSource`] is it as the engine's [`ChangelogSource`].
+//! A [`FetchCursor`] feeds the records below `end` to a sink. Its network
+//! side, the [`Fetcher`], fetches in order (pipelined: the next request goes
+//! out before the current response is checked and decoded), checks each
+//! response's batches, and retries leader changes and broken connections
+//! until the stall timeout. It runs on the cursor's thread or, for the
+//! restore engine's [`KafkaSource`], on a fetch thread of its own, so the
+//! kernel's copy out of the socket, the CRC-32C checks and the waits for the
+//! broker overlap the restore's decoding and writing.
 
 use std::collections::HashSet;
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -126,22 +132,47 @@ impl<'a> Batches<'a> {
         Some(Ok(Batch { header, bytes, fate }))
     }
 
-    /// The next offset after the last complete batch of `records`, if any
-    /// (headers only, no CRC check: where to fetch next while these are decoded).
-    pub fn next_offset_after(records: &[u8]) -> Option<i64> {
+    /// What the batch headers of `records` say about fetching on (headers
+    /// only, no CRC check: where to fetch next while these are decoded).
+    pub fn plan(records: &[u8]) -> Plan {
         let mut at = 0usize;
         let mut next = None;
+        let ended = |next: Option<i64>| next.map_or(Plan::Unreadable, Plan::Next);
         while let Some((_, len)) = codec::peek_offset_and_length(&records[at..]) {
-            let total = 12usize.saturating_add(usize::try_from(len).ok()?);
-            if total < HEADER_LEN || records.len() - at < total {
-                break;
+            let Some(total) = usize::try_from(len).ok().map(|l| l.saturating_add(12)).filter(|t| *t >= HEADER_LEN)
+            else {
+                return ended(next);
+            };
+            if records.len() - at < total {
+                return next.map_or(Plan::CutOff { need: total }, Plan::Next);
             }
-            let h = BatchHeader::parse(&records[at..at + total]).ok()?;
-            next = Some(h.next_offset());
+            match BatchHeader::parse(&records[at..at + total]) {
+                Ok(h) => next = Some(h.next_offset()),
+                Err(_) => return ended(next),
+            }
             at += total;
         }
-        next
+        match next {
+            Some(n) => Plan::Next(n),
+            None if records.is_empty() => Plan::Empty,
+            None => Plan::CutOff { need: 0 }, // not even a batch's offset and length
+        }
     }
+}
+
+/// Where a response leaves the fetching, by its batch headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// No records: nothing new at the offset yet.
+    Empty,
+    /// The first batch does not fit the response: it needs `need` bytes
+    /// (0: unknown).
+    CutOff { need: usize },
+    /// Fetching goes on at this offset, after the last complete batch.
+    Next(i64),
+    /// The first batch's header cannot be read: the records say where it is
+    /// damaged, not where to go on.
+    Unreadable,
 }
 
 /// A fetch response's data for one partition.
@@ -152,6 +183,42 @@ struct Response {
     offset: i64,
     /// The broker it came from.
     broker: String,
+    /// Its complete batches, CRC-checked, in order.
+    checked: Vec<Checked>,
+    /// The batch that stopped the check, if one was damaged: its base offset and why.
+    damage: Option<(i64, CodecError)>,
+}
+
+/// A batch of a response that passed its checks: where it is, its header, its fate.
+struct Checked {
+    at: usize,
+    len: usize,
+    header: BatchHeader,
+    fate: Fate,
+}
+
+impl Response {
+    fn new(records: Bytes, aborted: Vec<(i64, i64)>, offset: i64, broker: String) -> Self {
+        Response { records, aborted, offset, broker, checked: Vec::new(), damage: None }
+    }
+
+    /// Check the batches (CRC, header, markers) and decide their fates, so
+    /// the cursor's thread only decodes. Checking stops at a damaged batch;
+    /// the batches before it stay usable.
+    fn check(&mut self) {
+        let mut batches = Batches::new(&self.records, self.aborted.iter().copied());
+        loop {
+            let at = batches.position();
+            match batches.next_batch() {
+                None => break,
+                Some(Ok(b)) => self.checked.push(Checked { at, len: b.bytes.len(), header: b.header, fate: b.fate }),
+                Some(Err(e)) => {
+                    self.damage = Some(e);
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// A request on the wire whose response has not been read.
@@ -161,52 +228,47 @@ struct InFlight {
     offset: i64,
 }
 
-/// Reads one partition from its leader, read_committed, from a position.
-pub struct FetchCursor {
+/// The network side of a cursor: hands out the responses of one partition in
+/// order from an offset, with the next request on the wire while the last
+/// response is decoded. It grows the response size for a batch that does not
+/// fit, retries leader changes and broken connections, and gives up after
+/// the stall timeout without progress.
+struct Fetcher {
     client: Arc<KafkaClient>,
     topic: String,
     partition: i32,
-    position: i64,
+    /// Offset of the next response to hand out.
+    offset: i64,
+    /// No request is sent ahead for this offset or later.
+    end: i64,
     conn: Option<Conn>,
     inflight: Option<InFlight>,
-    skipped: SkipCounts,
-    bytes_read: u64,
-    scratch: Vec<u8>,
     partition_max_bytes: i32,
     stall_timeout: Duration,
 }
 
-impl FetchCursor {
-    pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
-        let partition_max_bytes = client.config.partition_max_bytes;
-        let stall_timeout = client.config.stall_timeout;
-        FetchCursor {
+impl Fetcher {
+    fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
+        let (partition_max_bytes, stall_timeout) = (client.config.partition_max_bytes, client.config.stall_timeout);
+        Fetcher {
             client,
             topic: topic.to_string(),
             partition,
-            position: start,
+            offset,
+            end: offset,
             conn: None,
             inflight: None,
-            skipped: SkipCounts::default(),
-            bytes_read: 0,
-            scratch: Vec::new(),
             partition_max_bytes,
             stall_timeout,
         }
     }
 
-    pub fn position(&self) -> i64 {
-        self.position
-    }
-    pub fn skipped(&self) -> SkipCounts {
-        self.skipped
-    }
-    pub fn bytes_read(&self) -> u64 {
-        self.bytes_read
-    }
-
     fn tp(&self) -> String {
         format!("{}-{}", self.topic, self.partition)
+    }
+
+    fn context(&self) -> String {
+        format!("reading {} on {} at offset {}", self.tp(), self.client.servers(), self.offset)
     }
 
     fn request(&self, offset: i64) -> FetchRequest {
@@ -275,22 +337,21 @@ impl FetchCursor {
         }
         let aborted =
             p.aborted_transactions.iter().flatten().map(|a| (a.producer_id.0, a.first_offset)).collect::<Vec<_>>();
-        Ok(Response { records: p.records.clone().unwrap_or_default(), aborted, offset: f.offset, broker })
+        Ok(Response::new(p.records.clone().unwrap_or_default(), aborted, f.offset, broker))
     }
 
-    /// The next response at the current position, retrying retriable
-    /// failures until `deadline`.
+    /// One response at `self.offset`, retrying retriable failures until `deadline`.
     fn fetch(&mut self, deadline: Instant) -> Result<Response, KafkaError> {
         let mut backoff = FIRST_BACKOFF;
         loop {
             let r = (|| {
                 match &self.inflight {
-                    Some(f) if f.offset == self.position => {}
+                    Some(f) if f.offset == self.offset => {}
                     Some(_) => {
                         self.recv()?; // a request for another offset: read it and drop it
-                        self.send(self.position)?;
+                        self.send(self.offset)?;
                     }
-                    None => self.send(self.position)?,
+                    None => self.send(self.offset)?,
                 }
                 self.recv()
             })();
@@ -313,6 +374,244 @@ impl FetchCursor {
         }
     }
 
+    /// The next response with something to decode (at least one complete
+    /// batch, or a damaged one), checked, and the offset after it sent for
+    /// while it is checked and decoded.
+    fn next(&mut self) -> Result<Response, KafkaError> {
+        let deadline = Instant::now() + self.stall_timeout;
+        loop {
+            let mut resp = self.fetch(deadline).map_err(|e| e.context(&self.context()))?;
+            match Batches::plan(&resp.records) {
+                Plan::Next(next) if next > self.offset => {
+                    self.offset = next;
+                    if next < self.end && self.inflight.is_none() {
+                        let _ = self.send(next); // a failure shows on the next fetch
+                    }
+                    resp.check();
+                    return Ok(resp);
+                }
+                Plan::Next(_) | Plan::Unreadable => {
+                    resp.check();
+                    return Ok(resp);
+                }
+                Plan::CutOff { need } => {
+                    // The first batch did not fit the response: ask for more bytes.
+                    let grown = (self.partition_max_bytes as i64 * 2)
+                        .max(need as i64)
+                        .min(super::conn::MAX_RESPONSE_BYTES as i64 / 2);
+                    if grown as i32 <= self.partition_max_bytes {
+                        return Err(KafkaError::Protocol(format!(
+                            "broker {}: {}: a batch of {need} bytes does not fit a response",
+                            resp.broker,
+                            self.context()
+                        )));
+                    }
+                    self.partition_max_bytes = grown as i32;
+                }
+                Plan::Empty => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(KafkaError::Timeout(format!(
+                    "broker {}: {}: no progress for {:.1} s (reading up to offset {}); the fetch at offset {} \
+                     brought nothing usable",
+                    resp.broker,
+                    self.context(),
+                    self.stall_timeout.as_secs_f64(),
+                    self.end,
+                    resp.offset
+                )));
+            }
+        }
+    }
+
+    /// Fetch on from `offset` (requests go out ahead below `end` only).
+    fn seek(&mut self, offset: i64, end: i64) {
+        self.offset = offset;
+        self.end = end;
+    }
+
+    /// Give the connection back to the client if it can be reused (no
+    /// request in flight).
+    fn release(&mut self) {
+        if let Some(c) = self.conn.take() {
+            if self.inflight.is_none() {
+                self.client.checkin(c);
+            }
+        }
+        self.inflight = None;
+    }
+}
+
+impl Drop for Fetcher {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Responses fetched ahead that wait to be decoded (besides the one being
+/// decoded and the one on the wire).
+const RESPONSES_AHEAD: usize = 1;
+
+/// A [`Fetcher`] on a thread of its own, receiving (the kernel's copy out
+/// of the socket) and deciding where to fetch next while the cursor's thread
+/// decodes: a Kafka client's network thread, in the way librdkafka's broker
+/// threads work beside the application's.
+struct Ahead {
+    responses: Receiver<Result<Response, KafkaError>>,
+    thread: JoinHandle<Box<Fetcher>>,
+    end: i64,
+}
+
+impl Ahead {
+    fn start(mut fetcher: Box<Fetcher>, offset: i64, end: i64) -> Self {
+        fetcher.seek(offset, end);
+        let (tx, responses) = sync_channel(RESPONSES_AHEAD);
+        let thread = std::thread::Builder::new()
+            .name(format!("fetch {}", fetcher.tp()))
+            .spawn(move || {
+                while fetcher.offset < fetcher.end {
+                    let r = fetcher.next();
+                    let failed = r.is_err();
+                    // The cursor may be gone (dropped, or fetching elsewhere).
+                    if tx.send(r).is_err() || failed {
+                        break;
+                    }
+                }
+                fetcher
+            })
+            .expect("spawning a fetch thread");
+        Ahead { responses, thread, end }
+    }
+
+    /// Stop fetching; the fetcher, for its connection and response size.
+    fn stop(self) -> Box<Fetcher> {
+        drop(self.responses); // a thread waiting to hand over a response stops
+        match self.thread.join() {
+            Ok(f) => f,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+/// Where a cursor's responses come from.
+enum Responses {
+    /// Fetched on the cursor's own thread.
+    Here(Box<Fetcher>),
+    /// Fetched ahead on a fetch thread.
+    Ahead(Ahead),
+    /// Between the two (only while switching).
+    Switching,
+}
+
+/// Reads one partition from its leader, read_committed, from a position.
+pub struct FetchCursor {
+    client: Arc<KafkaClient>,
+    topic: String,
+    partition: i32,
+    responses: Responses,
+    read_ahead: bool,
+    position: i64,
+    skipped: SkipCounts,
+    bytes_read: u64,
+    scratch: Vec<u8>,
+}
+
+impl FetchCursor {
+    /// A cursor that fetches on the caller's thread.
+    pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
+        Self::with_read_ahead(client, topic, partition, start, false)
+    }
+
+    /// A cursor that, with `read_ahead`, fetches on a thread of its own
+    /// while the caller decodes (started on the first read, for the range
+    /// that read asks for; another range restarts it).
+    pub fn with_read_ahead(
+        client: Arc<KafkaClient>,
+        topic: &str,
+        partition: i32,
+        start: i64,
+        read_ahead: bool,
+    ) -> Self {
+        FetchCursor {
+            responses: Responses::Here(Box::new(Fetcher::new(client.clone(), topic, partition, start))),
+            client,
+            topic: topic.to_string(),
+            partition,
+            read_ahead,
+            position: start,
+            skipped: SkipCounts::default(),
+            bytes_read: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn position(&self) -> i64 {
+        self.position
+    }
+    pub fn skipped(&self) -> SkipCounts {
+        self.skipped
+    }
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read
+    }
+
+    /// The fetcher back on this thread (a fetch thread is stopped).
+    fn here(&mut self) -> &mut Fetcher {
+        if let Responses::Ahead(_) = self.responses {
+            let Responses::Ahead(a) = std::mem::replace(&mut self.responses, Responses::Switching) else {
+                unreachable!()
+            };
+            self.responses = Responses::Here(a.stop());
+        }
+        match &mut self.responses {
+            Responses::Here(f) => f,
+            _ => unreachable!("the fetcher is here"),
+        }
+    }
+
+    /// The response at the position, reading below `end`.
+    fn next_response(&mut self, end: i64) -> Result<Response, KafkaError> {
+        let position = self.position;
+        if !self.read_ahead {
+            let f = self.here();
+            f.seek(position, end);
+            return f.next();
+        }
+        if let Responses::Ahead(a) = &self.responses {
+            if a.end == end {
+                if let Ok(r) = a.responses.recv() {
+                    match r {
+                        // A response for another position (the reads changed course) is dropped.
+                        Ok(resp) if resp.offset != position => {}
+                        r => return r,
+                    }
+                }
+            }
+        }
+        // No fetch thread yet, or one for another range, or one that ended: (re)start it here.
+        self.here();
+        let Responses::Here(f) = std::mem::replace(&mut self.responses, Responses::Switching) else { unreachable!() };
+        let a = Ahead::start(f, position, end);
+        let r = a.responses.recv();
+        self.responses = Responses::Ahead(a);
+        match r {
+            Ok(Ok(resp)) if resp.offset != position => Err(KafkaError::Protocol(format!(
+                "fetch thread of {}: a response at offset {} for position {position}",
+                self.tp(),
+                resp.offset
+            ))),
+            Ok(r) => r,
+            Err(_) => Err(KafkaError::Protocol(format!(
+                "fetch thread of {}: ended without a response at offset {position}",
+                self.tp()
+            ))),
+        }
+    }
+
+    fn tp(&self) -> String {
+        format!("{}-{}", self.topic, self.partition)
+    }
+
     fn context(&self) -> String {
         format!("reading {} on {} at offset {}", self.tp(), self.client.servers(), self.position)
     }
@@ -327,43 +626,13 @@ impl FetchCursor {
         sink: &mut dyn FnMut(&RecordRef<'_>),
     ) -> Result<bool, KafkaError> {
         let mut used = 0usize;
-        let mut deadline = Instant::now() + self.stall_timeout;
         while self.position < end {
             if used >= max_bytes.max(1) {
                 return Ok(true);
             }
-            let resp = self.fetch(deadline).map_err(|e| e.context(&self.context()))?;
-            // Ask for what follows while this is decoded.
-            if let Some(next) = Batches::next_offset_after(&resp.records) {
-                if next > self.position && next < end && self.inflight.is_none() {
-                    let _ = self.send(next); // a failure shows on the next fetch
-                }
-            }
-            let before = self.position;
-            let mut batches = Batches::new(&resp.records, resp.aborted.iter().copied());
-            let mut first = true;
-            loop {
-                let b = match batches.next_batch() {
-                    None => break,
-                    Some(Err((base, e))) => {
-                        return Err(match e {
-                            CodecError::UnsupportedCompression(c) => KafkaError::UnsupportedCompression(format!(
-                                "broker {}: {}: the batch at offset {base} uses compression {c}, which this build \
-                                 cannot decode",
-                                resp.broker,
-                                self.context()
-                            )),
-                            e => KafkaError::Corrupt(format!(
-                                "broker {}: {}: the fetched batch at offset {base} is damaged: {e}",
-                                resp.broker,
-                                self.context()
-                            )),
-                        })
-                    }
-                    Some(Ok(b)) => b,
-                };
-                first = false;
-                let h = b.header;
+            let resp = self.next_response(end)?;
+            for c in &resp.checked {
+                let (h, len) = (c.header, c.len);
                 if h.next_offset() <= self.position {
                     continue; // before the position (the broker sends whole batches)
                 }
@@ -373,7 +642,7 @@ impl FetchCursor {
                 }
                 let upto = h.next_offset().min(end);
                 let from = self.position.max(h.base_offset);
-                match b.fate {
+                match c.fate {
                     Fate::Control => self.skipped.control += (upto - from) as u64,
                     Fate::Aborted => {
                         self.skipped.aborted += if from == h.base_offset && upto == h.next_offset() {
@@ -383,8 +652,7 @@ impl FetchCursor {
                         }
                     }
                     Fate::Data => {
-                        let context = self.context();
-                        let broker = &resp.broker;
+                        let (broker, context) = (&resp.broker, self.context());
                         let bad = |e: CodecError| match e {
                             CodecError::UnsupportedCompression(c) => KafkaError::UnsupportedCompression(format!(
                                 "broker {broker}: {context}: the batch at offset {} uses compression {c}, which this \
@@ -396,7 +664,8 @@ impl FetchCursor {
                                 h.base_offset
                             )),
                         };
-                        let records = codec::batch_records(&h, b.bytes, &mut self.scratch).map_err(bad)?;
+                        let bytes = &resp.records[c.at..c.at + c.len];
+                        let records = codec::batch_records(&h, bytes, &mut self.scratch).map_err(bad)?;
                         let pos = self.position;
                         for r in records {
                             let r = r.map_err(bad)?;
@@ -411,67 +680,52 @@ impl FetchCursor {
                     }
                 }
                 self.position = upto;
-                used += b.bytes.len();
-                self.bytes_read += b.bytes.len() as u64;
+                used += len;
+                self.bytes_read += len as u64;
                 if self.position >= end {
                     break;
                 }
             }
-            if first && !resp.records.is_empty() && batches.position() == 0 {
-                // The first batch did not fit the response: ask for more bytes.
-                let need = codec::peek_offset_and_length(&resp.records).map_or(0, |(_, l)| l.max(0) as i64 + 12);
-                let grown =
-                    (self.partition_max_bytes as i64 * 2).max(need).min(super::conn::MAX_RESPONSE_BYTES as i64 / 2);
-                if grown as i32 <= self.partition_max_bytes {
-                    return Err(KafkaError::Protocol(format!(
-                        "broker {}: {}: a batch of {need} bytes does not fit a response",
+            if let (Some((base, e)), true) = (resp.damage, self.position < end) {
+                return Err(match e {
+                    CodecError::UnsupportedCompression(c) => KafkaError::UnsupportedCompression(format!(
+                        "broker {}: {}: the batch at offset {base} uses compression {c}, which this build cannot \
+                         decode",
                         resp.broker,
                         self.context()
-                    )));
-                }
-                self.partition_max_bytes = grown as i32;
-            }
-            if self.position > before {
-                deadline = Instant::now() + self.stall_timeout;
-            } else if Instant::now() >= deadline {
-                return Err(KafkaError::Timeout(format!(
-                    "broker {}: {}: no progress for {:.1} s (reading up to offset {end}); the fetch at offset {} \
-                     brought nothing usable",
-                    resp.broker,
-                    self.context(),
-                    self.stall_timeout.as_secs_f64(),
-                    resp.offset
-                )));
+                    )),
+                    e => KafkaError::Corrupt(format!(
+                        "broker {}: {}: the fetched batch at offset {base} is damaged: {e}",
+                        resp.broker,
+                        self.context()
+                    )),
+                });
             }
         }
         Ok(false)
-    }
-
-    /// The connection, if it can be reused (no request in flight).
-    fn release(&mut self) {
-        if let Some(c) = self.conn.take() {
-            if self.inflight.is_none() {
-                self.client.checkin(c);
-            }
-        }
-        self.inflight = None;
     }
 }
 
 impl Drop for FetchCursor {
     fn drop(&mut self) {
-        self.release();
+        // A fetch thread is left to stop by itself: its next hand-over fails
+        // and it ends, giving its connection back (joining it here could wait
+        // out a slow broker's response). One that reached the end has ended.
+        if let Responses::Ahead(a) = std::mem::replace(&mut self.responses, Responses::Switching) {
+            drop(a.responses);
+        }
     }
 }
 
-/// A [`FetchCursor`] as the restore engine's [`ChangelogSource`].
+/// A [`FetchCursor`] as the restore engine's [`ChangelogSource`]: it reads
+/// ahead, the restore decoding while the next response arrives.
 pub struct KafkaSource {
     cursor: FetchCursor,
 }
 
 impl KafkaSource {
     pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
-        KafkaSource { cursor: FetchCursor::new(client, topic, partition, start) }
+        KafkaSource { cursor: FetchCursor::with_read_ahead(client, topic, partition, start, true) }
     }
 
     pub fn cursor(&mut self) -> &mut FetchCursor {

@@ -10,7 +10,9 @@
 //! the segment log uses (CRC-32C checked, every compression), drops the
 //! transactions the broker lists as aborted and the control batches exactly
 //! as Kafka's own consumer does, and feeds committed records to the engine's
-//! sink. So [`client::KafkaClient`] is a [`crate::source::Changelog`]
+//! sink. A restore's fetches run on a fetch thread per partition (a
+//! client's network thread), ahead of the decoding. So
+//! [`client::KafkaClient`] is a [`crate::source::Changelog`]
 //! like the segment log: replay, bulk, the thread pool, the state updater and
 //! Spark tasks all run on it unchanged.
 //!

@@ -24,7 +24,7 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 
 use super::client::KafkaClient;
 use super::config::ClientConfig;
-use super::fetch::{Batches, Fate, FetchCursor};
+use super::fetch::{Batches, Fate, FetchCursor, Plan};
 use super::KafkaError;
 use crate::codec::{self, control_batch, BatchBuilder, BatchMeta, Compression};
 
@@ -246,31 +246,76 @@ fn batches_follow_the_aborted_list_across_responses() {
 }
 
 #[test]
-fn restores_through_small_responses_that_cut_batches_and_split_a_transaction() {
+fn the_plan_of_a_response_is_where_its_complete_batches_end() {
     let log = sample();
-    for max in [120, 200, 333, 1 << 20] {
-        let addr = fake(log.clone(), Mode::Good, max);
-        let c = client(&addr, Duration::from_secs(5));
-        let o = c.offsets("t", 0).unwrap();
-        assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
-        let mut cur = FetchCursor::new(c, "t", 0, 0);
-        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "max bytes {max}");
-        assert_eq!(cur.position(), 37);
-        assert_eq!((cur.skipped().aborted, cur.skipped().control), (10, 2));
-    }
-    // Starting mid-log, inside the aborted transaction, and stopping before the end.
-    let addr = fake(log, Mode::Good, 150);
-    let mut cur = FetchCursor::new(client(&addr, Duration::from_secs(5)), "t", 0, 12);
-    assert_eq!(drain(&mut cur, 30).unwrap(), (15..20).chain(27..30).collect::<Vec<_>>());
+    let all: Vec<u8> = log.batches.iter().flat_map(|(_, b)| b.clone()).collect();
+    let first = log.batches[0].1.len();
+    assert_eq!(Batches::plan(&[]), Plan::Empty);
+    assert_eq!(Batches::plan(&all), Plan::Next(37));
+    assert_eq!(Batches::plan(&all[..all.len() - 1]), Plan::Next(27), "the last batch cut off");
+    assert_eq!(Batches::plan(&all[..first + 3]), Plan::Next(10));
+    assert_eq!(Batches::plan(&all[..first - 1]), Plan::CutOff { need: first }, "the first batch cut off");
+    assert_eq!(Batches::plan(&all[..5]), Plan::CutOff { need: 0 }, "not even a length");
+    // A damaged first header leaves nothing to go on from; a later one, the batches before it.
+    let mut bad = all.clone();
+    bad[8..12].copy_from_slice(&(-5i32).to_be_bytes());
+    assert_eq!(Batches::plan(&bad), Plan::Unreadable);
+    let mut bad = all.clone();
+    bad[first + 16] = 99; // the second batch's magic
+    assert_eq!(Batches::plan(&bad), Plan::Next(10));
 }
 
+#[test]
+fn restores_through_small_responses_that_cut_batches_and_split_a_transaction() {
+    let log = sample();
+    for read_ahead in [false, true] {
+        for max in [120, 200, 333, 1 << 20] {
+            let addr = fake(log.clone(), Mode::Good, max);
+            let c = client(&addr, Duration::from_secs(5));
+            let o = c.offsets("t", 0).unwrap();
+            assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
+            let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+            assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "max bytes {max}, read-ahead {read_ahead}");
+            assert_eq!(cur.position(), 37);
+            assert_eq!((cur.skipped().aborted, cur.skipped().control), (10, 2));
+        }
+        // Starting mid-log, inside the aborted transaction, and stopping before the end.
+        let addr = fake(log.clone(), Mode::Good, 150);
+        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 12, read_ahead);
+        assert_eq!(drain(&mut cur, 30).unwrap(), (15..20).chain(27..30).collect::<Vec<_>>());
+        // Then on to further ends, the last past a cut: nothing read twice, nothing missed.
+        assert_eq!(drain(&mut cur, 33).unwrap(), (30..33).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        assert_eq!(drain(&mut cur, 37).unwrap(), (33..37).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        // Small reads of one range hand out each record once.
+        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+        let mut got = Vec::new();
+        while cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap() {}
+        assert_eq!(got, expected(), "read-ahead {read_ahead}");
+        // A cursor dropped halfway does not wait for its fetch thread.
+        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+        assert!(cur.read(37, 1, &mut |_| {}).unwrap());
+        let t = Instant::now();
+        drop(cur);
+        assert!(t.elapsed() < Duration::from_millis(500), "read-ahead {read_ahead}: {:?}", t.elapsed());
+    }
+}
+
+/// The error reading the whole sample from a broker behaving as `mode` says,
+/// the same with and without a fetch thread; how long it took (the longer).
 fn failure(mode: Mode) -> (KafkaError, Duration, String) {
     let addr = fake(sample(), mode, 1 << 20);
-    let c = client(&addr, Duration::from_millis(600));
-    let mut cur = FetchCursor::new(c, "t", 0, 0);
-    let t = Instant::now();
-    let e = drain(&mut cur, 37).unwrap_err();
-    (e, t.elapsed(), addr)
+    let mut seen: Vec<(KafkaError, Duration)> = Vec::new();
+    for read_ahead in [false, true] {
+        let c = client(&addr, Duration::from_millis(600));
+        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        let t = Instant::now();
+        let e = drain(&mut cur, 37).unwrap_err();
+        seen.push((e, t.elapsed()));
+    }
+    let (b, tb) = seen.pop().unwrap();
+    let (a, ta) = seen.pop().unwrap();
+    assert_eq!(a.to_string(), b.to_string(), "the same error with a fetch thread");
+    (a, ta.max(tb), addr)
 }
 
 #[test]

@@ -1,5 +1,6 @@
 package statestore.interop;
 
+import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.time.Duration;
@@ -64,7 +65,7 @@ import org.apache.kafka.streams.state.Stores;
  * <pre>
  * RESTORE_START topic partition store from to nanos
  * RESTORE_END topic partition store restored nanos
- * RESTORE_SUMMARY changelogs=N restored=R first_start_nanos=.. last_end_nanos=.. ms=..
+ * RESTORE_SUMMARY changelogs=N restored=R first_start_nanos=.. last_end_nanos=.. ms=.. cpu_ms=..
  * PROGRESS processed=N
  * RESULT store key value          (with --print-results)
  * STORE store entries=N sum=S sha256=HEX
@@ -72,6 +73,12 @@ import org.apache.kafka.streams.state.Stores;
  * </pre>
  */
 public final class StreamsApp {
+    /** CPU time of the whole JVM so far, nanoseconds. */
+    static long processCpuNanos() {
+        return ((com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean())
+                .getProcessCpuTime();
+    }
+
     static final String LATEST = "latest";
     static final String COUNTS = "counts";
 
@@ -313,10 +320,15 @@ public final class StreamsApp {
         AtomicLong restored = new AtomicLong();
         AtomicLong firstStart = new AtomicLong(Long.MAX_VALUE);
         AtomicLong lastEnd = new AtomicLong(Long.MIN_VALUE);
+        // The JVM's CPU time (every thread: restoration, RocksDB, the clients, GC and JIT) at the first start
+        // and at the latest end, for the CPU the restoration cost beside its wall time.
+        AtomicLong firstStartCpu = new AtomicLong(-1);
+        AtomicLong lastEndCpu = new AtomicLong(-1);
         streams.setGlobalStateRestoreListener(new StateRestoreListener() {
             @Override
             public void onRestoreStart(TopicPartition tp, String store, long from, long to) {
                 long now = System.nanoTime();
+                firstStartCpu.compareAndSet(-1, processCpuNanos());
                 firstStart.accumulateAndGet(now, Math::min);
                 starts.put(tp + "/" + store, now);
                 started.incrementAndGet();
@@ -330,6 +342,7 @@ public final class StreamsApp {
             @Override
             public void onRestoreEnd(TopicPartition tp, String store, long total) {
                 long now = System.nanoTime();
+                lastEndCpu.accumulateAndGet(processCpuNanos(), Math::max);
                 lastEnd.accumulateAndGet(now, Math::max);
                 restored.addAndGet(total);
                 ended.incrementAndGet();
@@ -397,7 +410,8 @@ public final class StreamsApp {
         if (ended.get() > 0) {
             out("RESTORE_SUMMARY changelogs=" + ended.get() + " restored=" + restored.get()
                     + " first_start_nanos=" + firstStart.get() + " last_end_nanos=" + lastEnd.get()
-                    + " ms=" + String.format("%.3f", (lastEnd.get() - firstStart.get()) / 1e6));
+                    + " ms=" + String.format("%.3f", (lastEnd.get() - firstStart.get()) / 1e6)
+                    + " cpu_ms=" + String.format("%.3f", (lastEndCpu.get() - firstStartCpu.get()) / 1e6));
         } else {
             out("RESTORE_SUMMARY changelogs=0 restored=0 ms=0");
         }
