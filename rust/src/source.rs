@@ -38,8 +38,8 @@ pub struct ChunkRecord {
     pub headers: Span,
 }
 
-/// Records copied out of a log, owned: their bytes in one arena. What crosses
-/// a thread (read-ahead), comes from a feed, or goes to Python.
+/// Records copied out of a log, owned: their bytes in one arena. What comes
+/// from a feed, goes to Python, or is held decoded for the write ceiling.
 #[derive(Debug, Default, Clone)]
 pub struct RecordChunk {
     pub data: Vec<u8>,

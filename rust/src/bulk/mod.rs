@@ -385,6 +385,7 @@ mod tests {
                 Target { store: &s2, tp: "t-0", end: 20_000 },
                 &mut src,
                 1000,
+                read_ahead,
                 &mut Progress::new(None, Duration::ZERO),
             )
             .unwrap();
@@ -425,7 +426,7 @@ mod tests {
                     opts.chunk_bytes = 300;
                     bulk(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, &opts, &mut pr).unwrap();
                 } else {
-                    replay(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, 1000, &mut pr).unwrap();
+                    replay(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, 1000, true, &mut pr).unwrap();
                 }
             }
             let mut cfs = DB::list_cf(&Options::default(), &p).unwrap();

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::read_ahead::ReadAhead;
 use super::{
     replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, Target, DEFAULT_CHUNK_BYTES,
     DEFAULT_WRITE_BUFFER_BYTES, READ_BYTES,
@@ -215,11 +214,6 @@ fn restore_one(
     }
     if start < end {
         let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
-        if spec.read_ahead && mode != Mode::Bulk {
-            // Decode ahead on a second thread while this one applies (bulk
-            // reads ahead in its own way, see `BulkOptions::read_ahead`).
-            source = Box::new(ReadAhead::spawn(source, end, spec.chunk_bytes.min(READ_BYTES), 2));
-        }
         let target = Target { store: &store, tp: &tp, end };
         let applied: Applied = match mode {
             Mode::Bulk => {
@@ -231,13 +225,13 @@ fn restore_one(
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
-            // a replay batch holds about 2.5 times its log bytes: keep it within the budget
-            _ => replay(
-                target,
-                source.as_mut(),
-                spec.chunk_bytes.min((spec.memory_budget / 3).max(READ_BYTES)),
-                &mut progress,
-            )?,
+            // A replay batch holds about 2.5 times its log bytes, and with
+            // read-ahead a second one is gathered: keep them within the budget.
+            _ => {
+                let batches = if spec.read_ahead { 2 } else { 1 };
+                let chunk = spec.chunk_bytes.min((spec.memory_budget / (3 * batches)).max(READ_BYTES));
+                replay(target, source.as_mut(), chunk, spec.read_ahead, &mut progress)?
+            }
         };
         if source.position() < end {
             return Err(bad(format!(

@@ -12,12 +12,12 @@ pub mod ceiling;
 pub mod engine;
 pub mod feed;
 mod progress;
-pub mod read_ahead;
 
 pub use progress::{Listener, Progress};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, sync_channel};
 
 use rocksdb::{DBCompressionType, Options, WriteBatch};
 
@@ -34,8 +34,8 @@ use crate::store::{store_options, Store, StoreError, StoreFormat};
 /// flush, so a larger batch does not put more work at risk in a crash.
 pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
 
-/// Most bytes of log asked of a source at a time (and the size of a
-/// read-ahead chunk); a replay batch gathers reads up to its chunk size.
+/// Most bytes of log asked of a source at a time; a replay batch gathers
+/// reads up to its chunk size.
 pub const READ_BYTES: usize = 4 << 20;
 
 /// Why a restore stopped, by what the caller should do about it (each maps
@@ -202,19 +202,71 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
 /// applies. Flushes both column families at the end, and also when stopping
 /// on an error, so the store on disk is always a committed prefix with its
 /// offset (a chunk the error cut short is not written).
+///
+/// With `read_ahead` the next chunk is read, decoded and gathered on a
+/// second thread while this one sorts and writes the current one: two chunks
+/// in memory instead of one, the same batches in the same order.
 pub fn replay(
     target: Target<'_>,
     source: &mut dyn ChangelogSource,
     chunk_bytes: usize,
+    read_ahead: bool,
     progress: &mut Progress<'_>,
 ) -> Result<Applied, RestoreError> {
     let Target { store, tp, .. } = target;
     let mut applied = Applied::default();
-    let result = replay_chunks(target, source, chunk_bytes, progress, &mut applied);
+    let result = if read_ahead {
+        replay_chunks_ahead(target, source, chunk_bytes, progress, &mut applied)
+    } else {
+        replay_chunks(target, source, chunk_bytes, progress, &mut applied)
+    };
     let flushed = store.flush().map_err(|e| RestoreError::store(tp, e));
     result?;
     flushed?;
     Ok(applied)
+}
+
+/// Gather the next chunk of `source` below `end` (about `chunk_bytes` of
+/// log, read [`READ_BYTES`] at a time) into `ops`; whether more follows.
+fn gather(
+    ops: &mut ChunkOps,
+    source: &mut dyn ChangelogSource,
+    end: i64,
+    chunk_bytes: usize,
+    format: StoreFormat,
+) -> Result<bool, LogError> {
+    ops.clear();
+    let first = source.bytes_read();
+    let mut more = true;
+    while more {
+        let read = usize::try_from(source.bytes_read().saturating_sub(first)).unwrap_or(usize::MAX);
+        if read >= chunk_bytes {
+            break;
+        }
+        more = ops.read(source, end, (chunk_bytes - read).min(READ_BYTES), format)?;
+    }
+    Ok(more)
+}
+
+/// Write a gathered chunk as one batch with its offset, and report it.
+fn apply(
+    ops: &mut ChunkOps,
+    target: Target<'_>,
+    progress: &mut Progress<'_>,
+    applied: &mut Applied,
+) -> Result<(), RestoreError> {
+    let Target { store, tp, .. } = target;
+    if let Some(off) = ops.last_offset() {
+        let mut batch = ops.to_batch(store);
+        store.put_offset(&mut batch, tp, off);
+        store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
+        let n = ops.len() as u64;
+        applied.records += n;
+        applied.null_keys += ops.null_keys();
+        applied.last_offset = Some(off);
+        progress.batch(off, n)?;
+    }
+    Ok(())
 }
 
 fn replay_chunks(
@@ -225,35 +277,53 @@ fn replay_chunks(
     applied: &mut Applied,
 ) -> Result<(), RestoreError> {
     let Target { store, tp, end } = target;
-    let mut ops = ChunkOps::default();
     let format = store.format();
+    let mut ops = ChunkOps::default();
     loop {
-        ops.clear();
-        let first = source.bytes_read();
-        let mut more = true;
-        while more {
-            let read = usize::try_from(source.bytes_read().saturating_sub(first)).unwrap_or(usize::MAX);
-            if read >= chunk_bytes {
-                break;
-            }
-            more = ops
-                .read(source, end, (chunk_bytes - read).min(READ_BYTES), format)
-                .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
-        }
-        if let Some(off) = ops.last_offset() {
-            let mut batch = ops.to_batch(store);
-            store.put_offset(&mut batch, tp, off);
-            store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
-            let n = ops.len() as u64;
-            applied.records += n;
-            applied.null_keys += ops.null_keys();
-            applied.last_offset = Some(off);
-            progress.batch(off, n)?;
-        }
+        let more = gather(&mut ops, source, end, chunk_bytes, format)
+            .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+        apply(&mut ops, target, progress, applied)?;
         if !more {
             return Ok(());
         }
     }
+}
+
+/// [`replay_chunks`] with the gathering on a second thread. The reader
+/// hands over each gathered chunk when this thread takes it (so at most two
+/// exist: one written, one gathered) and gets the written ones back to fill
+/// again; an error reaches this thread after the chunks before it were
+/// written. Leaving early (an error here) drops the receiving end, and the
+/// reader stops at its next hand-over.
+fn replay_chunks_ahead(
+    target: Target<'_>,
+    source: &mut dyn ChangelogSource,
+    chunk_bytes: usize,
+    progress: &mut Progress<'_>,
+    applied: &mut Applied,
+) -> Result<(), RestoreError> {
+    let Target { store, tp, end } = target;
+    let format = store.format();
+    std::thread::scope(|scope| {
+        let (filled_tx, filled) = sync_channel::<Result<ChunkOps, RestoreError>>(0);
+        let (spent, reuse) = channel::<ChunkOps>();
+        scope.spawn(move || loop {
+            let mut ops = reuse.try_recv().unwrap_or_default();
+            let (msg, more) = match gather(&mut ops, source, end, chunk_bytes, format) {
+                Ok(more) => (Ok(ops), more),
+                Err(e) => (Err(RestoreError::source(store, tp, source.position(), e)), false),
+            };
+            if filled_tx.send(msg).is_err() || !more {
+                return;
+            }
+        });
+        for msg in filled {
+            let mut ops = msg?;
+            apply(&mut ops, target, progress, applied)?;
+            let _ = spent.send(ops); // the reader may be done: then the buffers are dropped
+        }
+        Ok(())
+    })
 }
 
 /// The operations of one chunk, turned into a `WriteBatch` in key order with
@@ -594,17 +664,20 @@ mod tests {
 
     #[test]
     fn replay_equals_model_and_records_offset_in_small_chunks() {
-        let dir = tempfile::tempdir().unwrap();
         let log = random_log(3000, 300, 7);
-        let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
-        let mut src = VecSource::new(log.clone(), 0);
-        let mut p = Progress::new(None, Duration::ZERO);
-        let a = replay(Target { store: &store, tp: "t-0", end: 3000 }, &mut src, 200, &mut p).unwrap();
         let (m, last) = model(&log, 3000);
-        assert_eq!(dump(&store), m);
-        assert_eq!(store.offset("t-0").unwrap(), last);
-        assert_eq!(a.last_offset, last);
-        assert!(a.null_keys > 0 && src.skipped.aborted > 0);
+        for read_ahead in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+            let mut src = VecSource::new(log.clone(), 0);
+            let mut p = Progress::new(None, Duration::ZERO);
+            let a = replay(Target { store: &store, tp: "t-0", end: 3000 }, &mut src, 200, read_ahead, &mut p).unwrap();
+            assert_eq!(dump(&store), m, "read-ahead {read_ahead}");
+            assert_eq!(store.offset("t-0").unwrap(), last);
+            assert_eq!(a.last_offset, last);
+            assert!(a.null_keys > 0 && src.skipped.aborted > 0);
+            assert_eq!(src.position(), 3000, "read-ahead {read_ahead}: the source is where the reader left it");
+        }
     }
 
     #[test]
@@ -626,12 +699,17 @@ mod tests {
                 Ok(())
             }
         }
-        for (name, chunk, batches) in [("gathered", 5 << 20, 2), ("default", DEFAULT_CHUNK_BYTES, 1)] {
+        for (name, chunk, batches, read_ahead) in [
+            ("gathered", 5 << 20, 2, false),
+            ("default", DEFAULT_CHUNK_BYTES, 1, false),
+            ("gathered-ahead", 5 << 20, 2, true),
+        ] {
             let store = Store::open_with(&dir.path().join(name), restore_options()).unwrap();
             let mut src = VecSource::new(log.clone(), 0);
             let mut counted = Batches(0);
             let mut p = Progress::new(Some(&mut counted), Duration::ZERO);
-            let a = replay(Target { store: &store, tp: "t-0", end: n as i64 }, &mut src, chunk, &mut p).unwrap();
+            let target = Target { store: &store, tp: "t-0", end: n as i64 };
+            let a = replay(target, &mut src, chunk, read_ahead, &mut p).unwrap();
             assert!(src.bytes > (READ_BYTES + (1 << 20)) as u64, "{name}: the log is larger than a read");
             assert!(src.bytes < (5 << 20) + READ_BYTES as u64, "{name}: two 5 MiB chunks at most");
             assert_eq!(counted.0, batches, "{name}: one write per chunk, not per read");
@@ -695,21 +773,61 @@ mod tests {
 
     #[test]
     fn a_source_error_keeps_the_applied_prefix_with_its_offset() {
-        let dir = tempfile::tempdir().unwrap();
         let log = random_log(2000, 100, 9);
+        for read_ahead in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("s");
+            {
+                let store = Store::open_with(&p, restore_options()).unwrap();
+                let mut src = VecSource::new(log.clone(), 0);
+                src.fail_at = Some(1500);
+                let mut pr = Progress::new(None, Duration::ZERO);
+                let target = Target { store: &store, tp: "t-0", end: 2000 };
+                let e = replay(target, &mut src, 100, read_ahead, &mut pr).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::CorruptLog);
+                assert_eq!(e.offset, Some(1500), "read-ahead {read_ahead}: the offset it stopped at");
+                assert!(e.message.contains("t-0") && e.message.contains(&p.display().to_string()), "{e}");
+            }
+            let store = Store::open(&p, false).unwrap();
+            let off = store.offset("t-0").unwrap().unwrap();
+            assert!(off < 1500);
+            assert_eq!(dump(&store), model(&log, off + 1).0, "read-ahead {read_ahead}");
+        }
+    }
+
+    #[test]
+    fn a_failing_write_side_stops_the_reader_and_keeps_a_committed_prefix() {
+        // A listener that refuses the third batch stops the replay there; the reader thread ends.
+        struct StopAt(u32);
+        impl Listener for StopAt {
+            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+                Ok(())
+            }
+            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+                self.0 -= 1;
+                if self.0 == 0 {
+                    return Err("stop".into());
+                }
+                Ok(())
+            }
+            fn on_end(&mut self, _: u64) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let log = random_log(5000, 200, 17);
+        let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
         {
             let store = Store::open_with(&p, restore_options()).unwrap();
             let mut src = VecSource::new(log.clone(), 0);
-            src.fail_at = Some(1500);
-            let mut pr = Progress::new(None, Duration::ZERO);
-            let e = replay(Target { store: &store, tp: "t-0", end: 2000 }, &mut src, 100, &mut pr).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::CorruptLog);
-            assert!(e.message.contains("t-0") && e.message.contains(&p.display().to_string()), "{e}");
+            let mut stop = StopAt(3);
+            let mut pr = Progress::new(Some(&mut stop), Duration::ZERO);
+            let target = Target { store: &store, tp: "t-0", end: 5000 };
+            replay(target, &mut src, 300, true, &mut pr).unwrap_err();
+            assert!(src.position() < 5000, "the reader stopped early");
         }
         let store = Store::open(&p, false).unwrap();
         let off = store.offset("t-0").unwrap().unwrap();
-        assert!(off < 1500);
         assert_eq!(dump(&store), model(&log, off + 1).0);
     }
 }
