@@ -199,7 +199,7 @@ def restore_store(
 
     ``memory_budget_bytes`` bounds what the restore holds in memory: bulk
     spills sorted runs beyond it, and a replay batch covers at most a third of
-    it in log bytes (64 MiB at most, 4 MiB at least), a sixth with
+    it in log bytes (64 MiB at most, 4 MiB at least), a fourth with
     ``read_ahead``, which gathers the next batch while one is written.
 
     ``format`` is how the store lays out its data (:data:`STORE_FORMATS`):

@@ -225,11 +225,12 @@ fn restore_one(
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
-            // A replay batch holds about 2.5 times its log bytes, and with
-            // read-ahead a second one is gathered: keep them within the budget.
+            // A replay batch holds about 2.5 times its log bytes while it is
+            // written; with read-ahead the next one, gathered meanwhile, holds
+            // about 1.2 times its own: keep them within the budget.
             _ => {
-                let batches = if spec.read_ahead { 2 } else { 1 };
-                let chunk = spec.chunk_bytes.min((spec.memory_budget / (3 * batches)).max(READ_BYTES));
+                let share = if spec.read_ahead { 4 } else { 3 };
+                let chunk = spec.chunk_bytes.min((spec.memory_budget / share).max(READ_BYTES));
                 replay(target, source.as_mut(), chunk, spec.read_ahead, &mut progress)?
             }
         };
