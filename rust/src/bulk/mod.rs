@@ -23,11 +23,10 @@ pub mod runs;
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 
 use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
 
-use crate::replay::{restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError, Target};
+use crate::replay::{for_each_chunk, restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError, Target};
 use crate::source::{ChangelogSource, LogError};
 use crate::store::StoreFormat;
 use collect::{Collector, Full, Stage};
@@ -47,7 +46,7 @@ pub struct BulkOptions {
     /// An SST file is closed once it reaches this size.
     pub sst_target_bytes: u64,
     /// Read, decode and hash the next chunks on a second thread while this
-    /// one collects (a restore that may use two cores; see [`read_chunks`]).
+    /// one collects (a restore that may use two cores; see [`for_each_chunk`]).
     pub read_ahead: bool,
 }
 
@@ -178,31 +177,13 @@ fn run(
         Ok(())
     };
     let (format, chunk_bytes) = (store.format(), opts.chunk_bytes);
-    if opts.read_ahead {
-        std::thread::scope(|scope| -> Result<(), Failure> {
-            let (filled_tx, filled) = sync_channel::<Result<Chunk, RestoreError>>(CHUNKS_AHEAD);
-            let (spent, reuse) = channel::<Chunk>();
-            scope.spawn(move || read_chunks(target, source, format, chunk_bytes, &filled_tx, &reuse));
-            // Leaving this loop early (an error) drops `filled`: the reader then stops.
-            for chunk in filled {
-                let chunk = chunk?;
-                add(&chunk)?;
-                let _ = spent.send(chunk); // the reader may be done: then the buffers are dropped
-            }
-            Ok(())
-        })?;
-    } else {
-        let mut chunk = Chunk::default();
-        loop {
-            let more = chunk
-                .fill(source, end, format, chunk_bytes)
-                .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
-            add(&chunk)?;
-            if !more {
-                break;
-            }
-        }
-    }
+    for_each_chunk(
+        target,
+        source,
+        opts.read_ahead.then_some(CHUNKS_AHEAD),
+        |chunk: &mut Chunk, source| chunk.fill(source, end, format, chunk_bytes),
+        |chunk| add(chunk),
+    )?;
 
     let sst_opts = restore_options();
     let mut out = SstOut::new(&sst_opts, dir, opts.sst_target_bytes, base_empty);
@@ -266,33 +247,6 @@ impl Chunk {
         hashes.clear();
         hashes.extend((0..ops.len()).map(|i| Collector::hash(ops.get(i).0)));
         Ok(more)
-    }
-}
-
-/// The reading side of a bulk restore with read-ahead, on its own thread:
-/// fill chunks (reusing the buffers of collected chunks that come back
-/// through `reuse`) and send them in order; stop at the end of the log, at an
-/// error (sent last), or when the collecting side is gone. Decoding and
-/// hashing here, not in a generic read-ahead, spares the collecting side a
-/// copy of every record.
-fn read_chunks(
-    target: Target<'_>,
-    source: &mut dyn ChangelogSource,
-    format: StoreFormat,
-    chunk_bytes: usize,
-    filled: &SyncSender<Result<Chunk, RestoreError>>,
-    reuse: &Receiver<Chunk>,
-) {
-    let Target { store, tp, end } = target;
-    loop {
-        let mut c = reuse.try_recv().unwrap_or_default();
-        let (msg, more) = match c.fill(source, end, format, chunk_bytes) {
-            Ok(more) => (Ok(c), more),
-            Err(e) => (Err(RestoreError::source(store, tp, source.position(), e)), false),
-        };
-        if filled.send(msg).is_err() || !more {
-            return;
-        }
     }
 }
 

@@ -215,11 +215,7 @@ pub fn replay(
 ) -> Result<Applied, RestoreError> {
     let Target { store, tp, .. } = target;
     let mut applied = Applied::default();
-    let result = if read_ahead {
-        replay_chunks_ahead(target, source, chunk_bytes, progress, &mut applied)
-    } else {
-        replay_chunks(target, source, chunk_bytes, progress, &mut applied)
-    };
+    let result = replay_chunks(target, source, chunk_bytes, read_ahead, progress, &mut applied);
     let flushed = store.flush().map_err(|e| RestoreError::store(tp, e));
     result?;
     flushed?;
@@ -273,54 +269,71 @@ fn replay_chunks(
     target: Target<'_>,
     source: &mut dyn ChangelogSource,
     chunk_bytes: usize,
+    read_ahead: bool,
     progress: &mut Progress<'_>,
     applied: &mut Applied,
 ) -> Result<(), RestoreError> {
-    let Target { store, tp, end } = target;
-    let format = store.format();
-    let mut ops = ChunkOps::default();
-    loop {
-        let more = gather(&mut ops, source, end, chunk_bytes, format)
-            .map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
-        apply(&mut ops, target, progress, applied)?;
-        if !more {
-            return Ok(());
-        }
-    }
+    let (end, format) = (target.end, target.store.format());
+    for_each_chunk(
+        target,
+        source,
+        // The next chunk is handed over when this thread takes it: at most two exist.
+        read_ahead.then_some(0),
+        |ops: &mut ChunkOps, source| gather(ops, source, end, chunk_bytes, format),
+        |ops| apply(ops, target, progress, applied),
+    )
 }
 
-/// [`replay_chunks`] with the gathering on a second thread. The reader
-/// hands over each gathered chunk when this thread takes it (so at most two
-/// exist: one written, one gathered) and gets the written ones back to fill
-/// again; an error reaches this thread after the chunks before it were
-/// written. Leaving early (an error here) drops the receiving end, and the
-/// reader stops at its next hand-over.
-fn replay_chunks_ahead(
+/// Fill chunks of `source` with `fill` (whether more follows) and hand each
+/// to `take`, in log order, until the log ends: what replay and bulk share.
+///
+/// With `ahead`, the filling runs on a second thread while `take` works on
+/// this one, with up to that many filled chunks waiting to be taken; taken
+/// chunks go back to be filled again (a fresh multi-MiB buffer per chunk
+/// costs a page fault and the zeroing of every page). Either way a fill that
+/// fails reaches `take`'s side after every chunk before it, as an error
+/// naming the store, partition and position; when `take` fails the reader
+/// stops at its next hand-over.
+pub(crate) fn for_each_chunk<C, E>(
     target: Target<'_>,
     source: &mut dyn ChangelogSource,
-    chunk_bytes: usize,
-    progress: &mut Progress<'_>,
-    applied: &mut Applied,
-) -> Result<(), RestoreError> {
-    let Target { store, tp, end } = target;
-    let format = store.format();
+    ahead: Option<usize>,
+    mut fill: impl FnMut(&mut C, &mut dyn ChangelogSource) -> Result<bool, LogError> + Send,
+    mut take: impl FnMut(&mut C) -> Result<(), E>,
+) -> Result<(), E>
+where
+    C: Default + Send,
+    E: From<RestoreError>,
+{
+    let Target { store, tp, .. } = target;
+    let Some(waiting) = ahead else {
+        let mut chunk = C::default();
+        loop {
+            let more = fill(&mut chunk, source).map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+            take(&mut chunk)?;
+            if !more {
+                return Ok(());
+            }
+        }
+    };
     std::thread::scope(|scope| {
-        let (filled_tx, filled) = sync_channel::<Result<ChunkOps, RestoreError>>(0);
-        let (spent, reuse) = channel::<ChunkOps>();
+        let (filled_tx, filled) = sync_channel::<Result<C, RestoreError>>(waiting);
+        let (spent, reuse) = channel::<C>();
         scope.spawn(move || loop {
-            let mut ops = reuse.try_recv().unwrap_or_default();
-            let (msg, more) = match gather(&mut ops, source, end, chunk_bytes, format) {
-                Ok(more) => (Ok(ops), more),
+            let mut chunk = reuse.try_recv().unwrap_or_default();
+            let (msg, more) = match fill(&mut chunk, source) {
+                Ok(more) => (Ok(chunk), more),
                 Err(e) => (Err(RestoreError::source(store, tp, source.position(), e)), false),
             };
             if filled_tx.send(msg).is_err() || !more {
                 return;
             }
         });
+        // Leaving this loop early (an error) drops `filled`: the reader then stops.
         for msg in filled {
-            let mut ops = msg?;
-            apply(&mut ops, target, progress, applied)?;
-            let _ = spent.send(ops); // the reader may be done: then the buffers are dropped
+            let mut chunk = msg?;
+            take(&mut chunk)?;
+            let _ = spent.send(chunk); // the reader may be done: then the buffers are dropped
         }
         Ok(())
     })
