@@ -256,8 +256,9 @@ def _big_plain_log(log_dir: Path, n: int, value_size: int = 1000) -> Model:
     return model
 
 
-# A replay batch covers at most a third of the memory budget (and at least a
-# 4 MiB read): with this budget the 20 MB logs below replay in several batches.
+# A replay batch covers at most a third of the memory budget, a fourth with
+# read-ahead (and at least a 4 MiB read): with this budget the 20 MB logs below
+# replay in several batches.
 SMALL_REPLAY_BATCHES = 12 << 20
 
 
