@@ -10,6 +10,7 @@
 //! Python bindings for a changelog reached through Python; `replay` and `bulk`
 //! consume them. Tests of the restore engine implement them over a vector.
 
+use crate::codec::RecordRef;
 pub use crate::log::{LogError, LogErrorKind};
 
 /// One committed changelog record. A `None` value is a tombstone; a `None`
@@ -153,11 +154,69 @@ pub trait ChangelogSource: Send {
         sink: &mut dyn FnMut(ChangeRecord<'_>),
     ) -> Result<bool, LogError>;
 
+    /// [`next_chunk`](Self::next_chunk) with the records handed over in
+    /// slices rather than one by one: a consumer can then look ahead within a
+    /// slice (the bulk collector asks memory for the keys of later records
+    /// while it adds earlier ones) without copying the records first. A slice
+    /// borrows the source's buffers, usually one fetch response or one
+    /// decompressed batch; records come in offset order across slices, and
+    /// records before an error are handed over before the error returns.
+    ///
+    /// The default copies each chunk once and hands it over as one slice;
+    /// sources that hold their records in buffers of their own override it.
+    fn next_records(
+        &mut self,
+        end: i64,
+        max_bytes: usize,
+        sink: &mut dyn FnMut(&[ChangeRecord<'_>]),
+    ) -> Result<bool, LogError> {
+        let mut chunk = RecordChunk::default();
+        let result = self.next_chunk(end, max_bytes, &mut |r| chunk.push(r));
+        let records: Vec<ChangeRecord<'_>> = chunk.iter().collect();
+        if !records.is_empty() {
+            sink(&records);
+        }
+        result
+    }
+
     /// What was stepped over so far.
     fn skipped(&self) -> SkipCounts;
 
     /// Bytes of log read so far.
     fn bytes_read(&self) -> u64;
+}
+
+/// Hands the slices of [`RecordRef`]s a decoder borrows from its buffers
+/// over as slices of [`ChangeRecord`]s, built in one vector kept across
+/// slices (for its allocation).
+#[derive(Default)]
+pub(crate) struct ChangeSlices {
+    spare: Vec<ChangeRecord<'static>>,
+}
+
+impl ChangeSlices {
+    /// Hand `records` to `sink` as change records.
+    pub(crate) fn hand_over(&mut self, records: &[RecordRef<'_>], sink: &mut dyn FnMut(&[ChangeRecord<'_>])) {
+        let mut slice: Vec<ChangeRecord<'_>> = recycle(std::mem::take(&mut self.spare));
+        slice.extend(records.iter().map(ChangeRecord::from));
+        sink(&slice);
+        self.spare = recycle(slice);
+    }
+}
+
+impl<'a> From<&RecordRef<'a>> for ChangeRecord<'a> {
+    fn from(r: &RecordRef<'a>) -> Self {
+        ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value }
+    }
+}
+
+/// An emptied vector of borrowed records turned into one of another lifetime
+/// (or type of the same size), keeping its allocation: a slice of records
+/// borrowing one response is built in the vector that held the last one's.
+pub(crate) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    // Collecting an emptied vector's iterator reuses its buffer in place.
+    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }
 
 /// Offsets of a changelog partition as its log reports them.

@@ -9,7 +9,10 @@
 //!
 //! With read-ahead (a lone restore, which may use two cores) the log is
 //! read, decoded and hashed on a second thread while this one collects; the
-//! chunks' buffers go back and forth between the two.
+//! chunks' buffers go back and forth between the two. Without it (each
+//! restore of `restore_many` keeps to one thread) the records go from the
+//! source's own buffers (a fetch response, a segment file's batch) straight
+//! into the collector, a slice at a time, with no copy in between.
 //!
 //! Nothing touches the store before the ingestion, so a failure or a crash
 //! before it leaves the store exactly as it was. A crash between the
@@ -133,57 +136,32 @@ fn run(
     let buffer = (merge_share / fan_in).clamp(4 << 10, 4 << 20);
     let base_empty = store.is_data_empty();
 
-    let mut collector = Collector::new(budget * 3 / 5);
-    let mut runs: Vec<runs::Run> = Vec::new();
-    let mut seq = 0usize;
+    let mut into = Collecting { collector: Collector::new(budget * 3 / 5), runs: Vec::new(), seq: 0, dir, buffer };
     let mut applied = Applied::default();
-    let spill = |c: &mut Collector, seq: &mut usize| -> io::Result<runs::Run> {
-        *seq += 1;
-        let mut w = runs::RunWriter::create(&dir.join(format!("run-{:06}", *seq)), buffer.max(64 << 10))?;
-        c.drain_sorted(|k, v| w.add(k, v))?;
-        w.finish()
-    };
-    // A chunk is added with what the records a few places ahead will touch
-    // already requested from memory, one level of the index per step (the
-    // adds are bound by cache misses, not by work; two restores side by side
-    // share the cache, so hiding the misses matters more there).
-    const SLOT_AHEAD: usize = 32;
-    const DATA_AHEAD: usize = 16;
-    let mut add = |chunk: &Chunk| -> Result<(), Failure> {
-        let Chunk { ops, hashes } = chunk;
-        applied.null_keys += ops.null_keys();
-        for &h in hashes.iter().take(SLOT_AHEAD) {
-            collector.prefetch(h, Stage::Slot);
-        }
-        for (i, &h) in hashes.iter().enumerate() {
-            for (ahead, stage) in [(SLOT_AHEAD, Stage::Slot), (DATA_AHEAD, Stage::Data)] {
-                if let Some(&later) = hashes.get(i + ahead) {
-                    collector.prefetch(later, stage);
+    let format = store.format();
+    if opts.read_ahead {
+        let chunk_bytes = opts.chunk_bytes;
+        for_each_chunk(
+            target,
+            source,
+            Some(CHUNKS_AHEAD),
+            |chunk: &mut Chunk, source| chunk.fill(source, end, format, chunk_bytes),
+            |chunk| {
+                let Chunk { ops, hashes } = &*chunk;
+                into.prefetch_first(hashes);
+                for (i, &h) in hashes.iter().enumerate() {
+                    into.prefetch_ahead(hashes, i);
+                    let (k, v) = ops.get(i);
+                    into.add(k, v, h)?;
                 }
-            }
-            let (k, v) = ops.get(i);
-            if collector.add_hashed(k, v, h) == Full::Spill {
-                runs.push(spill(&mut collector, &mut seq)?);
-                let again = collector.add_hashed(k, v, h);
-                debug_assert_eq!(again, Full::No);
-            }
-        }
-        if let Some(off) = ops.last_offset() {
-            let n = ops.len() as u64;
-            applied.records += n;
-            applied.last_offset = Some(off);
-            progress.batch(off, n)?;
-        }
-        Ok(())
-    };
-    let (format, chunk_bytes) = (store.format(), opts.chunk_bytes);
-    for_each_chunk(
-        target,
-        source,
-        opts.read_ahead.then_some(CHUNKS_AHEAD),
-        |chunk: &mut Chunk, source| chunk.fill(source, end, format, chunk_bytes),
-        |chunk| add(chunk),
-    )?;
+                applied.null_keys += ops.null_keys();
+                applied_chunk(&mut applied, progress, ops.last_offset(), ops.len() as u64)
+            },
+        )?;
+    } else {
+        add_slices(target, source, opts.chunk_bytes, &mut into, progress, &mut applied)?;
+    }
+    let Collecting { mut collector, mut runs, mut seq, .. } = into;
 
     let sst_opts = restore_options();
     let mut out = SstOut::new(&sst_opts, dir, opts.sst_target_bytes, base_empty);
@@ -192,7 +170,7 @@ fn run(
         drop(collector);
     } else {
         if !collector.is_empty() {
-            runs.push(spill(&mut collector, &mut seq)?);
+            runs.push(spill(&mut collector, dir, buffer, &mut seq)?);
         }
         drop(collector);
         let runs = runs::reduce(runs, fan_in, buffer, dir, &mut seq)?;
@@ -224,6 +202,134 @@ fn run(
 
 /// Chunks read ahead of the one being collected.
 const CHUNKS_AHEAD: usize = 2;
+
+/// Records the collector is asked to bring a key's slot into cache ahead of
+/// adding it, and then (once the slot is there) the record it points to: the
+/// adds are bound by cache misses, not by work; two restores side by side
+/// share the cache, so hiding the misses matters more there.
+const SLOT_AHEAD: usize = 32;
+const DATA_AHEAD: usize = 16;
+
+/// Where a bulk restore puts its operations: the collector, and the sorted
+/// runs it spilled to the scratch directory when full.
+struct Collecting<'a> {
+    collector: Collector,
+    runs: Vec<runs::Run>,
+    seq: usize,
+    dir: &'a Path,
+    buffer: usize,
+}
+
+impl Collecting<'_> {
+    /// Add `key`'s operation (of hash `h`), spilling the collector when full.
+    #[inline]
+    fn add(&mut self, key: &[u8], value: Option<&[u8]>, h: u64) -> Result<(), Failure> {
+        if self.collector.add_hashed(key, value, h) == Full::Spill {
+            let run = spill(&mut self.collector, self.dir, self.buffer, &mut self.seq)?;
+            self.runs.push(run);
+            let again = self.collector.add_hashed(key, value, h);
+            debug_assert_eq!(again, Full::No);
+        }
+        Ok(())
+    }
+
+    /// Before adding the operations of `hashes`: ask for the first ones' slots.
+    #[inline]
+    fn prefetch_first(&self, hashes: &[u64]) {
+        for &h in hashes.iter().take(SLOT_AHEAD) {
+            self.collector.prefetch(h, Stage::Slot);
+        }
+    }
+
+    /// Before adding the `i`-th operation of `hashes`: ask for what later ones touch.
+    #[inline]
+    fn prefetch_ahead(&self, hashes: &[u64], i: usize) {
+        for (ahead, stage) in [(SLOT_AHEAD, Stage::Slot), (DATA_AHEAD, Stage::Data)] {
+            if let Some(&later) = hashes.get(i + ahead) {
+                self.collector.prefetch(later, stage);
+            }
+        }
+    }
+}
+
+/// Count and report what one chunk (or one read) added, up to `last_offset`.
+fn applied_chunk(
+    applied: &mut Applied,
+    progress: &mut Progress<'_>,
+    last_offset: Option<i64>,
+    records: u64,
+) -> Result<(), Failure> {
+    if let Some(off) = last_offset {
+        applied.records += records;
+        applied.last_offset = Some(off);
+        progress.batch(off, records)?;
+    }
+    Ok(())
+}
+
+/// Add the records of `source` below the target's end as the source hands
+/// them over, slice by slice ([`ChangelogSource::next_records`]): straight
+/// from its buffers into the collector, with no copy in between.
+fn add_slices(
+    target: Target<'_>,
+    source: &mut dyn ChangelogSource,
+    read_bytes: usize,
+    into: &mut Collecting<'_>,
+    progress: &mut Progress<'_>,
+    applied: &mut Applied,
+) -> Result<(), Failure> {
+    let Target { store, tp, end } = target;
+    let format = store.format();
+    let (mut hashes, mut stamped) = (Vec::<u64>::new(), Vec::<u8>::new());
+    loop {
+        let (mut failed, mut last_offset, mut records) = (None, None, 0u64);
+        let more = source.next_records(end, read_bytes, &mut |slice| {
+            if failed.is_some() {
+                return; // the rest of this read is dropped with the restore
+            }
+            hashes.clear();
+            hashes.extend(slice.iter().map(|r| r.key.map_or(0, Collector::hash)));
+            into.prefetch_first(&hashes);
+            for (i, r) in slice.iter().enumerate() {
+                into.prefetch_ahead(&hashes, i);
+                let Some(key) = r.key else {
+                    applied.null_keys += 1;
+                    continue;
+                };
+                let value = match (format, r.value) {
+                    (StoreFormat::Timestamped, Some(v)) => {
+                        stamped.clear();
+                        format.encode_value(r.timestamp, v, &mut stamped);
+                        Some(stamped.as_slice())
+                    }
+                    (_, v) => v,
+                };
+                if let Err(e) = into.add(key, value, hashes[i]) {
+                    failed = Some(e);
+                    return;
+                }
+                records += 1;
+            }
+            last_offset = slice.last().map(|r| r.offset).or(last_offset);
+        });
+        let more = more.map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        applied_chunk(applied, progress, last_offset, records)?;
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+/// Move the collector's contents, sorted, into a run file in `dir`.
+fn spill(collector: &mut Collector, dir: &Path, buffer: usize, seq: &mut usize) -> io::Result<runs::Run> {
+    *seq += 1;
+    let mut w = runs::RunWriter::create(&dir.join(format!("run-{:06}", *seq)), buffer.max(64 << 10))?;
+    collector.drain_sorted(|k, v| w.add(k, v))?;
+    w.finish()
+}
 
 /// One chunk of log, decoded: its operations and their keys' hashes.
 #[derive(Default)]

@@ -81,10 +81,12 @@ pub enum CodecError {
     UnsupportedCompression(String),
 }
 
+#[cold]
 fn corrupt(msg: impl Into<String>) -> CodecError {
     CodecError::Corrupt(msg.into())
 }
 
+#[cold]
 fn varint_err(what: &str, e: VarintError) -> CodecError {
     match e {
         VarintError::Truncated => corrupt(format!("record {what}: varint runs past the end of the record")),
@@ -201,6 +203,11 @@ impl BatchHeader {
     #[inline]
     pub fn compression_id(&self) -> u8 {
         (self.attributes & COMPRESSION_MASK) as u8
+    }
+    /// Whether its records section is compressed (else it is the batch's body).
+    #[inline]
+    pub fn is_compressed(&self) -> bool {
+        self.compression_id() != 0
     }
     #[inline]
     pub fn is_transactional(&self) -> bool {

@@ -24,21 +24,48 @@ pub fn unzigzag64(v: u64) -> i64 {
 }
 
 /// Read a varlong (up to 10 bytes) at `buf[*pos..]`, advancing `pos`.
-#[inline]
+#[inline(always)]
 pub fn read_varlong(buf: &[u8], pos: &mut usize) -> Result<i64, VarintError> {
-    // Fast paths: one byte (small deltas and lengths are by far the most
-    // common), then two (a record's length and its offset delta in a large
-    // batch).
-    if let Some(&b0) = buf.get(*pos) {
-        if b0 < 0x80 {
-            *pos += 1;
-            return Ok(unzigzag64(b0 as u64));
+    match read_short(buf, *pos) {
+        Some((v, n)) => {
+            *pos += n;
+            Ok(unzigzag64(v))
         }
-        if let Some(&b1) = buf.get(*pos + 1).filter(|&&b1| b1 < 0x80) {
-            *pos += 2;
-            return Ok(unzigzag64((b0 & 0x7f) as u64 | (b1 as u64) << 7));
-        }
+        None => read_varlong_long(buf, pos),
     }
+}
+
+/// Read a varint (up to 5 bytes, value within i32) at `buf[*pos..]`.
+#[inline(always)]
+pub fn read_varint(buf: &[u8], pos: &mut usize) -> Result<i32, VarintError> {
+    match read_short(buf, *pos) {
+        // Two bytes hold 14 bits: always within i32.
+        Some((v, n)) => {
+            *pos += n;
+            Ok(unzigzag64(v) as i32)
+        }
+        None => read_varint_long(buf, pos),
+    }
+}
+
+/// The zigzagged value and length of a varint of one or two bytes at
+/// `buf[at..]` (small deltas and lengths are by far the most common, then a
+/// record's length and its offset delta in a large batch); `None` for a
+/// longer one or a truncated one. Inlined into every field a record decodes.
+#[inline(always)]
+fn read_short(buf: &[u8], at: usize) -> Option<(u64, usize)> {
+    let b0 = *buf.get(at)?;
+    if b0 < 0x80 {
+        return Some((b0 as u64, 1));
+    }
+    let b1 = *buf.get(at + 1)?;
+    (b1 < 0x80).then_some(((b0 & 0x7f) as u64 | (b1 as u64) << 7, 2))
+}
+
+/// [`read_varlong`] of three bytes or more (or none: truncated), kept out of line.
+#[cold]
+#[inline(never)]
+fn read_varlong_long(buf: &[u8], pos: &mut usize) -> Result<i64, VarintError> {
     let mut value: u64 = 0;
     let mut shift = 0u32;
     loop {
@@ -55,11 +82,12 @@ pub fn read_varlong(buf: &[u8], pos: &mut usize) -> Result<i64, VarintError> {
     }
 }
 
-/// Read a varint (up to 5 bytes, value within i32) at `buf[*pos..]`.
-#[inline]
-pub fn read_varint(buf: &[u8], pos: &mut usize) -> Result<i32, VarintError> {
+/// [`read_varint`] of three bytes or more (or none: truncated), kept out of line.
+#[cold]
+#[inline(never)]
+fn read_varint_long(buf: &[u8], pos: &mut usize) -> Result<i32, VarintError> {
     let start = *pos;
-    let v = read_varlong(buf, pos)?;
+    let v = read_varlong_long(buf, pos)?;
     if *pos - start > 5 || v < i32::MIN as i64 || v > i32::MAX as i64 {
         return Err(VarintError::TooLong);
     }

@@ -37,7 +37,14 @@ use super::client::{KafkaClient, FIRST_BACKOFF, MAX_BACKOFF};
 use super::conn::Conn;
 use super::KafkaError;
 use crate::codec::{self, BatchHeader, CodecError, ControlType, RecordRef, HEADER_LEN};
-use crate::source::{ChangeRecord, ChangelogSource, LogError, SkipCounts};
+use crate::source::{recycle, ChangeRecord, ChangeSlices, ChangelogSource, LogError, SkipCounts};
+
+/// Most records in one slice handed over ([`FetchCursor::read_slices`]):
+/// the slice and the keys it points to stay in the core's cache while the
+/// consumer goes over them again (the bulk collector hashes the keys first,
+/// then adds them). With slices of a whole response (~8,000 records) a bulk
+/// restore of 2M records took 0.41 s, with 256 records 0.33 s.
+const SLICE_RECORDS: usize = 256;
 
 /// Highest Fetch version used: v12 is the last that names topics (v13+ use topic ids).
 pub const FETCH_VERSION: i16 = 12;
@@ -513,7 +520,11 @@ pub struct FetchCursor {
     position: i64,
     skipped: SkipCounts,
     bytes_read: u64,
+    /// Decompressed records of the last compressed batch.
     scratch: Vec<u8>,
+    /// The buffers of the last slices handed over (kept for their allocation).
+    slice_spare: Vec<RecordRef<'static>>,
+    batch_spare: Vec<RecordRef<'static>>,
 }
 
 impl FetchCursor {
@@ -542,6 +553,8 @@ impl FetchCursor {
             skipped: SkipCounts::default(),
             bytes_read: 0,
             scratch: Vec::new(),
+            slice_spare: Vec::new(),
+            batch_spare: Vec::new(),
         }
     }
 
@@ -625,85 +638,169 @@ impl FetchCursor {
         max_bytes: usize,
         sink: &mut dyn FnMut(&RecordRef<'_>),
     ) -> Result<bool, KafkaError> {
+        self.read_slices(end, max_bytes, &mut |records| records.iter().for_each(&mut *sink))
+    }
+
+    /// [`FetchCursor::read`] with the records handed over in slices of up to
+    /// [`SLICE_RECORDS`] records, borrowed from the response (a slice of
+    /// uncompressed batches may span several) or from the decompressed
+    /// records of one compressed batch (in a buffer the next one reuses).
+    /// Records before an error are handed over before it returns.
+    pub fn read_slices(
+        &mut self,
+        end: i64,
+        max_bytes: usize,
+        sink: &mut dyn FnMut(&[RecordRef<'_>]),
+    ) -> Result<bool, KafkaError> {
         let mut used = 0usize;
+        let (mut spare, mut batch_spare) =
+            (std::mem::take(&mut self.slice_spare), std::mem::take(&mut self.batch_spare));
+        let mut result = Ok(false);
         while self.position < end {
             if used >= max_bytes.max(1) {
-                return Ok(true);
+                result = Ok(true);
+                break;
             }
-            let resp = self.next_response(end)?;
-            for c in &resp.checked {
-                let (h, len) = (c.header, c.len);
-                if h.next_offset() <= self.position {
-                    continue; // before the position (the broker sends whole batches)
-                }
-                if h.base_offset >= end {
-                    self.position = end; // everything below `end` was consumed
+            let resp = match self.next_response(end) {
+                Ok(resp) => resp,
+                Err(e) => {
+                    result = Err(e);
                     break;
                 }
-                let upto = h.next_offset().min(end);
-                let from = self.position.max(h.base_offset);
-                match c.fate {
-                    Fate::Control => self.skipped.control += (upto - from) as u64,
-                    Fate::Aborted => {
-                        self.skipped.aborted += if from == h.base_offset && upto == h.next_offset() {
-                            h.records_count as u64
-                        } else {
-                            (upto - from) as u64
-                        }
-                    }
-                    Fate::Data => {
-                        let (broker, context) = (&resp.broker, self.context());
-                        let bad = |e: CodecError| match e {
-                            CodecError::UnsupportedCompression(c) => KafkaError::UnsupportedCompression(format!(
-                                "broker {broker}: {context}: the batch at offset {} uses compression {c}, which this \
-                                 build cannot decode",
-                                h.base_offset
-                            )),
-                            e => KafkaError::Corrupt(format!(
-                                "broker {broker}: {context}: the fetched batch at offset {} does not decode: {e}",
-                                h.base_offset
-                            )),
-                        };
-                        let bytes = &resp.records[c.at..c.at + c.len];
-                        let records = codec::batch_records(&h, bytes, &mut self.scratch).map_err(bad)?;
-                        let pos = self.position;
-                        for r in records {
-                            let r = r.map_err(bad)?;
-                            if r.offset < pos {
-                                continue;
-                            }
-                            if r.offset >= end {
-                                break;
-                            }
-                            sink(&r);
-                        }
-                    }
-                }
-                self.position = upto;
-                used += len;
-                self.bytes_read += len as u64;
-                if self.position >= end {
-                    break;
-                }
+            };
+            let mut slice: Vec<RecordRef<'_>> = recycle(std::mem::take(&mut spare));
+            let outcome = self.take_response(&resp, end, &mut used, &mut slice, &mut batch_spare, sink);
+            if !slice.is_empty() {
+                sink(&slice);
             }
-            if let (Some((base, e)), true) = (resp.damage, self.position < end) {
-                return Err(match e {
-                    CodecError::UnsupportedCompression(c) => KafkaError::UnsupportedCompression(format!(
-                        "broker {}: {}: the batch at offset {base} uses compression {c}, which this build cannot \
-                         decode",
-                        resp.broker,
-                        self.context()
-                    )),
-                    e => KafkaError::Corrupt(format!(
-                        "broker {}: {}: the fetched batch at offset {base} is damaged: {e}",
-                        resp.broker,
-                        self.context()
-                    )),
-                });
+            spare = recycle(slice);
+            if let Err(e) = outcome {
+                result = Err(e);
+                break;
             }
         }
-        Ok(false)
+        (self.slice_spare, self.batch_spare) = (spare, batch_spare);
+        result
     }
+
+    /// Use the batches of `resp` from the position on: the data records of
+    /// its uncompressed batches go into `slice` (handed to `sink` whenever
+    /// full; the caller hands over the rest), those of a compressed batch to
+    /// `sink` after what `slice` holds, so that records keep their order.
+    fn take_response<'r>(
+        &mut self,
+        resp: &'r Response,
+        end: i64,
+        used: &mut usize,
+        slice: &mut Vec<RecordRef<'r>>,
+        batch_spare: &mut Vec<RecordRef<'static>>,
+        sink: &mut dyn FnMut(&[RecordRef<'_>]),
+    ) -> Result<(), KafkaError> {
+        for c in &resp.checked {
+            let (h, len) = (c.header, c.len);
+            if h.next_offset() <= self.position {
+                continue; // before the position (the broker sends whole batches)
+            }
+            if h.base_offset >= end {
+                self.position = end; // everything below `end` was consumed
+                break;
+            }
+            let upto = h.next_offset().min(end);
+            let from = self.position.max(h.base_offset);
+            match c.fate {
+                Fate::Control => self.skipped.control += (upto - from) as u64,
+                Fate::Aborted => {
+                    self.skipped.aborted += if from == h.base_offset && upto == h.next_offset() {
+                        h.records_count as u64
+                    } else {
+                        (upto - from) as u64
+                    }
+                }
+                Fate::Data => {
+                    let (broker, context) = (&resp.broker, self.context());
+                    let bad = |e: CodecError| match e {
+                        CodecError::UnsupportedCompression(c) => KafkaError::UnsupportedCompression(format!(
+                            "broker {broker}: {context}: the batch at offset {} uses compression {c}, which this \
+                             build cannot decode",
+                            h.base_offset
+                        )),
+                        e => KafkaError::Corrupt(format!(
+                            "broker {broker}: {context}: the fetched batch at offset {} does not decode: {e}",
+                            h.base_offset
+                        )),
+                    };
+                    let bytes = &resp.records[c.at..c.at + c.len];
+                    if h.is_compressed() {
+                        // Its records live in the scratch buffer until the next
+                        // compressed batch: hand over what came before, then them.
+                        if !slice.is_empty() {
+                            sink(slice);
+                            slice.clear();
+                        }
+                        let mut own: Vec<RecordRef<'_>> = recycle(std::mem::take(batch_spare));
+                        let decoded = codec::batch_records(&h, bytes, &mut self.scratch)
+                            .and_then(|records| slice_records(records, from, end, &mut own, sink));
+                        if !own.is_empty() {
+                            sink(&own);
+                        }
+                        *batch_spare = recycle(own);
+                        decoded.map_err(bad)?;
+                    } else {
+                        let records = codec::Records::new(&h, &bytes[HEADER_LEN..]);
+                        slice_records(records, from, end, slice, sink).map_err(bad)?;
+                    }
+                }
+            }
+            self.position = upto;
+            *used += len;
+            self.bytes_read += len as u64;
+            if self.position >= end {
+                break;
+            }
+        }
+        if let (Some((base, e)), true) = (&resp.damage, self.position < end) {
+            return Err(match e {
+                CodecError::UnsupportedCompression(c) => KafkaError::UnsupportedCompression(format!(
+                    "broker {}: {}: the batch at offset {base} uses compression {c}, which this build cannot \
+                     decode",
+                    resp.broker,
+                    self.context()
+                )),
+                e => KafkaError::Corrupt(format!(
+                    "broker {}: {}: the fetched batch at offset {base} is damaged: {e}",
+                    resp.broker,
+                    self.context()
+                )),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Push the records of `records` with offsets in `[from, end)` (stopping at
+/// the first at or past `end`) onto `slice`, handing it to `sink` and
+/// emptying it each time it holds [`SLICE_RECORDS`].
+fn slice_records<'a>(
+    records: codec::Records<'a>,
+    from: i64,
+    end: i64,
+    slice: &mut Vec<RecordRef<'a>>,
+    sink: &mut dyn FnMut(&[RecordRef<'_>]),
+) -> Result<(), CodecError> {
+    for r in records {
+        let r = r?;
+        if r.offset >= end {
+            break;
+        }
+        if r.offset >= from {
+            slice.push(r);
+            if slice.len() >= SLICE_RECORDS {
+                sink(slice);
+                slice.clear();
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Drop for FetchCursor {
@@ -721,11 +818,15 @@ impl Drop for FetchCursor {
 /// ahead, the restore decoding while the next response arrives.
 pub struct KafkaSource {
     cursor: FetchCursor,
+    slices: ChangeSlices,
 }
 
 impl KafkaSource {
     pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
-        KafkaSource { cursor: FetchCursor::with_read_ahead(client, topic, partition, start, true) }
+        KafkaSource {
+            cursor: FetchCursor::with_read_ahead(client, topic, partition, start, true),
+            slices: ChangeSlices::default(),
+        }
     }
 
     pub fn cursor(&mut self) -> &mut FetchCursor {
@@ -744,9 +845,17 @@ impl ChangelogSource for KafkaSource {
         max_bytes: usize,
         sink: &mut dyn FnMut(ChangeRecord<'_>),
     ) -> Result<bool, LogError> {
-        Ok(self.cursor.read(end, max_bytes, &mut |r| {
-            sink(ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value })
-        })?)
+        Ok(self.cursor.read(end, max_bytes, &mut |r| sink(r.into()))?)
+    }
+
+    fn next_records(
+        &mut self,
+        end: i64,
+        max_bytes: usize,
+        sink: &mut dyn FnMut(&[ChangeRecord<'_>]),
+    ) -> Result<bool, LogError> {
+        let slices = &mut self.slices;
+        Ok(self.cursor.read_slices(end, max_bytes, &mut |records| slices.hand_over(records, sink))?)
     }
 
     fn skipped(&self) -> SkipCounts {

@@ -8,7 +8,7 @@ use super::reader::{Outcome, TxnResolver};
 use super::segment::BatchCursor;
 use super::{partition_dir, Isolation, LogError, LogErrorKind};
 use crate::codec::{self, BatchHeader};
-use crate::source::{ChangeRecord, RecordChunk};
+use crate::source::RecordChunk;
 
 /// How a transactional data batch ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,8 +100,7 @@ pub fn dump_partition(
             let mut chunk = RecordChunk::default();
             for r in it {
                 let r = r.map_err(|e| LogError::corrupt(&path, p.position, h.base_offset, e))?;
-                let c = ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value };
-                chunk.push_with_headers(c, r.headers());
+                chunk.push_with_headers((&r).into(), r.headers());
             }
             Some(chunk)
         } else {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::writer::WriterConfig;
 use super::Log;
 use super::*;
+use crate::codec::Compression;
 use crate::source::ChangelogSource;
 
 fn cfg(segment_bytes: u64) -> WriterConfig {
@@ -453,4 +454,109 @@ fn a_batch_running_into_the_next_segment_is_corrupt_before_any_record_is_handed_
     assert!(seen.iter().all(|&o| o < segs[1].base), "made-up offsets handed out: {seen:?}");
     let e = partition_offsets(d.path(), "t", 0).unwrap_err();
     assert!(e.to_string().contains("runs into the next segment"), "{e}");
+}
+
+/// Everything `next_records` hands over below `end`, read `max_bytes` at a
+/// time, with the number of slices it came in.
+fn drain_slices(src: &mut dyn ChangelogSource, end: i64, max_bytes: usize) -> (Vec<Rec>, usize) {
+    let (mut out, mut slices) = (Vec::new(), 0);
+    while src
+        .next_records(end, max_bytes, &mut |slice| {
+            assert!(!slice.is_empty(), "an empty slice was handed over");
+            slices += 1;
+            out.extend(slice.iter().map(|r| (r.offset, r.key.map(<[u8]>::to_vec), r.value.map(<[u8]>::to_vec))));
+        })
+        .unwrap()
+    {}
+    (out, slices)
+}
+
+#[test]
+fn slices_of_the_segment_reader_hand_over_what_its_records_do() {
+    for compression in [Compression::None, Compression::Lz4] {
+        let d = tempfile::tempdir().unwrap();
+        let log = Arc::new(Log::new(d.path(), WriterConfig { segment_bytes: 1500, sync: false, compression }).unwrap());
+        let mut plain = log.producer(None).unwrap();
+        let mut txn = log.producer(Some("x")).unwrap();
+        for round in 0..30i64 {
+            for i in 0..7 {
+                let v = (i != 3).then(|| format!("v{round}-{i}"));
+                plain
+                    .send("t", 0, Some(format!("k{i}").as_bytes()), v.as_deref().map(str::as_bytes), &[], None)
+                    .unwrap();
+            }
+            plain.flush().unwrap();
+            txn.begin().unwrap();
+            txn.send("t", 0, Some(format!("t{round}").as_bytes()), Some(b"in a transaction"), &[], None).unwrap();
+            if round % 3 == 0 {
+                txn.abort().unwrap();
+            } else {
+                txn.commit().unwrap();
+            }
+        }
+        let o = partition_offsets(d.path(), "t", 0).unwrap();
+        assert!(segment::list_segments(&d.path().join("t-0")).unwrap().len() > 2, "{compression:?}");
+        for (start, end) in [(0, o.end), (5, o.end), (0, 100), (37, 151), (o.end, o.end)] {
+            for max_bytes in [1, 700, 1 << 20] {
+                let mut by_record = open_committed_source(d.path(), "t", 0, start).unwrap();
+                let want = drain(by_record.as_mut(), end);
+                let mut by_slice = open_committed_source(d.path(), "t", 0, start).unwrap();
+                let (got, slices) = drain_slices(by_slice.as_mut(), end, max_bytes);
+                let case = format!("{compression:?} {start}..{end} reading {max_bytes}");
+                assert_eq!(got, want, "{case}");
+                assert!(!want.is_empty() || start == end, "{case}");
+                assert!(slices < got.len().max(1) || got.len() <= 1, "one slice a record: {case}");
+                if (start, end, max_bytes) == (0, o.end, 1 << 20) {
+                    // Each batch's records are borrowed from it, not gathered into a copy.
+                    assert!(slices >= 30, "{slices} slices for 30 rounds of batches: {case}");
+                }
+                assert_eq!(by_slice.position(), by_record.position(), "{case}");
+                assert_eq!(by_slice.skipped(), by_record.skipped(), "{case}");
+            }
+        }
+    }
+}
+
+#[test]
+fn slices_before_a_damaged_batch_are_handed_over_before_its_error() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let log = Arc::new(Log::new(d.path(), cfg(1 << 20)).unwrap());
+        let mut p = log.producer(None).unwrap();
+        for i in 0..30 {
+            p.send("t", 0, Some(b"k"), Some(&[i as u8; 30]), &[], None).unwrap();
+            if i % 10 == 9 {
+                p.flush().unwrap();
+            }
+        }
+        log.close().unwrap();
+    }
+    let dir = d.path().join("t-0");
+    let seg = dir.join(segment::log_file_name(0));
+    // Flip a byte inside the third batch (offsets 20..30): its CRC fails.
+    let mut bytes = fs::read(&seg).unwrap();
+    let mut starts = vec![0usize];
+    while let Some((_, len)) = crate::codec::peek_offset_and_length(&bytes[*starts.last().unwrap()..]) {
+        let next = starts.last().unwrap() + len as usize + crate::codec::LOG_OVERHEAD;
+        if next >= bytes.len() {
+            break;
+        }
+        starts.push(next);
+    }
+    assert_eq!(starts.len(), 3, "three batches of ten");
+    bytes[starts[2] + 80] ^= 0x01;
+    fs::write(&seg, bytes).unwrap();
+    let mut src = CommittedReader::open(&dir, 0).unwrap();
+    let mut got = Vec::new();
+    let err = loop {
+        match src.next_records(i64::MAX, 1 << 20, &mut |s| got.extend(s.iter().map(|r| r.offset))) {
+            Ok(true) => continue,
+            Ok(false) => panic!("no error; offsets {got:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, LogError { kind: LogErrorKind::Corrupt, .. }), "{err}");
+    assert!(err.to_string().contains("offset 20"), "{err}");
+    assert_eq!(got, (0..20).collect::<Vec<i64>>());
+    assert_eq!(src.position(), 20);
 }

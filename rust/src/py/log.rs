@@ -188,8 +188,7 @@ impl ProducerCore {
 
 /// Append a decoded record, headers included, to `chunk`.
 pub(super) fn push_record(chunk: &mut RecordChunk, r: &RecordRef<'_>) {
-    let c = ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value };
-    chunk.push_with_headers(c, r.headers());
+    chunk.push_with_headers(r.into(), r.headers());
 }
 
 /// Records decoded without the GIL, as Python `(offset, key, value,
