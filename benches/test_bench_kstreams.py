@@ -32,7 +32,8 @@ the write-ahead log off on both sides (Kafka Streams restores with
 ``disableWAL``; statestore writes WAL-off batches and flushes), each side's
 default fetch settings (Kafka Streams' restore consumer: ``max.poll.records``
 1000, ``max.partition.fetch.bytes`` 1 MiB, ``fetch.max.bytes`` 50 MiB;
-statestore's native fetcher: ``max.partition.fetch.bytes`` 8 MiB, 100 ms fetch wait),
+statestore's native fetcher: ``max.partition.fetch.bytes`` 8 MiB, reached from a
+first response of 1 MiB that doubles with each response, 100 ms fetch wait),
 the same store format (plain).
 """
 

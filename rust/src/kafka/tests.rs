@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,9 @@ fn respond<E: Encodable>(s: &mut TcpStream, key: ApiKey, version: i16, corr: i32
     let _ = s.write_all(&out);
 }
 
+/// The bytes each Fetch asked for (`partition_max_bytes`), by the port of the fake broker asked.
+static ASKED: Mutex<Vec<(u16, i32)>> = Mutex::new(Vec::new());
+
 fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
     loop {
         let mut len = [0u8; 4];
@@ -136,6 +139,7 @@ fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
             ApiKey::Fetch => {
                 let req = FetchRequest::decode(&mut buf, v).unwrap();
                 let at = req.topics[0].partitions[0].fetch_offset;
+                ASKED.lock().unwrap().push((port, req.topics[0].partitions[0].partition_max_bytes));
                 let mut records = Vec::new();
                 for (base, b) in &log.batches {
                     let next = log.batches.iter().find(|(o, _)| o > base).map_or(log.end, |(o, _)| *o);
@@ -263,6 +267,20 @@ fn the_plan_of_a_response_is_where_its_complete_batches_end() {
     let mut bad = all.clone();
     bad[first + 16] = 99; // the second batch's magic
     assert_eq!(Batches::plan(&bad), Plan::Next(10));
+}
+
+#[test]
+fn a_fetcher_asks_for_a_small_first_response_then_twice_as_much_up_to_the_partition_maximum() {
+    // One batch a response, so that every batch is a fetch of its own.
+    let addr = fake(sample(), Mode::Good, 100);
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let pairs = [("bootstrap.servers", addr.as_str()), ("max.partition.fetch.bytes", "5000000")];
+    let c = ClientConfig::parse(pairs, Duration::from_secs(2), Duration::from_secs(5)).unwrap();
+    let mut cur = FetchCursor::with_read_ahead(KafkaClient::new(c), "t", 0, 0, true);
+    assert_eq!(drain(&mut cur, 37).unwrap(), expected());
+    let asked: Vec<i32> = ASKED.lock().unwrap().iter().filter(|(p, _)| *p == port).map(|&(_, n)| n).collect();
+    assert!(asked.len() >= 6, "{asked:?}");
+    assert_eq!(asked[..6], [1 << 20, 2 << 20, 4 << 20, 5_000_000, 5_000_000, 5_000_000]);
 }
 
 #[test]
