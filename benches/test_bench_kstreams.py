@@ -162,10 +162,10 @@ def test_statestore_vs_kafka_streams_restoration(benchmark: Any, setup: Setup, m
         "statestore_1_thread_s": one.seconds,
         "statestore_2_threads_s": two.seconds,
         "rounds": ROUNDS,
-        "kafka_streams_1_thread_rounds_s": [r.restore_ms / 1000 for r in s.ks_rounds[1]],
-        "kafka_streams_2_threads_rounds_s": [r.restore_ms / 1000 for r in s.ks_rounds[2]],
-        "statestore_1_thread_rounds_s": [t.seconds for t in ones],
-        "statestore_2_threads_rounds_s": [t.seconds for t in twos],
+        "kafka_streams_1_thread_rounds_s": [round(r.restore_ms / 1000, 3) for r in s.ks_rounds[1]],
+        "kafka_streams_2_threads_rounds_s": [round(r.restore_ms / 1000, 3) for r in s.ks_rounds[2]],
+        "statestore_1_thread_rounds_s": [round(t.seconds, 3) for t in ones],
+        "statestore_2_threads_rounds_s": [round(t.seconds, 3) for t in twos],
         # CPU time of each whole process over its restore (every thread: statestore's fetch threads and
         # RocksDB's; Kafka Streams' JVM with its clients, RocksDB, GC and JIT): what "one thread" costs.
         "kafka_streams_1_thread_cpu_s": s.ks[1].restore_cpu_ms / 1000,
@@ -222,7 +222,7 @@ def test_spark_vs_kafka_streams_restoration(benchmark: Any, setup: Setup, mode: 
         "kafka_streams_2_threads_s": ks2,
         "spark_s": seconds,
         "rounds": ROUNDS,
-        "kafka_streams_2_threads_rounds_s": [r.restore_ms / 1000 for r in s.ks_rounds[2]],
-        "spark_rounds_s": [r[0] for r in rounds],
+        "kafka_streams_2_threads_rounds_s": [round(r.restore_ms / 1000, 3) for r in s.ks_rounds[2]],
+        "spark_rounds_s": [round(r[0], 3) for r in rounds],
     })
     print(f"\nstatestore {mode} on Spark local[2] vs Kafka Streams (2 threads): {ratio:.2f}x (goal >= {goal})")
