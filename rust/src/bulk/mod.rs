@@ -155,7 +155,7 @@ fn run(
                     into.add(k, v, h)?;
                 }
                 applied.null_keys += ops.null_keys();
-                applied_chunk(&mut applied, progress, ops.last_offset(), ops.len() as u64)
+                applied.add(ops.last_offset(), ops.len() as u64, progress).map_err(Failure::from)
             },
         )?;
     } else {
@@ -252,21 +252,6 @@ impl Collecting<'_> {
     }
 }
 
-/// Count and report what one chunk (or one read) added, up to `last_offset`.
-fn applied_chunk(
-    applied: &mut Applied,
-    progress: &mut Progress<'_>,
-    last_offset: Option<i64>,
-    records: u64,
-) -> Result<(), Failure> {
-    if let Some(off) = last_offset {
-        applied.records += records;
-        applied.last_offset = Some(off);
-        progress.batch(off, records)?;
-    }
-    Ok(())
-}
-
 /// Add the records of `source` below the target's end as the source hands
 /// them over, slice by slice ([`ChangelogSource::next_records`]): straight
 /// from its buffers into the collector, with no copy in between.
@@ -316,7 +301,7 @@ fn add_slices(
         if let Some(e) = failed {
             return Err(e);
         }
-        applied_chunk(applied, progress, last_offset, records)?;
+        applied.add(last_offset, records, progress)?;
         if !more {
             return Ok(());
         }

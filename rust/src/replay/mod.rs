@@ -172,6 +172,24 @@ pub struct Applied {
     pub last_offset: Option<i64>,
 }
 
+impl Applied {
+    /// Count `records` more applied, up to the record at `last_offset` (if
+    /// any record was consumed), and tell the listener.
+    pub fn add(
+        &mut self,
+        last_offset: Option<i64>,
+        records: u64,
+        progress: &mut Progress<'_>,
+    ) -> Result<(), RestoreError> {
+        if let Some(off) = last_offset {
+            self.records += records;
+            self.last_offset = Some(off);
+            progress.batch(off, records)?;
+        }
+        Ok(())
+    }
+}
+
 /// Memtable size of a store opened for restoring.
 pub const DEFAULT_WRITE_BUFFER_BYTES: usize = 64 << 20;
 
@@ -256,13 +274,9 @@ fn apply(
         let mut batch = ops.to_batch(store);
         store.put_offset(&mut batch, tp, off);
         store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
-        let n = ops.len() as u64;
-        applied.records += n;
         applied.null_keys += ops.null_keys();
-        applied.last_offset = Some(off);
-        progress.batch(off, n)?;
     }
-    Ok(())
+    applied.add(ops.last_offset(), ops.len() as u64, progress)
 }
 
 fn replay_chunks(
