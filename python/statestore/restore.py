@@ -196,6 +196,9 @@ def restore_store(
     thread while this one applies, so one restore uses up to two cores; turn
     it off where each restore is granted one core, such as a Spark task with
     ``spark.task.cpus=1`` (:func:`restore_many` always runs one thread per restore).
+    A bulk restore from Kafka's native fetcher decodes on this thread either
+    way: its fetch thread already receives and checks the responses, and a
+    third busy thread beside it (and the broker, on a small machine) was slower.
 
     ``memory_budget_bytes`` bounds what the restore holds in memory: bulk
     spills sorted runs beyond it, and a replay batch covers at most a third of

@@ -184,6 +184,14 @@ pub trait ChangelogSource: Send {
 
     /// Bytes of log read so far.
     fn bytes_read(&self) -> u64;
+
+    /// Whether the source already reads on a thread of its own (a Kafka
+    /// fetch thread), so that a restore gains nothing from decoding on a
+    /// further one: with the broker on the same cores, three busy threads
+    /// were slower than two.
+    fn reads_ahead(&self) -> bool {
+        false
+    }
 }
 
 /// Hands the slices of [`RecordRef`]s a decoder borrows from its buffers

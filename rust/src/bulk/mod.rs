@@ -10,7 +10,8 @@
 //! With read-ahead (a lone restore, which may use two cores) the log is
 //! read, decoded and hashed on a second thread while this one collects; the
 //! chunks' buffers go back and forth between the two. Without it (each
-//! restore of `restore_many` keeps to one thread) the records go from the
+//! restore of `restore_many` keeps to one thread, and a source that fetches
+//! on a thread of its own gains nothing from a third) the records go from the
 //! source's own buffers (a fetch response, a segment file's batch) straight
 //! into the collector, a slice at a time, with no copy in between.
 //!
@@ -49,7 +50,9 @@ pub struct BulkOptions {
     /// An SST file is closed once it reaches this size.
     pub sst_target_bytes: u64,
     /// Read, decode and hash the next chunks on a second thread while this
-    /// one collects (a restore that may use two cores; see [`for_each_chunk`]).
+    /// one collects (a restore that may use two cores; see [`for_each_chunk`]),
+    /// unless the source reads on a thread of its own already
+    /// ([`ChangelogSource::reads_ahead`]).
     pub read_ahead: bool,
 }
 
@@ -139,7 +142,7 @@ fn run(
     let mut into = Collecting { collector: Collector::new(budget * 3 / 5), runs: Vec::new(), seq: 0, dir, buffer };
     let mut applied = Applied::default();
     let format = store.format();
-    if opts.read_ahead {
+    if opts.read_ahead && !source.reads_ahead() {
         let chunk_bytes = opts.chunk_bytes;
         for_each_chunk(
             target,
@@ -395,6 +398,7 @@ mod tests {
     use super::*;
     use crate::replay::testing::*;
     use crate::replay::{replay, restore_options};
+    use crate::source::{ChangeRecord, SkipCounts};
     use crate::store::Store;
 
     fn restore_bulk(p: &Path, log: &[Entry], start: i64, end: i64, budget: usize, read_ahead: bool) -> Applied {
@@ -408,6 +412,51 @@ mod tests {
         let a = bulk(Target { store: &store, tp: "t-0", end }, &mut src, &opts, &mut pr).unwrap();
         assert!(!scratch_dir(p).exists());
         a
+    }
+
+    /// A source that fetches on a thread of its own, as Kafka's does.
+    struct Fetching(VecSource);
+
+    impl ChangelogSource for Fetching {
+        fn position(&self) -> i64 {
+            self.0.position()
+        }
+        fn next_chunk(&mut self, _: i64, _: usize, _: &mut dyn FnMut(ChangeRecord<'_>)) -> Result<bool, LogError> {
+            panic!("a source that reads ahead itself was read ahead again, on a decoding thread")
+        }
+        fn next_records(
+            &mut self,
+            end: i64,
+            max_bytes: usize,
+            sink: &mut dyn FnMut(&[ChangeRecord<'_>]),
+        ) -> Result<bool, LogError> {
+            self.0.next_records(end, max_bytes, sink)
+        }
+        fn skipped(&self) -> SkipCounts {
+            self.0.skipped()
+        }
+        fn bytes_read(&self) -> u64 {
+            self.0.bytes_read()
+        }
+        fn reads_ahead(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_source_that_reads_ahead_itself_is_taken_in_slices_even_with_read_ahead() {
+        let log = random_log(5_000, 500, 8);
+        let (m, last) = model(&log, 5_000);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        let store = Store::open_with(&p, restore_options()).unwrap();
+        let mut src = Fetching(VecSource::new(log, 0));
+        let mut opts = BulkOptions::new(64 << 20);
+        (opts.read_ahead, opts.chunk_bytes) = (true, 300);
+        let mut pr = Progress::new(None, Duration::ZERO);
+        let a = bulk(Target { store: &store, tp: "t-0", end: 5_000 }, &mut src, &opts, &mut pr).unwrap();
+        assert_eq!((dump(&store), a.last_offset), (m, last));
+        assert_eq!(store.offset("t-0").unwrap(), last);
     }
 
     #[test]

@@ -878,4 +878,8 @@ impl ChangelogSource for KafkaSource {
     fn bytes_read(&self) -> u64 {
         self.cursor.bytes_read()
     }
+
+    fn reads_ahead(&self) -> bool {
+        true
+    }
 }
