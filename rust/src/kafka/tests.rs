@@ -47,6 +47,15 @@ struct Log {
 }
 
 fn data(base: i64, n: i64, pid: Option<i64>) -> Vec<u8> {
+    data_with(base, n, pid, Compression::None, 0)
+}
+
+/// The value of record `o` padded with `pad` bytes (which compress well).
+fn value_of(o: i64, pad: usize) -> String {
+    format!("v{o}{}", "x".repeat(pad))
+}
+
+fn data_with(base: i64, n: i64, pid: Option<i64>, codec: Compression, pad: usize) -> Vec<u8> {
     let meta = match pid {
         Some(p) => {
             BatchMeta { producer_id: p, producer_epoch: 0, base_sequence: 0, transactional: true, ..Default::default() }
@@ -56,10 +65,10 @@ fn data(base: i64, n: i64, pid: Option<i64>) -> Vec<u8> {
     let mut b = BatchBuilder::new(base, meta);
     for o in base..base + n {
         let k = format!("k{o}");
-        let v = format!("v{o}");
+        let v = value_of(o, pad);
         b.append(o, 1000 + o, Some(k.as_bytes()), Some(v.as_bytes()), &[]);
     }
-    b.finish(Compression::None)
+    b.finish(codec)
 }
 
 /// 0..10 plain; 10..15 pid 5 (aborted); 15..20 pid 6 (committed); 20..25 pid 5
@@ -73,6 +82,34 @@ fn sample() -> Log {
         (25, control_batch(25, 5, 0, false, 2000, 0)),
         (26, control_batch(26, 6, 0, true, 2000, 0)),
         (27, data(27, 10, None)),
+    ];
+    Log { batches, aborted: vec![(5, 10, 25)], end: 37 }
+}
+
+/// Padding of [`compressed_sample`]'s values.
+const PAD: usize = 200;
+
+/// [`sample`]'s offsets and transactions with compressed batches between
+/// plain ones: a compressed batch's records are decoded into a buffer that
+/// the next compressed batch reuses.
+fn compressed_sample() -> Log {
+    let d = |base, n, pid, codec| {
+        let b = data_with(base, n, pid, codec, PAD);
+        if codec != Compression::None {
+            assert!(b.len() < data_with(base, n, pid, Compression::None, PAD).len(), "{codec:?} compresses");
+        }
+        (base, b)
+    };
+    let batches = vec![
+        d(0, 10, None, Compression::None),
+        d(10, 5, Some(5), Compression::Lz4),
+        d(15, 5, Some(6), Compression::Zstd),
+        d(20, 5, Some(5), Compression::None),
+        (25, control_batch(25, 5, 0, false, 2000, 0)),
+        (26, control_batch(26, 6, 0, true, 2000, 0)),
+        d(27, 5, None, Compression::Gzip),
+        d(32, 3, None, Compression::Snappy),
+        d(35, 2, None, Compression::None),
     ];
     Log { batches, aborted: vec![(5, 10, 25)], end: 37 }
 }
@@ -281,6 +318,33 @@ fn a_fetcher_asks_for_a_small_first_response_then_twice_as_much_up_to_the_partit
     let asked: Vec<i32> = ASKED.lock().unwrap().iter().filter(|(p, _)| *p == port).map(|&(_, n)| n).collect();
     assert!(asked.len() >= 6, "{asked:?}");
     assert_eq!(asked[..6], [1 << 20, 2 << 20, 4 << 20, 5_000_000, 5_000_000, 5_000_000]);
+}
+
+#[test]
+fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_in_order() {
+    for read_ahead in [false, true] {
+        for max in [400, 1000, 1 << 20] {
+            let addr = fake(compressed_sample(), Mode::Good, max);
+            let case = format!("max bytes {max}, read-ahead {read_ahead}");
+            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+            let mut got = Vec::new();
+            while cur
+                .read_slices(37, 1 << 20, &mut |slice| {
+                    assert!(!slice.is_empty(), "an empty slice: {case}");
+                    for r in slice {
+                        let (k, v) = (format!("k{}", r.offset), value_of(r.offset, PAD));
+                        assert_eq!((r.key, r.value), (Some(k.as_bytes()), Some(v.as_bytes())), "{case}");
+                        got.push(r.offset);
+                    }
+                })
+                .unwrap()
+            {}
+            assert_eq!(got, expected(), "{case}");
+            assert_eq!((cur.position(), cur.skipped().aborted, cur.skipped().control), (37, 10, 2), "{case}");
+            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 12, read_ahead);
+            assert_eq!(drain(&mut cur, 34).unwrap(), (15..20).chain(27..34).collect::<Vec<_>>(), "{case}");
+        }
+    }
 }
 
 #[test]

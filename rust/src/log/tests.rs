@@ -473,6 +473,7 @@ fn drain_slices(src: &mut dyn ChangelogSource, end: i64, max_bytes: usize) -> (V
 
 #[test]
 fn slices_of_the_segment_reader_hand_over_what_its_records_do() {
+    let mut log_bytes = Vec::new();
     for compression in [Compression::None, Compression::Lz4] {
         let d = tempfile::tempdir().unwrap();
         let log = Arc::new(Log::new(d.path(), WriterConfig { segment_bytes: 1500, sync: false, compression }).unwrap());
@@ -480,7 +481,7 @@ fn slices_of_the_segment_reader_hand_over_what_its_records_do() {
         let mut txn = log.producer(Some("x")).unwrap();
         for round in 0..30i64 {
             for i in 0..7 {
-                let v = (i != 3).then(|| format!("v{round}-{i}"));
+                let v = (i != 3).then(|| format!("v{round}-{i}{}", "x".repeat(100)));
                 plain
                     .send("t", 0, Some(format!("k{i}").as_bytes()), v.as_deref().map(str::as_bytes), &[], None)
                     .unwrap();
@@ -495,7 +496,9 @@ fn slices_of_the_segment_reader_hand_over_what_its_records_do() {
             }
         }
         let o = partition_offsets(d.path(), "t", 0).unwrap();
-        assert!(segment::list_segments(&d.path().join("t-0")).unwrap().len() > 2, "{compression:?}");
+        let segments = segment::list_segments(&d.path().join("t-0")).unwrap();
+        assert!(segments.len() > 2, "{compression:?}");
+        log_bytes.push(segments.iter().map(|s| fs::metadata(&s.path).unwrap().len()).sum::<u64>());
         for (start, end) in [(0, o.end), (5, o.end), (0, 100), (37, 151), (o.end, o.end)] {
             for max_bytes in [1, 700, 1 << 20] {
                 let mut by_record = open_committed_source(d.path(), "t", 0, start).unwrap();
@@ -515,6 +518,7 @@ fn slices_of_the_segment_reader_hand_over_what_its_records_do() {
             }
         }
     }
+    assert!(log_bytes[1] < log_bytes[0] / 2, "the LZ4 batches are compressed: {log_bytes:?}");
 }
 
 #[test]
