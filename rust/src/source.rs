@@ -192,6 +192,12 @@ pub trait ChangelogSource: Send {
     fn reads_ahead(&self) -> bool {
         false
     }
+
+    /// Start fetching records below `end` before the first read asks for
+    /// them, where the source fetches on a thread of its own (a Kafka fetch
+    /// thread sends its first request); the first read must then ask for the
+    /// same `end`. Others do nothing.
+    fn prime(&mut self, _end: i64) {}
 }
 
 /// Hands the slices of [`RecordRef`]s a decoder borrows from its buffers
@@ -245,4 +251,12 @@ pub trait Changelog: Sync {
     fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError>;
     /// A read_committed cursor on `topic`-`partition` positioned at `start`.
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError>;
+
+    /// Whether a restore's first steps with this log (its bounds, opening a
+    /// cursor) may be taken on another thread ahead of the restore's turn
+    /// (`restore_many` prepares the next restore while others run). A log
+    /// served by Python code is called from the restore threads only.
+    fn prepares_ahead(&self) -> bool {
+        true
+    }
 }

@@ -22,6 +22,7 @@ use super::config::ClientConfig;
 use super::conn::{self, Conn};
 #[cfg(feature = "store")]
 use super::fetch::KafkaSource;
+use super::frames::FramePool;
 use super::KafkaError;
 #[cfg(feature = "store")]
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError};
@@ -46,11 +47,13 @@ struct State {
 pub struct KafkaClient {
     pub config: ClientConfig,
     state: Mutex<State>,
+    /// Buffers for large responses, shared by the connections.
+    pub frames: FramePool,
 }
 
 impl KafkaClient {
     pub fn new(config: ClientConfig) -> Arc<Self> {
-        Arc::new(KafkaClient { config, state: Mutex::new(State::default()) })
+        Arc::new(KafkaClient { config, state: Mutex::new(State::default()), frames: FramePool::default() })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -67,7 +70,7 @@ impl KafkaClient {
         if let Some(c) = self.state().idle.get_mut(broker).and_then(Vec::pop) {
             return Ok(c);
         }
-        Conn::connect(broker, &self.config)
+        Conn::connect(broker, &self.config, self.frames.clone())
     }
 
     /// Give back a connection with no request in flight.
@@ -91,7 +94,7 @@ impl KafkaClient {
         };
         let mut last = None;
         for b in self.config.bootstrap.iter().chain(known.iter()) {
-            match Conn::connect(b, &self.config) {
+            match Conn::connect(b, &self.config, self.frames.clone()) {
                 Ok(c) => return Ok(c),
                 Err(e) if e.retriable() => last = Some(e),
                 Err(e) => return Err(e),

@@ -5,7 +5,8 @@
 //! Every wait is bounded: connect, write and read each time out after the
 //! configured request timeout, so a broker that goes silent is an error naming
 //! it, never a hang. A response is read whole (its 4-byte length first,
-//! refused beyond [`MAX_RESPONSE_BYTES`]) into one buffer; decoding hands out
+//! refused beyond [`MAX_RESPONSE_BYTES`]) into one buffer (a reused one
+//! for a large response, see [`super::frames`]); decoding hands out
 //! the fetched records as slices of that buffer, without copying them.
 
 use std::collections::HashMap;
@@ -13,7 +14,7 @@ use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
     SaslHandshakeRequest,
@@ -21,6 +22,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 
 use super::config::{ClientConfig, Mechanism, Sasl};
+use super::frames::FramePool;
 use super::KafkaError;
 
 /// Largest response accepted: a fetch asks for far less; anything larger is
@@ -83,17 +85,15 @@ pub struct Conn {
     client_id: StrBytes,
     timeout: Duration,
     out: Vec<u8>,
-    /// Where responses are read. A response is handed out as a `Bytes` split
-    /// off it; once every part of the last one is dropped its allocation is
-    /// reused (a fresh multi-MiB buffer per fetch cost a page fault and the
-    /// zeroing of every page).
-    input: BytesMut,
+    /// Where large responses are read: buffers reused from one response to
+    /// the next, shared by the client's connections.
+    frames: FramePool,
 }
 
 impl Conn {
     /// Connect to `broker` (`host:port`), secure and authenticate the
     /// connection as `cfg` says, and learn the broker's API versions.
-    pub fn connect(broker: &str, cfg: &ClientConfig) -> Result<Self, KafkaError> {
+    pub fn connect(broker: &str, cfg: &ClientConfig, frames: FramePool) -> Result<Self, KafkaError> {
         let timeout = cfg.request_timeout;
         let addrs: Vec<_> = broker
             .to_socket_addrs()
@@ -137,7 +137,7 @@ impl Conn {
             client_id: StrBytes::from_string(cfg.client_id.clone()),
             timeout,
             out: Vec::with_capacity(4096),
-            input: BytesMut::new(),
+            frames,
         };
         c.api_versions()?;
         if let Some(sasl) = &cfg.sasl {
@@ -158,7 +158,7 @@ impl Conn {
             client_id: StrBytes::from_static_str("test"),
             timeout,
             out: Vec::new(),
-            input: BytesMut::new(),
+            frames: FramePool::default(),
         };
         c.api_versions()?;
         Ok(c)
@@ -265,13 +265,9 @@ impl Conn {
                 self.broker
             )));
         }
-        let n = n as usize;
-        self.input.clear();
-        self.input.reserve(n); // takes the last response's allocation back if it is free
-        self.input.resize(n, 0);
-        let read = self.stream.read_exact(&mut self.input);
-        read.map_err(|e| self.io("a response", e))?;
-        Ok(self.input.split().freeze())
+        let stream = &mut self.stream;
+        let read = self.frames.read(n as usize, |buf| stream.read_exact(buf));
+        read.map_err(|e| self.io("a response", e))
     }
 
     fn authenticate(&mut self, sasl: &Sasl) -> Result<(), KafkaError> {

@@ -35,6 +35,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::client::{KafkaClient, FIRST_BACKOFF, MAX_BACKOFF};
 use super::conn::Conn;
+use super::frames::FrameLease;
 use super::KafkaError;
 use crate::codec::{self, BatchHeader, CodecError, ControlType, RecordRef, HEADER_LEN};
 use crate::source::{recycle, ChangeRecord, ChangeSlices, ChangelogSource, LogError, SkipCounts};
@@ -256,6 +257,8 @@ struct Fetcher {
     fetch_bytes: i32,
     partition_max_bytes: i32,
     stall_timeout: Duration,
+    /// Keeps the client's response buffers pooled while this fetcher lives.
+    _frames: FrameLease,
 }
 
 /// Bytes asked for by a fetcher's first request. A restore can start on a
@@ -267,6 +270,7 @@ const FIRST_FETCH_BYTES: i32 = 1 << 20;
 impl Fetcher {
     fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
         let (partition_max_bytes, stall_timeout) = (client.config.partition_max_bytes, client.config.stall_timeout);
+        let frames = client.frames.activate();
         Fetcher {
             client,
             topic: topic.to_string(),
@@ -278,6 +282,7 @@ impl Fetcher {
             fetch_bytes: FIRST_FETCH_BYTES.min(partition_max_bytes),
             partition_max_bytes,
             stall_timeout,
+            _frames: frames,
         }
     }
 
@@ -595,6 +600,19 @@ impl FetchCursor {
         }
     }
 
+    /// Start the fetch thread on `[position, end)` before the first read,
+    /// so that its first response is on the way while the caller does other
+    /// things (a restore creating its store). A read below another end
+    /// restarts it; a cursor without read-ahead, or already fetching, is
+    /// left as it is.
+    pub fn prime(&mut self, end: i64) {
+        if !self.read_ahead || self.position >= end || !matches!(self.responses, Responses::Here(_)) {
+            return;
+        }
+        let Responses::Here(f) = std::mem::replace(&mut self.responses, Responses::Switching) else { unreachable!() };
+        self.responses = Responses::Ahead(Ahead::start(f, self.position, end));
+    }
+
     /// The response at the position, reading below `end`.
     fn next_response(&mut self, end: i64) -> Result<Response, KafkaError> {
         let position = self.position;
@@ -881,5 +899,9 @@ impl ChangelogSource for KafkaSource {
 
     fn reads_ahead(&self) -> bool {
         true
+    }
+
+    fn prime(&mut self, end: i64) {
+        self.cursor.prime(end);
     }
 }

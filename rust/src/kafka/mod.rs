@@ -19,12 +19,14 @@
 //! Module map: [`config`] (confluent-kafka style properties), [`conn`] (one
 //! broker connection: framing, versions, SASL), [`scram`], `tls` (rustls),
 //! [`client`] (metadata, leaders, offsets, connection pool, retries),
-//! [`fetch`] (fetch responses -> committed records).
+//! [`fetch`] (fetch responses -> committed records), [`frames`] (reused
+//! buffers for large responses).
 
 pub mod client;
 pub mod config;
 pub mod conn;
 pub mod fetch;
+pub mod frames;
 pub mod scram;
 #[cfg(feature = "tls")]
 pub mod tls;

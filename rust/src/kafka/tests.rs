@@ -320,6 +320,69 @@ fn a_fetcher_asks_for_a_small_first_response_then_twice_as_much_up_to_the_partit
     assert_eq!(asked[..6], [1 << 20, 2 << 20, 4 << 20, 5_000_000, 5_000_000, 5_000_000]);
 }
 
+/// The Fetch requests the fake broker at `port` received so far.
+fn fetches_asked(port: u16) -> usize {
+    ASKED.lock().unwrap().iter().filter(|(p, _)| *p == port).count()
+}
+
+#[test]
+fn a_primed_cursor_fetches_before_its_first_read_and_one_without_read_ahead_does_not() {
+    let addr = fake(sample(), Mode::Good, 100);
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let mut here = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, false);
+    here.prime(37);
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(fetches_asked(port), 0, "a cursor fetching on its caller's thread waits for a read");
+    let mut ahead = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, true);
+    ahead.prime(37);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fetches_asked(port) == 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(fetches_asked(port) > 0, "no Fetch before the first read");
+    assert_eq!(drain(&mut ahead, 37).unwrap(), expected());
+    assert_eq!(drain(&mut here, 37).unwrap(), expected());
+    // Primed for one end and read to another: the reads decide.
+    let mut other = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, true);
+    other.prime(37);
+    assert_eq!(drain(&mut other, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
+}
+
+#[test]
+fn large_responses_read_into_reused_buffers_hand_over_each_response_s_own_records() {
+    // Batches of ~160 KB, responses of two or three: every frame is pooled,
+    // and later responses are read into the buffers of earlier ones.
+    let pad = 8_000;
+    let batches: Vec<(i64, Vec<u8>)> =
+        (0..24).map(|i| (i * 20, data_with(i * 20, 20, None, Compression::None, pad))).collect();
+    assert!(batches[0].1.len() > 150_000);
+    let log = Log { batches, aborted: vec![], end: 480 };
+    let addr = fake(log, Mode::Good, 400_000);
+    for read_ahead in [false, true] {
+        let c = client(&addr, Duration::from_secs(5));
+        let mut cur = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        let mut got = Vec::new();
+        while cur
+            .read_slices(480, 1 << 20, &mut |slice| {
+                for r in slice {
+                    let (k, v) = (format!("k{}", r.offset), value_of(r.offset, pad));
+                    assert_eq!((r.key, r.value), (Some(k.as_bytes()), Some(v.as_bytes())), "read-ahead {read_ahead}");
+                    got.push(r.offset);
+                }
+            })
+            .unwrap()
+        {}
+        assert_eq!(got, (0..480).collect::<Vec<_>>());
+        assert!(c.frames.pooled() > 0, "no buffer came back to the pool (read-ahead {read_ahead})");
+        drop(cur);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.frames.pooled() > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5)); // a fetch thread ends by itself
+        }
+        assert_eq!(c.frames.pooled(), 0, "the buffers outlived the last fetcher");
+    }
+}
+
 #[test]
 fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_in_order() {
     for read_ahead in [false, true] {

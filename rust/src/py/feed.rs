@@ -84,6 +84,12 @@ impl Changelog for PyFeedLog {
         let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone(), timestamps: self.timestamps };
         Ok(Box::new(FeedSource::new(feed, start, self.stall_timeout)))
     }
+
+    /// A Python changelog (a consumer, a test double) may not expect calls
+    /// from a thread beside the restore threads it was given.
+    fn prepares_ahead(&self) -> bool {
+        false
+    }
 }
 
 /// One Python feed (a positioned consumer), closed when dropped.

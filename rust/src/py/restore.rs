@@ -277,13 +277,15 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
     let jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
-        engine::run_pool(
+        engine::run_pipeline(
             jobs,
             threads,
-            |mut j| {
+            |j| j.log.prepares_ahead().then(|| engine::prepare(&*j.log, &j.spec)),
+            |mut j, prepared| {
                 // The pool's threads are the parallelism: one thread per restore.
                 j.spec.read_ahead = false;
-                engine::restore(&*j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener))
+                let listener = j.listener.as_mut().map(|l| l as &mut dyn Listener);
+                engine::restore_prepared(&*j.log, &j.spec, prepared, listener)
             },
             |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
         )

@@ -5,9 +5,8 @@
 //! [`restore_many`] does that for many pairs on a pool of threads.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{
@@ -15,7 +14,7 @@ use super::{
     DEFAULT_WRITE_BUFFER_BYTES, READ_BYTES,
 };
 use crate::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
-use crate::source::{Changelog, LogError, SkipCounts};
+use crate::source::{Bounds, Changelog, ChangelogSource, LogError, SkipCounts};
 use crate::store::{Store, StoreFormat, STATUS_CLOSED};
 
 /// How to restore.
@@ -116,38 +115,70 @@ pub fn restore(
     spec: &RestoreSpec,
     listener: Option<&mut dyn Listener>,
 ) -> Result<RestoreOutcome, RestoreError> {
-    restore_one(log, spec, listener).map_err(|e| e.in_restore_of(&spec.store_path, &spec.topic, spec.partition))
+    restore_prepared(log, spec, None, listener)
 }
 
-fn restore_one(
+/// [`restore`] of a restore whose first steps were taken by [`prepare`]
+/// (perhaps on another thread, ahead of its turn); `None` prepares here.
+pub fn restore_prepared(
     log: &dyn Changelog,
     spec: &RestoreSpec,
+    prepared: Option<Result<Prepared, RestoreError>>,
     listener: Option<&mut dyn Listener>,
 ) -> Result<RestoreOutcome, RestoreError> {
+    prepared
+        .unwrap_or_else(|| prepare(log, spec))
+        .and_then(|p| run_one(spec, p, listener))
+        .map_err(|e| e.in_restore_of(&spec.store_path, &spec.topic, spec.partition))
+}
+
+/// A restore's first steps taken: its store open, its range and mode
+/// decided, and its changelog cursor open and asked to start fetching.
+/// Nothing of it is applied yet, and the listener has not been called.
+pub struct Prepared {
+    store: Store,
+    recorded: Option<i64>,
+    start: i64,
+    end: i64,
+    mode: Mode,
+    /// `None` when there is nothing to restore.
+    source: Option<Box<dyn ChangelogSource>>,
+    /// Time the preparation took (counted in the restore's seconds).
+    took: Duration,
+}
+
+/// Take a restore's first steps: open (or create) its store, ask the log for
+/// the partition's bounds, decide the range and the mode, open the cursor and
+/// let it start fetching ([`ChangelogSource::prime`]). A store that does not
+/// exist yet records no offset, so its cursor starts fetching before the
+/// store is created: RocksDB creating a database (a dozen fsyncs) and the
+/// first fetch response overlap.
+pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, RestoreError> {
     let t0 = Instant::now();
     let tp = spec.tp();
     let path = &spec.store_path;
-    let store = Store::open_format(path, restore_options_with(spec.write_buffer_bytes), spec.format)
-        .map_err(|e| RestoreError::store(&tp, e))?;
-    let scratch = scratch_dir(path);
-    if scratch.exists() {
-        std::fs::remove_dir_all(&scratch).map_err(|e| {
-            RestoreError::new(
-                ErrorKind::Restore,
-                format!(
-                    "restoring {}: cannot remove stale scratch directory {}: {e}",
-                    path.display(),
-                    scratch.display()
-                ),
-            )
-        })?;
-    }
     let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
-    let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
-    let recorded = store.offset(&tp).map_err(|e| RestoreError::store(&tp, e))?;
-    let bad = |msg: String| {
-        RestoreError::new(ErrorKind::Restore, format!("restoring store {} from {tp}: {msg}", path.display()))
+    let open = || {
+        Store::open_format(path, restore_options_with(spec.write_buffer_bytes), spec.format)
+            .map_err(|e| RestoreError::store(&tp, e))
     };
+    let fresh = !path.join("CURRENT").exists();
+    let (store, bounds, mut source) = if fresh {
+        let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
+        let end = end_of(spec, &bounds, &tp, path)?;
+        let source = if bounds.start < end {
+            let mut s = log.open(&spec.topic, spec.partition, bounds.start).map_err(log_err)?;
+            s.prime(end);
+            Some(s)
+        } else {
+            None
+        };
+        (open()?, bounds, source)
+    } else {
+        let store = open()?;
+        (store, log.bounds(&spec.topic, spec.partition).map_err(log_err)?, None)
+    };
+    let recorded = store.offset(&tp).map_err(|e| RestoreError::store(&tp, e))?;
     let out_of_range = |msg: String| {
         RestoreError::new(ErrorKind::OutOfRange, format!("restoring store {} from {tp}: {msg}", path.display()))
     };
@@ -171,20 +202,67 @@ fn restore_one(
         Some(o) => o + 1,
         None => bounds.start,
     };
-    let end = match spec.end_offset {
-        Some(e) if e > bounds.last_stable => {
-            return Err(bad(format!(
-                "end offset {e} is beyond the last stable offset {} (log end {}); ask for at most {}",
-                bounds.last_stable, bounds.end, bounds.last_stable
-            )))
-        }
-        Some(e) => e,
-        None => bounds.last_stable,
-    };
+    let end = end_of(spec, &bounds, &tp, path)?;
+    if source.as_ref().is_some_and(|s| s.position() != start) {
+        source = None; // a store appeared meanwhile with an offset of its own
+    }
+    if source.is_none() && start < end {
+        let mut s = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
+        s.prime(end);
+        source = Some(s);
+    }
     let mode = match spec.mode {
         Mode::Auto if store.is_data_empty() => Mode::Bulk,
         Mode::Auto => Mode::Replay,
         m => m,
+    };
+    Ok(Prepared { store, recorded, start, end, mode, source, took: t0.elapsed() })
+}
+
+/// The exclusive end of a restore: the one asked for, else the last stable
+/// offset; an end beyond the last stable offset is refused.
+fn end_of(spec: &RestoreSpec, bounds: &Bounds, tp: &str, path: &Path) -> Result<i64, RestoreError> {
+    match spec.end_offset {
+        Some(e) if e > bounds.last_stable => Err(RestoreError::new(
+            ErrorKind::Restore,
+            format!(
+                "restoring store {} from {tp}: end offset {e} is beyond the last stable offset {} (log end {}); \
+                 ask for at most {}",
+                path.display(),
+                bounds.last_stable,
+                bounds.end,
+                bounds.last_stable
+            ),
+        )),
+        Some(e) => Ok(e),
+        None => Ok(bounds.last_stable),
+    }
+}
+
+fn run_one(
+    spec: &RestoreSpec,
+    prepared: Prepared,
+    listener: Option<&mut dyn Listener>,
+) -> Result<RestoreOutcome, RestoreError> {
+    let t0 = Instant::now();
+    let Prepared { store, recorded, start, end, mode, source, took } = prepared;
+    let tp = spec.tp();
+    let path = &spec.store_path;
+    let scratch = scratch_dir(path);
+    if scratch.exists() {
+        std::fs::remove_dir_all(&scratch).map_err(|e| {
+            RestoreError::new(
+                ErrorKind::Restore,
+                format!(
+                    "restoring {}: cannot remove stale scratch directory {}: {e}",
+                    path.display(),
+                    scratch.display()
+                ),
+            )
+        })?;
+    }
+    let bad = |msg: String| {
+        RestoreError::new(ErrorKind::Restore, format!("restoring store {} from {tp}: {msg}", path.display()))
     };
     let mut progress = Progress::new(listener, spec.progress_interval);
     progress.set_context(format!("restoring store {} from {tp}", path.display()));
@@ -212,8 +290,7 @@ fn restore_one(
         store.put_status(&mut b, STATUS_CLOSED);
         store.write(b, false).map_err(|e| RestoreError::store(&tp, e))?;
     }
-    if start < end {
-        let mut source = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
+    if let Some(mut source) = source.filter(|_| start < end) {
         let target = Target { store: &store, tp: &tp, end };
         let applied: Applied = match mode {
             Mode::Bulk => {
@@ -248,45 +325,106 @@ fn restore_one(
         if applied.last_offset.is_some() {
             outcome.offset = applied.last_offset;
         }
-    }
-    if unmarked && start >= end {
+    } else if unmarked {
         store.flush().map_err(|e| RestoreError::store(&tp, e))?; // nothing restored flushed the status
     }
     progress.end(outcome.records_applied)?;
-    outcome.seconds = t0.elapsed().as_secs_f64();
+    outcome.seconds = (took + t0.elapsed()).as_secs_f64();
     Ok(outcome)
+}
+
+/// Where a job of [`run_pipeline`] is.
+enum Slot<T, P> {
+    /// Not taken by anyone yet.
+    Waiting(T),
+    /// The preparer is taking its first steps.
+    Preparing,
+    /// Prepared ahead (`None`: the job was not to be prepared ahead; `Err`:
+    /// its preparation panicked, with the message).
+    Ready(T, Result<Option<P>, String>),
+    /// A worker runs it.
+    Taken,
+}
+
+/// Jobs prepared ahead of the workers, beyond those they took.
+const PREPARED_AHEAD: usize = 1;
+
+/// The message of a caught panic.
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Run `f` on every job on `threads` worker threads (at least one, at most
 /// one per job); results come back in job order. A panic in one job becomes
 /// that job's `on_panic` result and leaves the others running.
-pub fn run_pool<T: Send, R: Send>(
+///
+/// A preparer runs beside the workers: while they run their jobs, it takes
+/// the next job's first steps (`prepare`, e.g. [`prepare`]:
+/// creating a store, asking the broker for offsets, the first fetch), which
+/// wait mostly on the disk and the network. `prepare` returns `None` for a
+/// job that must not be prepared off its worker's thread; the worker then
+/// runs it unprepared. A worker whose job is being prepared waits for it;
+/// a job the preparer has not reached is run unprepared.
+pub fn run_pipeline<T: Send, P: Send, R: Send>(
     jobs: Vec<T>,
     threads: usize,
-    f: impl Fn(T) -> R + Sync,
+    prepare: impl Fn(&T) -> Option<P> + Sync,
+    f: impl Fn(T, Option<P>) -> R + Sync,
     on_panic: impl Fn(String) -> R + Sync,
 ) -> Vec<R> {
     let n = jobs.len();
-    let jobs: Vec<Mutex<Option<T>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let line = Mutex::new((0usize, jobs.into_iter().map(Slot::Waiting).collect::<Vec<Slot<T, P>>>()));
+    let changed = Condvar::new();
+    let lock = || line.lock().unwrap_or_else(|p| p.into_inner());
     let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
     let workers = threads.clamp(1, n.max(1));
     std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..n {
+                let mut l = lock();
+                while i >= l.0 + PREPARED_AHEAD {
+                    l = changed.wait(l).unwrap_or_else(|p| p.into_inner());
+                }
+                let Slot::Waiting(job) = std::mem::replace(&mut l.1[i], Slot::Preparing) else {
+                    l.1[i] = Slot::Taken; // a worker took it first
+                    continue;
+                };
+                drop(l);
+                let p = catch_unwind(AssertUnwindSafe(|| prepare(&job))).map_err(panic_message);
+                lock().1[i] = Slot::Ready(job, p);
+                changed.notify_all();
+            }
+        });
         for _ in 0..workers {
             s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
+                let mut l = lock();
+                let i = l.0;
                 if i >= n {
                     return;
                 }
-                let job = jobs[i].lock().unwrap_or_else(|p| p.into_inner()).take().expect("each job runs once");
-                let r = catch_unwind(AssertUnwindSafe(|| f(job))).unwrap_or_else(|p| {
-                    let msg = p
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "unknown panic".into());
-                    on_panic(msg)
-                });
+                l.0 += 1;
+                changed.notify_all(); // the preparer may go on to the next job
+                let (job, prepared) = loop {
+                    match std::mem::replace(&mut l.1[i], Slot::Taken) {
+                        Slot::Waiting(job) => break (job, Ok(None)),
+                        Slot::Ready(job, p) => break (job, p),
+                        Slot::Preparing => {
+                            l.1[i] = Slot::Preparing;
+                            l = changed.wait(l).unwrap_or_else(|p| p.into_inner());
+                        }
+                        Slot::Taken => unreachable!("each job is taken once"),
+                    }
+                };
+                drop(l);
+                let r = match prepared {
+                    Ok(p) => {
+                        catch_unwind(AssertUnwindSafe(|| f(job, p))).unwrap_or_else(|p| on_panic(panic_message(p)))
+                    }
+                    Err(msg) => on_panic(msg),
+                };
                 *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             });
         }
@@ -295,19 +433,21 @@ pub fn run_pool<T: Send, R: Send>(
 }
 
 /// Restore many (store, partition) pairs on `threads` threads, each restore
-/// on one thread (no read-ahead). Each pair's result is its own: a failure
-/// leaves the other restores running.
+/// on one thread (no read-ahead), the next restore prepared ahead
+/// ([`run_pipeline`]). Each pair's result is its own: a failure leaves the
+/// other restores running.
 pub fn restore_many(
     log: &dyn Changelog,
     specs: Vec<(RestoreSpec, Option<Box<dyn Listener>>)>,
     threads: usize,
 ) -> Vec<Result<RestoreOutcome, RestoreError>> {
-    run_pool(
+    run_pipeline(
         specs,
         threads,
-        |(mut spec, mut listener)| {
+        |(spec, _)| log.prepares_ahead().then(|| prepare(log, spec)),
+        |(mut spec, mut listener), prepared| {
             spec.read_ahead = false;
-            restore(log, &spec, listener.as_mut().map(|b| &mut **b as &mut dyn Listener))
+            restore_prepared(log, &spec, prepared, listener.as_mut().map(|b| &mut **b as &mut dyn Listener))
         },
         |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
     )
@@ -397,9 +537,138 @@ mod tests {
         assert!(e.message.contains("101") && e.message.contains("last stable"), "{e}");
     }
 
+    /// A [`VecLog`] that records, per partition opened, whether its store
+    /// existed then, and the end each cursor was primed with.
+    struct Watched {
+        log: VecLog,
+        root: PathBuf,
+        opened: Mutex<Vec<(i32, bool)>>,
+        primed: std::sync::Arc<Mutex<Vec<(i32, i64)>>>,
+    }
+
+    struct Primed {
+        inner: VecSource,
+        partition: i32,
+        primed: std::sync::Arc<Mutex<Vec<(i32, i64)>>>,
+    }
+
+    impl ChangelogSource for Primed {
+        fn position(&self) -> i64 {
+            self.inner.position()
+        }
+        fn next_chunk(
+            &mut self,
+            end: i64,
+            max_bytes: usize,
+            sink: &mut dyn FnMut(crate::source::ChangeRecord<'_>),
+        ) -> Result<bool, LogError> {
+            self.inner.next_chunk(end, max_bytes, sink)
+        }
+        fn skipped(&self) -> SkipCounts {
+            self.inner.skipped()
+        }
+        fn bytes_read(&self) -> u64 {
+            self.inner.bytes_read()
+        }
+        fn prime(&mut self, end: i64) {
+            self.primed.lock().unwrap().push((self.partition, end));
+        }
+    }
+
+    impl Changelog for Watched {
+        fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
+            self.log.bounds(topic, partition)
+        }
+        fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
+            let exists = self.root.join(format!("s{partition}")).join("CURRENT").exists();
+            self.opened.lock().unwrap().push((partition, exists));
+            let log = self.log.0.get(&(topic.to_string(), partition)).expect("checked by bounds");
+            let inner = VecSource::new(log.clone(), start);
+            Ok(Box::new(Primed { inner, partition, primed: self.primed.clone() }))
+        }
+    }
+
+    #[test]
+    fn a_new_store_s_cursor_is_primed_before_the_store_is_created_an_existing_one_s_after_reading_its_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs: HashMap<_, _> =
+            (0..3).map(|p| (("t".to_string(), p), random_log(2_000, 150, p as u64 + 7))).collect();
+        let w = Watched {
+            log: VecLog(logs.clone()),
+            root: dir.path().to_path_buf(),
+            opened: Mutex::new(Vec::new()),
+            primed: Default::default(),
+        };
+        let specs = |end: Option<i64>| -> Vec<(RestoreSpec, Option<Box<dyn Listener>>)> {
+            (0..3)
+                .map(|p| {
+                    let mut spec = RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p);
+                    spec.end_offset = end;
+                    (spec, None)
+                })
+                .collect()
+        };
+        for o in restore_many(&w, specs(Some(1_200)), 1) {
+            assert_eq!((o.unwrap().mode, 1_200), (Mode::Bulk, 1_200));
+        }
+        let mut opened = std::mem::take(&mut *w.opened.lock().unwrap());
+        opened.sort();
+        assert_eq!(opened, vec![(0, false), (1, false), (2, false)], "opened before the store existed");
+        let mut primed = std::mem::take(&mut *w.primed.lock().unwrap());
+        primed.sort();
+        assert_eq!(primed, vec![(0, 1_200), (1, 1_200), (2, 1_200)]);
+        // Existing stores: opened at the recorded offset + 1, primed to the log's end.
+        for o in restore_many(&w, specs(None), 2) {
+            let o = o.unwrap();
+            assert_eq!((o.mode, o.end_offset), (Mode::Replay, 2_000));
+            assert!(o.start_offset > 0 && o.start_offset <= 1_200, "{o:?}");
+        }
+        assert!(w.opened.lock().unwrap().iter().all(|&(_, existed)| existed));
+        assert_eq!(w.primed.lock().unwrap().len(), 3);
+        for p in 0..3 {
+            let store = Store::open(&dir.path().join(format!("s{p}")), false).unwrap();
+            assert_eq!(dump(&store), model(&logs[&("t".to_string(), p)], 2_000).0);
+        }
+    }
+
+    #[test]
+    fn the_pipeline_prepares_the_next_job_while_one_runs_and_keeps_failures_to_their_job() {
+        use std::thread::{self, ThreadId};
+        let prepared_on: Mutex<Vec<(usize, ThreadId)>> = Mutex::new(Vec::new());
+        let out = run_pipeline(
+            (0..5).collect(),
+            1,
+            |&j: &usize| {
+                prepared_on.lock().unwrap().push((j, thread::current().id()));
+                match j {
+                    3 => panic!("preparing three"),
+                    4 => None, // not to be prepared ahead
+                    _ => Some(j * 100),
+                }
+            },
+            |j, p| {
+                thread::sleep(Duration::from_millis(30)); // time for the preparer to get ahead
+                (j, p, thread::current().id())
+            },
+            |_| (usize::MAX, None, thread::current().id()),
+        );
+        let worker = out[0].2;
+        // Job 0 may have been taken before the preparer reached it; every later one was prepared ahead.
+        assert!(out[0].1.is_none() || out[0].1 == Some(0));
+        assert_eq!((out[1].0, out[1].1, out[2].0, out[2].1), (1, Some(100), 2, Some(200)));
+        assert_eq!(out[3].0, usize::MAX, "a panic while preparing is that job's failure");
+        assert_eq!((out[4].0, out[4].1), (4, None));
+        let on = prepared_on.lock().unwrap();
+        // Job 4 follows a job that failed at once: its worker may take it before the preparer.
+        let ahead: Vec<&(usize, ThreadId)> = on.iter().filter(|(j, _)| (1..=3).contains(j)).collect();
+        assert_eq!(ahead.len(), 3, "{on:?}");
+        assert!(ahead.iter().all(|(_, t)| *t != worker), "prepared on the worker's thread");
+    }
+
     #[test]
     fn pool_reports_a_panic_in_its_own_slot() {
-        let r = run_pool(vec![1, 2, 3], 2, |x| if x == 2 { panic!("two") } else { x * 10 }, |_| -1);
+        let r =
+            run_pipeline(vec![1, 2, 3], 2, |_| None::<()>, |x, _| if x == 2 { panic!("two") } else { x * 10 }, |_| -1);
         assert_eq!(r, vec![10, -1, 30]);
     }
 }
