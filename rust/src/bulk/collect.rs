@@ -4,6 +4,8 @@
 //! full the arena is compacted (when most of it is overwritten values) or
 //! handed out sorted as a run to spill.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use super::pool::{keep_spare, new_arena, new_table, spares};
 
 /// `val_len` of a tombstone.
@@ -228,8 +230,11 @@ impl Collector {
         let per_key = SLOTS_PER_KEY * 8 + std::mem::size_of::<(u64, usize)>();
         let max_keys = (meta / per_key).clamp(16, u32::MAX as usize / 4);
         let max_slots = (max_keys * SLOTS_PER_KEY).next_power_of_two();
-        // Start small: a table sized to the keys held stays in cache.
-        let slots = max_slots.min(1 << 12);
+        // Start small (a table sized to the keys held stays in cache), or at
+        // the size the last collector of the process ended with: a process
+        // restores partitions of similar sizes one after another, and each
+        // doubling rehashes every key held.
+        let slots = max_slots.min(LAST_SLOTS.load(Ordering::Relaxed).max(1 << 12));
         Self {
             arena: Vec::new(),
             arena_cap,
@@ -447,8 +452,12 @@ impl Collector {
     }
 }
 
+/// Index slots of the last collector dropped in this process.
+static LAST_SLOTS: AtomicUsize = AtomicUsize::new(0);
+
 impl Drop for Collector {
     fn drop(&mut self) {
+        LAST_SLOTS.store(self.table.len(), Ordering::Relaxed);
         let mut spares = spares();
         keep_spare(&mut spares.arenas, std::mem::take(&mut self.arena));
         keep_spare(&mut spares.tables, std::mem::take(&mut self.table));
