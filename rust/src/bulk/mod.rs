@@ -164,6 +164,7 @@ fn run(
     } else {
         add_slices(target, source, opts.chunk_bytes, &mut into, progress, &mut applied)?;
     }
+    progress.read_all();
     let Collecting { mut collector, mut runs, mut seq, .. } = into;
 
     let sst_opts = restore_options();

@@ -281,11 +281,11 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
             jobs,
             threads,
             |j| j.log.prepares_ahead().then(|| engine::prepare(&*j.log, &j.spec)),
-            |mut j, prepared| {
+            |mut j, prepared, read_all| {
                 // The pool's threads are the parallelism: one thread per restore.
                 j.spec.read_ahead = false;
                 let listener = j.listener.as_mut().map(|l| l as &mut dyn Listener);
-                engine::restore_prepared(&*j.log, &j.spec, prepared, listener)
+                engine::restore_prepared(&*j.log, &j.spec, prepared, listener, Some(read_all))
             },
             |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
         )

@@ -115,20 +115,22 @@ pub fn restore(
     spec: &RestoreSpec,
     listener: Option<&mut dyn Listener>,
 ) -> Result<RestoreOutcome, RestoreError> {
-    restore_prepared(log, spec, None, listener)
+    restore_prepared(log, spec, None, listener, None)
 }
 
 /// [`restore`] of a restore whose first steps were taken by [`prepare`]
 /// (perhaps on another thread, ahead of its turn); `None` prepares here.
-pub fn restore_prepared(
+/// `on_read_all` is called once the restore has read all it restores.
+pub fn restore_prepared<'a>(
     log: &dyn Changelog,
     spec: &RestoreSpec,
     prepared: Option<Result<Prepared, RestoreError>>,
-    listener: Option<&mut dyn Listener>,
+    listener: Option<&'a mut dyn Listener>,
+    on_read_all: Option<&'a dyn Fn()>,
 ) -> Result<RestoreOutcome, RestoreError> {
     prepared
         .unwrap_or_else(|| prepare(log, spec))
-        .and_then(|p| run_one(spec, p, listener))
+        .and_then(|p| run_one(spec, p, listener, on_read_all))
         .map_err(|e| e.in_restore_of(&spec.store_path, &spec.topic, spec.partition))
 }
 
@@ -239,10 +241,11 @@ fn end_of(spec: &RestoreSpec, bounds: &Bounds, tp: &str, path: &Path) -> Result<
     }
 }
 
-fn run_one(
+fn run_one<'a>(
     spec: &RestoreSpec,
     prepared: Prepared,
-    listener: Option<&mut dyn Listener>,
+    listener: Option<&'a mut dyn Listener>,
+    on_read_all: Option<&'a dyn Fn()>,
 ) -> Result<RestoreOutcome, RestoreError> {
     let t0 = Instant::now();
     let Prepared { store, recorded, start, end, mode, source, took } = prepared;
@@ -266,6 +269,7 @@ fn run_one(
     };
     let mut progress = Progress::new(listener, spec.progress_interval);
     progress.set_context(format!("restoring store {} from {tp}", path.display()));
+    progress.set_on_read_all(on_read_all);
     progress.start(start, end.max(start))?;
     let mut outcome = RestoreOutcome {
         mode,
@@ -349,6 +353,24 @@ enum Slot<T, P> {
 /// Jobs prepared ahead of the workers, beyond those they took.
 const PREPARED_AHEAD: usize = 1;
 
+/// Where [`run_pipeline`]'s jobs are: the next job to take, each job's slot,
+/// which jobs said they read all they read, and how many did.
+struct Line<T, P> {
+    next: usize,
+    slots: Vec<Slot<T, P>>,
+    read: Vec<bool>,
+    read_count: usize,
+}
+
+impl<T, P> Line<T, P> {
+    /// Job `i` read all it reads (said once; a job that ends says it too).
+    fn read_all(&mut self, i: usize) -> bool {
+        let first = !std::mem::replace(&mut self.read[i], true);
+        self.read_count += usize::from(first);
+        first
+    }
+}
+
 /// The message of a caught panic.
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>()
@@ -361,70 +383,86 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 /// one per job); results come back in job order. A panic in one job becomes
 /// that job's `on_panic` result and leaves the others running.
 ///
-/// A preparer runs beside the workers: while they run their jobs, it takes
-/// the next job's first steps (`prepare`, e.g. [`prepare`]:
-/// creating a store, asking the broker for offsets, the first fetch), which
-/// wait mostly on the disk and the network. `prepare` returns `None` for a
-/// job that must not be prepared off its worker's thread; the worker then
-/// runs it unprepared. A worker whose job is being prepared waits for it;
-/// a job the preparer has not reached is run unprepared.
+/// A preparer runs beside the workers and takes the next job's first steps
+/// (`prepare`, e.g. [`prepare`]: creating a store, asking the broker for
+/// offsets, the first fetch), which wait mostly on the disk and the network.
+/// It prepares a job once the jobs before it that hold the workers have read
+/// all they read (`f` is given a function to say so, for the job it runs):
+/// a restore then spends its last phase writing (a bulk restore's sort and
+/// SST files), on its own core, while the next one's first responses arrive
+/// on the other, instead of taking the fetch thread's core while it is the
+/// one that holds restores back. `prepare` returns `None` for a job that must
+/// not be prepared off its worker's thread; the worker then runs it
+/// unprepared. A worker whose job is being prepared waits for it; a job the
+/// preparer has not reached is run unprepared.
 pub fn run_pipeline<T: Send, P: Send, R: Send>(
     jobs: Vec<T>,
     threads: usize,
     prepare: impl Fn(&T) -> Option<P> + Sync,
-    f: impl Fn(T, Option<P>) -> R + Sync,
+    f: impl Fn(T, Option<P>, &dyn Fn()) -> R + Sync,
     on_panic: impl Fn(String) -> R + Sync,
 ) -> Vec<R> {
     let n = jobs.len();
-    let line = Mutex::new((0usize, jobs.into_iter().map(Slot::Waiting).collect::<Vec<Slot<T, P>>>()));
+    let line = Mutex::new(Line {
+        next: 0,
+        slots: jobs.into_iter().map(Slot::Waiting).collect::<Vec<Slot<T, P>>>(),
+        read: vec![false; n],
+        read_count: 0,
+    });
     let changed = Condvar::new();
     let lock = || line.lock().unwrap_or_else(|p| p.into_inner());
+    let read_all = |i: usize| {
+        if lock().read_all(i) {
+            changed.notify_all();
+        }
+    };
     let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
     let workers = threads.clamp(1, n.max(1));
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 0..n {
                 let mut l = lock();
-                while i >= l.0 + PREPARED_AHEAD {
+                while i >= l.next + PREPARED_AHEAD || l.read_count + workers <= i {
                     l = changed.wait(l).unwrap_or_else(|p| p.into_inner());
                 }
-                let Slot::Waiting(job) = std::mem::replace(&mut l.1[i], Slot::Preparing) else {
-                    l.1[i] = Slot::Taken; // a worker took it first
+                let Slot::Waiting(job) = std::mem::replace(&mut l.slots[i], Slot::Preparing) else {
+                    l.slots[i] = Slot::Taken; // a worker took it first
                     continue;
                 };
                 drop(l);
                 let p = catch_unwind(AssertUnwindSafe(|| prepare(&job))).map_err(panic_message);
-                lock().1[i] = Slot::Ready(job, p);
+                lock().slots[i] = Slot::Ready(job, p);
                 changed.notify_all();
             }
         });
         for _ in 0..workers {
             s.spawn(|| loop {
                 let mut l = lock();
-                let i = l.0;
+                let i = l.next;
                 if i >= n {
                     return;
                 }
-                l.0 += 1;
+                l.next += 1;
                 changed.notify_all(); // the preparer may go on to the next job
                 let (job, prepared) = loop {
-                    match std::mem::replace(&mut l.1[i], Slot::Taken) {
+                    match std::mem::replace(&mut l.slots[i], Slot::Taken) {
                         Slot::Waiting(job) => break (job, Ok(None)),
                         Slot::Ready(job, p) => break (job, p),
                         Slot::Preparing => {
-                            l.1[i] = Slot::Preparing;
+                            l.slots[i] = Slot::Preparing;
                             l = changed.wait(l).unwrap_or_else(|p| p.into_inner());
                         }
                         Slot::Taken => unreachable!("each job is taken once"),
                     }
                 };
                 drop(l);
+                let done = || read_all(i);
                 let r = match prepared {
-                    Ok(p) => {
-                        catch_unwind(AssertUnwindSafe(|| f(job, p))).unwrap_or_else(|p| on_panic(panic_message(p)))
-                    }
+                    Ok(p) => catch_unwind(AssertUnwindSafe(|| f(job, p, &done)))
+                        .unwrap_or_else(|p| on_panic(panic_message(p))),
                     Err(msg) => on_panic(msg),
                 };
+                read_all(i);
                 *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             });
         }
@@ -445,9 +483,10 @@ pub fn restore_many(
         specs,
         threads,
         |(spec, _)| log.prepares_ahead().then(|| prepare(log, spec)),
-        |(mut spec, mut listener), prepared| {
+        |(mut spec, mut listener), prepared, read_all| {
             spec.read_ahead = false;
-            restore_prepared(log, &spec, prepared, listener.as_mut().map(|b| &mut **b as &mut dyn Listener))
+            let listener = listener.as_mut().map(|b| &mut **b as &mut dyn Listener);
+            restore_prepared(log, &spec, prepared, listener, Some(read_all))
         },
         |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
     )
@@ -635,10 +674,13 @@ mod tests {
     fn the_pipeline_prepares_the_next_job_while_one_runs_and_keeps_failures_to_their_job() {
         use std::thread::{self, ThreadId};
         let prepared_on: Mutex<Vec<(usize, ThreadId)>> = Mutex::new(Vec::new());
+        let read: Mutex<Vec<usize>> = Mutex::new(Vec::new());
         let out = run_pipeline(
             (0..5).collect(),
             1,
             |&j: &usize| {
+                // One worker: job j is prepared only once the job before it read all it reads.
+                assert!(j == 0 || read.lock().unwrap().contains(&(j - 1)), "job {j} prepared too early");
                 prepared_on.lock().unwrap().push((j, thread::current().id()));
                 match j {
                     3 => panic!("preparing three"),
@@ -646,7 +688,10 @@ mod tests {
                     _ => Some(j * 100),
                 }
             },
-            |j, p| {
+            |j, p, read_all| {
+                thread::sleep(Duration::from_millis(20));
+                read.lock().unwrap().push(j);
+                read_all(); // the next job is prepared from here on
                 thread::sleep(Duration::from_millis(30)); // time for the preparer to get ahead
                 (j, p, thread::current().id())
             },
@@ -667,8 +712,13 @@ mod tests {
 
     #[test]
     fn pool_reports_a_panic_in_its_own_slot() {
-        let r =
-            run_pipeline(vec![1, 2, 3], 2, |_| None::<()>, |x, _| if x == 2 { panic!("two") } else { x * 10 }, |_| -1);
+        let r = run_pipeline(
+            vec![1, 2, 3],
+            2,
+            |_| None::<()>,
+            |x, _, _| if x == 2 { panic!("two") } else { x * 10 },
+            |_| -1,
+        );
         assert_eq!(r, vec![10, -1, 30]);
     }
 }

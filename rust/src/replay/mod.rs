@@ -234,6 +234,7 @@ pub fn replay(
     let Target { store, tp, .. } = target;
     let mut applied = Applied::default();
     let result = replay_chunks(target, source, chunk_bytes, read_ahead, progress, &mut applied);
+    progress.read_all();
     let flushed = store.flush().map_err(|e| RestoreError::store(tp, e));
     result?;
     flushed?;

@@ -27,11 +27,35 @@ pub struct Progress<'a> {
     pending: u64,
     total: u64,
     context: String,
+    /// Told once when the restore has read all it restores ([`Progress::read_all`]).
+    on_read_all: Option<&'a dyn Fn()>,
 }
 
 impl<'a> Progress<'a> {
     pub fn new(listener: Option<&'a mut dyn Listener>, interval: Duration) -> Self {
-        Self { listener, interval, last_call: Instant::now(), pending: 0, total: 0, context: String::new() }
+        Self {
+            listener,
+            interval,
+            last_call: Instant::now(),
+            pending: 0,
+            total: 0,
+            context: String::new(),
+            on_read_all: None,
+        }
+    }
+
+    /// Call `f` once the restore has read all it restores (what `restore_many`
+    /// waits for before it starts fetching the next partition).
+    pub fn set_on_read_all(&mut self, f: Option<&'a dyn Fn()>) {
+        self.on_read_all = f;
+    }
+
+    /// The restore has read all it restores: what remains is writing (a bulk
+    /// restore's sort, SST files and ingestion; replay's last flush).
+    pub fn read_all(&mut self) {
+        if let Some(f) = self.on_read_all.take() {
+            f();
+        }
     }
 
     /// What error messages say the restore is about (store and partition).
