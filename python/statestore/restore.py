@@ -236,10 +236,10 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     receives and checks its fetch responses on a fetch thread of its own, as a
     Kafka client's network thread does, so ``threads`` counts restore threads:
     with the segment log it is the number of cores used, from Kafka somewhat
-    more. While they work, one more thread prepares the next restore (opens
-    or creates its store, asks for its offsets, starts its first fetch),
-    which waits mostly on the disk and the broker; a Python changelog is only
-    ever called from the restore threads.
+    more. When they leave a core free, one more thread prepares the next
+    restore while they work (opens or creates its store, asks for its
+    offsets, starts its first fetch), which waits mostly on the disk and the
+    broker; a Python changelog is only ever called from the restore threads.
 
     Results come back in the order of ``specs``. A failing restore does not
     raise: its result carries the exception in ``error`` and the other

@@ -277,10 +277,11 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
     let jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
+        let ahead = engine::prepares_ahead(threads);
         engine::run_pipeline(
             jobs,
             threads,
-            |j| j.log.prepares_ahead().then(|| engine::prepare(&*j.log, &j.spec)),
+            |j| (ahead && j.log.prepares_ahead()).then(|| engine::prepare(&*j.log, &j.spec)),
             |mut j, prepared, read_all| {
                 // The pool's threads are the parallelism: one thread per restore.
                 j.spec.read_ahead = false;
