@@ -5,6 +5,7 @@ fencing, topics, corruption handling. Aborted data and broker faults: test_kafka
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,6 +236,10 @@ def test_exactly_once_commits_record_delivered_offsets_and_restart_replays_nothi
         tp = TopicPartition(f"{app}-s-changelog", t.partition)
         # 3 transactions of 30 records, each followed by its marker: the last record is at 3*31 - 2.
         assert tm.active_task(t).offsets()[tp] == 91
+        # The coordinator writes the last COMMIT marker after the commit returns.
+        deadline = time.monotonic() + 10
+        while changelog.end_offset(tp) < 93 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert changelog.end_offset(tp) == 93
     tm.close()
     tm.directory.close()
