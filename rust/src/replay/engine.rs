@@ -164,23 +164,11 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
         Store::open_format(path, restore_options_with(spec.write_buffer_bytes), spec.format)
             .map_err(|e| RestoreError::store(&tp, e))
     };
-    let fresh = !path.join("CURRENT").exists();
-    let (store, bounds, mut source) = if fresh {
-        let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
-        let end = end_of(spec, &bounds, &tp, path)?;
-        let source = if bounds.start < end {
-            let mut s = log.open(&spec.topic, spec.partition, bounds.start).map_err(log_err)?;
-            s.prime(end);
-            Some(s)
-        } else {
-            None
-        };
-        (open()?, bounds, source)
-    } else {
-        let store = open()?;
-        (store, log.bounds(&spec.topic, spec.partition).map_err(log_err)?, None)
-    };
-    let recorded = store.offset(&tp).map_err(|e| RestoreError::store(&tp, e))?;
+    let offset_of = |store: &Store| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
+    // A store that does not exist yet records no offset: it is created after its cursor is primed.
+    let existing = if path.join("CURRENT").exists() { Some(open()?) } else { None };
+    let recorded = existing.as_ref().map(offset_of).transpose()?.flatten();
+    let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
     let out_of_range = |msg: String| {
         RestoreError::new(ErrorKind::OutOfRange, format!("restoring store {} from {tp}: {msg}", path.display()))
     };
@@ -205,14 +193,31 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
         None => bounds.start,
     };
     let end = end_of(spec, &bounds, &tp, path)?;
-    if source.as_ref().is_some_and(|s| s.position() != start) {
-        source = None; // a store appeared meanwhile with an offset of its own
-    }
-    if source.is_none() && start < end {
+    let source = if start < end {
         let mut s = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
         s.prime(end);
-        source = Some(s);
-    }
+        Some(s)
+    } else {
+        None
+    };
+    let store = match existing {
+        Some(store) => store,
+        None => {
+            let store = open()?;
+            if let Some(o) = offset_of(&store)? {
+                return Err(RestoreError::new(
+                    ErrorKind::Restore,
+                    format!(
+                        "restoring store {}: the store appeared while its restore began, recording offset {o}; \
+                         is another process restoring it?",
+                        path.display()
+                    ),
+                )
+                .with_offset(o));
+            }
+            store
+        }
+    };
     let mode = match spec.mode {
         Mode::Auto if store.is_data_empty() => Mode::Bulk,
         Mode::Auto => Mode::Replay,
