@@ -1,0 +1,67 @@
+"""BENCHMARKS.md is generated from its sources, and the README quotes it rather than inventing figures.
+
+``benches/run.py`` renders BENCHMARKS.md from ``benches/results.json`` and
+``benches/notes.md``; the committed file must be exactly what they give. It is
+imported by file path: ``benches/`` is not on the test path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+REGENERATE = "python benches/run.py --render-only"
+
+
+def run_py() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("statestore_benches_run", ROOT / "benches" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def results() -> dict[str, object]:
+    return json.loads((ROOT / "benches" / "results.json").read_text())
+
+
+def test_benchmarks_md_is_what_its_sources_give() -> None:
+    expected = run_py().render_text(results(), (ROOT / "benches" / "notes.md").read_text())
+    committed = (ROOT / "BENCHMARKS.md").read_text()
+    if committed != expected:
+        diff = "\n".join(list(difflib.unified_diff(committed.splitlines(), expected.splitlines(),
+                                                   "BENCHMARKS.md (committed)", "rendered from the sources",
+                                                   lineterm="", n=1))[:40])
+        raise AssertionError(
+            "BENCHMARKS.md is generated from benches/results.json and benches/notes.md and differs from them: "
+            f"edit the notes (not BENCHMARKS.md), then run `{REGENERATE}`\n{diff}"
+        )
+
+
+def test_rendering_measures_nothing_and_ignores_the_machine() -> None:
+    """The render is a function of its two inputs: no machine name or chart library leaks in."""
+    run = run_py()
+    a = run.render_text(results(), "notes")
+    assert a == run.render_text(results(), "notes")
+    assert f"- machine: {results()['machine']}" in a
+
+
+def test_readme_headline_ratios_are_benchmarks_md_figures() -> None:
+    """Each ``[R x](BENCHMARKS.md "benchmark")`` of the README is that benchmark's ratio in results.json."""
+    readme = (ROOT / "README.md").read_text()
+    quoted = re.findall(r'\[([\d.]+)x\]\(BENCHMARKS\.md "([^"]+)"\)', readme)
+    assert len(quoted) == 5, f"the README's table of headline ratios should have five rows, found {len(quoted)}"
+    ratios = {b["name"]: b["extra_info"].get("ratio") for b in results()["benchmarks"]}  # type: ignore[index,union-attr]
+    wrong = [
+        f"{name}: README says {shown}x, results.json {ratios.get(name)}"
+        for shown, name in quoted
+        if name not in ratios or ratios[name] is None or f"{ratios[name]:.2f}" != shown
+    ]
+    assert not wrong, "README ratios that BENCHMARKS.md does not show:\n" + "\n".join(wrong)
