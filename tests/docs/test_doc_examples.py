@@ -127,7 +127,9 @@ def test_python_block_runs(block: Block, tmp_path: Path, request: pytest.Fixture
     work = tmp_path / "work"
     work.mkdir()
     try:
-        out = subprocess.run([sys.executable, str(script)], cwd=work, capture_output=True, text=True,
+        # a deprecated name used by the example itself (warnings attributed to __main__) is an error
+        cmd = [sys.executable, "-W", "error::DeprecationWarning:__main__", str(script)]
+        out = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
                              timeout=TIMEOUT_S[block.kind], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     except subprocess.TimeoutExpired:
         pytest.fail(f"{block.where}: the example did not finish within {TIMEOUT_S[block.kind]} s")
