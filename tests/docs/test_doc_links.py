@@ -89,6 +89,20 @@ def test_named_paths_exist(path: Path) -> None:
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_make_targets_exist(path: Path) -> None:
+    """Every `make TARGET` the docs name (in code) is a target of the Makefile."""
+    targets = set(re.findall(r"^([A-Za-z0-9_-]+):", (ROOT / "Makefile").read_text(), re.M))
+    unknown, in_code = [], False
+    for no, line in enumerate(path.read_text().splitlines(), 1):
+        if re.match(r"^(`{3,}|~{3,})", line):
+            in_code = not in_code
+            continue
+        named = re.findall(r"^\s*make ([a-z][a-z0-9-]*)" if in_code else r"`make ([a-z][a-z0-9-]*)", line)
+        unknown += [f"{path.relative_to(ROOT)}:{no}: make {t}" for t in named if t not in targets]
+    assert not unknown, "make targets the docs name that the Makefile lacks:\n" + "\n".join(unknown)
+
+
 def test_docs_are_linked_from_the_readme() -> None:
     """Every page of docs/ is in the README's index, so none is orphaned."""
     linked = {(ROOT / t.partition("#")[0]).resolve() for _, t in links(ROOT / "README.md")}
