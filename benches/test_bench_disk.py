@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from conftest import scaled
-from restore_data import write_changelog
 from statestore import TopicPartition
-from statestore.restore import restore_store
+from statestore.restore.engine import restore_store
+from support.restore_data import write_changelog
 
 N = scaled(2_000_000, minimum=20_000)
 TOPIC = "bench-disk"

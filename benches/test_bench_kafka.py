@@ -27,11 +27,11 @@ import pytest
 
 from conftest import median_time, scaled
 from statestore import SegmentLog, TopicPartition
-from statestore.restore import restore_store
+from statestore.restore.engine import restore_store
 from support.kafka_broker import BrokerUnavailable, start_broker
 from support.model import store_difference
 
-kafka = pytest.importorskip("statestore.kafka")
+kafka = pytest.importorskip("statestore.changelog.kafka")
 
 N = scaled(300_000, minimum=20_000)
 TXN = 10_000

@@ -55,11 +55,11 @@ import pytest
 
 from conftest import scaled
 from statestore import TopicPartition
-from statestore.restore import RestoreSpec, restore_many
+from statestore.restore.engine import RestoreSpec, restore_many
 from support import kstreams_app
 from support.kafka_broker import Broker, BrokerUnavailable, start_broker
 
-kafka = pytest.importorskip("statestore.kafka")
+kafka = pytest.importorskip("statestore.changelog.kafka")
 
 N = scaled(2_000_000, minimum=20_000)
 KEYS = max(1, N // 10)
@@ -237,7 +237,7 @@ def test_statestore_vs_kafka_streams_restoration(benchmark: Any, setup: Setup, m
 @pytest.mark.spark
 @pytest.mark.parametrize("mode,goal", [("replay", 3.0), ("bulk", 10.0)])
 def test_spark_vs_kafka_streams_restoration(benchmark: Any, setup: Setup, mode: str, goal: float) -> None:
-    from statestore.spark import restore_on_spark, spark_session
+    from statestore.restore.spark import restore_on_spark, spark_session
 
     s = setup
     ks2 = s.ks[2].restore_ms / 1000

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from conftest import scaled
-from restore_data import write_changelog
 from statestore import RestoreMetrics, TaskId, TopicPartition
-from statestore.restore import restore_store
+from statestore.restore.engine import restore_store
+from support.restore_data import write_changelog
 
 N = scaled(1_000_000, minimum=20_000)
 ROUNDS = 9
@@ -41,7 +41,7 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_restore_with_exporter_on_vs_off(benchmark: Any, log: Path, tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
-    from statestore.metrics_prometheus import start_exporter
+    from statestore.ops.exporter import start_exporter
 
     tp = TopicPartition(TOPIC, 0)
     metrics = RestoreMetrics("bench")

@@ -47,10 +47,10 @@ import pytest
 
 from conftest import scaled
 from statestore import TopicPartition
-from statestore.restore import RestoreSpec, restore_many
+from statestore.restore.engine import RestoreSpec, restore_many
 from support.kafka_broker import Broker, BrokerUnavailable, start_broker
 
-kafka = pytest.importorskip("statestore.kafka")
+kafka = pytest.importorskip("statestore.changelog.kafka")
 
 N = scaled(1_000_000, minimum=20_000)
 KEYS = max(1, N // 10)

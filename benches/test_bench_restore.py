@@ -26,11 +26,11 @@ import pytest
 
 from conftest import scaled
 from restore_baseline import restore_python
-from restore_data import write_changelog
 from statestore import TopicPartition
 from statestore._native import _testing
-from statestore.restore import RestoreSpec, restore_many, restore_store
+from statestore.restore.engine import RestoreSpec, restore_many, restore_store
 from support.model import store_contents
+from support.restore_data import write_changelog
 
 N = scaled(2_000_000, minimum=20_000)
 SHAPES = {"updates10": N // 10, "unique": N}
@@ -188,7 +188,7 @@ def test_d_restore_many_two_threads_vs_one(benchmark: Any, logs: Path, tmp_path:
 RSS_CHILD = r"""
 import sys
 from statestore import TopicPartition
-from statestore.restore import restore_store
+from statestore.restore.engine import restore_store
 def hwm():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):

@@ -41,9 +41,9 @@ import pytest
 
 from conftest import run_times, scaled
 from statestore import TopicPartition, changelog_topic
-from statestore.log import SegmentLog
-from statestore.restore import RestoreSpec, restore_many
-from statestore.spark import restore_on_spark, spark_session
+from statestore.changelog.segment_log import SegmentLog
+from statestore.restore.engine import RestoreSpec, restore_many
+from statestore.restore.spark import restore_on_spark, spark_session
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -90,7 +90,7 @@ def session(master: str) -> Any:
         active.stop()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     s = spark_session(master, "statestore-bench")
-    s.sparkContext.parallelize(range(4), 4).map(lambda x: __import__("statestore.spark").__name__).collect()
+    s.sparkContext.parallelize(range(4), 4).map(lambda x: __import__("statestore.restore.spark").__name__).collect()
     s.createDataFrame([(1, "a")], "x int, y string").collect()  # the SQL side's first-use costs
     return s
 

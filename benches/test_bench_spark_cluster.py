@@ -33,7 +33,7 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from statestore.spark import spark_session  # noqa: E402
+from statestore.restore.spark import spark_session  # noqa: E402
 from test_bench_spark import PARTITIONS, N, load, spark_restore, task_seconds, write_changelogs  # noqa: E402
 
 ROUNDS = 3

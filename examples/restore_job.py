@@ -26,9 +26,9 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from statestore.planning import changelog_stores, parse_partitions
+from statestore.restore.planning import changelog_stores, parse_partitions
+from statestore.restore.staging import kafka_changelog, kafka_conf
 from statestore.spark import check_master, restore_on_spark
-from statestore.staging import kafka_changelog, kafka_conf
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ set -euo pipefail
 
 need=()
 # fiu-utils/libfiu-dev: libfiu's fiu-run and its POSIX preload, which inject I/O errors into the
-# system calls of the fault-injection tests (tests/test_io_faults.py).
+# system calls of the fault-injection tests (tests/faults/test_io_faults.py).
 for pkg in libclang-dev clang build-essential pkg-config fiu-utils libfiu-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done

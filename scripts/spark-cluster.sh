@@ -7,7 +7,7 @@
 #   scripts/spark-cluster.sh stop DIR              stop every process it started (SIGTERM, then SIGKILL)
 #
 # PYTHON (default: python3 on PATH) is the interpreter whose pyspark is used; executors run
-# spark.pyspark.python, which the driver sets (statestore.spark.spark_session does). Memory per worker:
+# spark.pyspark.python, which the driver sets (statestore.restore.spark.spark_session does). Memory per worker:
 # SPARK_WORKER_MEMORY (default 1g); daemon heaps: SPARK_DAEMON_MEMORY (default 256m). WORKER<i>_ENV
 # (NAME=VALUE words) adds environment to worker i and its executors only, e.g. a host set up differently.
 set -euo pipefail

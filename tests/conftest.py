@@ -27,7 +27,7 @@ def spark() -> Iterator[Any]:
     retries a failed task).
     """
     pytest.importorskip("pyspark")
-    from statestore.spark import spark_session
+    from statestore.restore.spark import spark_session
 
     session = spark_session("local[2,3]", "statestore-tests", **{"spark.sql.shuffle.partitions": "2"})
     yield session

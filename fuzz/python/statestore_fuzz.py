@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 
 from statestore import CheckpointError, OffsetCheckpoint, StoreError, TopicPartition
-from statestore.directory import describe_lock_holder, parse_process_file
 from statestore.ids import OFFSET_UNKNOWN, TaskId
-from statestore.store import STATUS_KEY, decode_offset_entry
+from statestore.state.directory import describe_lock_holder, parse_process_file
+from statestore.state.store import STATUS_KEY, decode_offset_entry
 
 _scratch: Path | None = None
 

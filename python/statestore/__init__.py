@@ -1,18 +1,29 @@
 """statestore: local RocksDB state stores kept consistent with their changelogs.
 
-The public API is re-exported here; internals live in modules named after the
-design's vocabulary (``checkpoint``, ``directory``, ``log``, ``restore`` ...).
+What is public is what this module exports (``__all__``), plus three modules
+for optional extras: :mod:`statestore.kafka` (``KafkaChangelog`` and friends),
+:mod:`statestore.spark` (``restore_on_spark``) and
+:mod:`statestore.metrics_prometheus`. Everything else is internal and lives in
+packages named after what it is about, lowest layer first:
 
-``KafkaChangelog`` and ``ensure_changelog_topics`` (``statestore.kafka``, the
-changelog on a Kafka cluster) are imported on first use, so that importing
-statestore does not load confluent-kafka (the optional ``kafka`` extra).
+* :mod:`statestore.changelog` -- the changelog protocol, the segment log, Kafka;
+* :mod:`statestore.state` -- state directory, stores, checkpoints, offsets policy;
+* :mod:`statestore.restore` -- the restore engine, its planning and Spark;
+* :mod:`statestore.ops` -- metrics, inspection, verification;
+* :mod:`statestore.processing` -- tasks, the state updater, the task manager;
+* :mod:`statestore.cli` -- the ``statestore`` command.
+
+``KafkaChangelog``, ``KafkaProducer`` and ``ensure_changelog_topics`` are
+imported on first use, so that importing statestore does not load
+confluent-kafka (the optional ``kafka`` extra).
 """
 
+import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from statestore.changelog import Changelog, ChangelogProducer
-from statestore.checkpoint import OffsetCheckpoint
-from statestore.directory import StateDirectory, TaskLock
+from statestore.changelog.protocol import Changelog, ChangelogProducer
+from statestore.changelog.segment_log import LogReader, Producer, Record, SegmentLog
 from statestore.errors import (
     CheckpointError,
     ClusterError,
@@ -30,11 +41,16 @@ from statestore.errors import (
     UnsupportedCompressionError,
 )
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
-from statestore.lag import Lag, store_lag
-from statestore.log import LogReader, Producer, Record, SegmentLog
-from statestore.metrics import MetricsPublisher, MetricsSnapshot, RestoreMetrics, StoreMetrics
-from statestore.policy import Event, Guarantee, OffsetsMode, Policy
-from statestore.restore import (
+from statestore.ops.metrics import MetricsPublisher, MetricsSnapshot, RestoreMetrics, StoreMetrics
+from statestore.processing.task import ActiveTask, StandbyTask, TaskState
+from statestore.processing.task_manager import TaskManager
+from statestore.processing.updater import (
+    StandbyUpdateListener,
+    StateRestoreListener,
+    StateUpdater,
+    SuspendReason,
+)
+from statestore.restore.engine import (
     RestoreListener,
     RestoreResult,
     RestoreSpec,
@@ -42,11 +58,10 @@ from statestore.restore import (
     restore_many,
     restore_store,
 )
-from statestore.state_manager import StateManager
-from statestore.store import InMemoryStore, Store
-from statestore.task import ActiveTask, StandbyTask, TaskState
-from statestore.task_manager import TaskManager
-from statestore.updater import StandbyUpdateListener, StateRestoreListener, StateUpdater, SuspendReason
+from statestore.state.checkpoint import OffsetCheckpoint
+from statestore.state.lag import Lag, store_lag
+from statestore.state.policy import Event, Guarantee, OffsetsMode, Policy
+from statestore.state.store import InMemoryStore, Store
 
 if TYPE_CHECKING:
     from statestore.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
@@ -56,12 +71,27 @@ __version__ = "0.1.0"
 _KAFKA_NAMES = ("KafkaChangelog", "KafkaProducer", "ensure_changelog_topics")
 
 
-def __getattr__(name: str) -> Any:
-    """``statestore.KafkaChangelog`` and friends, imported from ``statestore.kafka`` on first use."""
-    if name in _KAFKA_NAMES:
-        from statestore import kafka
+#: Internals once exported here, and where they live now.
+_MOVED = {
+    "StateDirectory": "statestore.state.directory",
+    "TaskLock": "statestore.state.directory",
+    "StateManager": "statestore.state.state_manager",
+}
 
-        return getattr(kafka, name)
+
+def __getattr__(name: str) -> Any:
+    """``statestore.KafkaChangelog`` and friends, imported from :mod:`statestore.kafka` on first use;
+    the internals in ``_MOVED`` with a deprecation warning naming their module."""
+    if name in _KAFKA_NAMES:
+        return getattr(importlib.import_module("statestore.kafka"), name)
+    if name in _MOVED:
+        module = _MOVED[name]
+        warnings.warn(
+            f"statestore.{name} is internal and no longer exported: import it from {module}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'statestore' has no attribute {name!r}")
 
 
@@ -100,8 +130,6 @@ __all__ = [
     "SkippedRecords",
     "StandbyTask",
     "StandbyUpdateListener",
-    "StateDirectory",
-    "StateManager",
     "StateRestoreListener",
     "StateStoreError",
     "StateUpdater",
@@ -112,7 +140,6 @@ __all__ = [
     "SuspendReason",
     "TaskCorruptedError",
     "TaskId",
-    "TaskLock",
     "TaskManager",
     "TaskState",
     "TopicPartition",

@@ -101,13 +101,27 @@ class ClusterError(StateStoreError):
     """A Spark cluster cannot run a restore: its master does not answer, or no executor joined in time."""
 
 
+class ApplicationError(StateStoreError):
+    """A stateful application (``statestore.app``) cannot start or go on: its topics do not fit it
+    (a missing input or output topic, input topics with different partition counts), or its
+    configuration is wrong."""
+
+
+class ProcessingError(ApplicationError):
+    """The application's processing function raised on a record: ``task_id``, ``topic``,
+    ``partition`` and ``offset`` name the record. The open transaction was aborted, so nothing of
+    it is visible or applied; the application stops, and a restart retries from the last commit."""
+
+
 __all__ = [
+    "ApplicationError",
     "CheckpointError",
     "ClusterError",
     "CorruptLogError",
     "IllegalStateError",
     "LockError",
     "LogError",
+    "ProcessingError",
     "ProducerFencedError",
     "RestoreError",
     "StateStoreError",

@@ -31,11 +31,10 @@ STORE = "s"
 
 
 def apply_variant(variant: str) -> None:
-    import statestore.task
-    from statestore import policy
-
+    import statestore.processing.task
+    from statestore.state import policy
     if variant in ("policy_only", "pre_fix"):
-        statestore.task.unclean_status_is_corruption = lambda _policy: False  # type: ignore[assignment]
+        statestore.processing.task.unclean_status_is_corruption = lambda _policy: False  # type: ignore[assignment]
     if variant == "pre_fix":
         key = (policy.Event.RESTORE_COMPLETE, policy.Guarantee.EXACTLY_ONCE_V2, policy.OffsetsMode.CHECKPOINT)
         table: Any = policy.POLICY_TABLE
@@ -47,9 +46,9 @@ def main(argv: list[str]) -> None:
     apply_variant(variant)
 
     from statestore import SegmentLog, TaskId
-    from statestore.directory import StateDirectory
-    from statestore.task_manager import TaskManager
-    from statestore.updater import StateRestoreListener
+    from statestore.processing.task_manager import TaskManager
+    from statestore.processing.updater import StateRestoreListener
+    from statestore.state.directory import StateDirectory
 
     starts: list[int] = []
 

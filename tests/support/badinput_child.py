@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from statestore import SegmentLog
-from statestore.directory import StateDirectory
 from statestore.errors import StateStoreError, TaskCorruptedError
-from statestore.restore import restore_store
-from statestore.store import Store
+from statestore.restore.engine import restore_store
+from statestore.state.directory import StateDirectory
+from statestore.state.store import Store
 from support.badinput_support import STORE, TASK, TP, manager, store_dir
 
 

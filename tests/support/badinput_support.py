@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from statestore import SegmentLog, TaskId, TopicPartition
-from statestore.directory import StateDirectory
-from statestore.task_manager import TaskManager
+from statestore.processing.task_manager import TaskManager
+from statestore.state.directory import StateDirectory
 
 APP = "app"
 STORE = "kv"

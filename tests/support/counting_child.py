@@ -150,11 +150,11 @@ def main(argv: list[str]) -> None:
     eos = guarantee == "exactly_once_v2"
 
     from statestore import OffsetCheckpoint, SegmentLog, TaskId
-    from statestore.directory import StateDirectory
-    from statestore.log import Producer
-    from statestore.store import Store
-    from statestore.task_manager import TaskManager
-    from statestore.updater import StateRestoreListener
+    from statestore.changelog.segment_log import Producer
+    from statestore.processing.task_manager import TaskManager
+    from statestore.processing.updater import StateRestoreListener
+    from statestore.state.directory import StateDirectory
+    from statestore.state.store import Store
 
     for cls, name in [
         (Producer, "commit"),

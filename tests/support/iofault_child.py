@@ -41,9 +41,9 @@ def main(argv: list[str]) -> None:
     eos = guarantee == "exactly_once_v2"
 
     from statestore import SegmentLog, StateStoreError, TaskCorruptedError, TaskId
-    from statestore.directory import StateDirectory
-    from statestore.task import Task
-    from statestore.task_manager import TaskManager
+    from statestore.processing.task import Task
+    from statestore.processing.task_manager import TaskManager
+    from statestore.state.directory import StateDirectory
 
     lib = ctypes.CDLL(None)
     arm = lib.statestore_fault_arm

@@ -3,7 +3,7 @@
 ``kafka_counting_child.py <root> <bootstrap> <app> <seed> <kill_at> <commit_every>``
 
 Like ``counting_child.py`` (exactly-once, offsets in the store), with a
-:class:`~statestore.kafka.KafkaChangelog`: every store write goes through a
+:class:`~statestore.changelog.kafka.KafkaChangelog`: every store write goes through a
 transactional Kafka producer, and restart restores from the broker. Task 0_0
 has one store ``counts``; processing input record ``i`` increments
 ``counts[key(i)]`` and sets ``__pos`` to ``i + 1``.
@@ -90,12 +90,12 @@ def main(argv: list[str]) -> None:
     killer = Killer(kill_at)
 
     from statestore import TaskId
-    from statestore.directory import StateDirectory
+    from statestore.changelog.kafka import KafkaChangelog, KafkaProducer
     from statestore.ids import changelog_topic
-    from statestore.kafka import KafkaChangelog, KafkaProducer
-    from statestore.store import Store
-    from statestore.task_manager import TaskManager
-    from statestore.updater import StateRestoreListener
+    from statestore.processing.task_manager import TaskManager
+    from statestore.processing.updater import StateRestoreListener
+    from statestore.state.directory import StateDirectory
+    from statestore.state.store import Store
 
     for cls, name in [(KafkaProducer, "commit"), (KafkaProducer, "flush"), (Store, "commit"), (Store, "flush"),
                       (Store, "close")]:

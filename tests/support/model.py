@@ -49,7 +49,7 @@ def expected_store(changelog: Any, tp: Any, end: int | None = None) -> tuple[Dat
 
     Returns the data and the offset of the last committed record below
     ``end`` (``None`` when there is none). ``changelog`` is a
-    :class:`~statestore.SegmentLog` or a :class:`~statestore.kafka.KafkaChangelog`.
+    :class:`~statestore.SegmentLog` or a :class:`~statestore.changelog.kafka.KafkaChangelog`.
     """
     data: Data = {}
     last = None

@@ -1,6 +1,6 @@
-"""Shared by the race children and tests/test_races.py: the lock audit log and its checks.
+"""Shared by the race children and tests/processing/test_races.py: the lock audit log and its checks.
 
-Every race child opens its :class:`~statestore.directory.StateDirectory` with
+Every race child opens its :class:`~statestore.state.directory.StateDirectory` with
 an ``audit`` hook that appends one line per :class:`LockEvent` to one file
 opened with ``O_APPEND`` (all processes share it). The directory reports an
 event while the lock it concerns is held, and a small ``O_APPEND`` write is
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from statestore.directory import LockEvent
+from statestore.state.directory import LockEvent
 
 TASK_DIR = re.compile(r"^\d+_\d+$")
 

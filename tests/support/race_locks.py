@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from statestore import LockError, OffsetCheckpoint, TaskId, TopicPartition
-from statestore.directory import LOCK_FILE_NAME, StateDirectory
+from statestore.state.directory import LOCK_FILE_NAME, StateDirectory
 from support.race_audit import AuditLog, watch_directories
 
 OWNER_FILE = "owner"

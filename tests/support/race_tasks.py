@@ -41,9 +41,9 @@ from collections import Counter
 from pathlib import Path
 
 from statestore import SegmentLog, TaskId
-from statestore.directory import StateDirectory
-from statestore.task import ActiveTask, TaskState
-from statestore.task_manager import TaskManager
+from statestore.processing.task import ActiveTask, TaskState
+from statestore.processing.task_manager import TaskManager
+from statestore.state.directory import StateDirectory
 from support.race_audit import AuditLog, watch_directories
 
 STORE = "s"

@@ -105,9 +105,9 @@ def check_invariants(
 def child_main(argv: list[str]) -> None:
     """``helpers_crash.py <root> <guarantee> <offsets-mode> <seed> <kill-at>``."""
     from statestore import TaskCorruptedError, TaskId, TopicPartition
-    from statestore.directory import StateDirectory
-    from statestore.policy import Policy
-    from statestore.state_manager import StateManager
+    from statestore.state.directory import StateDirectory
+    from statestore.state.policy import Policy
+    from statestore.state.state_manager import StateManager
 
     root, guarantee, mode, seed, kill_at = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
     rng = random.Random(seed)

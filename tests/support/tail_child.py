@@ -19,8 +19,8 @@ def main(argv: list[str]) -> None:
     root, records, commit_every, tail = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
 
     from statestore import SegmentLog, TaskId
-    from statestore.directory import StateDirectory
-    from statestore.task_manager import TaskManager
+    from statestore.processing.task_manager import TaskManager
+    from statestore.state.directory import StateDirectory
 
     task = TaskId(0, 0)
     tm = TaskManager(

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from statestore import SegmentLog, TaskId, TopicPartition
-from statestore.directory import StateDirectory
-from statestore.task_manager import TaskManager
-from statestore.updater import StandbyUpdateListener, StateRestoreListener, SuspendReason
+from statestore.processing.task_manager import TaskManager
+from statestore.processing.updater import StandbyUpdateListener, StateRestoreListener, SuspendReason
+from statestore.state.directory import StateDirectory
 
 APP = "app"
 STORE = "s"

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from statestore.cli.common import console, state_options
-from statestore.directory import DEFAULT_CLEANUP_DELAY_MS, LOCK_FILE_NAME, StateDirectory
-from statestore.inspection import app_dir
+from statestore.ops.inspection import app_dir
+from statestore.state.directory import DEFAULT_CLEANUP_DELAY_MS, LOCK_FILE_NAME, StateDirectory
 
 
 @click.command()

@@ -22,8 +22,8 @@ from rich.text import Text
 from statestore.ids import TopicPartition
 
 if TYPE_CHECKING:
-    from statestore.kafka import KafkaChangelog
-    from statestore.work import PartitionWork
+    from statestore.changelog.kafka import KafkaChangelog
+    from statestore.restore.work import PartitionWork
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,10 +75,10 @@ def kafka_options(func: F) -> F:
 def kafka_changelog(bootstrap: str, config: tuple[str, ...]) -> KafkaChangelog:
     """A KafkaChangelog from ``--kafka`` and ``--kafka-config``; a usage error names a bad option."""
     try:
-        from statestore.kafka import KafkaChangelog
+        from statestore.changelog.kafka import KafkaChangelog
     except ImportError as e:  # pragma: no cover - only without the extra
         raise click.UsageError(f"--kafka needs confluent-kafka: pip install 'statestore[kafka]' ({e})") from e
-    from statestore.kafka.common import parse_properties
+    from statestore.changelog.kafka.common import parse_properties
 
     try:
         props: dict[str, Any] = dict(parse_properties(config))
@@ -95,13 +95,13 @@ def kafka_plan(
 ) -> list[PartitionWork]:
     """The (store, partition) pairs to restore from Kafka: every partition of each store's changelog topic.
 
-    Planning asks the cluster (:func:`statestore.planning.plan`); stores default
+    Planning asks the cluster (:func:`statestore.restore.planning.plan`); stores default
     to every ``<application_id>-<store>-changelog`` topic. A missing topic or a
     partition the topic lacks is a usage error.
     """
     from statestore.errors import StateStoreError
     from statestore.ids import changelog_topic
-    from statestore.planning import changelog_stores, plan
+    from statestore.restore.planning import changelog_stores, plan
 
     names = stores or changelog_stores(changelog, application_id)
     if not names:

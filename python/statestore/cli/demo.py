@@ -17,21 +17,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from statestore import _native
+from statestore.changelog.segment_log import SegmentLog
 from statestore.cli.common import BarListener, restore_progress
-from statestore.demo import DEMO_APP, DEMO_STORE, build_changelog, restore_partitions
-from statestore.demo_processor import APP as CounterApp
-from statestore.demo_processor import POS_KEY, expected_counts
+from statestore.cli.demos.counter import APP as CounterApp
+from statestore.cli.demos.counter import POS_KEY, expected_counts
+from statestore.cli.demos.profiles import DEMO_APP, DEMO_STORE, build_changelog, restore_partitions
 from statestore.ids import TopicPartition, changelog_topic
-from statestore.log import SegmentLog
-from statestore.restore import RestoreListener, RestoreResult
-from statestore.verify import verify_app
+from statestore.ops.verify import verify_app
+from statestore.restore.engine import RestoreListener, RestoreResult
 
 
 def _crash_and_recover(root: Path, records: int, console: Console) -> bool:
     """Run the counting processor, SIGKILL it mid-transaction, restart it, check the counts."""
     root.mkdir(parents=True, exist_ok=True)
     commit_every = max(1000, records // 20)
-    cmd = [sys.executable, "-m", "statestore.demo_processor", str(root), str(records), str(commit_every)]
+    cmd = [sys.executable, "-m", "statestore.cli.demos.counter", str(root), str(records), str(commit_every)]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     committed = 0

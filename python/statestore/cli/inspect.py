@@ -15,7 +15,7 @@ from statestore.cli.common import (
     log_dir_option,
     state_options,
 )
-from statestore.inspection import StoreReport, inspect_app, reports_json
+from statestore.ops.inspection import StoreReport, inspect_app, reports_json
 
 
 def _num(v: int | None, missing: str = "-") -> str:

@@ -9,8 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from statestore.changelog.segment_log import Isolation, LogBatch, SegmentLog
 from statestore.ids import TopicPartition
-from statestore.log import Isolation, LogBatch, SegmentLog
 
 
 @click.group()

@@ -14,27 +14,27 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from statestore.changelog import Changelog
+from statestore.changelog.protocol import Changelog
+from statestore.changelog.segment_log import SegmentLog
 from statestore.cli.common import BarListener, kafka_changelog, kafka_options, kafka_plan, restore_progress
-from statestore.directory import LOCK_FILE_NAME, StateDirectory
 from statestore.errors import LockError, StateStoreError
-from statestore.inspection import flock_holders, lock_holder
-from statestore.lag import store_lag
-from statestore.log import SegmentLog
-from statestore.metrics import MetricsPublisher, RestoreMetrics
-from statestore.planning import changelog_stores, parse_partitions, plan
-from statestore.policy import Guarantee
-from statestore.restore import (
+from statestore.ops.inspection import flock_holders, lock_holder
+from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
+from statestore.restore.engine import (
     DEFAULT_MEMORY_BUDGET,
     MODES,
-    STORE_FORMATS,
     LogLike,
     RestoreListener,
     RestoreSpec,
     restore_many,
 )
-from statestore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from, check_store_format
-from statestore.work import PartitionWork, RestoreRow
+from statestore.restore.planning import changelog_stores, parse_partitions, plan
+from statestore.restore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from
+from statestore.restore.work import PartitionWork, RestoreRow
+from statestore.state.directory import LOCK_FILE_NAME, StateDirectory
+from statestore.state.lag import store_lag
+from statestore.state.policy import Guarantee
+from statestore.state.store import check_format, check_store_format
 
 
 def restore_local(
@@ -54,7 +54,7 @@ def restore_local(
     """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
 
     ``log_dir`` is the segment log directory, or any changelog the engine
-    reads (a :class:`~statestore.kafka.KafkaChangelog`).
+    reads (a :class:`~statestore.changelog.kafka.KafkaChangelog`).
 
     A store holding data without an offset is deleted first under
     exactly-once (unknown state), as the Spark engine does. With ``metrics``,
@@ -202,7 +202,7 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
     budget = memory_mib * 2**20
     metrics = RestoreMetrics(application_id)
     if metrics_port is not None:
-        from statestore.metrics_prometheus import start_exporter
+        from statestore.ops.exporter import start_exporter
 
         port, _ = start_exporter(metrics, metrics_port)
         click.echo(f"metrics: http://127.0.0.1:{port}/metrics", err=True)
@@ -261,12 +261,12 @@ def parse_store_formats(items: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         name, eq, fmt = item.partition("=")
-        if not eq or not name or fmt not in STORE_FORMATS:
-            raise click.BadParameter(
-                f"expected NAME=FORMAT with FORMAT one of {', '.join(STORE_FORMATS)}, got {item!r}",
-                param_hint="--store-format",
-            )
-        out[name] = fmt
+        try:
+            if not eq or not name:
+                raise ValueError("expected NAME=FORMAT")
+            out[name] = check_format(fmt)
+        except ValueError as e:
+            raise click.BadParameter(f"{e}; got {item!r}", param_hint="--store-format") from None
     return out
 
 
@@ -277,7 +277,7 @@ def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path |
         from pyspark.sql import SparkSession
     except ImportError as e:
         raise click.ClickException(f"--engine spark needs pyspark: pip install 'statestore[spark]' ({e})") from e
-    from statestore.spark import restore_on_spark, spark_session
+    from statestore.restore.spark import restore_on_spark, spark_session
 
     active = SparkSession.getActiveSession()
     session = active if active is not None else spark_session(master)

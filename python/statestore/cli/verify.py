@@ -17,7 +17,7 @@ from statestore.cli.common import (
     show_bytes,
     state_options,
 )
-from statestore.verify import VerifyResult, verify_app
+from statestore.ops.verify import VerifyResult, verify_app
 
 
 @click.command()

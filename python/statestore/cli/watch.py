@@ -13,12 +13,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from statestore.changelog import Changelog
+from statestore.changelog.protocol import Changelog
+from statestore.changelog.segment_log import SegmentLog
 from statestore.cli.common import console, kafka_changelog, kafka_options, log_dir_option, state_options
 from statestore.errors import StateStoreError
-from statestore.inspection import StoreReport, inspect_app
-from statestore.log import SegmentLog
-from statestore.metrics import MetricsSnapshot, StoreMetrics, published_snapshots
+from statestore.ops.inspection import StoreReport, inspect_app
+from statestore.ops.metrics import MetricsSnapshot, StoreMetrics, published_snapshots
 
 UNKNOWN = "unknown"
 

@@ -1,0 +1,1 @@
+"""Hooks for the test suite (failures injected on purpose); not part of the API."""

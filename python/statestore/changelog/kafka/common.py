@@ -1,0 +1,56 @@
+"""What the Kafka modules share: the optional confluent-kafka import, configuration keys, defaults."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+_ck: Any
+try:
+    import confluent_kafka as _ck
+except ImportError:  # pragma: no cover - exercised only without the extra
+    _ck = None
+
+#: Where librdkafka's own log lines go.
+CLIENT_LOG = logging.getLogger("statestore.changelog.kafka.client")
+
+#: Default seconds a broker request may take.
+DEFAULT_REQUEST_TIMEOUT = 30.0
+#: Default seconds a restore may see no progress before giving up.
+DEFAULT_STALL_TIMEOUT = 60.0
+#: Seconds one ``consume()`` call waits at most.
+POLL_TIMEOUT = 0.05
+
+
+def require() -> Any:
+    """The ``confluent_kafka`` module, or ImportError saying how to install it."""
+    if _ck is None:
+        raise ImportError("statestore's Kafka changelog needs confluent-kafka: pip install 'statestore[kafka]'")
+    return _ck
+
+
+def kafka_error(e: BaseException) -> Any:
+    """The ``KafkaError`` inside a ``KafkaException`` (or None)."""
+    args = getattr(e, "args", ())
+    return args[0] if args and hasattr(args[0], "code") else None
+
+
+#: confluent-kafka's own (Python) configuration keys, which keep their underscores.
+PYTHON_KEYS = frozenset({"error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_commit", "on_delivery", "logger"})
+
+
+def client_properties(pairs: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka properties; ``security_protocol=...`` may be written for ``security.protocol``."""
+    return {k if k in PYTHON_KEYS else k.replace("_", "."): v for k, v in pairs.items()}
+
+
+def parse_properties(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings (as command lines give them) as properties; ``ValueError`` names a bad one."""
+    props: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        props[key.strip()] = value.strip()
+    return props

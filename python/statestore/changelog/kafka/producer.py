@@ -1,0 +1,222 @@
+"""The changelog producer on a Kafka cluster (confluent-kafka ``Producer``), idempotent or transactional."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from statestore.changelog.kafka.common import kafka_error, require
+from statestore.changelog.protocol import ClosesOnCleanExit, Header
+from statestore.errors import LogError, ProducerFencedError, TransactionStateError
+from statestore.ids import TopicPartition
+
+if TYPE_CHECKING:
+    from statestore.changelog.kafka import KafkaChangelog
+
+
+class KafkaProducer(ClosesOnCleanExit):
+    """A changelog producer on a Kafka cluster (confluent-kafka ``Producer``).
+
+    Transactional when made with a transactional id: construction calls
+    ``init_transactions``, which fences the previous producer of the id and
+    aborts what it left open. ``send`` returns -1: the offset is known only
+    once the record is delivered; :meth:`take_offsets` hands them out after
+    :meth:`flush` or :meth:`commit`.
+    """
+
+    def __init__(
+        self, changelog: KafkaChangelog, transactional_id: str | None, config: Mapping[str, Any] | None = None
+    ) -> None:
+        ck = require()
+        self.transactional_id = transactional_id
+        self._timeout = changelog.request_timeout
+        self._bootstrap = changelog.bootstrap_servers
+        conf: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, **(config or {})}
+        if transactional_id is not None:
+            conf["transactional.id"] = transactional_id
+            conf["transaction.timeout.ms"] = changelog.transaction_timeout_ms
+        self._producer = ck.Producer(changelog.client_config(conf))
+        self._delivered: dict[TopicPartition, int] = {}
+        self._failure: Any = None
+        self._in_transaction = False
+        self._closed = False
+        self._fenced = False
+        self._fatal = False
+        if transactional_id is not None:
+            self._call("initializing transactions", self._producer.init_transactions, self._timeout)
+
+    def _what(self) -> str:
+        tid = f" (transactional id {self.transactional_id!r})" if self.transactional_id else ""
+        return f"Kafka producer{tid} on {self._bootstrap}"
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        ck = require()
+        try:
+            return fn(*args)
+        except ck.KafkaException as e:
+            raise self._error(what, e) from e
+        except SystemError as e:
+            # A fatal error (e.g. fencing) raised inside librdkafka while it ran our delivery
+            # callback reaches Python as a SystemError whose cause is the KafkaException.
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, ck.KafkaException):
+                raise self._error(what, cause) from e
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise self._error(what, ck.KafkaException(failure)) from e
+            raise
+
+    def _error(self, what: str, e: BaseException) -> LogError:
+        ck = require()
+        err = kafka_error(e)
+        code = err.code() if err is not None else None
+        if err is not None and err.fatal():
+            self._fatal = True
+        fenced = {
+            ck.KafkaError.PRODUCER_FENCED,
+            ck.KafkaError._FENCED,
+            ck.KafkaError.INVALID_PRODUCER_EPOCH,
+        }
+        if code in fenced:
+            self._fenced = True
+            return ProducerFencedError(
+                f"{self._what()}: {what}: fenced by a newer producer with the same transactional id ({e}); "
+                "another instance owns these tasks now: close this one dirty"
+            )
+        if code == ck.KafkaError._STATE:
+            return TransactionStateError(f"{self._what()}: {what}: {e}")
+        return LogError(f"{self._what()}: {what} failed: {e}; the transaction (if any) must be aborted")
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            ck = require()
+            # Records purged by an abort (or a fenced close) report _PURGE_*: they were meant to go.
+            purged = err.code() in (ck.KafkaError._PURGE_QUEUE, ck.KafkaError._PURGE_INFLIGHT)
+            if self._failure is None and not purged:
+                self._failure = err
+            return
+        tp = TopicPartition(msg.topic(), msg.partition())
+        off = msg.offset()
+        if off > self._delivered.get(tp, -1):
+            self._delivered[tp] = off
+
+    def _check_delivery(self, what: str) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise self._error(what, require().KafkaException(failure))
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open."""
+        return self._in_transaction
+
+    @property
+    def fatal(self) -> bool:
+        """Whether the client hit a fatal error (fenced, or e.g. ``INVALID_TXN_STATE`` from an abort):
+        it can do nothing more; close it and make a new producer of the same transactional id."""
+        return self._fatal or self._fenced
+
+    def send(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header] | None = None,
+        *,
+        timestamp: int | None = None,
+    ) -> int:
+        """Queue one record; ``value=None`` is a tombstone. Returns -1 (see :meth:`take_offsets`).
+
+        ``partition=-1`` lets the producer's partitioner choose (by the key).
+        """
+        if self.transactional_id is not None and not self._in_transaction:
+            raise TransactionStateError(f"{self._what()}: send outside a transaction; call begin() first")
+        kw: dict[str, Any] = {"key": key, "value": value, "on_delivery": self._on_delivery}
+        if partition >= 0:
+            kw["partition"] = partition
+        if headers:
+            kw["headers"] = list(headers)
+        if timestamp is not None:
+            kw["timestamp"] = timestamp
+        while True:
+            try:
+                self._producer.produce(topic, **kw)
+                break
+            except BufferError:
+                self._producer.poll(0.05)  # local queue full: let deliveries drain
+            except require().KafkaException as e:
+                raise self._error(f"sending to {topic}-{partition}", e) from e
+        self._producer.poll(0)
+        return -1
+
+    def take_offsets(self) -> dict[TopicPartition, int]:
+        """Offset of the last record delivered per partition since the previous call."""
+        out, self._delivered = self._delivered, {}
+        return out
+
+    def flush(self) -> None:
+        """Wait until every queued record is delivered (acks=all); raises if one failed."""
+        left = self._call("flushing", self._producer.flush, self._timeout)
+        if left:
+            raise LogError(f"{self._what()}: {left} records still undelivered after {self._timeout:.0f} s")
+        self._check_delivery("delivering records")
+
+    def begin(self) -> None:
+        """Open a transaction."""
+        if self.transactional_id is None:
+            raise TransactionStateError(f"{self._what()}: begin() on a producer without a transactional id")
+        self._call("beginning a transaction", self._producer.begin_transaction)
+        self._in_transaction = True
+
+    def commit(self) -> None:
+        """Flush and commit the open transaction; on failure the caller aborts (or closes, when fenced)."""
+        self._call("flushing the transaction", self._producer.flush, self._timeout)
+        self._check_delivery("delivering the transaction's records")
+        self._call("committing the transaction", self._producer.commit_transaction, self._timeout)
+        self._in_transaction = False
+
+    def send_offsets(self, offsets: Mapping[TopicPartition, int], group_metadata: Any) -> None:
+        """Add consumer positions to the open transaction (KIP-447): committed with it, or not at all.
+
+        ``offsets`` maps each input partition to the next offset to consume;
+        ``group_metadata`` is the consumer's ``consumer_group_metadata()``, so the
+        group coordinator refuses the commit of a member that lost the partitions.
+        """
+        if not self._in_transaction:
+            raise TransactionStateError(f"{self._what()}: send_offsets outside a transaction; call begin() first")
+        ck = require()
+        parts = [ck.TopicPartition(tp.topic, tp.partition, off) for tp, off in sorted(offsets.items())]
+        self._call("sending input offsets to the transaction", self._producer.send_offsets_to_transaction,
+                   parts, group_metadata, self._timeout)
+
+    def abort(self) -> None:
+        """Abort the open transaction (its records become invisible to read_committed consumers)."""
+        self._delivered.clear()
+        self._failure = None
+        try:
+            self._call("aborting the transaction", self._producer.abort_transaction, self._timeout)
+        finally:
+            self._in_transaction = False
+
+    def close(self) -> None:
+        """Flush what is queued and close the client. An open transaction stays open: the next
+        producer of the id (or the transaction timeout) aborts it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._fenced or self._fatal:
+            # close() would abort the transaction first, which a fenced (or fatal) producer cannot do:
+            # drop what is queued, let the client go.
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.poll(0)
+            return
+        try:
+            self._producer.flush(self._timeout)
+        except require().KafkaException:
+            pass  # a failed producer has nothing left to deliver
+        self._producer.close()
+
+
+
+__all__ = ["KafkaProducer"]

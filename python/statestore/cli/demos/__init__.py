@@ -1,0 +1,1 @@
+"""The data and the processes ``statestore demo`` runs: not part of the API."""

@@ -1,0 +1,341 @@
+"""Restoring stores from their changelogs, in Rust, with the GIL released.
+
+``restore_store`` brings one store up to date with one changelog partition of a
+segment log or of a Kafka topic (:class:`~statestore.changelog.kafka.KafkaChangelog`); ``restore_many`` does that for many (store, partition) pairs on a
+pool of native threads. Two modes do the work:
+
+- **replay** applies the committed records in order, one large RocksDB
+  ``WriteBatch`` per chunk of log (64 MiB, less when ``memory_budget_bytes``
+  is small) holding only the last operation of each key in the chunk,
+  write-ahead log off, the offset of the last applied record written in the
+  same batch; both column families are flushed together, so the store on disk
+  is always a committed prefix with its offset.
+- **bulk** keeps only the last value per key (tombstones remove), sorts, writes
+  SST files and ingests them at once, then records the offset. Memory stays
+  within ``memory_budget_bytes`` by spilling sorted runs beside the store.
+  Nothing touches the store before the ingestion.
+
+``mode="auto"`` (the default) uses bulk for a store without data and replay
+otherwise. Restoring starts at the store's recorded offset + 1 (or the log's
+start) and ends at ``end_offset`` or, by default, the last stable offset when
+the restore starts. Records of aborted transactions, transaction markers and
+records without a key are skipped and counted.
+
+A listener with Kafka's ``StateRestoreListener`` shape is called from the
+restoring thread at most once per ``progress_interval`` seconds; if it raises,
+that restore stops with a :class:`~statestore.errors.RestoreError` (whose
+``__cause__`` is the listener's exception) and the store keeps a committed
+state with its offset.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from statestore import _native
+from statestore.changelog.protocol import Changelog, FedChangelog, changelog_argument
+from statestore.errors import RestoreError, StateStoreError
+from statestore.ids import OFFSET_UNKNOWN, PartitionLike, TopicPartition, coerce_tp
+from statestore.state.store import STORE_FORMATS, check_format
+
+#: Default memory budget of a bulk restore (keys, values and merge buffers).
+DEFAULT_MEMORY_BUDGET: int = 256 * 2**20
+#: Default least time, in seconds, between two progress calls of a listener.
+DEFAULT_PROGRESS_INTERVAL: float = 0.1
+
+#: The restore modes `restore_store` accepts.
+MODES: tuple[str, ...] = tuple(_native.MODES)
+
+
+@runtime_checkable
+class RestoreListener(Protocol):
+    """Progress of restores, with the shape of Kafka's ``StateRestoreListener``.
+
+    Methods are called from the restoring (native) thread, never per record.
+    """
+
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
+        """The restore of ``[start_offset, end_offset)`` begins."""
+
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
+        """Records up to ``batch_end_offset`` are applied (replay) or read (bulk);
+        ``num_restored`` records since the previous call."""
+
+    def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
+        """The restore finished; ``total_restored`` records were applied."""
+
+
+class HasLogDir(Protocol):
+    """Anything that names a segment log directory, such as ``statestore.changelog.segment_log.SegmentLog``."""
+
+    @property
+    def log_dir(self) -> Path:
+        """The directory holding ``<topic>-<partition>/`` segment folders."""
+        ...
+
+
+#: A segment log, the path of its directory, or a changelog the engine reads
+#: through Python (:class:`~statestore.changelog.kafka.KafkaChangelog`). Any
+#: :class:`~statestore.changelog.protocol.Changelog` is accepted if it is one of those.
+LogLike = HasLogDir | str | os.PathLike[str] | FedChangelog | Changelog
+
+
+def _check_log(log: LogLike) -> LogLike:
+    """``log`` if the native engine can read it: a segment log directory, a segment log, or a fed changelog."""
+    if isinstance(log, (str, os.PathLike, FedChangelog)) or getattr(log, "log_dir", None) is not None:
+        return log
+    raise TypeError(f"cannot restore from {log!r}: not a segment log, a log directory or a fed changelog")
+
+
+@dataclass(frozen=True)
+class SkippedRecords:
+    """Records a restore stepped over, by reason."""
+
+    #: Data records of aborted transactions.
+    aborted: int = 0
+    #: Control records (transaction markers).
+    control: int = 0
+    #: Committed records without a key.
+    null_key: int = 0
+
+    @property
+    def total(self) -> int:
+        """All skipped records."""
+        return self.aborted + self.control + self.null_key
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What one restore did, or, with ``error`` set, why it failed (``restore_many``)."""
+
+    tp: TopicPartition
+    store_path: Path
+    #: ``"replay"`` or ``"bulk"`` (the mode asked for, when the restore failed early).
+    mode: str
+    #: First offset read (the store's recorded offset + 1, or the log's start).
+    start_offset: int
+    #: Exclusive end reached.
+    end_offset: int
+    records_applied: int
+    records_skipped: SkippedRecords
+    bytes_read: int
+    seconds: float
+    #: Offset the store records afterwards (``None``: no record applied yet).
+    offset: int | None
+    error: StateStoreError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the restore completed."""
+        return self.error is None
+
+
+@dataclass(frozen=True, init=False)
+class RestoreSpec:
+    """One restore for :func:`restore_many`; fields as the arguments of :func:`restore_store`.
+
+    ``log=`` is the old name of ``changelog=`` and still accepted, with a
+    ``DeprecationWarning``.
+    """
+
+    store_path: str | os.PathLike[str]
+    changelog: LogLike
+    tp: TopicPartition
+    end_offset: int | None = None
+    mode: str = "auto"
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+    listener: RestoreListener | None = None
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    format: str = "plain"
+
+    def __init__(
+        self,
+        store_path: str | os.PathLike[str],
+        changelog: LogLike | None = None,
+        tp: PartitionLike | None = None,
+        end_offset: int | None = None,
+        mode: str = "auto",
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+        listener: RestoreListener | None = None,
+        progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
+        format: str = "plain",
+        *,
+        log: LogLike | None = None,
+    ) -> None:
+        if tp is None:
+            raise TypeError("RestoreSpec: missing the changelog partition to restore ('tp')")
+        values = {
+            "store_path": store_path,
+            "changelog": changelog_argument(changelog, log, "RestoreSpec"),
+            "tp": coerce_tp(tp),
+            "end_offset": end_offset,
+            "mode": mode,
+            "memory_budget_bytes": memory_budget_bytes,
+            "listener": listener,
+            "progress_interval": progress_interval,
+            "format": format,
+        }
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def log(self) -> LogLike:
+        """Deprecated name of :attr:`changelog`."""
+        warnings.warn("RestoreSpec.log is deprecated, use RestoreSpec.changelog", DeprecationWarning, stacklevel=2)
+        return self.changelog
+
+
+def _result(tp: TopicPartition, store_path: Path, o: _native.RestoreOutcome) -> RestoreResult:
+    return RestoreResult(
+        tp=tp,
+        store_path=store_path,
+        mode=o.mode,
+        start_offset=o.start_offset,
+        end_offset=o.end_offset,
+        records_applied=o.records_applied,
+        records_skipped=SkippedRecords(o.skipped_aborted, o.skipped_control, o.skipped_null_key),
+        bytes_read=o.bytes_read,
+        seconds=o.seconds,
+        offset=o.offset,
+    )
+
+
+def restore_store(
+    store_path: str | os.PathLike[str],
+    changelog: LogLike | None = None,
+    tp: PartitionLike | None = None,
+    *,
+    end_offset: int | None = None,
+    mode: str = "auto",
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+    listener: RestoreListener | None = None,
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
+    read_ahead: bool = True,
+    format: str = "plain",
+    log: LogLike | None = None,
+) -> RestoreResult:
+    """Bring the store at ``store_path`` up to date with partition ``tp`` of ``changelog``.
+
+    ``changelog`` is a segment log, its directory, or a Kafka changelog
+    (``log=`` is its old name, still accepted with a ``DeprecationWarning``).
+
+    With ``read_ahead`` (the default) the changelog is read and decoded on a second
+    thread while this one applies, so one restore uses up to two cores; turn
+    it off where each restore is granted one core, such as a Spark task with
+    ``spark.task.cpus=1`` (:func:`restore_many` always runs one thread per restore).
+    A bulk restore from Kafka's native fetcher decodes on this thread either
+    way: its fetch thread already receives and checks the responses, and a
+    third busy thread beside it (and the broker, on a small machine) was slower.
+
+    ``memory_budget_bytes`` bounds what the restore holds in memory: bulk
+    spills sorted runs beyond it, and a replay batch covers at most a third of
+    it in log bytes (64 MiB at most, 4 MiB at least), a fourth with
+    ``read_ahead``, which gathers the next batch while one is written.
+
+    ``format`` is how the store lays out its data (:data:`STORE_FORMATS`):
+    ``"plain"`` (column family ``default``, the value as logged: Kafka
+    Streams' ``Stores.persistentKeyValueStore``) or ``"timestamped"``
+    (column family ``keyValueWithTimestamp``, each value preceded by its
+    record's timestamp, 8 bytes big-endian: the store of Kafka Streams' DSL
+    aggregations). An existing store of the other format, or of a type
+    statestore does not know, is refused untouched (``StoreError``).
+
+    The store is created if missing (its parent directory must exist). Raises
+    :class:`~statestore.errors.RestoreError` (bad range, listener raised),
+    :class:`~statestore.errors.StoreError`, or a
+    :class:`~statestore.errors.LogError` subclass; in every case the store
+    keeps a committed state with its offset (bulk: its previous state).
+    """
+    source: LogLike = changelog_argument(changelog, log, "restore_store")
+    if tp is None:
+        raise TypeError("restore_store: missing the changelog partition to restore ('tp')")
+    tp = coerce_tp(tp)
+    path = Path(store_path)
+    out = _native.restore_store(
+        path, _check_log(source), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval,
+        read_ahead=read_ahead, format=check_format(format),
+    )
+    return _result(tp, path, out)
+
+
+def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) -> list[RestoreResult]:
+    """Run many restores on ``threads`` native threads (default: one per core, at most one per spec).
+
+    Each restore runs on one thread (a lone :func:`restore_store` also decodes
+    ahead on a second one). A restore from Kafka's native fetcher also
+    receives and checks its fetch responses on a fetch thread of its own, as a
+    Kafka client's network thread does, so ``threads`` counts restore threads:
+    with the segment log it is the number of cores used, from Kafka somewhat
+    more. When they leave a core free, one more thread prepares the next
+    restore while they work (opens or creates its store, asks for its
+    offsets, starts its first fetch), which waits mostly on the disk and the
+    broker; a Python changelog is only ever called from the restore threads.
+
+    Results come back in the order of ``specs``. A failing restore does not
+    raise: its result carries the exception in ``error`` and the other
+    restores go on. Two specs must not name the same store.
+    """
+    if threads is None:
+        threads = min(len(specs), os.cpu_count() or 1)
+    if threads < 1 and specs:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    paths = [Path(s.store_path) for s in specs]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ValueError("restore_many: two specs name the same store; restore each store once")
+    specs = [
+        replace(s, store_path=p, changelog=_check_log(s.changelog), tp=coerce_tp(s.tp), format=check_format(s.format))
+        for p, s in zip(paths, specs, strict=True)
+    ]
+    out = _native.restore_many(specs, max(threads, 1))
+    results = []
+    for p, s, outcome in zip(paths, specs, out, strict=True):
+        tp = coerce_tp(s.tp)
+        if isinstance(outcome, _native.RestoreOutcome):
+            results.append(_result(tp, p, outcome))
+        else:
+            err = outcome
+            if not isinstance(err, StateStoreError):
+                wrapped = RestoreError(f"restoring store {p} from {tp} failed: {err!r}", path=p)
+                wrapped.__cause__ = err
+                err = wrapped
+            results.append(
+                RestoreResult(
+                    tp=tp,
+                    store_path=p,
+                    mode=s.mode,
+                    start_offset=OFFSET_UNKNOWN,
+                    end_offset=OFFSET_UNKNOWN,
+                    records_applied=0,
+                    records_skipped=SkippedRecords(),
+                    bytes_read=0,
+                    seconds=0.0,
+                    offset=None,
+                    error=err,
+                )
+            )
+    return results
+
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "DEFAULT_PROGRESS_INTERVAL",
+    "MODES",
+    "STORE_FORMATS",
+    "HasLogDir",
+    "LogLike",
+    "RestoreListener",
+    "RestoreResult",
+    "RestoreSpec",
+    "SkippedRecords",
+    "restore_many",
+    "restore_store",
+]

@@ -1,0 +1,184 @@
+"""The statestore command, driven as a user would: in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from statestore import TopicPartition
+from statestore._native import _testing
+from statestore.changelog.segment_log import SegmentLog
+from statestore.restore.engine import restore_store
+
+APP = "shop"
+STORE = "counts"
+TOPIC = f"{APP}-{STORE}-changelog"
+
+
+def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250"}  # no wrapping of rich output in assertions
+    return subprocess.run(
+        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, input=input, timeout=120,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["demo"], ["restore"], ["inspect"], ["verify"], ["clean"], ["log"], ["log", "dump"]],
+    ids=lambda c: " ".join(c) or "main",
+)
+def test_help_of_every_command(command: list[str]) -> None:
+    out = run(*command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "Usage:" in out.stdout
+    if command and command != ["log"]:
+        assert "Example" in out.stdout, f"{command} --help should show an example"
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> tuple[Path, Path]:
+    """Two partitions of changelog (with an aborted transaction), restored into two task directories."""
+    log_dir, state_dir = tmp_path / "log", tmp_path / "state"
+    log = SegmentLog(log_dir)
+    p = log.producer("writer")
+    for part in (0, 1):
+        p.begin()
+        for i in range(200):
+            p.send(TOPIC, part, b"k%03d" % (i % 50), b"v%d" % i)
+        p.commit()
+        p.begin()
+        p.send(TOPIC, part, b"k000", b"ABORTED")
+        p.abort()
+        p.begin()
+        p.send(TOPIC, part, b"k001", None)  # tombstone
+        p.commit()
+    p.close()
+    for part in (0, 1):
+        store_dir = state_dir / APP / f"0_{part}" / "rocksdb" / STORE
+        store_dir.parent.mkdir(parents=True)
+        restore_store(store_dir, log, TopicPartition(TOPIC, part))
+    log.close()
+    return state_dir, log_dir
+
+
+def test_inspect_json_shows_offsets_and_lag(app: tuple[Path, Path]) -> None:
+    state_dir, log_dir = app
+    out = run("inspect", "--state-dir", str(state_dir), "--app-id", APP, "--log-dir", str(log_dir), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    rows = {r["task_id"]: r for r in doc["stores"]}
+    assert set(rows) == {"0_0", "0_1"}
+    for r in rows.values():
+        # 200 records + commit marker (201), aborted record + marker (203), tombstone at 203, marker 204
+        assert r["store_offset"] == 203
+        assert r["log_end"] == 205
+        assert r["lag"] == 0  # every committed record is applied
+        assert r["offset_lag"] == 1  # only the last commit marker lies beyond the last applied record
+        assert r["store"] == STORE and r["changelog"] == f"{TOPIC}-{r['task_id'][-1]}"
+        assert r["size_bytes"] > 0 and r["lock_holder_pid"] is None
+    table = run("inspect", "--state-dir", str(state_dir), "--app-id", APP)
+    assert table.returncode == 0 and "0_1" in table.stdout and "counts" in table.stdout
+
+
+def test_verify_passes_then_catches_a_tampered_store(app: tuple[Path, Path]) -> None:
+    state_dir, log_dir = app
+    args = ["verify", "--state-dir", str(state_dir), "--app-id", APP, "--log-dir", str(log_dir)]
+    ok = run(*args)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count("exact") == 2
+    # tamper: change one value behind the changelog's back, keep the offset
+    victim = state_dir / APP / "0_1" / "rocksdb" / STORE
+    _testing.store_write_batch(victim, [(b"k010", b"tampered")], {f"{TOPIC}-1": 203})
+    bad = run(*args)
+    assert bad.returncode == 1
+    assert "MISMATCH" in bad.stdout
+    assert "k010" in bad.stderr and "tampered" in bad.stderr and "0_1" in bad.stderr
+
+
+def test_verify_catches_a_store_that_lost_a_key(app: tuple[Path, Path]) -> None:
+    state_dir, log_dir = app
+    victim = state_dir / APP / "0_0" / "rocksdb" / STORE
+    _testing.store_write_batch(victim, [(b"k020", None)], {f"{TOPIC}-0": 203})
+    bad = run("verify", "--state-dir", str(state_dir), "--app-id", APP, "--log-dir", str(log_dir))
+    assert bad.returncode == 1
+    assert "k020" in bad.stderr and "(missing)" in bad.stderr
+
+
+def test_missing_state_dir_is_one_clear_line(tmp_path: Path) -> None:
+    out = run("inspect", "--state-dir", str(tmp_path / "nowhere"), "--app-id", APP)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nowhere" in lines[0] and lines[0].startswith("error:")
+
+
+def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
+    assert run("inspect", "--app-id", APP).returncode == 2  # --state-dir missing
+    assert run("verify", "--state-dir", str(tmp_path), "--app-id", APP, "--log-dir", str(tmp_path / "no")).returncode == 2
+    assert run("frobnicate").returncode == 2
+
+
+def test_corrupt_log_is_one_clear_line(app: tuple[Path, Path]) -> None:
+    state_dir, log_dir = app
+    seg = next((log_dir / f"{TOPIC}-0").glob("*.log"))
+    data = bytearray(seg.read_bytes())
+    data[100] ^= 0xFF  # inside the first batch's records: CRC mismatch
+    seg.write_bytes(bytes(data))
+    out = run("verify", "--state-dir", str(state_dir), "--app-id", APP, "--log-dir", str(log_dir))
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert str(seg) in lines[0] or seg.name in lines[0]
+
+
+def test_clean_removes_unlocked_old_tasks_and_all(app: tuple[Path, Path]) -> None:
+    state_dir, _ = app
+    base = ["clean", "--state-dir", str(state_dir), "--app-id", APP]
+    out = run(*base, "--cleanup-delay-ms", "0")
+    assert out.returncode == 0, out.stderr
+    assert "removed 2 task directories" in out.stdout
+    (state_dir / APP / "0_5").mkdir()
+    refused = run(*base, "--all", input="n\n")
+    assert refused.returncode == 1 and (state_dir / APP / "0_5").exists()
+    out = run(*base, "--all", "--yes")
+    assert out.returncode == 0, out.stderr
+    assert not (state_dir / APP).exists()
+
+
+def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:
+    out = run("demo", "--records", "20000", "--partitions", "3", "--counter-records", "6000",
+              "--dir", str(tmp_path / "demo"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 of 3 stores equal the committed changelog exactly" in out.stdout
+    text = " ".join(out.stdout.split())  # rich wraps long lines
+    assert "killed with SIGKILL after committing input position 3,000" in text  # commits every 1,000
+    assert "a commit boundary (commits every 1,000)" in text
+    assert "counted once each): exact" in text
+    assert str(tmp_path / "demo") in out.stdout
+    assert (tmp_path / "demo" / "state" / "demo-app" / "0_2" / "rocksdb" / "profiles").is_dir()
+    # what the demo tells the user to run next works
+    again = run("verify", "--state-dir", str(tmp_path / "demo" / "state"), "--app-id", "demo-app",
+                "--log-dir", str(tmp_path / "demo" / "log"))
+    assert again.returncode == 0, again.stderr
+
+
+def test_restore_in_process_shows_a_bar_per_store_and_a_table(app: tuple[Path, Path], tmp_path: Path) -> None:
+    _, log_dir = app
+    out = run("restore", "--log-dir", str(log_dir), "--state-dir", str(tmp_path / "fresh"), "--app-id", APP,
+              "--threads", "2")
+    assert out.returncode == 0, out.stderr
+    for part in (0, 1):
+        assert f"task 0_{part} {STORE}" in out.stdout  # its progress bar
+    assert "2 ok, 0 failed" in out.stdout
+
+
+def test_a_kafka_property_without_a_value_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    out = run("restore", "--kafka", "127.0.0.1:1", "--kafka-config", "security.protocol",
+              "--state-dir", str(tmp_path / "state"), "--app-id", "app")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--kafka-config" in out.stderr and "expected KEY=VALUE, got 'security.protocol'" in out.stderr

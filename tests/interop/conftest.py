@@ -1,0 +1,7 @@
+"""Kafka Streams itself and statestore on one real broker: every test here is marked ``kafka``."""
+
+import pytest
+
+from support.markers import mark_folder
+
+pytest_collection_modifyitems = mark_folder(__file__, pytest.mark.kafka)

@@ -1,0 +1,367 @@
+"""TaskManager: processing API, commit under both guarantees, corruption handling (reference §7, 47-50)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rocksdict import Options, Rdict
+
+from statestore import IllegalStateError, LogError, SegmentLog, TaskId
+from statestore.processing.task import ActiveTask, TaskState
+from statestore.processing.task_manager import TaskManager
+from statestore.state.store import OFFSETS_CF, STATUS_KEY, STATUS_OPEN, encode_i64
+from support.model import store_contents
+from support.tasks import STORE, Events, changelog_tp, close_all, manager, produce
+
+T = TaskId(0, 0)
+T2 = TaskId(0, 1)
+TP = changelog_tp(T)
+TP2 = changelog_tp(T2)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "log").mkdir()
+    return tmp_path
+
+
+def running(root: Path, guarantee: str, offsets: str = "store", *, active: list[TaskId] | None = None,
+            standby: list[TaskId] | None = None, **kw: object) -> TaskManager:
+    tm = manager(root, guarantee, offsets, **kw)  # type: ignore[arg-type]
+    tm.start()
+    tm.assign(active if active is not None else [T], standby or [])
+    assert tm.restore()
+    return tm
+
+
+def committed(root: Path, tp: object = TP) -> dict[bytes, bytes | None]:
+    return {r.key: r.value for r in SegmentLog(root / "log").read(tp) if r.key is not None}  # type: ignore[arg-type]
+
+
+def on_disk(root: Path, task: TaskId = T) -> tuple[dict[bytes, bytes], dict[str, int]]:
+
+    contents = store_contents(root / "state" / "app" / str(task) / "rocksdb" / STORE)
+    return contents.data, contents.offsets
+
+
+# -- processing API and commit -------------------------------------------------------------------
+
+
+def test_writes_are_read_back_before_commit_and_reach_the_changelog(root: Path) -> None:
+    tm = running(root, "exactly_once_v2")
+    task = tm.task(T)
+    assert isinstance(task, ActiveTask)
+    view = task.store(STORE)
+    view.put(b"a", b"1")
+    view.put(b"b", b"2")
+    view.delete(b"a")
+    assert view.get(b"a") is None and view.get(b"b") == b"2"
+    assert dict(view) == {b"b": b"2"}
+    assert committed(root) == {}, "read_committed sees nothing before the transaction commits"
+    assert on_disk(root)[0] == {}, "nothing uncommitted reaches RocksDB"
+    tm.commit()
+    assert committed(root) == {b"a": None, b"b": b"2"}
+    data, offsets = on_disk(root)
+    assert data == {b"b": b"2"}
+    assert offsets == {str(TP): 2}, "the offset of the last write, in the same batch as the data"
+    close_all(tm)
+
+
+def test_failed_changelog_commit_drops_the_staged_writes(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tm = running(root, "exactly_once_v2")
+    view = tm.active_task(T).store(STORE)
+    view.put(b"a", b"1")
+    tm.commit()
+    view.put(b"b", b"2")
+
+    def fail() -> None:
+        raise LogError("disk full")
+
+    monkeypatch.setattr(tm.collector.producer, "commit", fail)
+    with pytest.raises(LogError):
+        tm.commit()
+    monkeypatch.undo()
+    assert dict(view) == {b"a": b"1"}, "the transaction was aborted: its writes are gone"
+    assert b"b" not in committed(root)
+    close_all(tm)
+
+
+def test_a_commit_whose_abort_fails_too_still_drops_the_staged_writes(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kafka client can refuse the abort after a failed commit (a fatal client state): the staged writes
+    are dropped all the same, and the error raised is the commit's, with the abort's failure noted."""
+    tm = running(root, "exactly_once_v2")
+    view = tm.active_task(T).store(STORE)
+    view.put(b"a", b"1")
+    tm.commit()
+    view.put(b"b", b"2")
+
+    def fail(what: str) -> Callable[[], None]:
+        def raise_() -> None:
+            raise LogError(what)
+        return raise_
+
+    monkeypatch.setattr(tm.collector.producer, "commit", fail("commit refused"))
+    monkeypatch.setattr(tm.collector.producer, "abort", fail("abort refused"))
+    with pytest.raises(LogError, match="commit refused") as ei:
+        tm.commit()
+    assert any("abort refused" in note for note in ei.value.__notes__)
+    monkeypatch.undo()
+    assert dict(view) == {b"a": b"1"}, "the staged write was dropped"
+    assert b"b" not in committed(root)
+    close_all(tm, clean=False)
+
+
+def test_at_least_once_commit_flushes_the_changelog_then_applies(root: Path) -> None:
+    tm = running(root, "at_least_once")
+    view = tm.active_task(T).store(STORE)
+    for i in range(5):
+        view.put(b"k%d" % i, b"%d" % i)
+    tm.commit()
+    assert len(committed(root)) == 5
+    assert on_disk(root) == ({b"k%d" % i: b"%d" % i for i in range(5)}, {str(TP): 4})
+    close_all(tm)
+
+
+def test_dirty_close_under_exactly_once_aborts_the_transaction(root: Path) -> None:
+    tm = running(root, "exactly_once_v2")
+    tm.active_task(T).store(STORE).put(b"a", b"1")
+    tm.close(clean=False)
+    tm.directory.close()
+    assert committed(root) == {}
+    assert SegmentLog(root / "log").last_stable_offset(TP) == SegmentLog(root / "log").end_offset(TP)
+
+
+def test_poll_reports_running_only_when_every_active_task_is(root: Path) -> None:
+    produce(SegmentLog(root / "log"), TP2, [(b"k%d" % i, b"v") for i in range(100)])
+    tm = manager(root, "at_least_once", chunk_offsets=10, time_slice_ms=0)
+    tm.start()
+    tm.assign([T, T2], [])
+    assert tm.poll() is False
+    assert tm.task(T).state is TaskState.RUNNING and tm.task(T2).state is TaskState.RESTORING
+    with pytest.raises(IllegalStateError, match="RESTORING"):
+        tm.active_task(T2).store(STORE)
+    assert tm.restore()
+    assert set(tm.tasks()) == {T, T2}
+    with pytest.raises(KeyError):
+        tm.task(TaskId(9, 9))
+    close_all(tm)
+
+
+def test_assign_rejects_a_task_both_active_and_standby(root: Path) -> None:
+    tm = manager(root, "at_least_once")
+    with pytest.raises(ValueError, match="both"):
+        tm.assign([T], [T])
+    close_all(tm)
+
+
+def test_commit_interval_commits_from_poll(root: Path) -> None:
+    now = [0.0]
+    tm = running(root, "exactly_once_v2", commit_interval_ms=1000, clock=lambda: now[0])
+    tm.active_task(T).store(STORE).put(b"a", b"1")
+    tm.poll()
+    assert committed(root) == {}
+    now[0] += 1.5
+    tm.poll()
+    assert committed(root) == {b"a": b"1"}
+    close_all(tm)
+
+
+# -- corruption (TaskManagerTest 47, 48; KIP-1035 integration 50) ---------------------------------
+
+
+def test_47_corrupted_running_task_is_wiped_revived_and_restored_others_keep_running(root: Path) -> None:
+    events = Events()
+    tm = running(root, "exactly_once_v2", active=[T, T2], listener=events)
+    for t in (T, T2):
+        tm.active_task(t).store(STORE).put(b"k", b"%s" % str(t).encode())
+    tm.commit()
+    tm.active_task(T2).store(STORE).put(b"pending", b"x")
+    events.calls.clear()
+    tm.handle_corruption([T])
+    assert tm.task(T).state is TaskState.CREATED
+    assert tm.task(T2).state is TaskState.RUNNING
+    assert committed(root, TP2)[b"pending"] == b"x", "the others' open work was committed first"
+    assert tm.restore()
+    assert events.calls[0] == ("start", TP, STORE, 0, SegmentLog(root / "log").end_offset(TP)), "restored from the start"
+    assert dict(tm.active_task(T).store(STORE)) == {b"k": b"0_0"}
+    close_all(tm)
+
+
+def test_48_corrupted_standby_is_revived_even_when_the_commit_fails(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tm = running(root, "exactly_once_v2", active=[T], standby=[T2])
+    tm.active_task(T).store(STORE).put(b"k", b"v")
+
+    def fail() -> None:
+        raise LogError("commit failed")
+
+    monkeypatch.setattr(tm.collector.producer, "commit", fail)
+    with pytest.raises(LogError):
+        tm.handle_corruption([T2])
+    monkeypatch.undo()
+    assert tm.task(T2).state is TaskState.CREATED, "revived before the failing commit"
+    tm.poll()
+    assert tm.task(T2).state is TaskState.RUNNING
+    close_all(tm)
+
+
+def _close_with_state(root: Path, guarantee: str, offsets: str, n: int = 10) -> None:
+    tm = running(root, guarantee, offsets)
+    for i in range(n):
+        tm.active_task(T).store(STORE).put(b"k%d" % i, b"%d" % i)
+    tm.commit()
+    close_all(tm)
+
+
+def _store_db(root: Path) -> Rdict:
+    path = root / "state" / "app" / str(T) / "rocksdb" / STORE
+    return Rdict(str(path), Options(raw_mode=True), column_families={OFFSETS_CF: Options(raw_mode=True)})
+
+
+def _force_status_open(root: Path) -> None:
+    db = _store_db(root)
+    db.get_column_family(OFFSETS_CF)[STATUS_KEY] = encode_i64(STATUS_OPEN)
+    db.close()
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "offsets", "wiped"),
+    [
+        ("at_least_once", "store", False),
+        ("exactly_once_v2", "store", False),  # nothing uncommitted ever reaches RocksDB
+        ("at_least_once", "checkpoint", False),
+        ("exactly_once_v2", "checkpoint", True),  # the store may hold aborted writes
+    ],
+)
+def test_50_status_open_after_a_crash(root: Path, guarantee: str, offsets: str, wiped: bool) -> None:
+    _close_with_state(root, guarantee, offsets)
+    _force_status_open(root)
+    events = Events()
+    tm = running(root, guarantee, offsets, listener=events)
+    start = next(c for c in events.calls if c[0] == "start")
+    assert (start[3] == 0) is wiped
+    assert dict(tm.active_task(T).store(STORE)) == {b"k%d" % i: b"%d" % i for i in range(10)}
+    close_all(tm)
+
+
+def test_50_missing_offsets_under_exactly_once_wipe_and_restore(root: Path) -> None:
+    _close_with_state(root, "exactly_once_v2", "store")
+    db = _store_db(root)
+    del db.get_column_family(OFFSETS_CF)[str(TP).encode()]
+    db.close()
+    events = Events()
+    tm = running(root, "exactly_once_v2", listener=events)
+    assert events.calls[0][3] == 0 and events.total_restored() == 10
+    assert len(dict(tm.active_task(T).store(STORE))) == 10
+    close_all(tm)
+
+
+def test_offset_beyond_the_changelog_end_is_corruption(root: Path) -> None:
+    _close_with_state(root, "at_least_once", "store")
+    shutil.rmtree(root / "log" / str(TP))  # the changelog was deleted and recreated
+    tm = running(root, "at_least_once")
+    assert dict(tm.active_task(T).store(STORE)) == {}, "wiped: the local data matches no changelog"
+    close_all(tm)
+
+
+def test_store_that_fails_to_open_is_corruption(root: Path) -> None:
+    _close_with_state(root, "at_least_once", "store")
+    (root / "state" / "app" / str(T) / "rocksdb" / STORE / "CURRENT").write_text("not a manifest\n")
+    tm = running(root, "at_least_once")
+    assert len(dict(tm.active_task(T).store(STORE))) == 10, "wiped and restored from the changelog"
+    close_all(tm)
+
+
+# -- offset sums (TaskManagerTest 49) ---------------------------------------------------------------
+
+
+def _two_store_manager(root: Path, offsets: str) -> TaskManager:
+    from statestore.state.directory import StateDirectory
+
+    return TaskManager(StateDirectory(root / "state", "app"), SegmentLog(root / "log"), ["s", "t"],
+                       guarantee="at_least_once", offsets=offsets)
+
+
+def _write_checkpoint(root: Path, task: TaskId, entries: dict[object, int]) -> None:
+    from statestore import OffsetCheckpoint
+
+    (root / "state" / "app" / str(task) / "rocksdb" / "s").mkdir(parents=True)  # local state present
+    OffsetCheckpoint(root / "state" / "app" / str(task) / ".checkpoint").write(entries)  # type: ignore[arg-type]
+
+
+def test_49_offset_sum_from_checkpoint_file_of_an_uninitialized_task(root: Path) -> None:
+    tm = _two_store_manager(root, "checkpoint")
+    _write_checkpoint(root, T, {changelog_tp(T, "s"): 5, changelog_tp(T, "t"): 10})
+    assert tm.task_offset_sums() == {T: 15}
+    assert tm.directory.locked_tasks() == [], "directories read for offset sums are unlocked again"
+    close_all(tm)
+
+
+def test_49_unknown_offsets_are_skipped_and_sums_pinned(root: Path) -> None:
+    tm = _two_store_manager(root, "checkpoint")
+    _write_checkpoint(root, T, {changelog_tp(T, "s"): -4, changelog_tp(T, "t"): 10})
+    _write_checkpoint(root, T2, {changelog_tp(T2, "s"): 2**63 - 1, changelog_tp(T2, "t"): 2**63 - 1})
+    assert tm.task_offset_sums() == {T: 10, T2: 2**63 - 1}
+    close_all(tm)
+
+
+def test_49_offset_sums_of_owned_tasks_and_of_offsets_kept_in_stores(root: Path) -> None:
+    _close_with_state(root, "at_least_once", "store", n=12)
+    tm = running(root, "at_least_once", active=[T2])
+    assert tm.task_offset_sums() == {T: 11, T2: 0}
+    assert tm.directory.locked_tasks() == [T2]
+    empty = TaskId(3, 3)
+    assert tm.directory.lock(empty)
+    tm.directory.unlock(empty)
+    assert empty not in tm.task_offset_sums(), "empty task directories are skipped, never left locked"
+    close_all(tm)
+
+
+def test_background_restore_while_another_task_processes(root: Path) -> None:
+    log = SegmentLog(root / "log")
+    produce(log, TP2, [(b"k%d" % i, b"%d" % i) for i in range(3000)])
+    tm = manager(root, "exactly_once_v2", background_restore=True, chunk_offsets=500, log=log)
+    tm.start()
+    tm.assign([T, T2], [])
+    processed = 0
+    while not tm.poll(timeout=0.01):
+        if tm.task(T).state is TaskState.RUNNING:  # processing goes on while T2 restores
+            tm.active_task(T).store(STORE).put(b"n", b"%d" % processed)
+            processed += 1
+            tm.commit()
+    assert processed >= 1
+    data = dict(tm.active_task(T2).store(STORE))
+    assert len(data) == 3000 and data[b"k2999"] == b"2999"
+    assert dict(tm.active_task(T).store(STORE)) == {b"n": b"%d" % (processed - 1)}
+    close_all(tm)
+
+
+def test_offset_before_the_changelog_start_is_corruption(root: Path) -> None:
+    log = SegmentLog(root / "log", segment_bytes=2048, sync=False)
+    tm = running(root, "at_least_once", log=log)
+    for i in range(20):
+        tm.active_task(T).store(STORE).put(b"mine%d" % i, b"v")
+    tm.commit()  # the store records offset 19
+    close_all(tm)
+    writer = log.producer()
+    for i in range(280):
+        writer.send(TP.topic, TP.partition, b"k%d" % i, b"x" * 20)
+        if i % 20 == 19:
+            writer.flush()
+    log.close()
+    first = sorted((root / "log" / str(TP)).glob("*.log"))[0]
+    first.unlink()  # retention deleted the oldest segment: offsets 20.. and more are gone
+    first.with_suffix(".index").unlink(missing_ok=True)
+    log = SegmentLog(root / "log", segment_bytes=2048, sync=False)
+    start = log.start_offset(TP)
+    assert start > 20
+    events = Events()
+    tm = running(root, "at_least_once", log=log, listener=events)
+    assert events.calls[0][3] == start, "wiped: restored from the log's new start"
+    data = dict(tm.active_task(T).store(STORE))
+    assert not any(k.startswith(b"mine") for k in data), "the records between offset 19 and the start are lost"
+    close_all(tm)
