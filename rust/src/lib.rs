@@ -1,17 +1,17 @@
 //! statestore's data plane.
 //!
 //! Each module is one domain of the design: the Kafka record batch codec, the
-//! segment log, replay of a changelog into RocksDB, bulk SST restore, atomic
-//! file I/O and the store layout shared by all of them. This file only wires
-//! them together and, with the `python` feature, binds them as
-//! `statestore._native`; there is no logic here.
+//! segment log, the native Kafka fetcher, restoring a store from its
+//! changelog (the engine, replay and bulk SST restore), atomic file I/O and
+//! the store layout shared by all of them. This file only wires them together
+//! and, with the `python` feature, binds them as `statestore._native`; there
+//! is no logic here.
 //!
-//! The modules that need RocksDB (`store`, `replay`, `bulk`) are behind the
-//! default feature `store`; without it the crate is the codec, the segment
-//! log, the source seam and file I/O (what the fuzz targets build).
+//! The modules that need RocksDB (`store`, `restore`) are behind the default
+//! feature `store`; without it the crate is the codec, the segment log, the
+//! Kafka fetcher, the source seam, the offsets encoding and file I/O (what
+//! the fuzz targets build).
 
-#[cfg(feature = "store")]
-pub mod bulk;
 pub mod codec;
 pub mod fileio;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -21,7 +21,7 @@ pub mod kafka;
 pub mod log;
 pub mod offsets;
 #[cfg(feature = "store")]
-pub mod replay;
+pub mod restore;
 pub mod source;
 #[cfg(feature = "store")]
 pub mod store;

@@ -62,9 +62,18 @@ impl StoreError {
     }
 }
 
-/// Whether RocksDB reports damaged files (its `Corruption` status).
+/// How RocksDB's status text of damaged files begins (`Corruption: block
+/// checksum mismatch ...`, `Corruption: Bad table magic number ...`). Python
+/// sees RocksDB errors only as that text (rocksdict), so it checks this
+/// prefix, exported as `_native.CORRUPTION_PREFIX`; [`is_corruption`] checks
+/// the same.
+pub const CORRUPTION_PREFIX: &str = "Corruption:";
+
+/// Whether RocksDB reports damaged files (its `Corruption` status, the text
+/// starting with [`CORRUPTION_PREFIX`], which is also how the `rocksdb`
+/// crate's `Error::kind` finds it).
 pub fn is_corruption(e: &rocksdb::Error) -> bool {
-    e.kind() == rocksdb::ErrorKind::Corruption
+    e.as_ref().trim_start().starts_with(CORRUPTION_PREFIX)
 }
 
 /// Column family of a timestamped store's data.
@@ -85,13 +94,17 @@ pub enum StoreFormat {
 }
 
 impl StoreFormat {
-    /// `"plain"` or `"timestamped"`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "plain" => Some(StoreFormat::Plain),
-            "timestamped" => Some(StoreFormat::Timestamped),
-            _ => None,
-        }
+    /// Every format, in the order names are listed to users (the one list:
+    /// `_native.STORE_FORMATS` and every "use one of" message come from it).
+    pub const ALL: [StoreFormat; 2] = [StoreFormat::Plain, StoreFormat::Timestamped];
+
+    /// The format named `s` (one of [`StoreFormat::ALL`]'s names), else a
+    /// message naming the formats there are.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|f| f.name()).collect();
+            format!("unknown store format {s:?}: use one of {}", names.join(", "))
+        })
     }
 
     pub fn name(self) -> &'static str {
@@ -633,6 +646,43 @@ mod tests {
         let mut out = Vec::new();
         StoreFormat::Timestamped.encode_value(0x0102, b"v", &mut out);
         assert_eq!(out, [0, 0, 0, 0, 0, 0, 1, 2, b'v']);
+    }
+
+    #[test]
+    fn formats_parse_from_the_one_list_and_name_it_when_unknown() {
+        for f in StoreFormat::ALL {
+            assert_eq!(StoreFormat::parse(f.name()), Ok(f));
+        }
+        assert_eq!(
+            StoreFormat::parse("window").unwrap_err(),
+            "unknown store format \"window\": use one of plain, timestamped"
+        );
+    }
+
+    #[test]
+    fn a_damaged_table_file_is_corruption_by_its_status_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        {
+            let s = Store::open(&p, true).unwrap();
+            let mut b = WriteBatch::default();
+            for i in 0..5000u32 {
+                b.put_cf(s.data_cf(), format!("key-{i:08}"), [i as u8; 100]);
+            }
+            s.write(b, false).unwrap();
+            s.flush().unwrap();
+        }
+        let sst = std::fs::read_dir(&p)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|f| f.extension().is_some_and(|x| x == "sst") && std::fs::metadata(f).unwrap().len() > 4096)
+            .expect("a table file of the data");
+        let mut bytes = std::fs::read(&sst).unwrap();
+        bytes[100..200].fill(0xa5);
+        std::fs::write(&sst, bytes).unwrap();
+        let e = Store::open_read_only(&p).and_then(|s| s.check_blocks()).unwrap_err();
+        assert!(e.corruption, "{e}");
+        assert!(e.message.contains(CORRUPTION_PREFIX), "{e}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyType};
 
 use crate::log::{LogError, LogErrorKind};
-use crate::replay::{ErrorKind, RestoreError};
+use crate::restore::{ErrorKind, RestoreError};
 use crate::store::StoreError;
 
 /// The classes of `statestore.errors` the data plane raises.

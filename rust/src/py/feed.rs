@@ -3,7 +3,7 @@
 //! [`Changelog`].
 //!
 //! The engine runs with the GIL released; a feed takes it back once per pull
-//! (one `consume()` of up to [`crate::replay::feed::MAX_PULL_RECORDS`]
+//! (one `consume()` of up to [`crate::restore::feed::MAX_PULL_RECORDS`]
 //! messages) and reads offset, key and value of every `Message` through the
 //! C API (vectorcalls of the client's C methods, no Python bytecode per
 //! record), copying the bytes into the chunk's arena. Python code runs only
@@ -25,7 +25,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::replay::feed::{ChunkFeed, FeedChunk, FeedSource};
+use crate::restore::feed::{ChunkFeed, FeedChunk, FeedSource};
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError};
 
 /// The first Python exception a feed raised, kept for the binding to re-raise.

@@ -1,4 +1,4 @@
-//! Binding of the restore engine ([`crate::replay::engine`]): one call per
+//! Binding of the restore engine ([`crate::restore::engine`]): one call per
 //! restore (or per list of restores), the GIL released for all of it; the
 //! Python listener is called from the restoring thread, throttled.
 //!
@@ -11,18 +11,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 use super::errors::ErrorClass;
 use super::feed::{PyFeedLog, Raised};
 use super::kafka::PyKafkaClient;
 use crate::kafka::client::KafkaLog;
 use crate::log::SegmentLogDir;
-use crate::replay::engine::{self, Mode, RestoreOutcome, RestoreSpec};
-use crate::replay::{
-    ceiling, restore_options, ErrorKind, Listener, RestoreError, DEFAULT_CHUNK_BYTES, DEFAULT_WRITE_BUFFER_BYTES,
-};
+use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec};
+use crate::restore::replay::DEFAULT_CHUNK_BYTES;
+use crate::restore::{ErrorKind, Listener, RestoreError, DEFAULT_WRITE_BUFFER_BYTES};
 use crate::source::Changelog;
-use crate::store::{Store, StoreFormat};
+use crate::store::StoreFormat;
 
 /// What one restore did (`statestore.restore.RestoreResult` is built from it).
 #[pyclass(module = "statestore._native", name = "RestoreOutcome", frozen, get_all)]
@@ -169,12 +169,12 @@ fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<(Box<dyn C
 }
 
 /// One restore as Python describes it: the attributes of
-/// `statestore.restore.RestoreSpec`, read by name.
+/// `statestore.restore.engine.RestoreSpec`, read by name.
 #[derive(FromPyObject)]
 struct SpecArgs {
     #[pyo3(attribute)]
     store_path: PathBuf,
-    #[pyo3(attribute)]
+    #[pyo3(attribute("changelog"))]
     log: Py<PyAny>,
     #[pyo3(attribute)]
     tp: Py<PyAny>,
@@ -197,20 +197,14 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
     let tp = a.tp.bind(py);
     let topic: String = tp.getattr("topic")?.extract()?;
     let partition: i32 = tp.getattr("partition")?.extract()?;
-    let mode = Mode::parse(&a.mode).ok_or_else(|| {
-        ErrorClass::Restore
-            .err(format!("restoring {topic}-{partition}: unknown mode {:?}, use auto, replay or bulk", a.mode))
-    })?;
+    let mode =
+        Mode::parse(&a.mode).map_err(|m| ErrorClass::Restore.err(format!("restoring {topic}-{partition}: {m}")))?;
     let interval = a.progress_interval;
     if !(interval >= 0.0 && interval.is_finite()) {
         return Err(ErrorClass::Restore.err(format!("progress interval must be >= 0 seconds, got {interval}")));
     }
-    let format = StoreFormat::parse(&a.format).ok_or_else(|| {
-        ErrorClass::Restore.err(format!(
-            "restoring {topic}-{partition}: unknown store format {:?}, use plain or timestamped",
-            a.format
-        ))
-    })?;
+    let format = StoreFormat::parse(&a.format)
+        .map_err(|m| ErrorClass::Restore.err(format!("restoring {topic}-{partition}: {m}")))?;
     let mut spec = RestoreSpec::new(a.store_path, &topic, partition);
     spec.format = format;
     spec.end_offset = a.end_offset;
@@ -267,7 +261,7 @@ fn restore_store(
 }
 
 /// Restore many stores on `threads` native threads. `specs` are objects with
-/// the attributes of `statestore.restore.RestoreSpec` (`store_path`, `log`,
+/// the attributes of `statestore.restore.engine.RestoreSpec` (`store_path`, `log`,
 /// `tp`, `end_offset`, `mode`, `memory_budget_bytes`, `listener`,
 /// `progress_interval`), read by name. Returns, per spec in order, its
 /// `RestoreOutcome` or the exception it failed with.
@@ -301,50 +295,9 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
         .collect()
 }
 
-/// Benchmark helper: decode `[log start, end)` of `tp` into memory, then
-/// write it into a new store at `store_path` exactly as replay batches it.
-/// Returns `(seconds spent writing, records)`; decoding is not timed.
-#[pyfunction]
-#[pyo3(signature = (store_path, log_dir, tp, end_offset=None))]
-pub fn restore_write_ceiling(
-    py: Python<'_>,
-    store_path: PathBuf,
-    log_dir: PathBuf,
-    tp: &Bound<'_, PyAny>,
-    end_offset: Option<i64>,
-) -> PyResult<(f64, u64)> {
-    let dir = pyo3::types::PyString::new(py, &log_dir.to_string_lossy()).into_any();
-    let args = SpecArgs {
-        store_path,
-        log: dir.unbind(),
-        tp: tp.clone().unbind(),
-        end_offset,
-        mode: "replay".into(),
-        memory_budget_bytes: 0,
-        listener: None,
-        progress_interval: 0.0,
-        format: "plain".into(),
-    };
-    let j = job(py, args)?;
-    let none = Arc::new(Mutex::new(None));
-    py.detach(|| {
-        let tpname = j.spec.tp();
-        let log_err = |e| RestoreError::log(e, format!("reading {tpname} in {}", log_dir.display()));
-        let b = j.log.bounds(&j.spec.topic, j.spec.partition).map_err(log_err)?;
-        let end = j.spec.end_offset.unwrap_or(b.last_stable);
-        let mut src = j.log.open(&j.spec.topic, j.spec.partition, b.start).map_err(log_err)?;
-        let chunks = ceiling::decode(src.as_mut(), end, j.spec.chunk_bytes)
-            .map_err(|e| RestoreError::log(e, format!("decoding {tpname}")))?;
-        let n = chunks.iter().map(|c| c.len() as u64).sum();
-        let store =
-            Store::open_with(&j.spec.store_path, restore_options()).map_err(|e| RestoreError::store(&tpname, e))?;
-        let t = ceiling::write(&store, &tpname, &chunks)?;
-        Ok((t.as_secs_f64(), n))
-    })
-    .map_err(|e| to_pyerr(e, &none, None))
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The restore modes, from the one list (`Mode::ALL`).
+    m.add("MODES", PyTuple::new(m.py(), Mode::ALL.map(Mode::name))?)?;
     m.add_function(wrap_pyfunction!(restore_store, m)?)?;
     m.add_function(wrap_pyfunction!(restore_many, m)?)?;
     m.add_class::<PyRestoreOutcome>()?;

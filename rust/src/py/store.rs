@@ -1,14 +1,18 @@
 //! Binding of [`crate::store`]: whole-store calls used by tools (`verify`,
-//! `inspect`, the demo). The processing path uses rocksdict.
+//! `inspect`, the demo), and the store layout's facts (column families,
+//! offsets keys and encoding, status values, formats, the corruption prefix)
+//! as module constants, so Python keeps no copy of them. The processing path
+//! uses rocksdict.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 use rocksdb::{IteratorMode, WriteBatch};
 
 use super::errors::ErrorClass;
+use crate::offsets;
 use crate::store::{self, Store, StoreError, StoreFormat};
 
 /// What a tool shows about a store, read without taking its lock.
@@ -74,9 +78,7 @@ pub fn store_write_batch(
     status: Option<i64>,
     format: Option<&str>,
 ) -> PyResult<()> {
-    let format = format
-        .map(|f| StoreFormat::parse(f).ok_or_else(|| ErrorClass::Store.err(format!("unknown store format {f:?}"))))
-        .transpose()?;
+    let format = format.map(|f| StoreFormat::parse(f).map_err(|m| ErrorClass::Store.err(m))).transpose()?;
     Ok(py.detach(|| {
         let store = match format {
             Some(f) => Store::open_format(&path, store::store_options(true), f)?,
@@ -106,8 +108,7 @@ pub fn store_write_batch(
 #[pyfunction]
 #[pyo3(signature = (path, format="plain"))]
 fn store_create(py: Python<'_>, path: PathBuf, format: &str) -> PyResult<()> {
-    let format = StoreFormat::parse(format)
-        .ok_or_else(|| ErrorClass::Store.err(format!("unknown store format {format:?}: use plain or timestamped")))?;
+    let format = StoreFormat::parse(format).map_err(|m| ErrorClass::Store.err(m))?;
     Ok(py.detach(|| Store::open_format(&path, store::store_options(true), format).map(drop))?)
 }
 
@@ -157,6 +158,20 @@ fn store_format(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>>
     Ok(py.detach(|| Store::detect_format(&path)).map(|f| f.map(StoreFormat::name))?)
 }
 
+/// An offset (or status value) as the offsets column family stores it:
+/// 8 bytes, big-endian, signed.
+#[pyfunction]
+fn encode_offset(py: Python<'_>, value: i64) -> Bound<'_, PyBytes> {
+    PyBytes::new(py, &offsets::encode_i64(value))
+}
+
+/// The value of an offsets column family entry; None when `data` is not 8
+/// bytes (which a store statestore wrote never holds: corruption).
+#[pyfunction]
+fn decode_offset(data: &[u8]) -> Option<i64> {
+    offsets::decode_i64(data)
+}
+
 /// Compare the data of two stores (read-only).
 #[pyfunction]
 fn store_compare(py: Python<'_>, expected: PathBuf, actual: PathBuf) -> PyResult<StoreComparison> {
@@ -186,6 +201,16 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store_create, m)?)?;
     m.add_function(wrap_pyfunction!(store_dump, m)?)?;
     m.add_function(wrap_pyfunction!(store_format, m)?)?;
-    m.add_function(wrap_pyfunction!(store_format, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_offset, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_offset, m)?)?;
+    // The store layout, so Python keeps no copy of it.
+    m.add("OFFSETS_CF", offsets::OFFSETS_CF)?;
+    m.add("TIMESTAMPED_CF", store::TIMESTAMPED_CF)?;
+    m.add("STATUS_KEY", PyBytes::new(m.py(), offsets::STATUS_KEY))?;
+    m.add("POSITION_KEY", PyBytes::new(m.py(), offsets::POSITION_KEY))?;
+    m.add("STATUS_OPEN", offsets::STATUS_OPEN)?;
+    m.add("STATUS_CLOSED", offsets::STATUS_CLOSED)?;
+    m.add("STORE_FORMATS", PyTuple::new(m.py(), StoreFormat::ALL.map(StoreFormat::name))?)?;
+    m.add("CORRUPTION_PREFIX", store::CORRUPTION_PREFIX)?;
     Ok(())
 }

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::pool::{keep_spare, new_arena, new_table, spares};
 
-/// `val_len` of a tombstone.
-const TOMBSTONE: u32 = u32::MAX;
+/// `val_len` of a tombstone, in the collector and in the run files it spills.
+pub(super) const TOMBSTONE: u32 = u32::MAX;
 
 /// Index slots per key (load factor 1/2), 8 bytes each.
 const SLOTS_PER_KEY: usize = 2;

@@ -30,7 +30,8 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
 
-use crate::replay::{for_each_chunk, restore_options, Applied, ChunkOps, ErrorKind, Progress, RestoreError, Target};
+use super::chunk::ChunkOps;
+use super::{for_each_chunk, restore_options, Applied, ErrorKind, Progress, RestoreError, Target};
 use crate::source::{ChangelogSource, LogError};
 use crate::store::StoreFormat;
 use collect::{Collector, Full, Stage};
@@ -397,8 +398,9 @@ mod tests {
     use rocksdb::DB;
 
     use super::*;
-    use crate::replay::testing::*;
-    use crate::replay::{replay, restore_options};
+    use crate::restore::replay::replay;
+    use crate::restore::restore_options;
+    use crate::restore::testing::*;
     use crate::source::{ChangeRecord, SkipCounts};
     use crate::store::Store;
 

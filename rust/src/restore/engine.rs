@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
+use super::replay::{replay, DEFAULT_CHUNK_BYTES};
 use super::{
-    replay, restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, Target, DEFAULT_CHUNK_BYTES,
-    DEFAULT_WRITE_BUFFER_BYTES, READ_BYTES,
+    restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, Target, DEFAULT_WRITE_BUFFER_BYTES,
+    READ_BYTES,
 };
-use crate::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError, SkipCounts};
 use crate::store::{Store, StoreFormat, STATUS_CLOSED};
 
@@ -27,13 +28,17 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "auto" => Some(Mode::Auto),
-            "replay" => Some(Mode::Replay),
-            "bulk" => Some(Mode::Bulk),
-            _ => None,
-        }
+    /// Every mode, in the order names are listed to users (the one list:
+    /// `_native.MODES` and every "use one of" message come from it).
+    pub const ALL: [Mode; 3] = [Mode::Auto, Mode::Replay, Mode::Bulk];
+
+    /// The mode named `s` (one of [`Mode::ALL`]'s names), else a message
+    /// naming the modes there are.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|m| m.name()).collect();
+            format!("unknown mode {s:?}: use one of {}", names.join(", "))
+        })
     }
 
     pub fn name(self) -> &'static str {
@@ -512,8 +517,8 @@ pub fn restore_many(
 mod tests {
     use std::collections::HashMap;
 
-    use super::super::testing::*;
     use super::*;
+    use crate::restore::testing::*;
     use crate::source::{Bounds, ChangelogSource};
 
     struct VecLog(HashMap<(String, i32), Vec<Entry>>);

@@ -11,9 +11,7 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::collect::{common_prefix, prefix_of};
-
-const TOMBSTONE: u32 = u32::MAX;
+use super::collect::{common_prefix, prefix_of, TOMBSTONE};
 
 /// A sorted run on disk, with the first and last key it holds (all its keys
 /// share their common prefix, which lets a merge skip comparing it).

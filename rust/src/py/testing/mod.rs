@@ -1,7 +1,9 @@
 //! `statestore._native._testing`: what tests and benchmarks call and users
 //! should not -- one batch encoded or decoded by hand, a store written raw,
-//! the write ceiling of replay. Kept out of the production module so its API
-//! is what users may rely on.
+//! the write ceiling of replay ([`ceiling`]). Kept out of the production
+//! module so its API is what users may rely on.
+
+pub mod ceiling;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -95,7 +97,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let t = PyModule::new(py, "_testing")?;
     t.add_function(wrap_pyfunction!(decode_batch, &t)?)?;
     t.add_function(wrap_pyfunction!(encode_batch, &t)?)?;
-    t.add_function(wrap_pyfunction!(super::restore::restore_write_ceiling, &t)?)?;
+    t.add_function(wrap_pyfunction!(ceiling::restore_write_ceiling, &t)?)?;
     t.add_function(wrap_pyfunction!(super::store::store_write_batch, &t)?)?;
     m.add_submodule(&t)?;
     py.import("sys")?.getattr("modules")?.set_item("statestore._native._testing", &t)?;

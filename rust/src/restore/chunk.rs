@@ -1,0 +1,227 @@
+//! One chunk of changelog read into memory as operations (key, value or
+//! tombstone), as both restore modes read the log: replay turns it into one
+//! `WriteBatch` ([`ChunkOps::to_batch`]), bulk adds its operations to its
+//! collector.
+
+use rocksdb::WriteBatch;
+
+use super::bulk::collect::{sort_by_key, Collector};
+use crate::source::{ChangeRecord, ChangelogSource, LogError};
+use crate::store::{Store, StoreFormat};
+
+/// The operations of one chunk, turned into a `WriteBatch` in key order with
+/// only the last operation per key: the batch is applied atomically, so the
+/// result is the same as applying every operation in log order, and a
+/// memtable takes sorted keys much faster than random ones.
+#[derive(Default)]
+pub struct ChunkOps {
+    data: Vec<u8>,
+    /// `(key offset, key length, value length or u32::MAX for a tombstone)`;
+    /// the value follows its key in `data`.
+    ops: Vec<(usize, u32, u32)>,
+    /// Open-addressing index of the chunk's keys (kept between chunks): per
+    /// slot, 1 + the index of the key's last operation; 0 is empty.
+    slots: Vec<u32>,
+    /// Index of the last operation of each key.
+    last: Vec<u32>,
+    /// Those indices in key order, each with the 8 bytes of its key that
+    /// follow the prefix every key of the chunk shares (compared first).
+    order: Vec<(u64, u32)>,
+    /// Offset of the last committed data record read into the chunk.
+    last_offset: Option<i64>,
+    /// Records read into the chunk without a key (skipped).
+    null_keys: u64,
+}
+
+impl ChunkOps {
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.ops.clear();
+        self.last_offset = None;
+        self.null_keys = 0;
+    }
+
+    /// Add the records of one read of `source` (about `max_bytes` of log
+    /// below `end`) as a store of `format` keeps them; whether more follows.
+    pub fn read(
+        &mut self,
+        source: &mut dyn ChangelogSource,
+        end: i64,
+        max_bytes: usize,
+        format: StoreFormat,
+    ) -> Result<bool, LogError> {
+        source.next_chunk(end, max_bytes, &mut |r| {
+            self.last_offset = Some(r.offset);
+            match r.key {
+                None => self.null_keys += 1,
+                Some(k) => self.push_record(format, k, &r),
+            }
+        })
+    }
+
+    /// Offset of the last committed data record read since [`ChunkOps::clear`].
+    pub fn last_offset(&self) -> Option<i64> {
+        self.last_offset
+    }
+
+    /// Records without a key read since [`ChunkOps::clear`] (they are skipped).
+    pub fn null_keys(&self) -> u64 {
+        self.null_keys
+    }
+
+    /// Operations pushed (not deduplicated).
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The `i`-th operation pushed, in log order.
+    pub fn get(&self, i: usize) -> (&[u8], Option<&[u8]>) {
+        let (at, kl, vl) = self.ops[i];
+        let v0 = at + kl as usize;
+        (&self.data[at..v0], (vl != u32::MAX).then(|| &self.data[v0..v0 + vl as usize]))
+    }
+
+    /// Push one changelog record as a store of `format` keeps it (a
+    /// timestamped store's value starts with the record's timestamp).
+    pub fn push_record(&mut self, format: StoreFormat, key: &[u8], r: &ChangeRecord<'_>) {
+        match (format, r.value) {
+            (StoreFormat::Timestamped, Some(v)) => {
+                let at = self.data.len();
+                self.data.extend_from_slice(key);
+                format.encode_value(r.timestamp, v, &mut self.data);
+                self.ops.push((at, key.len() as u32, (v.len() + 8) as u32));
+            }
+            _ => self.push(key, r.value),
+        }
+    }
+
+    pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let at = self.data.len();
+        self.data.extend_from_slice(key);
+        let vlen = match value {
+            Some(v) => {
+                self.data.extend_from_slice(v);
+                v.len() as u32
+            }
+            None => u32::MAX,
+        };
+        self.ops.push((at, key.len() as u32, vlen));
+    }
+
+    /// Keep the last operation of each key (found by hashing: a chunk
+    /// holds many operations per key when keys repeat, and sorting them all
+    /// cost more than the writes), sort those by key (as the bulk collector
+    /// does, [`sort_by_key`]: a large chunk of unique keys sorts nearly as
+    /// fast per key as a small one), and build the batch of `store`'s data
+    /// column family.
+    pub fn to_batch(&mut self, store: &Store) -> WriteBatch {
+        let cf = store.data_cf();
+        self.find_last_per_key();
+        let Self { data, ops, last, order, .. } = &mut *self;
+        sort_by_key(
+            order,
+            || last.iter().copied(),
+            |i| {
+                let (at, kl, _) = ops[i as usize];
+                &data[at..at + kl as usize]
+            },
+        );
+        let mut batch = WriteBatch::default();
+        for &(_, i) in &self.order {
+            match self.get(i as usize) {
+                (k, Some(v)) => batch.put_cf(cf, k, v),
+                (k, None) => batch.delete_cf(cf, k),
+            }
+        }
+        batch
+    }
+
+    /// Fill `last` with the index of the last operation of each key (in no order).
+    fn find_last_per_key(&mut self) {
+        let Self { data, ops, slots, last, .. } = self;
+        let key = |i: u32| {
+            let (at, kl, _) = ops[i as usize];
+            &data[at..at + kl as usize]
+        };
+        let size = (ops.len() * 2).next_power_of_two().max(16);
+        slots.clear();
+        slots.resize(size, 0);
+        let mask = size - 1;
+        for i in 0..ops.len() as u32 {
+            let k = key(i);
+            let mut at = Collector::hash(k) as usize & mask;
+            loop {
+                match slots[at] {
+                    0 => break,
+                    e if key(e - 1) == k => break,
+                    _ => at = (at + 1) & mask,
+                }
+            }
+            slots[at] = i + 1; // a later operation of the same key wins
+        }
+        last.clear();
+        last.extend(slots.iter().filter(|&&e| e != 0).map(|&e| e - 1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::restore::restore_options;
+    use crate::restore::testing::dump;
+
+    #[test]
+    fn chunk_ops_sort_keys_bytewise_whatever_their_shared_prefix_and_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+        let shapes: [&[u8]; 12] = [
+            b"ns:",
+            b"ns:a",
+            b"ns:a\0",
+            b"ns:a\0\0",
+            b"ns:ab",
+            b"ns:abcdefgh",
+            b"ns:abcdefghi",
+            b"ns:abcdefgh\xff",
+            b"ns:abcdefghij",
+            b"ns:b",
+            b"ns:\xff",
+            b"ns:\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+        ];
+        let mut ops = ChunkOps::default();
+        for (n, i) in [7usize, 3, 11, 0, 5, 9, 1, 3, 10, 2, 8, 4, 6, 0].into_iter().enumerate() {
+            ops.push(shapes[i], Some(format!("{n}").as_bytes()));
+        }
+        let _ = ops.to_batch(&store);
+        let got: Vec<&[u8]> = ops.order.iter().map(|&(_, i)| ops.get(i as usize).0).collect();
+        let mut want = shapes.to_vec();
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn chunk_ops_keep_the_last_operation_per_key_in_log_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+        let mut ops = ChunkOps::default();
+        ops.push(b"b", Some(b"1"));
+        ops.push(b"a", Some(b"1"));
+        ops.push(b"b", None);
+        ops.push(b"c", None);
+        ops.push(b"c", Some(b"3"));
+        ops.push(b"a", Some(b"2"));
+        ops.push(b"d", Some(b"4"));
+        ops.push(b"d", Some(b"5"));
+        assert_eq!(ops.len(), 8);
+        store.write(ops.to_batch(&store), false).unwrap();
+        let got: Vec<(Vec<u8>, Vec<u8>)> = dump(&store).into_iter().collect();
+        assert_eq!(
+            got,
+            vec![(b"a".to_vec(), b"2".to_vec()), (b"c".to_vec(), b"3".to_vec()), (b"d".to_vec(), b"5".to_vec())]
+        );
+    }
+}

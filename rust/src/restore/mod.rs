@@ -1,0 +1,270 @@
+//! Restoring a store from its changelog partition: the engine ([`engine`])
+//! decides where to start and end and which mode to use, and runs many
+//! restores on a pool of threads; the two modes are [`replay`] (one large
+//! `WriteBatch` per chunk of log, the offset in the same batch) and [`bulk`]
+//! (last value per key, sorted SST files, one ingestion). [`feed`] is a
+//! source over chunks a client hands out (a changelog reached through
+//! Python).
+//!
+//! This file holds what the engine and both modes share: the error type
+//! ([`RestoreError`]), what a pass writes ([`Target`]) and applied
+//! ([`Applied`]), the throttled progress listener ([`Progress`]), the options
+//! a store is restored with, and the loop that hands chunks of log from a
+//! reader (on a second thread, with read-ahead) to a writer
+//! ([`for_each_chunk`]). [`chunk::ChunkOps`] is the decoded chunk both modes
+//! read the log into.
+
+pub mod bulk;
+pub mod chunk;
+pub mod engine;
+pub mod feed;
+mod progress;
+pub mod replay;
+#[cfg(test)]
+pub(crate) mod testing;
+
+pub use progress::{Listener, Progress};
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, sync_channel};
+
+use rocksdb::{DBCompressionType, Options};
+
+use crate::source::{ChangelogSource, LogError, LogErrorKind};
+use crate::store::{store_options, Store, StoreError};
+
+/// Most bytes of log asked of a source at a time; a replay batch gathers
+/// reads up to its chunk size.
+pub const READ_BYTES: usize = 4 << 20;
+
+/// Why a restore stopped, by what the caller should do about it (each maps
+/// to one class of `statestore.errors`, see `py::errors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The restore itself could not go on (bad range, listener raised...).
+    Restore,
+    /// RocksDB refused to open, read or write the store.
+    Store,
+    /// The changelog holds bytes that are not a valid record batch.
+    CorruptLog,
+    /// A batch uses a compression codec this build cannot decode.
+    UnsupportedCompression,
+    /// Any other problem with the changelog (missing partition, I/O).
+    Log,
+    /// The progress listener raised; the restore stopped cleanly.
+    Listener,
+    /// The store's offset lies outside the changelog (records deleted, topic
+    /// recreated, store ahead): its state cannot be trusted, wipe and restore.
+    OutOfRange,
+    /// The store's files are damaged (RocksDB `Corruption`): wipe and restore.
+    StoreCorrupted,
+}
+
+impl ErrorKind {
+    /// The kind of a restore stopped by `e` from its changelog.
+    pub fn of_log(e: &LogError) -> Self {
+        match e.kind {
+            LogErrorKind::Corrupt => ErrorKind::CorruptLog,
+            LogErrorKind::UnsupportedCompression => ErrorKind::UnsupportedCompression,
+            LogErrorKind::OutOfRange => ErrorKind::OutOfRange,
+            _ => ErrorKind::Log,
+        }
+    }
+}
+
+/// Why a restore stopped. The message names the store, the topic partition
+/// and the offset, and says what the store holds now; the fields carry the
+/// same facts for tools (filled by the engine for every restore error).
+#[derive(Debug, Clone)]
+pub struct RestoreError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The file the error is about: a log segment, else the store.
+    pub path: Option<PathBuf>,
+    pub topic: Option<String>,
+    pub partition: Option<i32>,
+    /// The changelog offset the error is about (where the restore stopped).
+    pub offset: Option<i64>,
+}
+
+impl RestoreError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), path: None, topic: None, partition: None, offset: None }
+    }
+
+    /// The same error, about `offset`.
+    pub fn with_offset(mut self, offset: i64) -> Self {
+        self.offset = Some(offset);
+        self
+    }
+
+    /// Fill what is not known yet: the store's path and the partition restored.
+    pub fn in_restore_of(mut self, store_path: &Path, topic: &str, partition: i32) -> Self {
+        self.path.get_or_insert_with(|| store_path.to_path_buf());
+        self.topic.get_or_insert_with(|| topic.to_string());
+        self.partition.get_or_insert(partition);
+        self
+    }
+
+    /// A store error, re-worded to name the topic partition too.
+    /// Damaged store files become [`ErrorKind::StoreCorrupted`].
+    pub fn store(tp: &str, e: StoreError) -> Self {
+        let path = e.path.clone();
+        let kind = if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store };
+        let mut r = Self::new(kind, format!("restoring {tp}: {e}"));
+        r.path = Some(path);
+        r
+    }
+
+    /// A changelog error, with `context` in front of its message.
+    pub fn log(e: LogError, context: impl fmt::Display) -> Self {
+        let mut r = Self::new(ErrorKind::of_log(&e), format!("{context}: {e}"));
+        r.path = e.path;
+        r.offset = e.offset;
+        r
+    }
+
+    /// A source error at `position`, naming the store and the partition.
+    pub fn source(store: &Store, tp: &str, position: i64, e: LogError) -> Self {
+        let offset = e.offset.unwrap_or(position);
+        let mut r = Self::new(
+            ErrorKind::of_log(&e),
+            format!(
+                "restoring store {} from {tp} stopped at offset {position}: {e}; \
+                 the store keeps its last committed state, restore again once the log is repaired",
+                store.path().display()
+            ),
+        );
+        r.path = e.path;
+        r.offset = Some(offset);
+        r
+    }
+}
+
+impl fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RestoreError {}
+
+/// What a restore pass (replay or bulk) writes and how far: the store, the
+/// partition it restores as `"<topic>-<partition>"` (the key of its offset),
+/// and the exclusive end offset.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub store: &'a Store,
+    pub tp: &'a str,
+    pub end: i64,
+}
+
+/// What one replay or bulk pass applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Committed data records with a key (puts and tombstones).
+    pub records: u64,
+    /// Committed data records without a key: skipped.
+    pub null_keys: u64,
+    /// Offset of the last committed data record consumed (the one recorded
+    /// in the store), if any.
+    pub last_offset: Option<i64>,
+}
+
+impl Applied {
+    /// Count `records` more applied, up to the record at `last_offset` (if
+    /// any record was consumed), and tell the listener.
+    pub fn add(
+        &mut self,
+        last_offset: Option<i64>,
+        records: u64,
+        progress: &mut Progress<'_>,
+    ) -> Result<(), RestoreError> {
+        if let Some(off) = last_offset {
+            self.records += records;
+            self.last_offset = Some(off);
+            progress.batch(off, records)?;
+        }
+        Ok(())
+    }
+}
+
+/// Memtable size of a store opened for restoring.
+pub const DEFAULT_WRITE_BUFFER_BYTES: usize = 64 << 20;
+
+/// Options a store is opened with for restoring: big memtables so flushes are
+/// few and large, no compression (as Kafka Streams), two background jobs.
+/// `atomic_flush` and the column families are enforced by [`Store::open_with`].
+pub fn restore_options() -> Options {
+    restore_options_with(DEFAULT_WRITE_BUFFER_BYTES)
+}
+
+/// [`restore_options`] with another memtable size. With the WAL off, replay
+/// progress reaches disk when memtables are flushed, so smaller memtables
+/// mean less work lost to a crash (and more, smaller files).
+pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
+    let mut o = store_options(true);
+    o.set_write_buffer_size(write_buffer_bytes.max(64 << 10));
+    o.set_max_write_buffer_number(4);
+    o.set_max_background_jobs(2);
+    o.set_compression_type(DBCompressionType::None);
+    o.set_level_zero_slowdown_writes_trigger(40);
+    o.set_level_zero_stop_writes_trigger(64);
+    o
+}
+
+/// Fill chunks of `source` with `fill` (whether more follows) and hand each
+/// to `take`, in log order, until the log ends: what replay and bulk share.
+///
+/// With `ahead`, the filling runs on a second thread while `take` works on
+/// this one, with up to that many filled chunks waiting to be taken; taken
+/// chunks go back to be filled again (a fresh multi-MiB buffer per chunk
+/// costs a page fault and the zeroing of every page). Either way a fill that
+/// fails reaches `take`'s side after every chunk before it, as an error
+/// naming the store, partition and position; when `take` fails the reader
+/// stops at its next hand-over.
+pub(crate) fn for_each_chunk<C, E>(
+    target: Target<'_>,
+    source: &mut dyn ChangelogSource,
+    ahead: Option<usize>,
+    mut fill: impl FnMut(&mut C, &mut dyn ChangelogSource) -> Result<bool, LogError> + Send,
+    mut take: impl FnMut(&mut C) -> Result<(), E>,
+) -> Result<(), E>
+where
+    C: Default + Send,
+    E: From<RestoreError>,
+{
+    let Target { store, tp, .. } = target;
+    let Some(waiting) = ahead else {
+        let mut chunk = C::default();
+        loop {
+            let more = fill(&mut chunk, source).map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+            take(&mut chunk)?;
+            if !more {
+                return Ok(());
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        let (filled_tx, filled) = sync_channel::<Result<C, RestoreError>>(waiting);
+        let (spent, reuse) = channel::<C>();
+        scope.spawn(move || loop {
+            let mut chunk = reuse.try_recv().unwrap_or_default();
+            let (msg, more) = match fill(&mut chunk, source) {
+                Ok(more) => (Ok(chunk), more),
+                Err(e) => (Err(RestoreError::source(store, tp, source.position(), e)), false),
+            };
+            if filled_tx.send(msg).is_err() || !more {
+                return;
+            }
+        });
+        // Leaving this loop early (an error) drops `filled`: the reader then stops.
+        for msg in filled {
+            let mut chunk = msg?;
+            take(&mut chunk)?;
+            let _ = spent.send(chunk); // the reader may be done: then the buffers are dropped
+        }
+        Ok(())
+    })
+}

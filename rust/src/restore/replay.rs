@@ -1,0 +1,235 @@
+//! Replay: a changelog partition applied to a store one large `WriteBatch`
+//! per read chunk, with the write-ahead log off and the offset of the last
+//! applied record in the same batch, so whatever RocksDB has flushed (both
+//! column families together, `atomic_flush`) is a committed prefix of the log
+//! with its exact offset.
+//!
+//! [`super::engine`] picks this mode for a store that already holds data (or
+//! when asked); the store's offset then says where the log resumes.
+
+use super::chunk::ChunkOps;
+use super::{for_each_chunk, Applied, Progress, RestoreError, Target, READ_BYTES};
+use crate::source::{ChangelogSource, LogError};
+use crate::store::StoreFormat;
+
+/// Bytes of log one replay `WriteBatch` covers by default. Large on
+/// purpose: a batch keeps only the last operation of each key, so the more
+/// log it covers, the fewer writes reach RocksDB when keys repeat (a
+/// changelog with ~10 updates a key replays twice as fast with 64 MiB
+/// batches as with 4 MiB ones). Building a batch holds about 2.5 times this
+/// in memory. With the WAL off nothing reaches disk before a memtable
+/// flush, so a larger batch does not put more work at risk in a crash.
+pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
+
+/// Replay `source` into `store` up to `end` (exclusive): one `WriteBatch` per
+/// chunk of about `chunk_bytes` of log (read [`READ_BYTES`] at a time),
+/// written without WAL, holding the data and the offset of the last record it
+/// applies. Flushes both column families at the end, and also when stopping
+/// on an error, so the store on disk is always a committed prefix with its
+/// offset (a chunk the error cut short is not written).
+///
+/// With `read_ahead` the next chunk is read, decoded and gathered on a
+/// second thread while this one sorts and writes the current one: two chunks
+/// in memory instead of one, the same batches in the same order.
+pub fn replay(
+    target: Target<'_>,
+    source: &mut dyn ChangelogSource,
+    chunk_bytes: usize,
+    read_ahead: bool,
+    progress: &mut Progress<'_>,
+) -> Result<Applied, RestoreError> {
+    let Target { store, tp, .. } = target;
+    let mut applied = Applied::default();
+    let result = replay_chunks(target, source, chunk_bytes, read_ahead, progress, &mut applied);
+    progress.read_all();
+    let flushed = store.flush().map_err(|e| RestoreError::store(tp, e));
+    result?;
+    flushed?;
+    Ok(applied)
+}
+
+/// Gather the next chunk of `source` below `end` (about `chunk_bytes` of
+/// log, read [`READ_BYTES`] at a time) into `ops`; whether more follows.
+fn gather(
+    ops: &mut ChunkOps,
+    source: &mut dyn ChangelogSource,
+    end: i64,
+    chunk_bytes: usize,
+    format: StoreFormat,
+) -> Result<bool, LogError> {
+    ops.clear();
+    let first = source.bytes_read();
+    let mut more = true;
+    while more {
+        let read = usize::try_from(source.bytes_read().saturating_sub(first)).unwrap_or(usize::MAX);
+        if read >= chunk_bytes {
+            break;
+        }
+        more = ops.read(source, end, (chunk_bytes - read).min(READ_BYTES), format)?;
+    }
+    Ok(more)
+}
+
+/// Write a gathered chunk as one batch with its offset, and report it.
+fn apply(
+    ops: &mut ChunkOps,
+    target: Target<'_>,
+    progress: &mut Progress<'_>,
+    applied: &mut Applied,
+) -> Result<(), RestoreError> {
+    let Target { store, tp, .. } = target;
+    if let Some(off) = ops.last_offset() {
+        let mut batch = ops.to_batch(store);
+        store.put_offset(&mut batch, tp, off);
+        store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
+        applied.null_keys += ops.null_keys();
+    }
+    applied.add(ops.last_offset(), ops.len() as u64, progress)
+}
+
+fn replay_chunks(
+    target: Target<'_>,
+    source: &mut dyn ChangelogSource,
+    chunk_bytes: usize,
+    read_ahead: bool,
+    progress: &mut Progress<'_>,
+    applied: &mut Applied,
+) -> Result<(), RestoreError> {
+    let (end, format) = (target.end, target.store.format());
+    for_each_chunk(
+        target,
+        source,
+        // The next chunk is handed over when this thread takes it: at most two exist.
+        read_ahead.then_some(0),
+        |ops: &mut ChunkOps, source| gather(ops, source, end, chunk_bytes, format),
+        |ops| apply(ops, target, progress, applied),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::restore::testing::*;
+    use crate::restore::{restore_options, ErrorKind, Listener};
+    use crate::store::Store;
+
+    #[test]
+    fn replay_equals_model_and_records_offset_in_small_chunks() {
+        let log = random_log(3000, 300, 7);
+        let (m, last) = model(&log, 3000);
+        for read_ahead in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+            let mut src = VecSource::new(log.clone(), 0);
+            let mut p = Progress::new(None, Duration::ZERO);
+            let a = replay(Target { store: &store, tp: "t-0", end: 3000 }, &mut src, 200, read_ahead, &mut p).unwrap();
+            assert_eq!(dump(&store), m, "read-ahead {read_ahead}");
+            assert_eq!(store.offset("t-0").unwrap(), last);
+            assert_eq!(a.last_offset, last);
+            assert!(a.null_keys > 0 && src.skipped.aborted > 0);
+            assert_eq!(src.position(), 3000, "read-ahead {read_ahead}: the source is where the reader left it");
+        }
+    }
+
+    #[test]
+    fn replay_gathers_several_reads_into_one_batch_when_its_chunk_is_larger_than_a_read() {
+        // ~6 MiB of log: a 5 MiB chunk is two reads (READ_BYTES, then the rest of the chunk)
+        let n = 150_000;
+        let log = random_log(n, 5_000, 13);
+        let dir = tempfile::tempdir().unwrap();
+        struct Batches(usize);
+        impl Listener for Batches {
+            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+                Ok(())
+            }
+            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+                self.0 += 1;
+                Ok(())
+            }
+            fn on_end(&mut self, _: u64) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        for (name, chunk, batches, read_ahead) in [
+            ("gathered", 5 << 20, 2, false),
+            ("default", DEFAULT_CHUNK_BYTES, 1, false),
+            ("gathered-ahead", 5 << 20, 2, true),
+        ] {
+            let store = Store::open_with(&dir.path().join(name), restore_options()).unwrap();
+            let mut src = VecSource::new(log.clone(), 0);
+            let mut counted = Batches(0);
+            let mut p = Progress::new(Some(&mut counted), Duration::ZERO);
+            let target = Target { store: &store, tp: "t-0", end: n as i64 };
+            let a = replay(target, &mut src, chunk, read_ahead, &mut p).unwrap();
+            assert!(src.bytes > (READ_BYTES + (1 << 20)) as u64, "{name}: the log is larger than a read");
+            assert!(src.bytes < (5 << 20) + READ_BYTES as u64, "{name}: two 5 MiB chunks at most");
+            assert_eq!(counted.0, batches, "{name}: one write per chunk, not per read");
+            let (m, last) = model(&log, n as i64);
+            assert_eq!(dump(&store), m, "{name}");
+            assert_eq!(store.offset("t-0").unwrap(), last, "{name}");
+            assert_eq!(a.last_offset, last, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_source_error_keeps_the_applied_prefix_with_its_offset() {
+        let log = random_log(2000, 100, 9);
+        for read_ahead in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("s");
+            {
+                let store = Store::open_with(&p, restore_options()).unwrap();
+                let mut src = VecSource::new(log.clone(), 0);
+                src.fail_at = Some(1500);
+                let mut pr = Progress::new(None, Duration::ZERO);
+                let target = Target { store: &store, tp: "t-0", end: 2000 };
+                let e = replay(target, &mut src, 100, read_ahead, &mut pr).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::CorruptLog);
+                assert_eq!(e.offset, Some(1500), "read-ahead {read_ahead}: the offset it stopped at");
+                assert!(e.message.contains("t-0") && e.message.contains(&p.display().to_string()), "{e}");
+            }
+            let store = Store::open(&p, false).unwrap();
+            let off = store.offset("t-0").unwrap().unwrap();
+            assert!(off < 1500);
+            assert_eq!(dump(&store), model(&log, off + 1).0, "read-ahead {read_ahead}");
+        }
+    }
+
+    #[test]
+    fn a_failing_write_side_stops_the_reader_and_keeps_a_committed_prefix() {
+        // A listener that refuses the third batch stops the replay there; the reader thread ends.
+        struct StopAt(u32);
+        impl Listener for StopAt {
+            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+                Ok(())
+            }
+            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+                self.0 -= 1;
+                if self.0 == 0 {
+                    return Err("stop".into());
+                }
+                Ok(())
+            }
+            fn on_end(&mut self, _: u64) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let log = random_log(5000, 200, 17);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        {
+            let store = Store::open_with(&p, restore_options()).unwrap();
+            let mut src = VecSource::new(log.clone(), 0);
+            let mut stop = StopAt(3);
+            let mut pr = Progress::new(Some(&mut stop), Duration::ZERO);
+            let target = Target { store: &store, tp: "t-0", end: 5000 };
+            replay(target, &mut src, 300, true, &mut pr).unwrap_err();
+            assert!(src.position() < 5000, "the reader stopped early");
+        }
+        let store = Store::open(&p, false).unwrap();
+        let off = store.offset("t-0").unwrap().unwrap();
+        assert_eq!(dump(&store), model(&log, off + 1).0);
+    }
+}
