@@ -20,11 +20,9 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::config::ClientConfig;
 use super::conn::{self, Conn};
-#[cfg(feature = "store")]
 use super::fetch::KafkaSource;
 use super::frames::FramePool;
 use super::KafkaError;
-#[cfg(feature = "store")]
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError};
 
 /// Idle connections kept per broker.
