@@ -574,15 +574,43 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus")
     }
 
+    /// A fuzz target: its name, its harness and its mutations per round.
+    type Target = (&'static str, fn(&[u8]), usize);
+
+    /// Every fuzz target of `../fuzz` (the one list the tests below go
+    /// through): its name, its harness, and how many blind mutations
+    /// [`mutated_corpus_runs_cleanly`] sends through it per round.
+    const TARGETS: [Target; 5] = [
+        ("batch", batch, 20_000),
+        ("offsets", offsets, 20_000),
+        ("txn_state", txn_state, 10_000),
+        ("segment", segment, 1_500),
+        ("fetch_response", fetch_response, 20_000),
+    ];
+
     fn target(name: &str) -> fn(&[u8]) {
-        match name {
-            "batch" => batch,
-            "segment" => segment,
-            "offsets" => offsets,
-            "txn_state" => txn_state,
-            "fetch_response" => fetch_response,
-            other => panic!("no fuzz target {other}"),
-        }
+        TARGETS
+            .iter()
+            .find(|(t, _, _)| *t == name)
+            .map(|&(_, f, _)| f)
+            .unwrap_or_else(|| panic!("no fuzz target {name}"))
+    }
+
+    /// The fuzz crate builds exactly the targets listed here (so `make fuzz`
+    /// and the corpus replay cover the same ones).
+    #[test]
+    fn every_fuzz_binary_is_a_listed_target() {
+        let manifest = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/Cargo.toml")).unwrap();
+        let mut bins: Vec<&str> = manifest
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("name = \""))
+            .map(|n| n.trim_end_matches('"'))
+            .filter(|n| *n != "statestore-fuzz")
+            .collect();
+        let mut listed: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+        bins.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(bins, listed);
     }
 
     /// Regenerate the committed seed corpus:
@@ -608,7 +636,7 @@ mod tests {
             target(t)(&bytes);
         }
         let mut n = 0;
-        for t in ["batch", "segment", "offsets", "txn_state"] {
+        for (t, _, _) in TARGETS {
             let Ok(entries) = fs::read_dir(corpus_dir().join(t)) else { continue };
             for e in entries {
                 let p = e.unwrap().path();
@@ -691,13 +719,7 @@ mod tests {
     fn mutated_corpus_runs_cleanly() {
         let seed = std::env::var("STATESTORE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_F00D_u64);
         let scale: usize = std::env::var("STATESTORE_FUZZ_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-        for (t, rounds) in [
-            ("batch", 20_000),
-            ("offsets", 20_000),
-            ("txn_state", 10_000),
-            ("segment", 1_500),
-            ("fetch_response", 20_000),
-        ] {
+        for (t, _, rounds) in TARGETS {
             let mut inputs: Vec<Vec<u8>> =
                 seed_corpus().into_iter().filter(|(name, _, _)| *name == t).map(|(_, _, b)| b).collect();
             if let Ok(entries) = fs::read_dir(corpus_dir().join(t)) {
