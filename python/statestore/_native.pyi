@@ -6,7 +6,7 @@ tests and benchmarks call lives in :data:`_testing`.
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
-from typing import Literal, Protocol, final
+from typing import Final, Literal, Protocol, final
 
 _Path = str | PathLike[str]
 #: ``(offset, key, value, timestamp, headers)`` of one record, as the log hands it to Python.
@@ -58,7 +58,7 @@ class _RestoreSpec(Protocol):
     @property
     def store_path(self) -> _Path: ...
     @property
-    def log(self) -> object: ...
+    def changelog(self) -> object: ...
     @property
     def tp(self) -> _TopicPartition: ...
     @property
@@ -89,6 +89,9 @@ def restore_store(
     format: str = "plain",
 ) -> RestoreOutcome: ...
 def restore_many(specs: Sequence[_RestoreSpec], threads: int) -> list[RestoreOutcome | BaseException]: ...
+
+#: The restore modes (``rust/src/restore/engine.rs``, ``Mode::ALL``).
+MODES: Final[tuple[str, ...]]
 
 # segment log (statestore.log)
 
@@ -286,6 +289,28 @@ def store_compare(expected: _Path, actual: _Path) -> StoreComparison: ...
 def store_create(path: _Path, format: str = "plain") -> None: ...
 def store_dump(path: _Path) -> StoreDump: ...
 def store_format(path: _Path) -> str | None: ...
+
+# the store layout: the one source of these facts (``rust/src/offsets.rs``, ``rust/src/store.rs``)
+
+#: The column family holding offsets and the status marker.
+OFFSETS_CF: Final[str]
+#: The column family of a timestamped store's data.
+TIMESTAMPED_CF: Final[str]
+#: The key of the status marker in :data:`OFFSETS_CF`.
+STATUS_KEY: Final[bytes]
+#: The key of Kafka Streams' position entry in :data:`OFFSETS_CF` (neither read nor written).
+POSITION_KEY: Final[bytes]
+#: Status value: the store is open (a crash leaves it behind).
+STATUS_OPEN: Final[int]
+#: Status value: the store was closed cleanly.
+STATUS_CLOSED: Final[int]
+#: The store formats (``StoreFormat::ALL``), in the order they are listed to users.
+STORE_FORMATS: Final[tuple[str, ...]]
+#: How RocksDB's status text of damaged files begins.
+CORRUPTION_PREFIX: Final[str]
+
+def encode_offset(value: int) -> bytes: ...
+def decode_offset(data: bytes) -> int | None: ...
 
 # tests and benchmarks only
 
