@@ -82,6 +82,21 @@ kafka: venv
 kafka-stop:
 	bash scripts/kafka-broker.sh stop $(KAFKA_DIR)
 
+# A 3-node Kafka 4.4 cluster for people (KRaft, each node a broker and a controller; replication factor 3,
+# min.insync.replicas 2; 256 MiB heap a node), with faults by node id: `make kafka-cluster`, `make kafka-cluster-stop`.
+.PHONY: kafka-cluster kafka-cluster-stop
+KAFKA_CLUSTER_DIR ?= $(HOME)/.cache/statestore/kafka-cluster
+kafka-cluster: venv ## start a 3-node Kafka 4.4 cluster on 127.0.0.1 (replication 3; kill, pause, restart a node)
+	@line=$$(bash scripts/kafka-cluster.sh start $(KAFKA_CLUSTER_DIR)) && echo "$$line" && \
+	  bs=$$(echo "$$line" | sed 's/.*bootstrap=\([^ ]*\).*/\1/') && \
+	  echo "use it:  $(VENV)/bin/statestore restore --kafka $$bs --state-dir /tmp/state --app-id APP" && \
+	  echo "faults:  bash scripts/kafka-cluster.sh kill|pause|resume|restart $(KAFKA_CLUSTER_DIR) ID   (ID: 1, 2 or 3)" && \
+	  echo "         bash scripts/kafka-cluster.sh status $(KAFKA_CLUSTER_DIR)   (a stopped or killed node has pid -)" && \
+	  echo "stop it: make kafka-cluster-stop   (log dirs: $(KAFKA_CLUSTER_DIR)/node*/data)"
+
+kafka-cluster-stop: ## stop the cluster `make kafka-cluster` started
+	bash scripts/kafka-cluster.sh stop $(KAFKA_CLUSTER_DIR)
+
 # A standalone Spark cluster for people (a master, two 1-core workers) on 127.0.0.1: `make spark-cluster`.
 SPARK_CLUSTER_DIR ?= $(HOME)/.cache/statestore/spark-cluster
 spark-cluster: build

@@ -8,6 +8,8 @@
 #   scripts/kafka-broker.sh stop DIR                    SIGTERM, then SIGKILL after $KAFKA_STOP_TIMEOUT s (20)
 #   scripts/kafka-broker.sh classpath                   the broker's classpath (resolving the jars if needed)
 #   scripts/kafka-broker.sh tools-classpath             Kafka's tools (DumpLogSegments), 4.3.1 jars
+#   scripts/kafka-broker.sh start DIR --nodes N [...]   a cluster of N nodes instead (scripts/kafka-cluster.sh, which
+#                                                       also stops one: `stop DIR` on a cluster's DIR goes there)
 #
 # Extra key=value arguments are broker properties (e.g. listeners for SSL; in values, @PORT@ and @CPORT@ stand for
 # the PLAINTEXT client and controller ports, @PORT1@..@PORT3@ for three more free ports); they are kept in DIR/server.properties,
@@ -29,7 +31,7 @@ HEAP=${KAFKA_HEAP_OPTS:-"-Xms128m -Xmx512m"}
 START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-20}
 
-die() { echo "kafka-broker.sh: $*" >&2; exit 1; }
+die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 
 # resolve POM_DIR DEST: copy the runtime dependencies of POM_DIR/pom.xml into DEST, atomically.
 resolve() {
@@ -218,9 +220,18 @@ cmd_stop() {
   rm -f "$dir/broker.pid"
 }
 
+# scripts/kafka-cluster.sh sources this file for the functions above.
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0
+
 case "${1:-}" in
-  start) shift; cmd_start "$@" ;;
-  stop) shift; cmd_stop "$@" ;;
+  start)
+    shift
+    if [ "${2:-}" = --nodes ]; then exec bash "$HERE/scripts/kafka-cluster.sh" start "$@"; fi
+    cmd_start "$@" ;;
+  stop)
+    shift
+    if [ -f "${1:-}/cluster.properties" ]; then exec bash "$HERE/scripts/kafka-cluster.sh" stop "$@"; fi
+    cmd_stop "$@" ;;
   classpath) resolve "$HERE/interop/kafka-broker" "$LIBS"; echo "$LIBS/*" ;;
   tools-classpath) resolve "$HERE/interop/kafka-tools" "$TOOLS_LIBS"; echo "$TOOLS_LIBS/*" ;;
   *) echo "usage: $0 start DIR [key=value ...] | stop DIR | classpath | tools-classpath" >&2; exit 2 ;;
