@@ -57,7 +57,11 @@ pub fn decode_batch<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(Bound<'py, P
 /// Encode one batch (tests and tools). `records` are `(offset, timestamp,
 /// key, value, headers)`; `control` is None, "COMMIT" or "ABORT".
 #[pyfunction]
-#[pyo3(signature = (base_offset, records, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=false, compression="none", control=None))]
+#[pyo3(
+    signature = (base_offset, records, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=false, compression="none", control=None),
+    // PyO3 shows a negative default as `...`: spelled out so `help()` and stubtest see -1.
+    text_signature = "(base_offset, records, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=False, compression='none', control=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub fn encode_batch<'py>(
     py: Python<'py>,

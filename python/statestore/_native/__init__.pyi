@@ -1,12 +1,16 @@
 """Type stubs of the Rust extension ``statestore._native``: every class and function it exports.
 
 Results crossing from Rust are frozen classes with named fields. What only
-tests and benchmarks call lives in :data:`_testing`.
+tests and benchmarks call lives in the submodule ``_testing`` (``_testing.pyi``).
+``python -m mypy.stubtest statestore._native`` checks both against the built module.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from os import PathLike
-from typing import Final, Literal, Protocol, final
+from typing import Final, Literal, Protocol, Self, final
+
+# tests and benchmarks only: the submodule (_testing.pyi beside this file)
+from statestore._native import _testing as _testing
 
 _Path = str | PathLike[str]
 #: ``(offset, key, value, timestamp, headers)`` of one record, as the log hands it to Python.
@@ -22,7 +26,9 @@ class _TopicPartition(Protocol):
 
 def atomic_write(path: _Path, data: bytes) -> None: ...
 def fsync_dir(path: _Path) -> None: ...
-def replace_dir(staged: _Path, target: _Path, aside: _Path) -> Literal["renamed", "exchanged", "moved_aside"]: ...
+def replace_dir(
+    staged: _Path, target: _Path, aside: _Path
+) -> Literal["renamed", "exchanged", "moved_aside"]: ...
 def link_copy_dir(src: _Path, dst: _Path) -> None: ...
 
 # restore engine (statestore.restore)
@@ -123,7 +129,9 @@ class ProducerCore:
         headers: Sequence[tuple[str, bytes | None]] | None = None,
         timestamp: int | None = None,
     ) -> int: ...
-    def send_many(self, topic: str, partition: int, records: Sequence[tuple[bytes | None, bytes | None]]) -> int: ...
+    def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes | None, bytes | None]]
+    ) -> int: ...
     def flush(self) -> None: ...
     def begin(self) -> None: ...
     def commit(self) -> None: ...
@@ -133,7 +141,9 @@ class ProducerCore:
 
 @final
 class SegmentLogCore:
-    def __init__(self, log_dir: _Path, segment_bytes: int, sync: bool = True, compression: str = "none") -> None: ...
+    def __new__(
+        cls, log_dir: _Path, segment_bytes: int, sync: bool = True, compression: str = "none"
+    ) -> Self: ...
     def producer(self, transactional_id: str | None = None) -> ProducerCore: ...
     def recover(self, topic: str, partition: int) -> int: ...
     def abort_expired_transactions(self, timeout_ms: int) -> list[str]: ...
@@ -143,9 +153,9 @@ class SegmentLogCore:
 
 @final
 class LogReaderCore:
-    def __init__(
-        self, log_dir: _Path, topic: str, partition: int, start_offset: int, isolation: str = "read_committed"
-    ) -> None: ...
+    def __new__(
+        cls, log_dir: _Path, topic: str, partition: int, start_offset: int, isolation: str = "read_committed"
+    ) -> Self: ...
     @property
     def position(self) -> int: ...
     @property
@@ -229,7 +239,9 @@ def log_dump(
 class KafkaClient:
     """The native Kafka fetcher of a cluster (``rust/src/py/kafka.rs``)."""
 
-    def __init__(self, config: dict[str, str], request_timeout: float = ..., stall_timeout: float = ...) -> None: ...
+    def __new__(
+        cls, config: dict[str, str], request_timeout: float = 30.0, stall_timeout: float = 60.0
+    ) -> Self: ...
     @staticmethod
     def unsupported(config: dict[str, str]) -> str | None: ...
     @property
@@ -312,35 +324,45 @@ CORRUPTION_PREFIX: Final[str]
 def encode_offset(value: int) -> bytes: ...
 def decode_offset(data: bytes) -> int | None: ...
 
-# tests and benchmarks only
-
-class _Testing:
-    """``statestore._native._testing``: calls for tests and benchmarks, not part of the API."""
-
-    @staticmethod
-    def decode_batch(data: bytes) -> tuple[dict[str, object], list[_RecordRow]]: ...
-    @staticmethod
-    def encode_batch(
-        base_offset: int,
-        records: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
-        producer_id: int = -1,
-        producer_epoch: int = -1,
-        base_sequence: int = -1,
-        transactional: bool = False,
-        compression: str = "none",
-        control: str | None = None,
-    ) -> bytes: ...
-    @staticmethod
-    def restore_write_ceiling(
-        store_path: _Path, log_dir: _Path, tp: _TopicPartition, end_offset: int | None = None
-    ) -> tuple[float, int]: ...
-    @staticmethod
-    def store_write_batch(
-        path: _Path,
-        items: Sequence[tuple[bytes, bytes | None]],
-        offsets: Mapping[str, int],
-        status: int | None = None,
-        format: str | None = None,
-    ) -> None: ...
-
-_testing: _Testing
+#: What the module exports (PyO3 lists every name the bindings register; stubtest compares the two).
+__all__ = [
+    "CORRUPTION_PREFIX",
+    "MODES",
+    "OFFSETS_CF",
+    "POSITION_KEY",
+    "STATUS_CLOSED",
+    "STATUS_KEY",
+    "STATUS_OPEN",
+    "STORE_FORMATS",
+    "TIMESTAMPED_CF",
+    "CommittedStats",
+    "KafkaClient",
+    "KafkaReaderCore",
+    "LogBatch",
+    "LogReaderCore",
+    "PartitionBounds",
+    "ProducerCore",
+    "RestoreOutcome",
+    "SegmentLogCore",
+    "StoreComparison",
+    "StoreDump",
+    "StoreInfo",
+    "TransactionInfo",
+    "_testing",
+    "atomic_write",
+    "decode_offset",
+    "encode_offset",
+    "fsync_dir",
+    "link_copy_dir",
+    "log_committed_stats",
+    "log_dump",
+    "log_offsets",
+    "replace_dir",
+    "restore_many",
+    "restore_store",
+    "store_compare",
+    "store_create",
+    "store_dump",
+    "store_format",
+    "store_info",
+]
