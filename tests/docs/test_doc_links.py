@@ -16,7 +16,14 @@ _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\
 _FENCED = re.compile(r"^(`{3,}|~{3,}).*?^\1\s*$", re.M | re.S)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _TOP = ("python", "tests", "benches", "rust", "scripts", "examples", "fuzz", "interop", "docs")
-_PACKAGE_GROUPS = ("changelog", "state", "processing", "restore", "ops", "cli", "_testing")
+# folders of python/statestore/ and rust/src/ that the docs name without their prefix (`state/store.py`)
+_PACKAGE_GROUPS = tuple(
+    sorted(
+        {"changelog", "state", "processing", "restore", "ops", "cli", "_testing"}
+        | {d.name for base in ("python/statestore", "rust/src") for d in (ROOT / base).iterdir() if d.is_dir()}
+        - {"__pycache__"}
+    )
+)
 _NAMED_PATH = re.compile(rf"`((?:{'|'.join(_TOP + _PACKAGE_GROUPS)})/[^`\s]*)")
 
 
