@@ -2,6 +2,10 @@
 //! functions and classes to `statestore._native`. Bindings convert arguments,
 //! release the GIL around the work, and map errors to the classes of
 //! `statestore.errors` through [`errors`]; they hold no logic of their own.
+//! [`testing`] builds the submodule `_native._testing` (tests and benchmarks
+//! only); the one piece of logic here, the write ceiling of replay that a
+//! benchmark measures (`testing/ceiling.rs`), lives beside it so production
+//! modules hold no benchmark-only code.
 
 pub mod errors;
 pub mod feed;
