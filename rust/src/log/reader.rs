@@ -1,6 +1,6 @@
 //! Readers of a partition: the read_committed cursor the restore engine
 //! consumes ([`CommittedReader`], a [`ChangelogSource`]), the general reader
-//! behind `SegmentLog.read` ([`LogReader`]), and the offsets of a partition.
+//! behind `SegmentLog.read` ([`PartitionReader`]), and the offsets of a partition.
 //!
 //! Transaction outcomes come from the log itself, as Kafka's consumer gets
 //! them: a transactional data batch belongs to the transaction that the next

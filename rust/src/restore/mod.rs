@@ -11,7 +11,7 @@
 //! ([`Applied`]), the throttled progress listener ([`Progress`]), the options
 //! a store is restored with, and the loop that hands chunks of log from a
 //! reader (on a second thread, with read-ahead) to a writer
-//! ([`for_each_chunk`]). [`chunk::ChunkOps`] is the decoded chunk both modes
+//! (`for_each_chunk`). [`chunk::ChunkOps`] is the decoded chunk both modes
 //! read the log into.
 
 pub mod bulk;

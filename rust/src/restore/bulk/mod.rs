@@ -51,7 +51,7 @@ pub struct BulkOptions {
     /// An SST file is closed once it reaches this size.
     pub sst_target_bytes: u64,
     /// Read, decode and hash the next chunks on a second thread while this
-    /// one collects (a restore that may use two cores; see [`for_each_chunk`]),
+    /// one collects (a restore that may use two cores; see `restore::for_each_chunk`),
     /// unless the source reads on a thread of its own already
     /// ([`ChangelogSource::reads_ahead`]).
     pub read_ahead: bool,
