@@ -45,7 +45,7 @@ def main() -> int:
     args = ap.parse_args()
     kafka: dict[str, str] | None = None
     if args.kafka is not None:
-        from statestore.kafka.common import parse_properties
+        from statestore.changelog.kafka.common import parse_properties
 
         try:
             kafka = {"bootstrap.servers": args.kafka, **parse_properties(args.kafka_config)}
