@@ -234,6 +234,7 @@ struct InFlight {
     corr: i32,
     version: i16,
     offset: i64,
+    sent: Instant,
 }
 
 /// The network side of a cursor: hands out the responses of one partition in
@@ -262,6 +263,8 @@ struct Fetcher {
     /// The last error came with the new leader (KIP-951): go there without
     /// a metadata refresh.
     hinted: bool,
+    /// How long the broker took to answer the last request.
+    answered_in: Duration,
     /// Keeps the client's response buffers pooled while this fetcher lives.
     _frames: FrameLease,
 }
@@ -294,6 +297,7 @@ impl Fetcher {
             stall_timeout,
             leader_epoch: -1,
             hinted: false,
+            answered_in: Duration::ZERO,
             _frames: frames,
         }
     }
@@ -338,7 +342,7 @@ impl Fetcher {
         let conn = self.conn.as_mut().expect("connected above");
         let version = conn.version::<FetchRequest>(FETCH_VERSION)?;
         let corr = conn.send(&req, version)?;
-        self.inflight = Some(InFlight { corr, version, offset });
+        self.inflight = Some(InFlight { corr, version, offset, sent: Instant::now() });
         Ok(())
     }
 
@@ -351,6 +355,7 @@ impl Fetcher {
         let conn = self.conn.as_mut().expect("a request in flight has a connection");
         conn.set_read_timeout(conn.request_timeout() + self.client.config.fetch_max_wait);
         let resp = conn.recv::<FetchRequest>(f.corr, f.version)?;
+        self.answered_in = f.sent.elapsed();
         conn.throttle(resp.throttle_time_ms);
         let broker = conn.broker.clone();
         if resp.error_code != 0 {
@@ -490,7 +495,17 @@ impl Fetcher {
                     self.fetch_bytes = grown as i32;
                     self.partition_max_bytes = self.partition_max_bytes.max(self.fetch_bytes);
                 }
-                Plan::Empty => {}
+                Plan::Empty => {
+                    // A broker holds a fetch up to `fetch.max.wait` for data;
+                    // one that answers nothing at once (without asking for a
+                    // throttle, which the next request waits out anyway) is
+                    // not asked again at once either.
+                    let max_wait = self.client.config.fetch_max_wait;
+                    let throttled = self.conn.as_ref().is_some_and(|c| !c.throttled_for().is_zero());
+                    if !throttled && self.answered_in < max_wait / 2 {
+                        std::thread::sleep((max_wait - self.answered_in).min(super::conn::left(deadline)));
+                    }
+                }
             }
             if Instant::now() >= deadline {
                 return Err(KafkaError::Timeout(format!(

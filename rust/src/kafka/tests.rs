@@ -610,6 +610,15 @@ fn no_progress_times_out_naming_the_offset() {
 }
 
 #[test]
+fn a_broker_answering_nothing_at_once_is_not_asked_again_at_once() {
+    let (_, took, addr) = failure(Mode::Silent);
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    // Two readers of 0.6 s each, a fetch per `fetch.max.wait` (100 ms) at most.
+    let asked = fetches_asked(port);
+    assert!(asked <= 2 * 8, "{asked} fetches in {took:?}");
+}
+
+#[test]
 fn an_unreachable_cluster_is_an_error_within_the_timeout() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
