@@ -637,9 +637,16 @@ fn empty_control(base: i64, pid: i64) -> Vec<u8> {
     BatchBuilder::new(base, meta).finish(Compression::None)
 }
 
+/// A data batch with no record, as the cleaner keeps an idempotent
+/// producer's last batch once its records are compacted away.
+fn empty_data(base: i64, pid: i64) -> Vec<u8> {
+    let meta = BatchMeta { producer_id: pid, producer_epoch: 0, base_sequence: 3, ..Default::default() };
+    BatchBuilder::new(base, meta).finish(Compression::None)
+}
+
 /// 0..10 plain; 10..15 pid 5 (aborted); 15 ABORT pid 5; 16 empty control
 /// pid 5; 17..20 pid 6 (committed); 20 COMMIT pid 6; 21 empty control pid 6;
-/// 22..27 plain.
+/// 22..27 plain; 27 an empty data batch of pid 8; 28..30 plain.
 fn cleaned_sample() -> Log {
     let batches = vec![
         (0, data(0, 10, None)),
@@ -650,33 +657,36 @@ fn cleaned_sample() -> Log {
         (20, control_batch(20, 6, 0, true, 2000, 0)),
         (21, empty_control(21, 6)),
         (22, data(22, 5, None)),
+        (27, empty_data(27, 8)),
+        (28, data(28, 2, None)),
     ];
-    Log { batches, aborted: vec![(5, 10, 15)], end: 27 }
+    Log { batches, aborted: vec![(5, 10, 15)], end: 30 }
 }
 
 #[test]
 fn empty_control_batches_left_by_the_cleaner_are_skipped() {
     let log = cleaned_sample();
-    let want: Vec<i64> = (0..10).chain(17..20).chain(22..27).collect();
+    let want: Vec<i64> = (0..10).chain(17..20).chain(22..27).chain(28..30).collect();
     let all: Vec<u8> = log.batches.iter().flat_map(|(_, b)| b.clone()).collect();
     let mut b = Batches::new(&all, [(5, 10)]);
     let fates: Vec<(i64, Fate)> =
         std::iter::from_fn(|| b.next_batch()).map(|r| r.unwrap()).map(|b| (b.header.base_offset, b.fate)).collect();
     assert_eq!(fates[3], (16, Fate::Control));
     assert_eq!(fates[6], (21, Fate::Control));
+    assert_eq!(fates[8], (27, Fate::Data), "an empty data batch: no record, as Kafka's consumer sees it");
     for read_ahead in [false, true] {
         // Small responses put an empty batch first, last and alone in one.
         for max in [60, 100, 200, 1 << 20] {
             let addr = fake(log.clone(), Mode::Good, max);
             let case = format!("max bytes {max}, read-ahead {read_ahead}");
             let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
-            assert_eq!(drain(&mut cur, 27).unwrap(), want, "{case}");
-            assert_eq!(cur.position(), 27, "{case}");
+            assert_eq!(drain(&mut cur, 30).unwrap(), want, "{case}");
+            assert_eq!(cur.position(), 30, "{case}");
             // Records stepped over: two markers (the empty batches hold none), five aborted.
             assert_eq!((cur.skipped().control, cur.skipped().aborted), (2, 5), "{case}");
             // Starting on an empty batch.
             let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 21, read_ahead);
-            assert_eq!(drain(&mut cur, 27).unwrap(), (22..27).collect::<Vec<_>>(), "{case}");
+            assert_eq!(drain(&mut cur, 30).unwrap(), (22..27).chain(28..30).collect::<Vec<_>>(), "{case}");
         }
     }
 }

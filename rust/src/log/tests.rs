@@ -595,7 +595,8 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
     // A compacted transactional segment as Kafka's cleaner leaves it: 0..10
     // plain; 10..15 pid 5, aborted at 15; an empty control batch of pid 5 at
     // 16; 17..20 pid 6, committed at 20; an empty one of pid 6 at 21; 22..27
-    // plain.
+    // plain; an empty data batch at 27 (which already read as no record, as
+    // Kafka's consumer reads it); 28..30 plain.
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("t-0");
     fs::create_dir_all(&dir).unwrap();
@@ -608,16 +609,23 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
         codec::control_batch(20, 6, 0, true, 2000, 0),
         empty_control(21, 6),
         records(22, 5, None),
+        // An idempotent producer's last batch, its records compacted away.
+        codec::BatchBuilder::new(
+            27,
+            codec::BatchMeta { producer_id: 8, producer_epoch: 0, base_sequence: 3, ..Default::default() },
+        )
+        .finish(Compression::None),
+        records(28, 2, None),
     ]
     .concat();
     fs::write(dir.join(segment::log_file_name(0)), &segment).unwrap();
-    assert_eq!(partition_offsets(d.path(), "t", 0).unwrap(), Bounds { start: 0, end: 27, last_stable: 27 });
-    let want: Vec<i64> = (0..10).chain(17..20).chain(22..27).collect();
-    for start in [0, 16, 21] {
+    assert_eq!(partition_offsets(d.path(), "t", 0).unwrap(), Bounds { start: 0, end: 30, last_stable: 30 });
+    let want: Vec<i64> = (0..10).chain(17..20).chain(22..27).chain(28..30).collect();
+    for start in [0, 16, 21, 27] {
         let mut src = open_committed_source(d.path(), "t", 0, start).unwrap();
-        let got: Vec<i64> = drain(src.as_mut(), 27).iter().map(|r| r.0).collect();
+        let got: Vec<i64> = drain(src.as_mut(), 30).iter().map(|r| r.0).collect();
         assert_eq!(got, want.iter().copied().filter(|o| *o >= start).collect::<Vec<_>>(), "from {start}");
-        assert_eq!(src.position(), 27);
+        assert_eq!(src.position(), 30);
         if start == 0 {
             // Records stepped over: two markers (the empty batches hold none), five aborted.
             assert_eq!((src.skipped().control, src.skipped().aborted), (2, 5));
@@ -626,11 +634,11 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
     let mut r = PartitionReader::open(&dir, 0, Isolation::ReadUncommitted, 1 << 16).unwrap();
     let mut got = Vec::new();
     while r
-        .read(27, 1 << 20, |rec| {
+        .read(30, 1 << 20, |rec| {
             got.push(rec.offset);
             true
         })
         .unwrap()
     {}
-    assert_eq!(got, (0..15).chain(17..20).chain(22..27).collect::<Vec<_>>());
+    assert_eq!(got, (0..15).chain(17..20).chain(22..27).chain(28..30).collect::<Vec<_>>());
 }
