@@ -7,7 +7,8 @@
 //! `ssl.key.location`, `ssl.endpoint.identification.algorithm`,
 //! `enable.ssl.certificate.verification`, `sasl.mechanism(s)`,
 //! `sasl.username`, `sasl.password`, and of the tuning keys
-//! `max.partition.fetch.bytes` and `connections.max.idle.ms`. Producer and consumer tuning keys are
+//! `max.partition.fetch.bytes`, `connections.max.idle.ms` and
+//! `socket.connection.setup.timeout.ms`. Producer and consumer tuning keys are
 //! ignored. A security setting the fetcher cannot honour (another SASL
 //! mechanism, a keystore, an encrypted key...) makes [`ClientConfig::parse`]
 //! answer [`ConfigError::Unsupported`] naming it, and the caller falls back to
@@ -102,6 +103,10 @@ pub struct ClientConfig {
     /// reused (`connections.max.idle.ms`): below the broker's own limit, so
     /// the client, not the broker, ends it.
     pub connections_max_idle: Duration,
+    /// Longest wait for a TCP connection to be set up
+    /// (`socket.connection.setup.timeout.ms`, at most the request timeout):
+    /// a host that drops packets (no RST) costs this, not a request timeout.
+    pub connection_setup_timeout: Duration,
 }
 
 /// Why a configuration is not taken.
@@ -124,6 +129,9 @@ pub const DEFAULT_PARTITION_MAX_BYTES: i32 = 8 << 20;
 /// dropped before the broker reaps it.
 pub const DEFAULT_CONNECTIONS_MAX_IDLE: Duration = Duration::from_secs(9 * 60);
 
+/// Default `socket.connection.setup.timeout.ms`: 10 s, the Java clients' default.
+pub const DEFAULT_CONNECTION_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Keys of other clients' concerns the fetcher ignores, by prefix: a producer's
 /// or consumer's tuning, logging and callbacks.
 const IGNORED_SSL_SASL: &[&str] = &["sasl.kerberos.min.time.before.relogin", "ssl.endpoint.identification.algorithm"];
@@ -144,6 +152,7 @@ impl ClientConfig {
         let mut tls = Tls { verify_hostname: true, verify_certificate: true, ..Tls::default() };
         let mut partition_max_bytes = DEFAULT_PARTITION_MAX_BYTES;
         let mut connections_max_idle = DEFAULT_CONNECTIONS_MAX_IDLE;
+        let mut connection_setup_timeout = DEFAULT_CONNECTION_SETUP_TIMEOUT;
         for (k, v) in pairs {
             let key = k.replace('_', ".");
             match key.as_str() {
@@ -164,6 +173,14 @@ impl ClientConfig {
                     if ms > 0 {
                         connections_max_idle = Duration::from_millis(ms);
                     }
+                }
+                "socket.connection.setup.timeout.ms" => {
+                    let ms = v.parse::<u64>().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                        ConfigError::Invalid(format!(
+                            "socket.connection.setup.timeout.ms must be a positive number of milliseconds, got {v:?}"
+                        ))
+                    })?;
+                    connection_setup_timeout = Duration::from_millis(ms);
                 }
                 "security.protocol" => {
                     protocol = match v.to_ascii_lowercase().as_str() {
@@ -254,6 +271,7 @@ impl ClientConfig {
             partition_max_bytes,
             fetch_max_wait: Duration::from_millis(100),
             connections_max_idle,
+            connection_setup_timeout: connection_setup_timeout.min(request_timeout),
         })
     }
 
@@ -322,5 +340,17 @@ mod tests {
             parse(&[("bootstrap.servers", "a:1"), ("connections.max.idle.ms", "soon")]),
             Err(ConfigError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn connection_setup_timeout_is_at_most_the_request_timeout() {
+        let long = |pairs: &[(&str, &str)]| {
+            ClientConfig::parse(pairs.iter().copied(), Duration::from_secs(30), Duration::from_secs(60)).unwrap()
+        };
+        assert_eq!(long(&[("bootstrap.servers", "a:1")]).connection_setup_timeout, Duration::from_secs(10));
+        let c = long(&[("bootstrap.servers", "a:1"), ("socket.connection.setup.timeout.ms", "2500")]);
+        assert_eq!(c.connection_setup_timeout, Duration::from_millis(2500));
+        let c = parse(&[("bootstrap.servers", "a:1"), ("socket.connection.setup.timeout.ms", "2500")]).unwrap();
+        assert_eq!(c.connection_setup_timeout, Duration::from_secs(1), "capped at the request timeout");
     }
 }

@@ -109,7 +109,7 @@ impl Conn {
         let mut last = None;
         let mut tcp = None;
         for a in &addrs {
-            match TcpStream::connect_timeout(a, timeout) {
+            match TcpStream::connect_timeout(a, cfg.connection_setup_timeout) {
                 Ok(s) => {
                     tcp = Some(s);
                     break;

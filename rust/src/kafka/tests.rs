@@ -847,6 +847,35 @@ fn connections_the_broker_closed_are_not_reused_and_a_dead_bootstrap_server_is_t
 }
 
 #[test]
+fn a_black_holed_bootstrap_server_costs_the_connection_setup_timeout_once() {
+    // A listener whose accept queue is full drops further SYNs: a host that
+    // answers nothing, not even a reset.
+    let hole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole_addr = hole.local_addr().unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        assert_eq!(unsafe { libc::listen(hole.as_raw_fd(), 0) }, 0);
+    }
+    let _filler = TcpStream::connect(hole_addr).unwrap();
+    let (addrs, _script) = cluster(1, sample(), Mode::Good, 1 << 20);
+    let servers = format!("{hole_addr},{}", addrs[0]);
+    let pairs = [
+        ("bootstrap.servers", servers.as_str()),
+        ("socket.connection.setup.timeout.ms", "300"),
+        ("connections.max.idle.ms", "1"),
+    ];
+    let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(5), Duration::from_secs(5)).unwrap());
+    for i in 0..3 {
+        let t = Instant::now();
+        c.refresh_metadata("t").unwrap();
+        let limit = if i == 0 { Duration::from_millis(1500) } else { Duration::from_millis(200) };
+        assert!(t.elapsed() < limit, "refresh {i}: {:?}", t.elapsed());
+        thread::sleep(Duration::from_millis(5)); // the pooled connection expires
+    }
+    drop(hole);
+}
+
+#[test]
 fn bootstrap_servers_are_shuffled_per_client() {
     let firsts: std::collections::HashSet<String> =
         (0..40).map(|_| client("a:1,b:2,c:3,d:4", Duration::from_secs(1)).bootstrap_order()[0].clone()).collect();
