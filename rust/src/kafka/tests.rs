@@ -613,9 +613,9 @@ fn no_progress_times_out_naming_the_offset() {
 fn a_broker_answering_nothing_at_once_is_not_asked_again_at_once() {
     let (_, took, addr) = failure(Mode::Silent);
     let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
-    // Two readers of 0.6 s each, a fetch per `fetch.max.wait` (100 ms) at most.
+    // Two readers of 0.6 s each, a fetch per `fetch.max.wait` (100 ms): about 14.
     let asked = fetches_asked(port);
-    assert!(asked <= 2 * 8, "{asked} fetches in {took:?}");
+    assert!(asked <= 2 * 12, "{asked} fetches in {took:?}");
 }
 
 #[test]
@@ -812,12 +812,12 @@ fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refre
 #[test]
 fn pooled_connections_idle_past_connections_max_idle_ms_are_not_reused() {
     let (addrs, script) = cluster(1, sample(), Mode::Good, 1 << 20);
-    let pairs = [("bootstrap.servers", addrs[0].as_str()), ("connections.max.idle.ms", "200")];
+    let pairs = [("bootstrap.servers", addrs[0].as_str()), ("connections.max.idle.ms", "1000")];
     let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(2), Duration::from_secs(5)).unwrap());
     c.offsets("t", 0).unwrap();
     c.offsets("t", 0).unwrap();
     assert_eq!(script.lock().unwrap().accepted.len(), 1, "reused while fresh");
-    thread::sleep(Duration::from_millis(400));
+    thread::sleep(Duration::from_millis(1300));
     c.offsets("t", 0).unwrap();
     assert_eq!(script.lock().unwrap().accepted.len(), 2, "a new connection after the idle limit");
 }
@@ -841,7 +841,7 @@ fn connections_the_broker_closed_are_not_reused_and_a_dead_bootstrap_server_is_t
     let c = client(&servers, Duration::from_secs(5));
     for i in 0..10 {
         c.refresh_metadata("t").unwrap_or_else(|e| panic!("refresh {i}: {e}"));
-        thread::sleep(Duration::from_millis(20)); // the broker's close arrives
+        thread::sleep(Duration::from_millis(100)); // the broker's close arrives
     }
     assert!(*tries.lock().unwrap() <= 1, "the dead server was tried {} times", tries.lock().unwrap());
 }
@@ -868,7 +868,7 @@ fn a_black_holed_bootstrap_server_costs_the_connection_setup_timeout_once() {
     for i in 0..3 {
         let t = Instant::now();
         c.refresh_metadata("t").unwrap();
-        let limit = if i == 0 { Duration::from_millis(1500) } else { Duration::from_millis(200) };
+        let limit = if i == 0 { Duration::from_millis(1500) } else { Duration::from_millis(250) };
         assert!(t.elapsed() < limit, "refresh {i}: {:?}", t.elapsed());
         thread::sleep(Duration::from_millis(5)); // the pooled connection expires
     }
