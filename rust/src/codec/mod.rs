@@ -56,6 +56,12 @@ pub enum ControlType {
     Commit,
     /// Any other type (leader-change and KRaft records); carries the type.
     Other(i16),
+    /// No record at all: the log cleaner empties a marker whose transaction
+    /// has no data left but keeps the batch (with its control and
+    /// transactional flags and offsets) when it is its producer's last
+    /// (and, since Kafka 4.0, when it ends a cleaning round). Kafka's
+    /// consumer skips it; it ends no transaction.
+    Empty,
 }
 
 impl ControlType {
@@ -65,6 +71,7 @@ impl ControlType {
             Self::Abort => "ABORT".into(),
             Self::Commit => "COMMIT".into(),
             Self::Other(t) => format!("TYPE_{t}"),
+            Self::Empty => "EMPTY".into(),
         }
     }
 }
@@ -434,8 +441,12 @@ pub fn batch_records<'a>(
     Ok(Records::new(header, data))
 }
 
-/// The marker type of a control batch (its single record's key).
+/// The marker type of a control batch (its single record's key);
+/// [`ControlType::Empty`] for one that holds no record.
 pub fn control_type(header: &BatchHeader, batch: &[u8]) -> Result<ControlType, CodecError> {
+    if header.records_count == 0 {
+        return Ok(ControlType::Empty);
+    }
     let mut scratch = Vec::new();
     let mut recs = batch_records(header, batch, &mut scratch)?;
     let rec = recs.next().ok_or_else(|| corrupt("control batch holds no record"))??;
@@ -691,6 +702,13 @@ mod tests {
             assert!(h.is_control() && h.is_transactional());
             assert_eq!(control_type(&h, &b).unwrap(), want);
         }
+        // An empty control batch, as the log cleaner leaves one: no marker, no error.
+        let meta =
+            BatchMeta { producer_id: 9, producer_epoch: 1, transactional: true, control: true, ..Default::default() };
+        let b = BatchBuilder::new(7, meta).finish(Compression::None);
+        let h = BatchHeader::parse(&b).unwrap();
+        assert!(h.is_control() && h.records_count == 0 && h.next_offset() == 8);
+        assert_eq!(control_type(&h, &b).unwrap(), ControlType::Empty);
     }
 
     #[test]

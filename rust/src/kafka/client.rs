@@ -1,15 +1,27 @@
 //! A cluster as a restore sees it: which broker leads each changelog
-//! partition (Metadata, refreshed when a broker says it no longer leads), the
-//! partition's offsets (ListOffsets), and a small pool of authenticated
-//! connections per broker, so chunked restores and standby updates do not
-//! reconnect (and re-authenticate) for every chunk.
+//! partition and in which leader epoch (Metadata, refreshed when a broker
+//! says it no longer leads), the partition's offsets (ListOffsets), and a
+//! small pool of authenticated connections per broker, so chunked restores
+//! and standby updates do not reconnect (and re-authenticate) for every
+//! chunk. A pooled connection idle for `connections.max.idle.ms` (9 minutes
+//! by default, below the broker's 10) or closed by the broker is dropped,
+//! not reused. Each client tries the bootstrap servers in an order of its
+//! own (shuffled, so that clients spread over them) and a broker that just
+//! failed to connect last, for [`FAILED_BROKER_MEMORY`].
 //!
-//! Every call is bounded: retriable failures (a broken connection, a leader
-//! change, `UNKNOWN_TOPIC_OR_PARTITION` while a topic is being created) are
-//! retried after a metadata refresh until the request timeout, then reported
-//! with the broker, topic and partition.
+//! Every call is bounded: retriable failures (a broken connection, the
+//! errors of a leader election -- `NOT_LEADER_OR_FOLLOWER`,
+//! `LEADER_NOT_AVAILABLE`, `REPLICA_NOT_AVAILABLE`, `OFFSET_NOT_AVAILABLE`,
+//! a fenced or unknown leader epoch --, `UNKNOWN_SERVER_ERROR`, and
+//! `UNKNOWN_TOPIC_OR_PARTITION`, also for the whole topic in Metadata, while
+//! a topic is being created) are retried after a metadata refresh until the
+//! request timeout, then reported with the broker, topic and partition. A
+//! throttle the broker asks for (`throttle_time_ms`) is waited out before
+//! the next request on that connection.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,28 +42,61 @@ const POOL_PER_BROKER: usize = 8;
 /// First pause between two tries; doubles up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a broker that could not be reached is tried after the others.
+pub const FAILED_BROKER_MEMORY: Duration = Duration::from_secs(30);
+
+/// The leader of a partition, as Metadata (or a broker's hint) last said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// `host:port`
+    pub broker: String,
+    /// Its leader epoch, sent with every Fetch and ListOffsets so that a
+    /// former leader answers `FENCED_LEADER_EPOCH` instead of serving as a
+    /// follower (-1: the broker named none).
+    pub epoch: i32,
+}
 
 #[derive(Default)]
 struct State {
     /// node id -> `host:port`
     brokers: HashMap<i32, String>,
-    /// (topic, partition) -> leader node id
-    leaders: HashMap<(String, i32), i32>,
-    /// `host:port` -> idle connections
+    /// (topic, partition) -> (leader node id, leader epoch)
+    leaders: HashMap<(String, i32), (i32, i32)>,
+    /// `host:port` -> idle connections, the most recently used last
     idle: HashMap<String, Vec<Conn>>,
+    /// `host:port` -> when connecting to it last failed
+    failed: HashMap<String, Instant>,
 }
 
 /// A Kafka cluster for restores. Shared by every restore of a changelog (`Arc`).
 pub struct KafkaClient {
     pub config: ClientConfig,
+    /// The bootstrap servers in this client's order (shuffled).
+    bootstrap: Vec<String>,
     state: Mutex<State>,
     /// Buffers for large responses, shared by the connections.
     pub frames: FramePool,
 }
 
+/// `items` in a random order (Fisher-Yates over a randomly seeded xorshift:
+/// spreading clients over servers needs no better randomness).
+fn shuffled(mut items: Vec<String>) -> Vec<String> {
+    let mut h = RandomState::new().build_hasher();
+    h.write_usize(items.len());
+    let mut x = h.finish() | 1;
+    for i in (1..items.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        items.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    items
+}
+
 impl KafkaClient {
     pub fn new(config: ClientConfig) -> Arc<Self> {
-        Arc::new(KafkaClient { config, state: Mutex::new(State::default()), frames: FramePool::default() })
+        let bootstrap = shuffled(config.bootstrap.clone());
+        Arc::new(KafkaClient { config, bootstrap, state: Mutex::new(State::default()), frames: FramePool::default() })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -63,36 +108,89 @@ impl KafkaClient {
         self.config.bootstrap_servers()
     }
 
+    /// The bootstrap servers in the order this client tries them.
+    pub fn bootstrap_order(&self) -> &[String] {
+        &self.bootstrap
+    }
+
+    /// An idle connection to `broker` that is still good: one idle too long
+    /// or closed by the broker is dropped (closed) instead.
+    fn pooled(&self, broker: &str) -> Option<Conn> {
+        let max_idle = self.config.connections_max_idle;
+        loop {
+            let c = self.state().idle.get_mut(broker).and_then(Vec::pop)?;
+            if c.idle_for() < max_idle && c.looks_alive() {
+                return Some(c);
+            }
+        }
+    }
+
+    /// A new connection to `broker`; a broker that cannot be reached is
+    /// remembered, and tried last for a while.
+    fn connect(&self, broker: &str) -> Result<Conn, KafkaError> {
+        match Conn::connect(broker, &self.config, self.frames.clone()) {
+            Ok(c) => {
+                self.state().failed.remove(broker);
+                Ok(c)
+            }
+            Err(e) => {
+                if e.retriable() {
+                    self.state().failed.insert(broker.to_string(), Instant::now());
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// A connection to `broker`: an idle one, else a new one.
     pub fn checkout(&self, broker: &str) -> Result<Conn, KafkaError> {
-        if let Some(c) = self.state().idle.get_mut(broker).and_then(Vec::pop) {
-            return Ok(c);
+        match self.pooled(broker) {
+            Some(c) => Ok(c),
+            None => self.connect(broker),
         }
-        Conn::connect(broker, &self.config, self.frames.clone())
     }
 
     /// Give back a connection with no request in flight.
     pub fn checkin(&self, conn: Conn) {
+        let max_idle = self.config.connections_max_idle;
         let mut st = self.state();
         let idle = st.idle.entry(conn.broker.clone()).or_default();
+        idle.retain(|c| c.idle_for() < max_idle);
         if idle.len() < POOL_PER_BROKER {
             idle.push(conn);
         }
     }
 
-    /// Any connection: to a known broker, else to the first bootstrap server that answers.
+    /// Brokers to ask for metadata, in order: the bootstrap servers (in this
+    /// client's order), then the brokers metadata named; those that failed
+    /// within [`FAILED_BROKER_MEMORY`] last, the longest ago first.
+    fn candidates(&self) -> Vec<String> {
+        let st = self.state();
+        let mut all: Vec<String> = self.bootstrap.clone();
+        let mut known: Vec<&String> = st.brokers.values().filter(|b| !all.contains(b)).collect();
+        known.sort();
+        known.dedup();
+        all.extend(known.into_iter().cloned());
+        let now = Instant::now();
+        let failed_at =
+            |b: &String| st.failed.get(b).copied().filter(|t| now.duration_since(*t) < FAILED_BROKER_MEMORY);
+        let (mut bad, good): (Vec<String>, Vec<String>) = all.into_iter().partition(|b| failed_at(b).is_some());
+        bad.sort_by_key(|b| failed_at(b));
+        good.into_iter().chain(bad).collect()
+    }
+
+    /// Any connection: a pooled one, else to the first server that answers.
     fn any_conn(&self) -> Result<Conn, KafkaError> {
-        let known: Vec<String> = {
-            let st = self.state();
-            if let Some(c) = st.idle.iter().find(|(_, v)| !v.is_empty()).map(|(b, _)| b.clone()) {
-                drop(st);
-                return self.checkout(&c);
+        let pooled: Vec<String> =
+            self.state().idle.iter().filter(|(_, v)| !v.is_empty()).map(|(b, _)| b.clone()).collect();
+        for b in pooled {
+            if let Some(c) = self.pooled(&b) {
+                return Ok(c);
             }
-            st.brokers.values().cloned().collect()
-        };
+        }
         let mut last = None;
-        for b in self.config.bootstrap.iter().chain(known.iter()) {
-            match Conn::connect(b, &self.config, self.frames.clone()) {
+        for b in self.candidates() {
+            match self.connect(&b) {
                 Ok(c) => return Ok(c),
                 Err(e) if e.retriable() => last = Some(e),
                 Err(e) => return Err(e),
@@ -101,7 +199,7 @@ impl KafkaClient {
         Err(last.unwrap_or_else(|| KafkaError::Config("no bootstrap server".into())))
     }
 
-    /// Ask the cluster who leads the partitions of `topic`.
+    /// Ask the cluster who leads the partitions of `topic`, in which epoch.
     pub fn refresh_metadata(&self, topic: &str) -> Result<(), KafkaError> {
         let mut c = self.any_conn()?;
         let v = c.version::<MetadataRequest>(12)?;
@@ -111,6 +209,7 @@ impl KafkaClient {
             ]))
             .with_allow_auto_topic_creation(false);
         let resp = c.call(&req, v)?;
+        c.throttle(resp.throttle_time_ms);
         let broker = c.broker.clone();
         self.checkin(c);
         let mut st = self.state();
@@ -123,7 +222,11 @@ impl KafkaClient {
                 continue;
             }
             if t.error_code == 3 {
-                return Err(KafkaError::NoTopic(format!("broker {broker}: topic {topic} does not exist")));
+                // Retried until the request timeout: a topic being created
+                // is unknown to a broker for a moment.
+                return Err(KafkaError::NoTopic(format!(
+                    "broker {broker}: topic {topic} does not exist (UNKNOWN_TOPIC_OR_PARTITION)"
+                )));
             }
             if t.error_code != 0 {
                 let e = conn::error_name(t.error_code);
@@ -134,7 +237,7 @@ impl KafkaClient {
             }
             for p in &t.partitions {
                 if p.error_code == 0 && p.leader_id.0 >= 0 {
-                    st.leaders.insert((topic.to_string(), p.partition_index), p.leader_id.0);
+                    st.leaders.insert((topic.to_string(), p.partition_index), (p.leader_id.0, p.leader_epoch));
                 } else {
                     st.leaders.remove(&(topic.to_string(), p.partition_index));
                 }
@@ -148,43 +251,61 @@ impl KafkaClient {
         self.state().leaders.remove(&(topic.to_string(), partition));
     }
 
-    /// `host:port` of the leader of `topic-partition`, from the cache or a metadata refresh.
-    pub fn leader(&self, topic: &str, partition: i32) -> Result<String, KafkaError> {
-        let cached = {
-            let st = self.state();
-            st.leaders.get(&(topic.to_string(), partition)).and_then(|id| st.brokers.get(id).cloned())
-        };
-        if let Some(b) = cached {
-            return Ok(b);
+    /// Take a broker's word (KIP-951's `current_leader` in a Fetch
+    /// response) that node `leader_id` leads `topic-partition` in `epoch`:
+    /// used if the node's address is known and the epoch is newer than the
+    /// one known (so that two brokers cannot send a fetch back and forth).
+    /// Returns whether it was taken (no metadata refresh is needed then).
+    pub fn hint_leader(&self, topic: &str, partition: i32, leader_id: i32, epoch: i32) -> bool {
+        let mut st = self.state();
+        if leader_id < 0 || epoch < 0 || !st.brokers.contains_key(&leader_id) {
+            return false;
+        }
+        let key = (topic.to_string(), partition);
+        if st.leaders.get(&key).is_some_and(|&(_, known)| known >= epoch) {
+            return false;
+        }
+        st.leaders.insert(key, (leader_id, epoch));
+        true
+    }
+
+    fn cached_leader(&self, topic: &str, partition: i32) -> Option<Leader> {
+        let st = self.state();
+        let &(id, epoch) = st.leaders.get(&(topic.to_string(), partition))?;
+        st.brokers.get(&id).map(|b| Leader { broker: b.clone(), epoch })
+    }
+
+    /// The leader of `topic-partition`, from the cache or a metadata refresh.
+    pub fn leader(&self, topic: &str, partition: i32) -> Result<Leader, KafkaError> {
+        if let Some(l) = self.cached_leader(topic, partition) {
+            return Ok(l);
         }
         self.refresh_metadata(topic)?;
-        let st = self.state();
-        st.leaders.get(&(topic.to_string(), partition)).and_then(|id| st.brokers.get(id).cloned()).ok_or_else(|| {
-            KafkaError::Broker {
-                code: 3,
-                message: format!(
-                    "cluster {}: partition {topic}-{partition} has no leader (UNKNOWN_TOPIC_OR_PARTITION or \
-                     LEADER_NOT_AVAILABLE); does the topic exist?",
-                    self.servers()
-                ),
-            }
+        self.cached_leader(topic, partition).ok_or_else(|| KafkaError::Broker {
+            code: 3,
+            message: format!(
+                "cluster {}: partition {topic}-{partition} has no leader (UNKNOWN_TOPIC_OR_PARTITION or \
+                 LEADER_NOT_AVAILABLE); does the topic exist?",
+                self.servers()
+            ),
         })
     }
 
-    /// Run `f` on a connection to the leader of `topic-partition`, retrying
-    /// retriable failures after a metadata refresh until `deadline`.
+    /// Run `f` on a connection to the leader of `topic-partition` (with the
+    /// leader's epoch), retrying retriable failures after a metadata refresh
+    /// until `deadline`.
     pub fn with_leader<T>(
         &self,
         topic: &str,
         partition: i32,
         deadline: Instant,
-        mut f: impl FnMut(&mut Conn) -> Result<T, KafkaError>,
+        mut f: impl FnMut(&mut Conn, i32) -> Result<T, KafkaError>,
     ) -> Result<T, KafkaError> {
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let r = self.leader(topic, partition).and_then(|b| {
-                let mut c = self.checkout(&b)?;
-                let r = f(&mut c);
+            let r = self.leader(topic, partition).and_then(|l| {
+                let mut c = self.checkout(&l.broker)?;
+                let r = f(&mut c, l.epoch);
                 if r.as_ref().is_ok() || matches!(r, Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_))) {
                     self.checkin(c); // the connection is in step: keep it
                 }
@@ -207,6 +328,7 @@ impl KafkaClient {
         c: &mut Conn,
         topic: &str,
         partition: i32,
+        epoch: i32,
         timestamp: i64,
         isolation: i8,
     ) -> Result<i64, KafkaError> {
@@ -218,9 +340,10 @@ impl KafkaClient {
                 .with_name(TopicName(StrBytes::from_string(topic.to_string())))
                 .with_partitions(vec![ListOffsetsPartition::default()
                     .with_partition_index(partition)
-                    .with_current_leader_epoch(-1)
+                    .with_current_leader_epoch(epoch)
                     .with_timestamp(timestamp)])]);
         let resp = c.call(&req, v)?;
+        c.throttle(resp.throttle_time_ms);
         let p = resp
             .topics
             .iter()
@@ -240,10 +363,10 @@ impl KafkaClient {
     /// latest under read_committed (the last stable offset).
     pub fn offsets(&self, topic: &str, partition: i32) -> Result<Bounds, KafkaError> {
         let deadline = Instant::now() + self.config.request_timeout;
-        self.with_leader(topic, partition, deadline, |c| {
-            let start = self.list_offset(c, topic, partition, -2, 0)?;
-            let end = self.list_offset(c, topic, partition, -1, 0)?;
-            let lso = self.list_offset(c, topic, partition, -1, 1)?;
+        self.with_leader(topic, partition, deadline, |c, epoch| {
+            let start = self.list_offset(c, topic, partition, epoch, -2, 0)?;
+            let end = self.list_offset(c, topic, partition, epoch, -1, 0)?;
+            let lso = self.list_offset(c, topic, partition, epoch, -1, 1)?;
             Ok(Bounds { start, end, last_stable: lso.max(start).min(end) })
         })
         .map_err(|e| {

@@ -6,7 +6,9 @@
 //! `security.protocol`, `ssl.ca.location`, `ssl.certificate.location`,
 //! `ssl.key.location`, `ssl.endpoint.identification.algorithm`,
 //! `enable.ssl.certificate.verification`, `sasl.mechanism(s)`,
-//! `sasl.username`, `sasl.password`. Producer and consumer tuning keys are
+//! `sasl.username`, `sasl.password`, and of the tuning keys
+//! `max.partition.fetch.bytes`, `connections.max.idle.ms` and
+//! `socket.connection.setup.timeout.ms`. Producer and consumer tuning keys are
 //! ignored. A security setting the fetcher cannot honour (another SASL
 //! mechanism, a keystore, an encrypted key...) makes [`ClientConfig::parse`]
 //! answer [`ConfigError::Unsupported`] naming it, and the caller falls back to
@@ -97,6 +99,14 @@ pub struct ClientConfig {
     pub partition_max_bytes: i32,
     /// Longest wait of the broker for data at the end of the log.
     pub fetch_max_wait: Duration,
+    /// A pooled connection idle longer than this is closed rather than
+    /// reused (`connections.max.idle.ms`): below the broker's own limit, so
+    /// the client, not the broker, ends it.
+    pub connections_max_idle: Duration,
+    /// Longest wait for a TCP connection to be set up
+    /// (`socket.connection.setup.timeout.ms`, at most the request timeout):
+    /// a host that drops packets (no RST) costs this, not a request timeout.
+    pub connection_setup_timeout: Duration,
 }
 
 /// Why a configuration is not taken.
@@ -113,6 +123,14 @@ pub enum ConfigError {
 /// Default bytes per partition per fetch (`max.partition.fetch.bytes`):
 /// large responses, few round trips.
 pub const DEFAULT_PARTITION_MAX_BYTES: i32 = 8 << 20;
+
+/// Default `connections.max.idle.ms`: 9 minutes, the Java clients' default,
+/// one minute below the broker's (10 minutes), so a pooled connection is
+/// dropped before the broker reaps it.
+pub const DEFAULT_CONNECTIONS_MAX_IDLE: Duration = Duration::from_secs(9 * 60);
+
+/// Default `socket.connection.setup.timeout.ms`: 10 s, the Java clients' default.
+pub const DEFAULT_CONNECTION_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Keys of other clients' concerns the fetcher ignores, by prefix: a producer's
 /// or consumer's tuning, logging and callbacks.
@@ -133,6 +151,8 @@ impl ClientConfig {
         let mut password = None;
         let mut tls = Tls { verify_hostname: true, verify_certificate: true, ..Tls::default() };
         let mut partition_max_bytes = DEFAULT_PARTITION_MAX_BYTES;
+        let mut connections_max_idle = DEFAULT_CONNECTIONS_MAX_IDLE;
+        let mut connection_setup_timeout = DEFAULT_CONNECTION_SETUP_TIMEOUT;
         for (k, v) in pairs {
             let key = k.replace('_', ".");
             match key.as_str() {
@@ -142,6 +162,25 @@ impl ClientConfig {
                     partition_max_bytes = v.parse::<i32>().ok().filter(|n| *n > 0).ok_or_else(|| {
                         ConfigError::Invalid(format!("max.partition.fetch.bytes must be a positive number, got {v:?}"))
                     })?
+                }
+                "connections.max.idle.ms" => {
+                    // librdkafka's 0 means "never close": the default then, below the broker's limit.
+                    let ms = v.parse::<u64>().map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "connections.max.idle.ms must be a number of milliseconds, got {v:?}"
+                        ))
+                    })?;
+                    if ms > 0 {
+                        connections_max_idle = Duration::from_millis(ms);
+                    }
+                }
+                "socket.connection.setup.timeout.ms" => {
+                    let ms = v.parse::<u64>().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                        ConfigError::Invalid(format!(
+                            "socket.connection.setup.timeout.ms must be a positive number of milliseconds, got {v:?}"
+                        ))
+                    })?;
+                    connection_setup_timeout = Duration::from_millis(ms);
                 }
                 "security.protocol" => {
                     protocol = match v.to_ascii_lowercase().as_str() {
@@ -231,6 +270,8 @@ impl ClientConfig {
             stall_timeout,
             partition_max_bytes,
             fetch_max_wait: Duration::from_millis(100),
+            connections_max_idle,
+            connection_setup_timeout: connection_setup_timeout.min(request_timeout),
         })
     }
 
@@ -285,5 +326,31 @@ mod tests {
         assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains("ssl.keystore.location")), "{e:?}");
         assert!(matches!(parse(&[("acks", "all")]), Err(ConfigError::Invalid(_))));
         assert!(matches!(parse(&[("bootstrap.servers", "nohost")]), Err(ConfigError::Invalid(_))));
+    }
+
+    #[test]
+    fn connections_max_idle_defaults_below_the_broker_s_limit() {
+        let c = parse(&[("bootstrap.servers", "a:1")]).unwrap();
+        assert_eq!(c.connections_max_idle, Duration::from_secs(540));
+        let c = parse(&[("bootstrap.servers", "a:1"), ("connections.max.idle.ms", "30000")]).unwrap();
+        assert_eq!(c.connections_max_idle, Duration::from_secs(30));
+        let c = parse(&[("bootstrap.servers", "a:1"), ("connections.max.idle.ms", "0")]).unwrap();
+        assert_eq!(c.connections_max_idle, Duration::from_secs(540), "0 (librdkafka: never) is the default");
+        assert!(matches!(
+            parse(&[("bootstrap.servers", "a:1"), ("connections.max.idle.ms", "soon")]),
+            Err(ConfigError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn connection_setup_timeout_is_at_most_the_request_timeout() {
+        let long = |pairs: &[(&str, &str)]| {
+            ClientConfig::parse(pairs.iter().copied(), Duration::from_secs(30), Duration::from_secs(60)).unwrap()
+        };
+        assert_eq!(long(&[("bootstrap.servers", "a:1")]).connection_setup_timeout, Duration::from_secs(10));
+        let c = long(&[("bootstrap.servers", "a:1"), ("socket.connection.setup.timeout.ms", "2500")]);
+        assert_eq!(c.connection_setup_timeout, Duration::from_millis(2500));
+        let c = parse(&[("bootstrap.servers", "a:1"), ("socket.connection.setup.timeout.ms", "2500")]).unwrap();
+        assert_eq!(c.connection_setup_timeout, Duration::from_secs(1), "capped at the request timeout");
     }
 }

@@ -88,6 +88,13 @@ pub struct Conn {
     /// Where large responses are read: buffers reused from one response to
     /// the next, shared by the client's connections.
     frames: FramePool,
+    /// No request goes out before this: the broker asked for a pause
+    /// (`throttle_time_ms` of a quota, KIP-219) and mutes the connection
+    /// until then on its side, as Kafka's clients do on theirs.
+    throttled_until: Option<Instant>,
+    /// When the last response arrived (or the connection was made): an idle
+    /// connection older than `connections.max.idle.ms` is not reused.
+    last_used: Instant,
 }
 
 impl Conn {
@@ -102,7 +109,7 @@ impl Conn {
         let mut last = None;
         let mut tcp = None;
         for a in &addrs {
-            match TcpStream::connect_timeout(a, timeout) {
+            match TcpStream::connect_timeout(a, cfg.connection_setup_timeout) {
                 Ok(s) => {
                     tcp = Some(s);
                     break;
@@ -138,6 +145,8 @@ impl Conn {
             timeout,
             out: Vec::with_capacity(4096),
             frames,
+            throttled_until: None,
+            last_used: Instant::now(),
         };
         c.api_versions()?;
         if let Some(sasl) = &cfg.sasl {
@@ -159,6 +168,8 @@ impl Conn {
             timeout,
             out: Vec::new(),
             frames: FramePool::default(),
+            throttled_until: None,
+            last_used: Instant::now(),
         };
         c.api_versions()?;
         Ok(c)
@@ -218,8 +229,15 @@ impl Conn {
         }
     }
 
-    /// Send `req` as `version`; returns its correlation id.
+    /// Send `req` as `version`; returns its correlation id. A throttle the
+    /// broker asked for is waited out first (at most the request timeout).
     pub fn send<R: Request>(&mut self, req: &R, version: i16) -> Result<i32, KafkaError> {
+        if let Some(until) = self.throttled_until.take() {
+            let wait = until.saturating_duration_since(Instant::now()).min(self.timeout);
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+        }
         self.correlation = self.correlation.wrapping_add(1);
         let corr = self.correlation;
         let header = RequestHeader::default()
@@ -255,9 +273,42 @@ impl Conn {
         self.recv::<R>(corr, version)
     }
 
+    /// The broker answered with `throttle_time_ms`: send nothing on this
+    /// connection before it has passed.
+    pub fn throttle(&mut self, throttle_time_ms: i32) {
+        if throttle_time_ms > 0 {
+            let until = Instant::now() + Duration::from_millis(throttle_time_ms as u64);
+            self.throttled_until = Some(self.throttled_until.map_or(until, |u| u.max(until)));
+        }
+    }
+
+    /// Time left of a throttle the broker asked for.
+    pub fn throttled_for(&self) -> Duration {
+        self.throttled_until.map_or(Duration::ZERO, |u| u.saturating_duration_since(Instant::now()))
+    }
+
+    /// How long the connection has had nothing to do.
+    pub fn idle_for(&self) -> Duration {
+        self.last_used.elapsed()
+    }
+
+    /// Whether an idle connection still looks usable: the broker has not
+    /// closed it (an idle broker-side reaper, a restart) and has sent nothing
+    /// unasked. A non-blocking peek, no round trip.
+    pub fn looks_alive(&self) -> bool {
+        let tcp = self.stream.tcp();
+        if tcp.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let mut b = [0u8; 1];
+        let alive = matches!(tcp.peek(&mut b), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock);
+        tcp.set_nonblocking(false).is_ok() && alive
+    }
+
     fn read_frame(&mut self) -> Result<Bytes, KafkaError> {
         let mut len = [0u8; 4];
         self.stream.read_exact(&mut len).map_err(|e| self.io("a response", e))?;
+        self.last_used = Instant::now();
         let n = i32::from_be_bytes(len);
         if n < 4 || n as usize > MAX_RESPONSE_BYTES {
             return Err(KafkaError::Protocol(format!(
@@ -470,6 +521,7 @@ pub fn check_fetch_body(body: &[u8], version: i16) -> Result<(), String> {
 /// Kafka's name of an error code (the ones a restore meets; others by number).
 pub fn error_name(code: i16) -> &'static str {
     match code {
+        -1 => "UNKNOWN_SERVER_ERROR",
         0 => "NONE",
         1 => "OFFSET_OUT_OF_RANGE",
         2 => "CORRUPT_MESSAGE",
@@ -478,6 +530,7 @@ pub fn error_name(code: i16) -> &'static str {
         6 => "NOT_LEADER_OR_FOLLOWER",
         7 => "REQUEST_TIMED_OUT",
         8 => "BROKER_NOT_AVAILABLE",
+        9 => "REPLICA_NOT_AVAILABLE",
         13 => "NETWORK_EXCEPTION",
         29 => "TOPIC_AUTHORIZATION_FAILED",
         31 => "CLUSTER_AUTHORIZATION_FAILED",
@@ -488,14 +541,20 @@ pub fn error_name(code: i16) -> &'static str {
         58 => "SASL_AUTHENTICATION_FAILED",
         74 => "FENCED_LEADER_EPOCH",
         75 => "UNKNOWN_LEADER_EPOCH",
+        78 => "OFFSET_NOT_AVAILABLE",
         100 => "UNKNOWN_TOPIC_ID",
         _ => "an error",
     }
 }
 
-/// Codes after which a metadata refresh and a retry may succeed.
+/// Codes after which a metadata refresh and a retry may succeed: those of a
+/// leader election or a broker restart (the leader moved or is not ready,
+/// `REPLICA_NOT_AVAILABLE`, `OFFSET_NOT_AVAILABLE` from ListOffsets right
+/// after an election, a stale or too new leader epoch), and
+/// `UNKNOWN_SERVER_ERROR`, which brokers answer for a failure of theirs
+/// (Kafka's consumer retries all of these).
 pub fn retriable(code: i16) -> bool {
-    matches!(code, 3 | 5 | 6 | 7 | 8 | 13 | 56 | 74 | 75 | 100)
+    matches!(code, -1 | 3 | 5 | 6 | 7 | 8 | 9 | 13 | 56 | 74 | 75 | 78 | 100)
 }
 
 /// `Instant` helpers for bounded retries.

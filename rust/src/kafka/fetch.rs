@@ -234,6 +234,7 @@ struct InFlight {
     corr: i32,
     version: i16,
     offset: i64,
+    sent: Instant,
 }
 
 /// The network side of a cursor: hands out the responses of one partition in
@@ -257,9 +258,21 @@ struct Fetcher {
     fetch_bytes: i32,
     partition_max_bytes: i32,
     stall_timeout: Duration,
+    /// Leader epoch of the connected leader, sent with each fetch (-1: unknown).
+    leader_epoch: i32,
+    /// The last error came with the new leader (KIP-951): go there without
+    /// a metadata refresh.
+    hinted: bool,
+    /// How long the broker took to answer the last request.
+    answered_in: Duration,
     /// Keeps the client's response buffers pooled while this fetcher lives.
     _frames: FrameLease,
 }
+
+/// Responses in a row that leave the fetch offset where it was although
+/// they hold batches (all of them below it): the broker does not answer the
+/// fetch it was sent, and the restore ends after this many.
+pub const MAX_STUCK_RESPONSES: u32 = 8;
 
 /// Bytes asked for by a fetcher's first request. A restore can start on a
 /// response only when the whole of it has arrived and been checked: a first
@@ -282,6 +295,9 @@ impl Fetcher {
             fetch_bytes: FIRST_FETCH_BYTES.min(partition_max_bytes),
             partition_max_bytes,
             stall_timeout,
+            leader_epoch: -1,
+            hinted: false,
+            answered_in: Duration::ZERO,
             _frames: frames,
         }
     }
@@ -294,7 +310,7 @@ impl Fetcher {
         format!("reading {} on {} at offset {}", self.tp(), self.client.servers(), self.offset)
     }
 
-    fn request(&self, offset: i64) -> FetchRequest {
+    fn request(&self, offset: i64, leader_epoch: i32) -> FetchRequest {
         let wait = self.client.config.fetch_max_wait.as_millis().min(i32::MAX as u128) as i32;
         FetchRequest::default()
             .with_replica_id(BrokerId(-1))
@@ -308,7 +324,7 @@ impl Fetcher {
                 .with_topic(TopicName(StrBytes::from_string(self.topic.clone())))
                 .with_partitions(vec![FetchPartition::default()
                     .with_partition(self.partition)
-                    .with_current_leader_epoch(-1)
+                    .with_current_leader_epoch(leader_epoch)
                     .with_fetch_offset(offset)
                     .with_last_fetched_epoch(-1)
                     .with_log_start_offset(-1)
@@ -319,34 +335,47 @@ impl Fetcher {
     fn send(&mut self, offset: i64) -> Result<(), KafkaError> {
         if self.conn.is_none() {
             let leader = self.client.leader(&self.topic, self.partition)?;
-            self.conn = Some(self.client.checkout(&leader)?);
+            self.conn = Some(self.client.checkout(&leader.broker)?);
+            self.leader_epoch = leader.epoch;
         }
-        let req = self.request(offset);
+        let req = self.request(offset, self.leader_epoch);
         let conn = self.conn.as_mut().expect("connected above");
         let version = conn.version::<FetchRequest>(FETCH_VERSION)?;
         let corr = conn.send(&req, version)?;
-        self.inflight = Some(InFlight { corr, version, offset });
+        self.inflight = Some(InFlight { corr, version, offset, sent: Instant::now() });
         Ok(())
     }
 
-    /// Read the response of the request in flight.
+    /// Read the response of the request in flight. A throttled response
+    /// (`throttle_time_ms` and no data for the partition, as a broker over a
+    /// quota answers) is an empty one; the next request waits the throttle.
     fn recv(&mut self) -> Result<Response, KafkaError> {
         let f = self.inflight.take().expect("a request is in flight");
         let tp = self.tp();
         let conn = self.conn.as_mut().expect("a request in flight has a connection");
         conn.set_read_timeout(conn.request_timeout() + self.client.config.fetch_max_wait);
         let resp = conn.recv::<FetchRequest>(f.corr, f.version)?;
+        self.answered_in = f.sent.elapsed();
+        conn.throttle(resp.throttle_time_ms);
         let broker = conn.broker.clone();
         if resp.error_code != 0 {
-            return Err(conn.broker_error(&format!("Fetch of {tp}"), resp.error_code, None));
+            return Err(conn.broker_error(&format!("Fetch of {tp} at offset {}", f.offset), resp.error_code, None));
         }
-        let p = resp
+        let Some(p) = resp
             .responses
             .iter()
             .filter(|t| t.topic.0.as_str() == self.topic)
             .flat_map(|t| t.partitions.iter())
             .find(|p| p.partition_index == self.partition)
-            .ok_or_else(|| KafkaError::Protocol(format!("broker {broker}: a Fetch response without {tp}")))?;
+        else {
+            if resp.throttle_time_ms > 0 {
+                return Ok(Response::new(Bytes::new(), Vec::new(), f.offset, broker));
+            }
+            return Err(KafkaError::Protocol(format!(
+                "broker {broker}: a Fetch response without {tp} (fetched at offset {})",
+                f.offset
+            )));
+        };
         match p.error_code {
             0 => {}
             1 => {
@@ -356,7 +385,16 @@ impl Fetcher {
                     f.offset, tp, p.log_start_offset, p.high_watermark
                 )))
             }
-            code => return Err(conn.broker_error(&format!("Fetch of {tp} at offset {}", f.offset), code, None)),
+            code => {
+                // KIP-951: the broker may name the new leader (Apache Kafka
+                // does from Fetch v16 on; at v12 the field exists, unused).
+                let hint = &p.current_leader;
+                if matches!(code, 6 | 74) {
+                    self.hinted =
+                        self.client.hint_leader(&self.topic, self.partition, hint.leader_id.0, hint.leader_epoch);
+                }
+                return Err(conn.broker_error(&format!("Fetch of {tp} at offset {}", f.offset), code, None));
+            }
         }
         let aborted =
             p.aborted_transactions.iter().flatten().map(|a| (a.producer_id.0, a.first_offset)).collect::<Vec<_>>();
@@ -381,16 +419,19 @@ impl Fetcher {
             match r {
                 Ok(resp) => return Ok(resp),
                 Err(e) if e.retriable() && Instant::now() + backoff < deadline => {
-                    // Another broker may lead now, or this one restarted: ask again.
-                    self.conn = None;
-                    self.inflight = None;
+                    // Another broker may lead now, or this one restarted: ask
+                    // again, unless the broker named the new leader.
+                    self.release_after_error(&e);
+                    if std::mem::take(&mut self.hinted) {
+                        continue;
+                    }
                     self.client.invalidate(&self.topic, self.partition);
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Err(e) => {
-                    self.conn = None;
-                    self.inflight = None;
+                    self.hinted = false;
+                    self.release_after_error(&e);
                     return Err(e);
                 }
             }
@@ -402,6 +443,7 @@ impl Fetcher {
     /// while it is checked and decoded.
     fn next(&mut self) -> Result<Response, KafkaError> {
         let deadline = Instant::now() + self.stall_timeout;
+        let mut stuck = 0u32;
         loop {
             let mut resp = self.fetch(deadline).map_err(|e| e.context(&self.context()))?;
             match Batches::plan(&resp.records) {
@@ -409,13 +451,33 @@ impl Fetcher {
                     self.offset = next;
                     self.fetch_bytes =
                         self.fetch_bytes.max(self.partition_max_bytes.min(self.fetch_bytes.saturating_mul(2)));
-                    if next < self.end && self.inflight.is_none() {
+                    // Sent ahead unless the broker asked for a pause: then it
+                    // waits on the next fetch, and this response goes first.
+                    let throttled = self.conn.as_ref().is_some_and(|c| !c.throttled_for().is_zero());
+                    if next < self.end && self.inflight.is_none() && !throttled {
                         let _ = self.send(next); // a failure shows on the next fetch
                     }
                     resp.check();
                     return Ok(resp);
                 }
-                Plan::Next(_) | Plan::Unreadable => {
+                Plan::Next(next) => {
+                    // Only batches below the offset asked for: the broker did
+                    // not answer this fetch. Asked again a few times, then an
+                    // error (handing them over would fetch here forever).
+                    stuck += 1;
+                    if stuck >= MAX_STUCK_RESPONSES || Instant::now() >= deadline {
+                        return Err(KafkaError::Protocol(format!(
+                            "broker {}: {}: {stuck} Fetch responses at offset {} held only batches ending at or \
+                             before offset {next}: the broker does not move the fetch forward",
+                            resp.broker,
+                            self.context(),
+                            resp.offset
+                        )));
+                    }
+                    std::thread::sleep(FIRST_BACKOFF);
+                    continue;
+                }
+                Plan::Unreadable => {
                     resp.check();
                     return Ok(resp);
                 }
@@ -433,7 +495,17 @@ impl Fetcher {
                     self.fetch_bytes = grown as i32;
                     self.partition_max_bytes = self.partition_max_bytes.max(self.fetch_bytes);
                 }
-                Plan::Empty => {}
+                Plan::Empty => {
+                    // A broker holds a fetch up to `fetch.max.wait` for data;
+                    // one that answers nothing at once (without asking for a
+                    // throttle, which the next request waits out anyway) is
+                    // not asked again at once either.
+                    let max_wait = self.client.config.fetch_max_wait;
+                    let throttled = self.conn.as_ref().is_some_and(|c| !c.throttled_for().is_zero());
+                    if !throttled && self.answered_in < max_wait / 2 {
+                        std::thread::sleep((max_wait - self.answered_in).min(super::conn::left(deadline)));
+                    }
+                }
             }
             if Instant::now() >= deadline {
                 return Err(KafkaError::Timeout(format!(
@@ -447,6 +519,18 @@ impl Fetcher {
                 )));
             }
         }
+    }
+
+    /// Drop the connection after a failed fetch (it may be out of step),
+    /// unless the broker answered in step with an error code: then it is
+    /// given back for reuse.
+    fn release_after_error(&mut self, e: &KafkaError) {
+        let in_step = matches!(e, KafkaError::Broker { .. } | KafkaError::OutOfRange(_)) && self.inflight.is_none();
+        match self.conn.take() {
+            Some(c) if in_step => self.client.checkin(c),
+            _ => {}
+        }
+        self.inflight = None;
     }
 
     /// Fetch on from `offset` (requests go out ahead below `end` only).
@@ -739,12 +823,17 @@ impl FetchCursor {
             let upto = h.next_offset().min(end);
             let from = self.position.max(h.base_offset);
             match c.fate {
-                Fate::Control => self.skipped.control += (upto - from) as u64,
-                Fate::Aborted => {
-                    self.skipped.aborted += if from == h.base_offset && upto == h.next_offset() {
+                // Records stepped over, not offsets: a marker is one, an
+                // empty control batch the cleaner left none.
+                Fate::Control | Fate::Aborted => {
+                    let n = if from == h.base_offset && upto == h.next_offset() {
                         h.records_count as u64
                     } else {
                         (upto - from) as u64
+                    };
+                    match c.fate {
+                        Fate::Control => self.skipped.control += n,
+                        _ => self.skipped.aborted += n,
                     }
                 }
                 Fate::Data => {

@@ -64,7 +64,8 @@ pub enum KafkaError {
     /// The broker answered with an error code.
     #[error("{message}")]
     Broker { code: i16, message: String },
-    /// The cluster does not know the topic (metadata says so): not retried.
+    /// The cluster does not know the topic (metadata says so): retried
+    /// within the request budget (a topic being created), then reported.
     #[error("{0}")]
     NoTopic(String),
     /// The offset asked for is not in the log (truncated, deleted, recreated).
@@ -82,7 +83,7 @@ impl KafkaError {
     /// Worth a metadata refresh, a reconnect and another try.
     pub fn retriable(&self) -> bool {
         match self {
-            KafkaError::Io(_) | KafkaError::Timeout(_) => true,
+            KafkaError::Io(_) | KafkaError::Timeout(_) | KafkaError::NoTopic(_) => true,
             KafkaError::Broker { code, .. } => conn::retriable(*code),
             _ => false,
         }

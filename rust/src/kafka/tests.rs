@@ -1,8 +1,12 @@
 //! The fetcher against a fake in-process broker on 127.0.0.1: a well-behaved
 //! one serving a log with aborted transactions in small responses that cut
 //! batches and split a transaction, and bad ones (garbage, a connection closed
-//! mid-response, a batch with a bad CRC, a fetch that never brings anything).
+//! mid-response, a batch with a bad CRC, a fetch that never brings anything,
+//! one that answers batches below the offset asked for). A [`Script`] shared
+//! by the fake brokers of a cluster adds what a cluster does: throttles,
+//! errors of a leader election, leader epochs, a leader moving.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -11,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, LeaderIdAndEpoch, PartitionData,
+};
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -36,6 +42,54 @@ enum Mode {
     CloseMidResponse,
     BadCrc,
     Silent,
+    /// Every Fetch answered with the log's first batch, whatever its offset.
+    Stale,
+    /// Good, but the connection is closed after each answer (ApiVersions aside).
+    CloseAfterAnswer,
+}
+
+/// What the fake brokers of one cluster share: who leads, in which epoch,
+/// the faults to answer next, and what they were asked.
+#[derive(Default)]
+struct Script {
+    /// Port of each node (node id = index + 1).
+    ports: Vec<u16>,
+    /// Node id of the leader of t-0 (0: node 1).
+    leader: i32,
+    /// Its leader epoch.
+    epoch: i32,
+    /// Error codes to answer next, by API (Metadata: for the whole topic).
+    errors: VecDeque<(ApiKey, i16)>,
+    /// `throttle_time_ms` to answer next, by API (a throttled Fetch has no partitions).
+    throttles: VecDeque<(ApiKey, i32)>,
+    /// A node that no longer leads names the leader (KIP-951's `current_leader`).
+    hint: bool,
+    /// Requests received: (node id, API, when, the leader epoch sent).
+    seen: Vec<(i32, ApiKey, Instant, i32)>,
+    /// Connections accepted, by node id.
+    accepted: Vec<i32>,
+}
+
+type Shared = Arc<Mutex<Script>>;
+
+impl Script {
+    fn leader(&self) -> i32 {
+        self.leader.max(1)
+    }
+    fn take<T: Copy>(q: &mut VecDeque<(ApiKey, T)>, key: ApiKey) -> Option<T> {
+        let i = q.iter().position(|(k, _)| *k == key)?;
+        q.remove(i).map(|(_, v)| v)
+    }
+    fn error(&mut self, key: ApiKey) -> i16 {
+        Self::take(&mut self.errors, key).unwrap_or(0)
+    }
+    fn throttle(&mut self, key: ApiKey) -> i32 {
+        Self::take(&mut self.throttles, key).unwrap_or(0)
+    }
+    /// The requests of `key` seen so far: (node, when, epoch).
+    fn asked(&self, key: ApiKey) -> Vec<(i32, Instant, i32)> {
+        self.seen.iter().filter(|s| s.1 == key).map(|&(n, _, t, e)| (n, t, e)).collect()
+    }
 }
 
 /// A log: batches, and the aborted transactions as `(producer id, first offset, marker offset)`.
@@ -130,7 +184,8 @@ fn respond<E: Encodable>(s: &mut TcpStream, key: ApiKey, version: i16, corr: i32
 /// The bytes each Fetch asked for (`partition_max_bytes`), by the port of the fake broker asked.
 static ASKED: Mutex<Vec<(u16, i32)>> = Mutex::new(Vec::new());
 
-fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
+fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_bytes: usize) {
+    let port = script.lock().unwrap().ports[node as usize - 1];
     loop {
         let mut len = [0u8; 4];
         if s.read_exact(&mut len).is_err() {
@@ -143,6 +198,22 @@ fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
         let mut buf: Bytes = buf.freeze();
         let h = decode_request_header_from_buffer(&mut buf).unwrap();
         let (key, v, corr) = (ApiKey::try_from(h.request_api_key).unwrap(), h.request_api_version, h.correlation_id);
+        let mut sc = script.lock().unwrap();
+        let (error, throttle) = (sc.error(key), sc.throttle(key));
+        let (leader, epoch) = (sc.leader(), sc.epoch);
+        let brokers: Vec<MetadataResponseBroker> = sc
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(i as i32 + 1))
+                    .with_host(StrBytes::from_static_str("127.0.0.1"))
+                    .with_port(*p as i32)
+            })
+            .collect();
+        let hint = sc.hint;
+        let mut seen = |sent_epoch: i32| sc.seen.push((node, key, Instant::now(), sent_epoch));
         match key {
             ApiKey::ApiVersions => {
                 let keys = [(1, 4, 12), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
@@ -150,33 +221,60 @@ fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
                 respond(&mut s, key, v, corr, &ApiVersionsResponse::default().with_api_keys(keys.to_vec()));
             }
             ApiKey::Metadata => {
-                let r = MetadataResponse::default()
-                    .with_brokers(vec![MetadataResponseBroker::default()
-                        .with_node_id(BrokerId(1))
-                        .with_host(StrBytes::from_static_str("127.0.0.1"))
-                        .with_port(port as i32)])
-                    .with_topics(vec![MetadataResponseTopic::default()
+                seen(-1);
+                drop(sc);
+                let r = MetadataResponse::default().with_throttle_time_ms(throttle).with_brokers(brokers).with_topics(
+                    vec![MetadataResponseTopic::default()
+                        .with_error_code(error)
                         .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
                         .with_partitions(vec![MetadataResponsePartition::default()
                             .with_partition_index(0)
-                            .with_leader_id(BrokerId(1))])]);
+                            .with_leader_id(BrokerId(leader))
+                            .with_leader_epoch(epoch)])],
+                );
                 respond(&mut s, key, v, corr, &r);
             }
             ApiKey::ListOffsets => {
                 let req = ListOffsetsRequest::decode(&mut buf, v).unwrap();
+                seen(req.topics[0].partitions[0].current_leader_epoch);
+                drop(sc);
                 let ts = req.topics[0].partitions[0].timestamp;
                 let off = if ts == -2 { 0 } else { log.end };
-                let r = ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
-                    .with_name(TopicName(StrBytes::from_static_str("t")))
-                    .with_partitions(vec![ListOffsetsPartitionResponse::default()
-                        .with_partition_index(0)
-                        .with_offset(off)])]);
+                let r = ListOffsetsResponse::default().with_throttle_time_ms(throttle).with_topics(vec![
+                    ListOffsetsTopicResponse::default()
+                        .with_name(TopicName(StrBytes::from_static_str("t")))
+                        .with_partitions(vec![ListOffsetsPartitionResponse::default()
+                            .with_partition_index(0)
+                            .with_error_code(error)
+                            .with_offset(off)]),
+                ]);
                 respond(&mut s, key, v, corr, &r);
             }
             ApiKey::Fetch => {
                 let req = FetchRequest::decode(&mut buf, v).unwrap();
+                seen(req.topics[0].partitions[0].current_leader_epoch);
+                drop(sc);
                 let at = req.topics[0].partitions[0].fetch_offset;
                 ASKED.lock().unwrap().push((port, req.topics[0].partitions[0].partition_max_bytes));
+                if throttle > 0 {
+                    // A broker over a quota: the throttle time and no partitions.
+                    respond(&mut s, key, v, corr, &FetchResponse::default().with_throttle_time_ms(throttle));
+                    continue;
+                }
+                let error = if node != leader { 6 } else { error };
+                if error != 0 {
+                    let mut p = PartitionData::default().with_partition_index(0).with_error_code(error);
+                    if hint && error == 6 {
+                        p.current_leader =
+                            LeaderIdAndEpoch::default().with_leader_id(BrokerId(leader)).with_leader_epoch(epoch);
+                    }
+                    let r = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+                        .with_topic(TopicName(StrBytes::from_static_str("t")))
+                        .with_partitions(vec![p])]);
+                    respond(&mut s, key, v, corr, &r);
+                    continue;
+                }
+                let at = if mode == Mode::Stale { 0 } else { at };
                 let mut records = Vec::new();
                 for (base, b) in &log.batches {
                     let next = log.batches.iter().find(|(o, _)| o > base).map_or(log.end, |(o, _)| *o);
@@ -229,21 +327,35 @@ fn serve(mut s: TcpStream, port: u16, log: Log, mode: Mode, max_bytes: usize) {
             }
             _ => return,
         }
+        if mode == Mode::CloseAfterAnswer && key != ApiKey::ApiVersions {
+            return;
+        }
     }
 }
 
 /// A fake broker; returns its `host:port`.
 fn fake(log: Log, mode: Mode, max_bytes: usize) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(s) = s else { return };
-            let log = log.clone();
-            thread::spawn(move || serve(s, port, log, mode, max_bytes));
-        }
-    });
-    format!("127.0.0.1:{port}")
+    let (addrs, _) = cluster(1, log, mode, max_bytes);
+    addrs.into_iter().next().unwrap()
+}
+
+/// `nodes` fake brokers sharing a [`Script`]; their `host:port`s.
+fn cluster(nodes: usize, log: Log, mode: Mode, max_bytes: usize) -> (Vec<String>, Shared) {
+    let listeners: Vec<TcpListener> = (0..nodes).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
+    let script = Arc::new(Mutex::new(Script { ports: ports.clone(), ..Script::default() }));
+    for (i, l) in listeners.into_iter().enumerate() {
+        let (log, script) = (log.clone(), script.clone());
+        thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(s) = s else { return };
+                script.lock().unwrap().accepted.push(i as i32 + 1);
+                let (log, script) = (log.clone(), script.clone());
+                thread::spawn(move || serve(s, i as i32 + 1, script, log, mode, max_bytes));
+            }
+        });
+    }
+    (ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(), script)
 }
 
 fn client(addr: &str, stall: Duration) -> Arc<KafkaClient> {
@@ -498,6 +610,15 @@ fn no_progress_times_out_naming_the_offset() {
 }
 
 #[test]
+fn a_broker_answering_nothing_at_once_is_not_asked_again_at_once() {
+    let (_, took, addr) = failure(Mode::Silent);
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    // Two readers of 0.6 s each, a fetch per `fetch.max.wait` (100 ms): about 14.
+    let asked = fetches_asked(port);
+    assert!(asked <= 2 * 12, "{asked} fetches in {took:?}");
+}
+
+#[test]
 fn an_unreachable_cluster_is_an_error_within_the_timeout() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -506,4 +627,280 @@ fn an_unreachable_cluster_is_an_error_within_the_timeout() {
     let e = client(&addr, Duration::from_millis(300)).offsets("t", 0).unwrap_err();
     assert!(e.to_string().contains(&addr), "{e}");
     assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+/// A batch with the control and transactional flags and no record, as
+/// Kafka's log cleaner leaves one (a marker emptied, kept for its producer).
+fn empty_control(base: i64, pid: i64) -> Vec<u8> {
+    let meta =
+        BatchMeta { producer_id: pid, producer_epoch: 0, transactional: true, control: true, ..Default::default() };
+    BatchBuilder::new(base, meta).finish(Compression::None)
+}
+
+/// A data batch with no record, as the cleaner keeps an idempotent
+/// producer's last batch once its records are compacted away.
+fn empty_data(base: i64, pid: i64) -> Vec<u8> {
+    let meta = BatchMeta { producer_id: pid, producer_epoch: 0, base_sequence: 3, ..Default::default() };
+    BatchBuilder::new(base, meta).finish(Compression::None)
+}
+
+/// 0..10 plain; 10..15 pid 5 (aborted); 15 ABORT pid 5; 16 empty control
+/// pid 5; 17..20 pid 6 (committed); 20 COMMIT pid 6; 21 empty control pid 6;
+/// 22..27 plain; 27 an empty data batch of pid 8; 28..30 plain.
+fn cleaned_sample() -> Log {
+    let batches = vec![
+        (0, data(0, 10, None)),
+        (10, data(10, 5, Some(5))),
+        (15, control_batch(15, 5, 0, false, 2000, 0)),
+        (16, empty_control(16, 5)),
+        (17, data(17, 3, Some(6))),
+        (20, control_batch(20, 6, 0, true, 2000, 0)),
+        (21, empty_control(21, 6)),
+        (22, data(22, 5, None)),
+        (27, empty_data(27, 8)),
+        (28, data(28, 2, None)),
+    ];
+    Log { batches, aborted: vec![(5, 10, 15)], end: 30 }
+}
+
+#[test]
+fn empty_control_batches_left_by_the_cleaner_are_skipped() {
+    let log = cleaned_sample();
+    let want: Vec<i64> = (0..10).chain(17..20).chain(22..27).chain(28..30).collect();
+    let all: Vec<u8> = log.batches.iter().flat_map(|(_, b)| b.clone()).collect();
+    let mut b = Batches::new(&all, [(5, 10)]);
+    let fates: Vec<(i64, Fate)> =
+        std::iter::from_fn(|| b.next_batch()).map(|r| r.unwrap()).map(|b| (b.header.base_offset, b.fate)).collect();
+    assert_eq!(fates[3], (16, Fate::Control));
+    assert_eq!(fates[6], (21, Fate::Control));
+    assert_eq!(fates[8], (27, Fate::Data), "an empty data batch: no record, as Kafka's consumer sees it");
+    for read_ahead in [false, true] {
+        // Small responses put an empty batch first, last and alone in one.
+        for max in [60, 100, 200, 1 << 20] {
+            let addr = fake(log.clone(), Mode::Good, max);
+            let case = format!("max bytes {max}, read-ahead {read_ahead}");
+            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+            assert_eq!(drain(&mut cur, 30).unwrap(), want, "{case}");
+            assert_eq!(cur.position(), 30, "{case}");
+            // Records stepped over: two markers (the empty batches hold none), five aborted.
+            assert_eq!((cur.skipped().control, cur.skipped().aborted), (2, 5), "{case}");
+            // Starting on an empty batch.
+            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 21, read_ahead);
+            assert_eq!(drain(&mut cur, 30).unwrap(), (22..27).chain(28..30).collect::<Vec<_>>(), "{case}");
+        }
+    }
+}
+
+#[test]
+fn a_throttled_fetch_waits_the_throttle_and_goes_on() {
+    let throttle = Duration::from_millis(300);
+    for read_ahead in [false, true] {
+        let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+        {
+            let mut sc = script.lock().unwrap();
+            // A broker over its quota answers the first and the third fetch with a throttle and nothing else.
+            sc.throttles.push_back((ApiKey::Fetch, 300));
+            sc.throttles.push_back((ApiKey::Fetch, 0));
+            sc.throttles.push_back((ApiKey::Fetch, 300));
+        }
+        let mut cur = FetchCursor::with_read_ahead(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0, read_ahead);
+        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "read-ahead {read_ahead}");
+        let fetches = script.lock().unwrap().asked(ApiKey::Fetch);
+        assert!(fetches.len() >= 5, "{}", fetches.len());
+        for i in [0, 2] {
+            let waited = fetches[i + 1].1 - fetches[i].1;
+            assert!(waited >= throttle - Duration::from_millis(10), "read-ahead {read_ahead}: fetch {i}: {waited:?}");
+        }
+    }
+}
+
+#[test]
+fn throttled_metadata_and_list_offsets_are_waited_out_before_the_next_request() {
+    let (addrs, script) = cluster(1, sample(), Mode::Good, 1 << 20);
+    {
+        let mut sc = script.lock().unwrap();
+        sc.throttles.push_back((ApiKey::Metadata, 250));
+        sc.throttles.push_back((ApiKey::ListOffsets, 250));
+    }
+    let o = client(&addrs[0], Duration::from_secs(5)).offsets("t", 0).unwrap();
+    assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
+    let sc = script.lock().unwrap();
+    let (meta, lists) = (sc.asked(ApiKey::Metadata), sc.asked(ApiKey::ListOffsets));
+    assert_eq!((meta.len(), lists.len()), (1, 3));
+    let floor = Duration::from_millis(240);
+    assert!(lists[0].1 - meta[0].1 >= floor, "after the throttled Metadata: {:?}", lists[0].1 - meta[0].1);
+    assert!(lists[1].1 - lists[0].1 >= floor, "after the throttled ListOffsets: {:?}", lists[1].1 - lists[0].1);
+}
+
+#[test]
+fn errors_of_a_leader_election_are_retried_and_the_leader_epoch_is_sent() {
+    for read_ahead in [false, true] {
+        let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+        {
+            let mut sc = script.lock().unwrap();
+            sc.epoch = 7;
+            for (key, code) in [
+                (ApiKey::Metadata, 3), // the topic unknown for a moment
+                (ApiKey::Metadata, 5),
+                (ApiKey::ListOffsets, 78), // OFFSET_NOT_AVAILABLE right after an election
+                (ApiKey::ListOffsets, 9),  // REPLICA_NOT_AVAILABLE
+                (ApiKey::ListOffsets, -1), // UNKNOWN_SERVER_ERROR
+                (ApiKey::ListOffsets, 74), // FENCED_LEADER_EPOCH
+                (ApiKey::Fetch, 6),        // NOT_LEADER_OR_FOLLOWER
+                (ApiKey::Fetch, 5),        // LEADER_NOT_AVAILABLE
+                (ApiKey::Fetch, 9),
+                (ApiKey::Fetch, 74),
+                (ApiKey::Fetch, 75), // UNKNOWN_LEADER_EPOCH
+                (ApiKey::Fetch, -1),
+            ] {
+                sc.errors.push_back((key, code));
+            }
+        }
+        // Backoffs of 50 ms doubling: six failed tries take 2.5 s of the budget.
+        let pairs = [("bootstrap.servers", addrs[0].as_str())];
+        let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(6), Duration::from_secs(10)).unwrap());
+        let o = c.offsets("t", 0).unwrap();
+        assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
+        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "read-ahead {read_ahead}");
+        let sc = script.lock().unwrap();
+        assert!(sc.errors.is_empty(), "every error was answered");
+        // Each error but the first two (Metadata's own) was followed by a metadata refresh.
+        assert!(sc.asked(ApiKey::Metadata).len() >= 11, "{}", sc.asked(ApiKey::Metadata).len());
+        for key in [ApiKey::ListOffsets, ApiKey::Fetch] {
+            let epochs: Vec<i32> = sc.asked(key).iter().map(|a| a.2).collect();
+            assert!(epochs.iter().all(|e| *e == 7), "{key:?} sent leader epochs {epochs:?}");
+        }
+    }
+}
+
+#[test]
+fn a_topic_that_stays_unknown_is_an_error_within_the_request_timeout() {
+    let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+    script.lock().unwrap().errors.extend([(ApiKey::Metadata, 3); 1000]);
+    let t = Instant::now();
+    let e = client(&addrs[0], Duration::from_millis(600)).offsets("t", 0).unwrap_err();
+    assert!(matches!(e, KafkaError::NoTopic(_)), "{e}");
+    assert!(e.to_string().contains(&addrs[0]) && e.to_string().contains("t-0"), "{e}");
+    assert!(t.elapsed() >= Duration::from_millis(300) && t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refresh() {
+    for hint in [true, false] {
+        let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
+        script.lock().unwrap().epoch = 3;
+        let mut cur = FetchCursor::with_read_ahead(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0, false);
+        let mut got = Vec::new();
+        assert!(cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap());
+        // An election: node 2 leads in epoch 4; node 1 says so if it gives hints.
+        {
+            let mut sc = script.lock().unwrap();
+            assert_eq!(sc.asked(ApiKey::Metadata).len(), 1);
+            (sc.leader, sc.epoch, sc.hint) = (2, 4, hint);
+        }
+        while cur.read(37, 1 << 20, &mut |r| got.push(r.offset)).unwrap() {}
+        assert_eq!(got, expected(), "hint {hint}");
+        let sc = script.lock().unwrap();
+        let to_2: Vec<i32> = sc.asked(ApiKey::Fetch).iter().filter(|a| a.0 == 2).map(|a| a.2).collect();
+        assert!(!to_2.is_empty() && to_2.iter().all(|e| *e == 4), "hint {hint}: epochs sent to node 2: {to_2:?}");
+        let refreshes = sc.asked(ApiKey::Metadata).len();
+        assert_eq!(refreshes, if hint { 1 } else { 2 }, "hint {hint}");
+    }
+}
+
+#[test]
+fn pooled_connections_idle_past_connections_max_idle_ms_are_not_reused() {
+    let (addrs, script) = cluster(1, sample(), Mode::Good, 1 << 20);
+    let pairs = [("bootstrap.servers", addrs[0].as_str()), ("connections.max.idle.ms", "1000")];
+    let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(2), Duration::from_secs(5)).unwrap());
+    c.offsets("t", 0).unwrap();
+    c.offsets("t", 0).unwrap();
+    assert_eq!(script.lock().unwrap().accepted.len(), 1, "reused while fresh");
+    thread::sleep(Duration::from_millis(1300));
+    c.offsets("t", 0).unwrap();
+    assert_eq!(script.lock().unwrap().accepted.len(), 2, "a new connection after the idle limit");
+}
+
+#[test]
+fn connections_the_broker_closed_are_not_reused_and_a_dead_bootstrap_server_is_tried_last() {
+    // A bootstrap server that accepts and hangs up at once, beside one that
+    // closes every connection after one answer (as an idle reaper would).
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    let tries = Arc::new(Mutex::new(0));
+    let counted = tries.clone();
+    thread::spawn(move || {
+        for s in dead.incoming() {
+            *counted.lock().unwrap() += 1;
+            drop(s);
+        }
+    });
+    let (addrs, _script) = cluster(1, sample(), Mode::CloseAfterAnswer, 1 << 20);
+    let servers = format!("{dead_addr},{}", addrs[0]);
+    let c = client(&servers, Duration::from_secs(5));
+    for i in 0..10 {
+        c.refresh_metadata("t").unwrap_or_else(|e| panic!("refresh {i}: {e}"));
+        thread::sleep(Duration::from_millis(100)); // the broker's close arrives
+    }
+    assert!(*tries.lock().unwrap() <= 1, "the dead server was tried {} times", tries.lock().unwrap());
+}
+
+#[test]
+fn a_black_holed_bootstrap_server_costs_the_connection_setup_timeout_once() {
+    // A listener whose accept queue is full drops further SYNs: a host that
+    // answers nothing, not even a reset.
+    let hole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole_addr = hole.local_addr().unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        assert_eq!(unsafe { libc::listen(hole.as_raw_fd(), 0) }, 0);
+    }
+    let _filler = TcpStream::connect(hole_addr).unwrap();
+    let (addrs, _script) = cluster(1, sample(), Mode::Good, 1 << 20);
+    let servers = format!("{hole_addr},{}", addrs[0]);
+    let pairs = [
+        ("bootstrap.servers", servers.as_str()),
+        ("socket.connection.setup.timeout.ms", "300"),
+        ("connections.max.idle.ms", "1"),
+    ];
+    let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(5), Duration::from_secs(5)).unwrap());
+    for i in 0..3 {
+        let t = Instant::now();
+        c.refresh_metadata("t").unwrap();
+        let limit = if i == 0 { Duration::from_millis(1500) } else { Duration::from_millis(250) };
+        assert!(t.elapsed() < limit, "refresh {i}: {:?}", t.elapsed());
+        thread::sleep(Duration::from_millis(5)); // the pooled connection expires
+    }
+    drop(hole);
+}
+
+#[test]
+fn bootstrap_servers_are_shuffled_per_client() {
+    let firsts: std::collections::HashSet<String> =
+        (0..40).map(|_| client("a:1,b:2,c:3,d:4", Duration::from_secs(1)).bootstrap_order()[0].clone()).collect();
+    assert!(firsts.len() >= 2, "{firsts:?}");
+    let mut order = client("a:1,b:2,c:3,d:4", Duration::from_secs(1)).bootstrap_order().to_vec();
+    order.sort();
+    assert_eq!(order, ["a:1", "b:2", "c:3", "d:4"]);
+}
+
+#[test]
+fn a_broker_answering_batches_below_the_offset_ends_the_restore_naming_it() {
+    let addr = fake(sample(), Mode::Stale, 100);
+    for read_ahead in [false, true] {
+        let c = client(&addr, Duration::from_secs(20));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = Instant::now();
+        thread::spawn(move || {
+            let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+            let _ = tx.send(drain(&mut cur, 37));
+        });
+        let r = rx.recv_timeout(Duration::from_secs(10)).expect("the restore hangs");
+        let e = r.unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, KafkaError::Protocol(_)), "{m}");
+        assert!(m.contains(&addr) && m.contains("t-0") && m.contains("offset 10"), "{m}");
+        assert!(t.elapsed() < Duration::from_secs(5), "read-ahead {read_ahead}: {:?}", t.elapsed());
+    }
 }

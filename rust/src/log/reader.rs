@@ -420,7 +420,13 @@ impl PartitionReader {
             match disp {
                 Disposition::Stop => return Ok(false),
                 Disposition::SkipControl => {
-                    self.skipped.control += (upto - self.position.max(h.base_offset)).max(0) as u64;
+                    // Records, not offsets: an empty control batch the log
+                    // cleaner left holds none.
+                    self.skipped.control += if self.position <= h.base_offset && upto == h.next_offset() {
+                        h.records_count as u64
+                    } else {
+                        (upto - self.position.max(h.base_offset)).max(0) as u64
+                    };
                     self.position = upto;
                 }
                 Disposition::SkipAborted => {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::writer::WriterConfig;
 use super::Log;
 use super::*;
-use crate::codec::Compression;
+use crate::codec::{self, Compression};
 use crate::source::ChangelogSource;
 
 fn cfg(segment_bytes: u64) -> WriterConfig {
@@ -563,4 +563,82 @@ fn slices_before_a_damaged_batch_are_handed_over_before_its_error() {
     assert!(err.to_string().contains("offset 20"), "{err}");
     assert_eq!(got, (0..20).collect::<Vec<i64>>());
     assert_eq!(src.position(), 20);
+}
+
+/// A batch with the control and transactional flags and no record, as
+/// Kafka's log cleaner leaves one (a marker emptied, kept for its producer).
+fn empty_control(base: i64, pid: i64) -> Vec<u8> {
+    let meta = codec::BatchMeta { producer_id: pid, transactional: true, control: true, ..Default::default() };
+    codec::BatchBuilder::new(base, meta).finish(Compression::None)
+}
+
+fn records(base: i64, n: i64, pid: Option<i64>) -> Vec<u8> {
+    let meta = match pid {
+        Some(p) => codec::BatchMeta {
+            producer_id: p,
+            producer_epoch: 0,
+            base_sequence: 0,
+            transactional: true,
+            ..Default::default()
+        },
+        None => codec::BatchMeta::default(),
+    };
+    let mut b = codec::BatchBuilder::new(base, meta);
+    for o in base..base + n {
+        b.append(o, 1000 + o, Some(format!("k{o}").as_bytes()), Some(b"v"), &[]);
+    }
+    b.finish(Compression::None)
+}
+
+#[test]
+fn empty_control_batches_left_by_the_cleaner_are_skipped() {
+    // A compacted transactional segment as Kafka's cleaner leaves it: 0..10
+    // plain; 10..15 pid 5, aborted at 15; an empty control batch of pid 5 at
+    // 16; 17..20 pid 6, committed at 20; an empty one of pid 6 at 21; 22..27
+    // plain; an empty data batch at 27 (which already read as no record, as
+    // Kafka's consumer reads it); 28..30 plain.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("t-0");
+    fs::create_dir_all(&dir).unwrap();
+    let segment: Vec<u8> = [
+        records(0, 10, None),
+        records(10, 5, Some(5)),
+        codec::control_batch(15, 5, 0, false, 2000, 0),
+        empty_control(16, 5),
+        records(17, 3, Some(6)),
+        codec::control_batch(20, 6, 0, true, 2000, 0),
+        empty_control(21, 6),
+        records(22, 5, None),
+        // An idempotent producer's last batch, its records compacted away.
+        codec::BatchBuilder::new(
+            27,
+            codec::BatchMeta { producer_id: 8, producer_epoch: 0, base_sequence: 3, ..Default::default() },
+        )
+        .finish(Compression::None),
+        records(28, 2, None),
+    ]
+    .concat();
+    fs::write(dir.join(segment::log_file_name(0)), &segment).unwrap();
+    assert_eq!(partition_offsets(d.path(), "t", 0).unwrap(), Bounds { start: 0, end: 30, last_stable: 30 });
+    let want: Vec<i64> = (0..10).chain(17..20).chain(22..27).chain(28..30).collect();
+    for start in [0, 16, 21, 27] {
+        let mut src = open_committed_source(d.path(), "t", 0, start).unwrap();
+        let got: Vec<i64> = drain(src.as_mut(), 30).iter().map(|r| r.0).collect();
+        assert_eq!(got, want.iter().copied().filter(|o| *o >= start).collect::<Vec<_>>(), "from {start}");
+        assert_eq!(src.position(), 30);
+        if start == 0 {
+            // Records stepped over: two markers (the empty batches hold none), five aborted.
+            assert_eq!((src.skipped().control, src.skipped().aborted), (2, 5));
+        }
+    }
+    let mut r = PartitionReader::open(&dir, 0, Isolation::ReadUncommitted, 1 << 16).unwrap();
+    let mut got = Vec::new();
+    while r
+        .read(30, 1 << 20, |rec| {
+            got.push(rec.offset);
+            true
+        })
+        .unwrap()
+    {}
+    assert_eq!(got, (0..15).chain(17..20).chain(22..27).chain(28..30).collect::<Vec<_>>());
 }

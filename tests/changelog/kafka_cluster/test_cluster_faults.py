@@ -307,8 +307,6 @@ def test_c_restores_through_a_rolling_restart(kafka_cluster: Cluster, changelog_
 # -- (e) client quota ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the native fetcher takes a throttled Fetch response (throttle_time_ms and "
-                   "no partitions) for a protocol error instead of waiting out the throttle (issue 33, point 1)")
 def test_e_restore_under_a_consumer_byte_rate_quota(kafka_cluster: Cluster, changelog_data: Changelog,
                                                     tmp_path: Path) -> None:
     # Bytes per second per broker, for every client id. A broker caps a response at what the quota allows in its
