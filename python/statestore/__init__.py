@@ -11,11 +11,12 @@ packages named after what it is about, lowest layer first:
 * :mod:`statestore.restore` -- the restore engine, its planning and Spark;
 * :mod:`statestore.ops` -- metrics, inspection, verification;
 * :mod:`statestore.processing` -- tasks, the state updater, the task manager;
+* :mod:`statestore.app` -- a stateful application on Kafka (consumer group, exactly-once);
 * :mod:`statestore.cli` -- the ``statestore`` command.
 
-``KafkaChangelog``, ``KafkaProducer`` and ``ensure_changelog_topics`` are
-imported on first use, so that importing statestore does not load
-confluent-kafka (the optional ``kafka`` extra).
+``KafkaChangelog``, ``KafkaProducer``, ``ensure_changelog_topics`` and
+``App`` (:mod:`statestore.app`) are imported on first use, so that importing
+statestore does not load confluent-kafka (the optional ``kafka`` extra).
 """
 
 import importlib
@@ -25,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 from statestore.changelog.protocol import Changelog, ChangelogProducer
 from statestore.changelog.segment_log import LogReader, Producer, Record, SegmentLog
 from statestore.errors import (
+    ApplicationError,
     CheckpointError,
     ClusterError,
     CorruptLogError,
     IllegalStateError,
     LockError,
     LogError,
+    ProcessingError,
     ProducerFencedError,
     RestoreError,
     StateStoreError,
@@ -64,6 +67,7 @@ from statestore.state.policy import Event, Guarantee, OffsetsMode, Policy
 from statestore.state.store import InMemoryStore, Store
 
 if TYPE_CHECKING:
+    from statestore.app import App
     from statestore.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
 
 __version__ = "0.1.0"
@@ -80,10 +84,13 @@ _MOVED = {
 
 
 def __getattr__(name: str) -> Any:
-    """``statestore.KafkaChangelog`` and friends, imported from :mod:`statestore.kafka` on first use;
+    """``statestore.KafkaChangelog`` and friends (and ``statestore.App``), imported from
+    :mod:`statestore.kafka` (:mod:`statestore.app`) on first use;
     the internals in ``_MOVED`` with a deprecation warning naming their module."""
     if name in _KAFKA_NAMES:
         return getattr(importlib.import_module("statestore.kafka"), name)
+    if name == "App":
+        return importlib.import_module("statestore.app").App
     if name in _MOVED:
         module = _MOVED[name]
         warnings.warn(
@@ -98,6 +105,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "OFFSET_UNKNOWN",
     "ActiveTask",
+    "App",
+    "ApplicationError",
     "Changelog",
     "ChangelogProducer",
     "CheckpointError",
@@ -118,6 +127,7 @@ __all__ = [
     "OffsetCheckpoint",
     "OffsetsMode",
     "Policy",
+    "ProcessingError",
     "Producer",
     "ProducerFencedError",
     "Record",

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("statestore.restore",),
     ("statestore.ops",),
     ("statestore.processing",),
+    ("statestore.app",),
     ("statestore.cli",),
     # the public face: the package itself and the modules of the optional extras
     ("statestore", "statestore.kafka", "statestore.spark", "statestore.metrics_prometheus"),

@@ -65,13 +65,22 @@ class KafkaAdmin:
         new = [NewTopic(t, num_partitions=n, replication_factor=replication_factor, config=dict(conf))
                for t, n in topics.items()]
         futures = self.client().create_topics(new, request_timeout=cl.request_timeout)
+        ck = require()
         for topic, fut in futures.items():
             try:
                 fut.result(cl.request_timeout)
             except Exception as e:
+                err = kafka_error(e)
+                if err is not None and err.code() == ck.KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue  # created meanwhile (e.g. by another instance starting too): checked below
                 raise LogError(f"creating changelog topic {topic} on {cl.bootstrap_servers} failed: {e}") from e
-        self._wait_for(lambda: all(self.topic_partitions(t) == n for t, n in topics.items()),
+        self._wait_for(lambda: all(self.topic_partitions(t) is not None for t in topics),
                        f"topics {sorted(topics)} to appear")
+        for topic, n in topics.items():
+            got = self.topic_partitions(topic)
+            if got != n:
+                raise LogError(f"changelog topic {topic} on {cl.bootstrap_servers} was created meanwhile with "
+                               f"{got} partitions, not {n}")
 
     def delete_topics(self, topics: Iterable[str]) -> None:
         """Delete ``topics`` (missing ones are ignored)."""

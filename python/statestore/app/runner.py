@@ -1,0 +1,703 @@
+"""The application runner: a confluent-kafka consumer group over a :class:`TaskManager`.
+
+One instance = one consumer (group id = application id), one transactional
+producer (the task manager's record collector: changelog writes, output
+records and input positions go through it), one task manager over the
+instance's state directory. The loop:
+
+1. ``consume()`` a bounded batch (rebalance callbacks run inside it);
+2. ``TaskManager.poll(commit=False)``: at most a time slice of restoration;
+   the input partitions of a task stay paused until it is RUNNING;
+3. each record goes to the processing function with its task's stores;
+4. on the commit interval, one commit (exactly-once: output, changelog and
+   ``send_offsets_to_transaction`` in one transaction; then the stores apply
+   their staged writes with their offsets).
+
+After an aborted transaction the input of every task is sought back to its
+last committed position, so nothing is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from statestore.changelog.kafka import KafkaChangelog, ensure_changelog_topics
+from statestore.changelog.kafka.common import client_properties, require
+from statestore.changelog.protocol import Header
+from statestore.errors import (
+    ApplicationError,
+    LogError,
+    ProcessingError,
+    ProducerFencedError,
+    StateStoreError,
+)
+from statestore.ids import TaskId, TopicPartition
+from statestore.processing.task import ActiveTask, TaskState, TaskStore
+from statestore.processing.task_manager import TaskManager
+from statestore.state.policy import Guarantee
+
+logger = logging.getLogger(__name__)
+
+#: The one subtopology: task ``0_p`` owns partition ``p`` of every input topic.
+SUBTOPOLOGY = 0
+#: Group protocols the runner speaks (see docs/app.md for why ``classic`` is the default).
+GROUP_PROTOCOLS = ("classic", "consumer")
+#: Default commit interval under exactly-once (Kafka Streams' default), in ms.
+EOS_COMMIT_INTERVAL_MS = 100
+#: Default commit interval under at-least-once (Kafka Streams' default), in ms.
+ALOS_COMMIT_INTERVAL_MS = 30_000
+#: Default transaction timeout: a dead instance's open transaction blocks its successor at most this long.
+APP_TRANSACTION_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class Record:
+    """One input record as the processing function gets it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    headers: Sequence[Header] | None = None
+
+
+class Context:
+    """What the processing function may touch: its task's stores and the output.
+
+    ``store(name)`` is the task's :class:`~statestore.processing.task.TaskStore`
+    (reads see the task's own uncommitted writes; writes are staged and sent to
+    the changelog); :meth:`send` sends an output record. Under exactly-once
+    both are part of the task's open transaction.
+    """
+
+    def __init__(self, app: App, task: ActiveTask) -> None:
+        self._app = app
+        self._task = task
+        self.task_id: TaskId = task.id
+
+    def store(self, name: str) -> TaskStore:
+        """The store ``name`` of this task."""
+        return self._task.store(name)
+
+    def send(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        headers: Sequence[Header] | None = None,
+        timestamp: int | None = None,
+    ) -> None:
+        """Send one output record to ``topic`` (default: the application's one output topic).
+
+        ``partition=None`` lets the producer's partitioner choose by the key
+        (librdkafka's ``consistent_random``, unless the client config names a ``partitioner``).
+        """
+        self._app._send_output(key, value, topic, -1 if partition is None else partition, headers, timestamp)
+
+
+Process = Callable[[Record, Context], None]
+
+
+class App:
+    """A stateful application instance on Kafka.
+
+    ``App(application_id, bootstrap_servers, input_topics=[...], stores={"counts": "plain"},
+    process=fn, output_topics=["out"], state_dir="/var/lib/app")`` then :meth:`run`.
+
+    * ``input_topics`` must exist and have the same number of partitions (co-partitioned);
+      ``output_topics`` must exist. Changelog topics ``<application_id>-<store>-changelog``
+      are created (compacted) with that many partitions.
+    * ``stores`` maps each store name to its format (only ``"plain"`` for now); a list of names
+      means plain stores.
+    * ``process(record, ctx)`` runs once per input record, inside the task's transaction under
+      exactly-once; if it raises, the transaction is aborted and the application stops with
+      :class:`~statestore.errors.ProcessingError` naming the task, partition and offset.
+    * ``guarantee``: ``"exactly_once_v2"`` (default) or ``"at_least_once"``.
+    * ``num_standby_replicas`` is accepted but standbys on other instances are not placed yet.
+    * ``client_config``: librdkafka properties for every client (security, ...);
+      ``consumer_config``: for the group consumer only (``session.timeout.ms``, ...).
+    * ``group_protocol``: ``"classic"`` (default; range assignor) or ``"consumer"`` (KIP-848 with
+      the server-side range assignor).
+    """
+
+    def __init__(
+        self,
+        application_id: str,
+        bootstrap_servers: str,
+        *,
+        input_topics: Iterable[str],
+        process: Process,
+        stores: Mapping[str, str] | Iterable[str],
+        state_dir: str | Path,
+        output_topics: Iterable[str] = (),
+        guarantee: Guarantee | str = "exactly_once_v2",
+        num_standby_replicas: int = 0,
+        commit_interval_ms: int | None = None,
+        transaction_timeout_ms: int = APP_TRANSACTION_TIMEOUT_MS,
+        group_protocol: str = "classic",
+        instance_id: str | None = None,
+        client_config: Mapping[str, Any] | None = None,
+        consumer_config: Mapping[str, Any] | None = None,
+        max_poll_records: int = 500,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.application_id = application_id
+        self.bootstrap_servers = bootstrap_servers
+        self.input_topics = list(dict.fromkeys(input_topics))
+        if not self.input_topics:
+            raise ValueError("an application needs at least one input topic")
+        self.output_topics = list(dict.fromkeys(output_topics))
+        self.process = process
+        self.stores = _store_formats(stores)
+        self.state_dir = Path(state_dir)
+        self.guarantee = Guarantee(guarantee) if isinstance(guarantee, str) else guarantee
+        self.eos = self.guarantee is Guarantee.EXACTLY_ONCE_V2
+        if num_standby_replicas < 0:
+            raise ValueError(f"num_standby_replicas must be >= 0, got {num_standby_replicas}")
+        self.num_standby_replicas = num_standby_replicas
+        if commit_interval_ms is None:
+            commit_interval_ms = EOS_COMMIT_INTERVAL_MS if self.eos else ALOS_COMMIT_INTERVAL_MS
+        self.commit_interval = commit_interval_ms / 1000
+        self.transaction_timeout_ms = transaction_timeout_ms
+        if group_protocol not in GROUP_PROTOCOLS:
+            raise ValueError(f"group_protocol must be one of {', '.join(GROUP_PROTOCOLS)}, got {group_protocol!r}")
+        self.group_protocol = group_protocol
+        self.instance_id = instance_id
+        self.client_config = dict(client_config or {})
+        self.consumer_config = client_properties(consumer_config or {})
+        self.max_poll_records = max_poll_records
+        self.request_timeout = request_timeout
+
+        self.changelog: KafkaChangelog | None = None
+        self.task_manager: TaskManager | None = None
+        self.partitions = 0
+        self._consumer: Any = None
+        self._stop = threading.Event()
+        self._closed = False
+        # Input partitions assigned to this instance, paused ones among them.
+        self._assigned: set[TopicPartition] = set()
+        self._paused: set[TopicPartition] = set()
+        # Next offset to process per input partition; last committed position; processed since the commit.
+        self._next: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._dirty: set[TopicPartition] = set()
+        self._contexts: dict[TaskId, Context] = {}
+        self._rebalancing = False
+        self._close_clean = True
+        self._callback_error: BaseException | None = None
+        self._last_commit = time.monotonic()
+        #: Records processed, commits made, transactions aborted (for tests and metrics).
+        self.processed = 0
+        self.commits = 0
+        self.aborts = 0
+
+    def __repr__(self) -> str:
+        return f"App({self.application_id!r}, {self.bootstrap_servers!r}, inputs={self.input_topics})"
+
+    # -- start ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Check the topics, create the changelog topics, open the task manager and join the group."""
+        if self._consumer is not None:
+            return
+        if self._closed:
+            raise ApplicationError(f"{self!r} is closed")
+        ck = require()
+        if self.num_standby_replicas:
+            logger.warning(
+                "%s: num_standby_replicas=%d accepted, but standbys on other instances are not placed yet; "
+                "a moved task restores from its changelog", self.application_id, self.num_standby_replicas,
+            )
+        self.changelog = KafkaChangelog(
+            self.bootstrap_servers,
+            request_timeout=self.request_timeout,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            group_id=f"{self.application_id}-restore",
+            **self.client_config,
+        )
+        try:
+            self.partitions = self._check_topics(self.changelog)
+            ensure_changelog_topics(self.changelog, self.application_id, list(self.stores), self.partitions)
+            self.task_manager = TaskManager(
+                self.state_dir,
+                self.changelog,
+                list(self.stores),
+                guarantee=self.guarantee,
+                application_id=self.application_id,
+                commit_interval_ms=max(1, int(self.commit_interval * 1000)),
+                transaction_timeout_ms=self.transaction_timeout_ms,
+                client_id=self.instance_id,
+            )
+            self.task_manager.start()  # under exactly-once: init_transactions fences our previous incarnation
+            conf: dict[str, Any] = {
+                "group.id": self.application_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+            if self.group_protocol == "classic":
+                conf["partition.assignment.strategy"] = "range"
+            else:
+                conf["group.protocol"] = "consumer"
+                conf["group.remote.assignor"] = "range"
+            if self.instance_id is not None:
+                conf["group.instance.id"] = self.instance_id
+            conf.update(self.consumer_config)
+            self._consumer = ck.Consumer(self.changelog.client_config(conf))
+            self._consumer.subscribe(
+                self.input_topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            )
+        except BaseException:
+            self._close_quietly()
+            raise
+        self._last_commit = time.monotonic()
+
+    def _check_topics(self, changelog: KafkaChangelog) -> int:
+        topics = changelog.topics()
+        missing = [t for t in self.input_topics if t not in topics]
+        if missing:
+            raise ApplicationError(
+                f"application {self.application_id}: input topic(s) {', '.join(missing)} do not exist on "
+                f"{self.bootstrap_servers}; create them (co-partitioned: the same partition count) first",
+                topic=missing[0],
+            )
+        counts = {t: topics[t] for t in self.input_topics}
+        if len(set(counts.values())) > 1:
+            listed = ", ".join(f"{t} has {n}" for t, n in counts.items())
+            raise ApplicationError(
+                f"application {self.application_id}: input topics are not co-partitioned ({listed} partitions); "
+                "task 0_p owns partition p of every input topic, so they must have the same partition count",
+                topic=max(counts, key=lambda t: counts[t]),
+            )
+        missing = [t for t in self.output_topics if t not in topics]
+        if missing:
+            raise ApplicationError(
+                f"application {self.application_id}: output topic(s) {', '.join(missing)} do not exist on "
+                f"{self.bootstrap_servers}; create them before starting (records sent to a missing topic "
+                "would fail the transaction)",
+                topic=missing[0],
+            )
+        return counts[self.input_topics[0]]
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self, *, until: Callable[[], bool] | None = None, handle_signals: bool = True) -> None:
+        """Start, process until :meth:`stop` (SIGTERM or SIGINT when run on the main thread) or
+        ``until()`` is true, then close cleanly: commit, stores closed, group left.
+
+        An error (a :class:`~statestore.errors.ProcessingError`, a fenced producer...) closes the
+        instance without committing anything more and is raised.
+        """
+        previous: dict[signal.Signals, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self._stop.set())
+        try:
+            self.start()
+            while not self._stop.is_set() and not (until is not None and until()):
+                self.poll_once()
+        except BaseException:
+            self.close(clean=False)
+            raise
+        else:
+            self.close()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to close cleanly after the current batch (thread-safe)."""
+        self._stop.set()
+
+    def poll_once(self, timeout: float = 0.1) -> int:
+        """One round: consume a batch, restore for a time slice, process, commit on the interval.
+
+        Returns the number of records processed.
+        """
+        self.start()
+        tm, consumer = self._tm(), self._consumer
+        msgs = consumer.consume(self.max_poll_records, timeout if not self._paused else min(timeout, 0.01))
+        self._raise_callback_error()
+        tm.poll(commit=False)
+        if self._paused:
+            self._resume_running()
+        done = 0
+        for msg in msgs:
+            if msg.error() is not None:
+                self._consumer_error(msg.error())
+                continue
+            if self._handle(msg):
+                done += 1
+        if time.monotonic() - self._last_commit >= self.commit_interval:
+            self.commit()
+        return done
+
+    def _handle(self, msg: Any) -> bool:
+        tp = TopicPartition(msg.topic(), msg.partition())
+        offset = msg.offset()
+        if tp not in self._assigned:
+            return False  # revoked meanwhile
+        expected = self._next.get(tp)
+        if expected is not None and offset < expected:
+            return False  # already processed (fetched before a seek back)
+        tid = TaskId(SUBTOPOLOGY, tp.partition)
+        try:
+            task = self._tm().active_task(tid)
+        except KeyError:
+            task = None
+        if task is None or task.state is not TaskState.RUNNING:
+            # Paused too late: remember where to go on from when the task runs.
+            if expected is None:
+                self._next[tp] = offset
+            if tp not in self._paused:
+                self._consumer.pause([require().TopicPartition(tp.topic, tp.partition)])
+                self._paused.add(tp)
+            return False
+        ctx = self._contexts.get(tid)
+        if ctx is None or ctx._task is not task:
+            ctx = self._contexts[tid] = Context(self, task)
+        ts = msg.timestamp()
+        record = Record(tp.topic, tp.partition, offset, msg.key(), msg.value(), ts[1] if ts else -1, msg.headers())
+        try:
+            self.process(record, ctx)
+        except Exception as e:
+            self._abort(f"the processing function raised on {tp} at offset {offset}")
+            raise ProcessingError(
+                f"application {self.application_id}: the processing function raised on task {tid}, "
+                f"input {tp} at offset {offset}: {e!r}; the open transaction was aborted and nothing of it "
+                "was applied; fix the function (or the record) and restart: processing goes on from the "
+                "last commit",
+                task_id=tid,
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+            ) from e
+        self._next[tp] = offset + 1
+        self._dirty.add(tp)
+        self.processed += 1
+        return True
+
+    def _send_output(
+        self, key: bytes | None, value: bytes | None, topic: str | None, partition: int,
+        headers: Sequence[Header] | None, timestamp: int | None,
+    ) -> None:
+        if topic is None:
+            if len(self.output_topics) != 1:
+                raise ValueError(
+                    f"application {self.application_id} has {len(self.output_topics)} output topics: "
+                    "name the topic to send to"
+                )
+            topic = self.output_topics[0]
+        elif topic not in self.output_topics:
+            raise ValueError(f"{topic!r} is not an output topic of {self.application_id}: {self.output_topics}")
+        self._tm().collector.send_record(topic, partition, key, value, headers, timestamp=timestamp)
+
+    def _consumer_error(self, err: Any) -> None:
+        ck = require()
+        if err.fatal():
+            raise ApplicationError(f"application {self.application_id}: the group consumer failed fatally: {err}")
+        if err.code() == ck.KafkaError._PARTITION_EOF:
+            return
+        logger.warning("%s: consumer error: %s", self.application_id, err)
+
+    # -- commit and abort --------------------------------------------------------------------
+
+    def commit(self) -> bool:
+        """Commit now: exactly-once, one transaction with output, changelog and input positions,
+        then the stores apply their writes; at-least-once, flush, apply, then commit the input offsets.
+
+        Returns False when the commit failed and was rolled back (the input is sought back to the
+        last commit). Never runs while a rebalance is in progress (returns False).
+        """
+        self._last_commit = time.monotonic()
+        if self._rebalancing or self.task_manager is None:
+            return False
+        tm = self.task_manager
+        pending = {tp: self._next[tp] for tp in self._dirty if tp in self._next}
+        try:
+            if self.eos:
+                if pending:
+                    tm.collector.send_offsets(pending, self._consumer.consumer_group_metadata())
+                tm.commit()
+            else:
+                tm.commit()
+                if pending:
+                    ck = require()
+                    self._consumer.commit(
+                        offsets=[ck.TopicPartition(tp.topic, tp.partition, off) for tp, off in pending.items()],
+                        asynchronous=False,
+                    )
+        except ProducerFencedError:
+            raise
+        except (LogError, require().KafkaException) as e:
+            logger.warning("%s: commit failed (%s); rolling back to the last commit", self.application_id, e)
+            self._abort(f"commit failed: {e}")
+            return False
+        self._committed.update(pending)
+        self._dirty.clear()
+        self.commits += 1
+        return True
+
+    def _abort(self, why: str) -> None:
+        """Abort the open transaction, drop every task's staged writes, seek the input back."""
+        self.aborts += 1
+        tm = self._tm()
+        try:
+            tm.collector.abort()
+        except StateStoreError as e:
+            logger.warning("%s: aborting the transaction failed (%s)", self.application_id, e)
+        for task in tm.active_tasks().values():
+            task.abort()
+        if tm.collector.failed:
+            logger.warning("%s: the producer is dead; replacing it (same transactional id)", self.application_id)
+            tm.collector.renew()
+        self._rewind(self._assigned)
+        logger.info("%s: transaction aborted (%s); input sought back to the last commit", self.application_id, why)
+
+    def _rewind(self, tps: Iterable[TopicPartition]) -> None:
+        ck = require()
+        tps = sorted(tps)
+        unknown = [tp for tp in tps if tp not in self._committed]
+        if unknown:
+            got = self._consumer.committed(
+                [ck.TopicPartition(tp.topic, tp.partition) for tp in unknown], timeout=self.request_timeout
+            )
+            for p in got:
+                self._committed[TopicPartition(p.topic, p.partition)] = p.offset if p.offset >= 0 else ck.OFFSET_BEGINNING
+        for tp in tps:
+            off = self._committed[tp]
+            self._dirty.discard(tp)
+            if off >= 0:
+                self._next[tp] = off
+            else:
+                self._next.pop(tp, None)
+            try:
+                self._consumer.seek(ck.TopicPartition(tp.topic, tp.partition, off))
+            except ck.KafkaException as e:
+                # Not fetching yet (just assigned): it starts from the committed offset anyway.
+                logger.debug("%s: seek %s to %d: %s", self.application_id, tp, off, e)
+
+    # -- rebalancing ---------------------------------------------------------------------------
+
+    def _task_partitions(self, tid: TaskId) -> list[TopicPartition]:
+        return [TopicPartition(t, tid.partition) for t in self.input_topics]
+
+    def _complete_tasks(self) -> set[TaskId]:
+        """Tasks all of whose input partitions are assigned here (co-partitioning)."""
+        parts = {tp.partition for tp in self._assigned}
+        return {
+            TaskId(SUBTOPOLOGY, p) for p in parts
+            if all(tp in self._assigned for tp in self._task_partitions(TaskId(SUBTOPOLOGY, p)))
+        }
+
+    def _callback(self, fn: Callable[[list[Any]], None]) -> Callable[[Any, list[Any]], None]:
+        def run(consumer: Any, parts: list[Any]) -> None:
+            try:
+                fn(parts)
+            except BaseException as e:  # raised again after consume(): librdkafka's thread must not see it
+                logger.exception("%s: rebalance callback failed", self.application_id)
+                if self._callback_error is None:
+                    self._callback_error = e
+        return run
+
+    def _raise_callback_error(self) -> None:
+        if self._callback_error is not None:
+            e, self._callback_error = self._callback_error, None
+            raise e
+
+    @property
+    def _on_assign(self) -> Callable[[Any, list[Any]], None]:
+        return self._callback(self._assign)
+
+    @property
+    def _on_revoke(self) -> Callable[[Any, list[Any]], None]:
+        return self._callback(self._revoke)
+
+    @property
+    def _on_lost(self) -> Callable[[Any, list[Any]], None]:
+        return self._callback(self._lose)
+
+    def _assign(self, parts: list[Any]) -> None:
+        ck = require()
+        if self.group_protocol == "classic":
+            self._consumer.assign(parts)
+        else:
+            self._consumer.incremental_assign(parts)
+        self._rebalancing = False
+        new = {TopicPartition(p.topic, p.partition) for p in parts}
+        self._assigned |= new
+        tasks = self._complete_tasks()
+        incomplete = {tp for tp in self._assigned if TaskId(SUBTOPOLOGY, tp.partition) not in tasks}
+        if incomplete:
+            logger.warning(
+                "%s: input partitions %s arrived without the partitions of every input topic of their task; "
+                "held paused (are all instances subscribed to the same topics?)",
+                self.application_id, ", ".join(map(str, sorted(incomplete))),
+            )
+        logger.info("%s: assigned %s; active tasks now %s", self.application_id,
+                    ", ".join(map(str, sorted(new))) or "nothing", ", ".join(map(str, sorted(tasks))) or "none")
+        self._tm().assign(active=tasks, standby=())
+        to_pause = [
+            tp for tp in self._assigned
+            if tp not in self._paused and (
+                TaskId(SUBTOPOLOGY, tp.partition) not in tasks
+                or self._tm().active_task(TaskId(SUBTOPOLOGY, tp.partition)).state is not TaskState.RUNNING
+            )
+        ]
+        if to_pause:
+            self._consumer.pause([ck.TopicPartition(tp.topic, tp.partition) for tp in to_pause])
+            self._paused.update(to_pause)
+
+    def _revoke(self, parts: list[Any]) -> None:
+        revoked = {TopicPartition(p.topic, p.partition) for p in parts}
+        logger.info("%s: revoked %s", self.application_id, ", ".join(map(str, sorted(revoked))))
+        if self.task_manager is not None and not self.task_manager._closed:
+            # One commit covers the revoked tasks and every other one, as Kafka Streams does
+            # (not when closing after an error: that aborted everything).
+            if not self._closed or self._close_clean:
+                self.commit()
+            self._forget(revoked)
+            self._tm().assign(active=self._complete_tasks(), standby=())
+        else:
+            self._forget(revoked)
+        if self.group_protocol == "classic":
+            self._rebalancing = True  # until the assignment arrives: no commit in between
+            self._consumer.unassign()
+        else:
+            self._consumer.incremental_unassign(parts)
+
+    def _lose(self, parts: list[Any]) -> None:
+        lost = {TopicPartition(p.topic, p.partition) for p in parts}
+        logger.warning("%s: lost %s (membership expired); closing their tasks dirty, committing nothing",
+                       self.application_id, ", ".join(map(str, sorted(lost))))
+        if self.task_manager is not None and not self.task_manager._closed:
+            before = self._complete_tasks()
+            self._abort("partitions lost")
+            self._forget(lost)
+            self.task_manager.close_lost(before - self._complete_tasks())
+        else:
+            self._forget(lost)
+        if self.group_protocol == "classic":
+            self._rebalancing = True
+            self._consumer.unassign()
+        else:
+            self._consumer.incremental_unassign(parts)
+
+    def _forget(self, tps: set[TopicPartition]) -> None:
+        self._assigned -= tps
+        self._paused -= tps
+        for tp in tps:
+            self._next.pop(tp, None)
+            self._committed.pop(tp, None)
+            self._dirty.discard(tp)
+
+    def _resume_running(self) -> None:
+        ck = require()
+        tm = self._tm()
+        ready: list[TopicPartition] = []
+        for tp in self._paused:
+            tid = TaskId(SUBTOPOLOGY, tp.partition)
+            try:
+                if tm.active_task(tid).state is TaskState.RUNNING:
+                    ready.append(tp)
+            except KeyError:
+                continue
+        if not ready:
+            return
+        for tp in ready:
+            if tp in self._next:
+                try:
+                    self._consumer.seek(ck.TopicPartition(tp.topic, tp.partition, self._next[tp]))
+                except ck.KafkaException as e:
+                    logger.debug("%s: seek %s: %s", self.application_id, tp, e)
+        self._consumer.resume([ck.TopicPartition(tp.topic, tp.partition) for tp in ready])
+        self._paused.difference_update(ready)
+        logger.info("%s: tasks restored; resumed %s", self.application_id, ", ".join(map(str, sorted(ready))))
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _tm(self) -> TaskManager:
+        if self.task_manager is None:
+            raise ApplicationError(f"{self!r} is not started")
+        return self.task_manager
+
+    def active_tasks(self) -> dict[TaskId, str]:
+        """Each active task of this instance and its state (``RESTORING``, ``RUNNING``...)."""
+        if self.task_manager is None:
+            return {}
+        return {tid: t.state.value for tid, t in self.task_manager.active_tasks().items()}
+
+    # -- close ---------------------------------------------------------------------------------
+
+    def close(self, clean: bool = True) -> None:
+        """Clean: commit, close the tasks (stores CLOSED), leave the group. Dirty (after an error):
+        abort what is open, commit nothing more, close everything."""
+        if self._closed:
+            return
+        try:
+            if self.task_manager is not None and self._consumer is not None:
+                if clean:
+                    if not self.commit():
+                        clean = False
+                else:
+                    try:
+                        self._abort("closing after an error")
+                    except (StateStoreError, require().KafkaException) as e:
+                        logger.warning("%s: abort on close failed: %s", self.application_id, e)
+        finally:
+            self._closed = True
+            self._close_clean = clean
+            self._close_quietly(clean)
+
+    def _close_quietly(self, clean: bool = False) -> None:
+        consumer = self._consumer
+        if consumer is not None:
+            try:
+                consumer.close()  # leaves the group; the revoke callback closes the tasks (commits nothing new)
+                self._raise_callback_error()
+            except Exception as e:
+                logger.warning("%s: closing the consumer: %s", self.application_id, e)
+            finally:
+                self._consumer = None
+        if self.task_manager is not None:
+            try:
+                self.task_manager.close(clean=clean)
+            except StateStoreError as e:
+                logger.warning("%s: closing the task manager: %s", self.application_id, e)
+        if self.changelog is not None:
+            self.changelog.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(clean=exc == (None, None, None))
+
+
+def _store_formats(stores: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
+    out = dict(stores) if isinstance(stores, Mapping) else {name: "plain" for name in stores}
+    if not out:
+        raise ValueError("an application needs at least one store")
+    for name, fmt in out.items():
+        if fmt != "plain":
+            raise ValueError(
+                f"store {name!r}: format {fmt!r} is not supported by the application runner yet (only 'plain'; "
+                "the task manager does not pass formats to its stores)"
+            )
+    return out
+
+
+__all__ = ["ALOS_COMMIT_INTERVAL_MS", "APP_TRANSACTION_TIMEOUT_MS", "EOS_COMMIT_INTERVAL_MS", "App", "Context",
+           "Record"]

@@ -1,0 +1,89 @@
+"""What the ``app`` tests share: topics, input, the read_committed output, the counting children."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, NewTopic
+
+COUNTING_APP = Path(__file__).resolve().parent / "counting_app.py"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()]).values():
+        f.result(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        md = admin.list_topics(timeout=10).topics
+        if all(t in md and len(md[t].partitions) == n for t, n in topics.items()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"topics {sorted(topics)} did not appear")
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, bytes, bytes]]) -> None:
+    """Send ``(partition, key, value)`` records (idempotent producer: order per partition kept)."""
+    p = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for part, key, value in records:
+        p.produce(topic, key=key, value=value, partition=part)
+        p.poll(0)
+    assert p.flush(30) == 0
+
+
+def read_committed(bootstrap: str, topic: str, partitions: int, *, timeout: float = 10.0,
+                   idle: float = 2.0, isolation: str = "read_committed") -> list[Any]:
+    """Every record of ``topic`` a read_committed consumer sees (until ``idle`` s without a new one)."""
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("verify"),
+                     "isolation.level": isolation, "enable.auto.commit": False})
+    c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
+    out: list[Any] = []
+    deadline, last = time.monotonic() + timeout, time.monotonic()
+    try:
+        while time.monotonic() < deadline and time.monotonic() - last < idle:
+            for m in c.consume(1000, 0.2):
+                if m.error() is None:
+                    out.append(m)
+                    last = time.monotonic()
+    finally:
+        c.close()
+    return out
+
+
+def open_transactions(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+    """Partitions whose last stable offset is below their end: ``{partition: (lso, end)}``."""
+    out: dict[int, tuple[int, int]] = {}
+    rc = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("lso"), "isolation.level": "read_committed"})
+    ru = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("hw"), "isolation.level": "read_uncommitted"})
+    try:
+        for p in range(partitions):
+            tp = ck.TopicPartition(topic, p)
+            lso = rc.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            end = ru.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            if lso != end:
+                out[p] = (lso, end)
+    finally:
+        rc.close()
+        ru.close()
+    return out
+
+
+def start_counting_app(bootstrap: str, app_id: str, state_dir: Path, inp: str, out: str, log: Path,
+                       guarantee: str = "exactly_once_v2", commit_interval_ms: int = 100) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as f:
+        return subprocess.Popen(
+            [sys.executable, str(COUNTING_APP), bootstrap, app_id, str(state_dir), inp, out, guarantee,
+             str(commit_interval_ms)],
+            stdout=f, stderr=subprocess.STDOUT,
+        )

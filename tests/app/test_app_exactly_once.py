@@ -1,0 +1,140 @@
+"""Exactly-once end to end with a real SIGKILL, after Kafka's ``streams_eos_test``.
+
+Two instances of ``counting_app.py`` (per key a count and a running sum,
+store ``agg``) share 4 input partitions through the consumer group. While
+the input flows, one instance is SIGKILLed -- mid-transaction: it commits
+every 3 s, the kill comes 0.2 s after an input batch, and the output topic
+is checked to hold the killed transaction's aborted records -- and restarted on its state directory
+only after the group gave its tasks to the survivor (session timeout 6 s),
+which restores them from the changelog and goes on; the restarted instance
+gets them back and restores the survivor's writes on top of its own state. The output topic, read
+``read_committed``, must hold for every key exactly the counts 1, 2, 3, ...
+with the running sums of the input's values, no gap and no repeat; and no
+transaction may be left open once both instances closed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from app_tools import create_topics, open_transactions, produce, read_committed, start_counting_app, unique
+
+PARTITIONS = 4
+KEYS = 40
+RECORDS = 6000
+#: Seconds the killed instance stays dead: longer than the session timeout (6 s), so its tasks move.
+RESTART_AFTER = 10.0
+#: Commit interval of the instances: long enough that a kill lands inside an open transaction.
+COMMIT_MS = 3000
+
+
+def input_records(seed: int) -> list[tuple[int, bytes, bytes]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(RECORDS):
+        k = rng.randrange(KEYS)
+        out.append((k % PARTITIONS, b"k%02d" % k, b"%d" % rng.randrange(100)))
+    return out
+
+
+def expected_outputs(records: list[tuple[int, bytes, bytes]]) -> dict[bytes, list[bytes]]:
+    out: dict[bytes, list[bytes]] = defaultdict(list)
+    state: dict[bytes, tuple[int, int]] = {}
+    for _, key, value in records:
+        n, s = state.get(key, (0, 0))
+        state[key] = (n + 1, s + int(value))
+        out[key].append(b"%d,%d" % state[key])
+    return dict(out)
+
+
+def output_by_key(msgs: list) -> dict[bytes, list[bytes]]:
+    out: dict[bytes, list[bytes]] = defaultdict(list)
+    for m in msgs:
+        out[m.key()].append(m.value())
+    return dict(out)
+
+
+def first_difference(got: list[bytes], want: list[bytes]) -> str:
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        if g != w:
+            return f"at output {i}: got {g!r}, want {w!r} (got {got[max(0, i - 2):i + 3]})"
+    return f"got {len(got)} outputs, want {len(want)}; last got {got[-3:]}"
+
+
+def test_counts_are_exact_after_a_sigkill(kafka_bootstrap: str, tmp_path: Path) -> None:
+    app_id, inp, out = unique("eos-app"), unique("eos-in"), unique("eos-out")
+    create_topics(kafka_bootstrap, {inp: PARTITIONS, out: PARTITIONS})
+    records = input_records(seed=1234)
+    want = expected_outputs(records)
+    logs = [tmp_path / f"instance-{i}.log" for i in range(2)]
+    states = [tmp_path / f"state-{i}" for i in range(2)]
+    procs = [start_counting_app(kafka_bootstrap, app_id, states[i], inp, out, logs[i], commit_interval_ms=COMMIT_MS)
+             for i in range(2)]
+
+    batch_sent = threading.Event()
+
+    def feed() -> None:  # the input flows for ~20 s
+        for i in range(0, RECORDS, 100):
+            produce(kafka_bootstrap, inp, records[i:i + 100])
+            batch_sent.set()
+            time.sleep(0.33)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    kills = 0
+    try:
+        # Kill instance 0 once output flows (both instances are processing by then), restart it.
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (
+            "tasks restored; resumed" not in logs[0].read_text()
+            or len(read_committed(kafka_bootstrap, out, PARTITIONS, idle=0.5)) < 800
+        ):
+            time.sleep(0.5)
+        for i, p in enumerate(procs):
+            assert p.poll() is None, f"instance {i} exited with {p.returncode}:\n{logs[i].read_text()[-3000:]}"
+        batch_sent.clear()
+        batch_sent.wait(10)
+        time.sleep(0.2)  # processed, not committed: inside the instance's open transaction
+        os.kill(procs[0].pid, signal.SIGKILL)
+        procs[0].wait()
+        kills += 1
+        time.sleep(RESTART_AFTER)
+        procs[0] = start_counting_app(kafka_bootstrap, app_id, states[0], inp, out, logs[0], commit_interval_ms=COMMIT_MS)
+        feeder.join()
+        # Wait until every key's last output is its final count (or time out and report).
+        final = {k: v[-1] for k, v in want.items()}
+        deadline = time.monotonic() + 150
+        got: dict[bytes, list[bytes]] = {}
+        while time.monotonic() < deadline:
+            got = output_by_key(read_committed(kafka_bootstrap, out, PARTITIONS, timeout=30, idle=1.0))
+            if all(got.get(k, [b""])[-1] == v for k, v in final.items()):
+                break
+            for i, p in enumerate(procs):
+                assert p.poll() is None, f"instance {i} exited with {p.returncode}:\n{logs[i].read_text()[-3000:]}"
+            time.sleep(2)
+    finally:
+        feeder.join()
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=60) for p in procs]
+    assert codes == [0, 0], f"clean shutdown failed: {codes}\n" + "\n".join(log.read_text()[-3000:] for log in logs)
+
+    bad = {k: first_difference(got.get(k, []), w) for k, w in want.items() if got.get(k) != w}
+    assert not bad, f"{len(bad)} keys differ from the input's counts and sums: " + "; ".join(
+        f"{k!r} {d}" for k, d in list(bad.items())[:5])
+    assert sum(map(len, got.values())) == RECORDS
+    assert open_transactions(kafka_bootstrap, out, PARTITIONS) == {}
+    survivor = logs[1].read_text()
+    assert "active tasks now 0_0, 0_1, 0_2, 0_3" in survivor, "the survivor never took the killed instance's tasks"
+    rebalances = sum(log.read_text().count(": assigned ") for log in logs)
+    raw = read_committed(kafka_bootstrap, out, PARTITIONS, timeout=30, idle=1.0, isolation="read_uncommitted")
+    assert len(raw) > RECORDS, "no aborted output: the kill did not land inside a transaction"
+    print(f"kills={kills} assignments={rebalances} records={RECORDS} output committed={RECORDS} "
+          f"output incl. aborted={len(raw)}")

@@ -1,0 +1,162 @@
+"""The small pieces the runner adds below it, against the broker:
+
+* ``KafkaProducer.send_offsets``: input positions committed with the transaction, or not at all;
+* ``RecordCollector.renew``: a fenced (fatal) producer replaced by a new one of the same transactional id;
+* ``ensure_changelog_topics`` run by two instances at once (both succeed);
+* ``TaskManager.poll(commit=False)`` leaves committing to the caller;
+* the runner after a failed commit: the transaction aborted, staged writes dropped, the input sought
+  back -- the output still counts every record exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import confluent_kafka as ck
+import pytest
+from app_tools import create_topics, produce, read_committed, unique
+from counting_app import count
+
+from statestore import TaskId, TopicPartition
+from statestore.app import App
+from statestore.changelog.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
+from statestore.errors import LogError, ProducerFencedError
+from statestore.processing.record_collector import RecordCollector
+from statestore.processing.task_manager import TaskManager
+
+
+def committed_offset(bootstrap: str, group: str, topic: str) -> int:
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
+    try:
+        [tp] = c.committed([ck.TopicPartition(topic, 0)], timeout=20)
+        return int(tp.offset)
+    finally:
+        c.close()
+
+
+def test_send_offsets_commits_input_positions_with_the_transaction_only(kafka_bootstrap: str) -> None:
+    inp, group = unique("so-in"), unique("so-group")
+    create_topics(kafka_bootstrap, {inp: 1})
+    consumer = ck.Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer.subscribe([inp])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.1)
+    with KafkaChangelog(kafka_bootstrap) as changelog:
+        p = changelog.producer(unique("so-tid"))
+        p.begin()
+        p.send_offsets({TopicPartition(inp, 0): 5}, consumer.consumer_group_metadata())
+        p.abort()
+        assert committed_offset(kafka_bootstrap, group, inp) < 0
+        p.begin()
+        p.send_offsets({TopicPartition(inp, 0): 7}, consumer.consumer_group_metadata())
+        p.commit()
+        assert committed_offset(kafka_bootstrap, group, inp) == 7
+        with pytest.raises(LogError, match="outside a transaction"):
+            p.send_offsets({TopicPartition(inp, 0): 8}, consumer.consumer_group_metadata())
+        p.close()
+    consumer.close()
+
+
+def test_a_fenced_producer_is_fatal_and_renewed_under_the_same_transactional_id(kafka_bootstrap: str) -> None:
+    topic, tid = unique("renew"), unique("renew-tid")
+    create_topics(kafka_bootstrap, {topic: 1})
+    with KafkaChangelog(kafka_bootstrap) as changelog:
+        collector = RecordCollector(changelog, tid)
+        collector.send(TopicPartition(topic, 0), b"k", b"lost")
+        other = changelog.producer(tid)  # fences the collector's producer and aborts its transaction
+        with pytest.raises(ProducerFencedError):
+            collector.commit()
+        assert collector.failed
+        other.close()
+        collector.renew()
+        assert not collector.failed
+        assert isinstance(collector.producer, KafkaProducer) and collector.producer.transactional_id == tid
+        collector.send_record(topic, -1, b"k", b"kept")
+        collector.commit()
+        collector.close()
+    assert [m.value() for m in read_committed(kafka_bootstrap, topic, 1)] == [b"kept"]
+
+
+def test_two_instances_creating_the_changelog_topics_at_once_both_succeed(kafka_bootstrap: str) -> None:
+    app_id = unique("race")
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def ensure() -> None:
+        with KafkaChangelog(kafka_bootstrap) as changelog:
+            start.wait()
+            try:
+                ensure_changelog_topics(changelog, app_id, ["a", "b"], 3)
+            except BaseException as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=ensure) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with KafkaChangelog(kafka_bootstrap) as changelog:
+        assert changelog.topic_partitions(f"{app_id}-a-changelog") == 3
+        with pytest.raises(LogError, match="has 3 partitions"):
+            ensure_changelog_topics(changelog, app_id, ["a"], 4)
+
+
+def test_poll_without_commit_leaves_committing_to_the_caller(kafka_bootstrap: str, tmp_path: Path) -> None:
+    app_id = unique("nocommit")
+    with KafkaChangelog(kafka_bootstrap) as changelog:
+        ensure_changelog_topics(changelog, app_id, ["s"], 1)
+        tm = TaskManager(tmp_path, changelog, ["s"], guarantee="exactly_once_v2", application_id=app_id,
+                         commit_interval_ms=0)
+        tm.assign(active=[TaskId(0, 0)], standby=[])
+        assert tm.restore(timeout=30)
+        task = tm.active_task(TaskId(0, 0))
+        task.store("s").put(b"k", b"v")
+        tm.poll(commit=False)
+        assert task.commit_needed  # not committed behind the caller's back
+        tm.close_lost([TaskId(0, 0)])  # dirty: nothing committed, the task gone
+        assert tm.active_tasks() == {}
+        tm.close()
+
+
+def test_a_failed_commit_rolls_back_and_every_record_still_counts_once(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app_id, inp, out = unique("fail-app"), unique("fail-in"), unique("fail-out")
+    create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    records = [(i % 2, b"k%d" % (i % 6), b"%d" % i) for i in range(400)]
+    produce(kafka_bootstrap, inp, records)
+    real_commit = KafkaProducer.commit
+    calls = {"n": 0}
+
+    def failing_commit(self: KafkaProducer) -> None:
+        calls["n"] += 1
+        if calls["n"] in (2, 4):
+            raise LogError("injected: the transaction's commit failed")
+        real_commit(self)
+
+    monkeypatch.setattr(KafkaProducer, "commit", failing_commit)
+    app = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
+              state_dir=tmp_path / "state", commit_interval_ms=0, max_poll_records=37)
+    app.start()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        app.poll_once()  # commits after every batch of at most 37 records
+        if all(app._committed.get(TopicPartition(inp, p)) == 200 for p in (0, 1)):
+            break
+    app.close()
+    assert app.aborts >= 2, f"the injected failures did not abort ({calls})"
+    want: dict[bytes, list[bytes]] = {}
+    state: dict[bytes, tuple[int, int]] = {}
+    for _, k, v in records:
+        n, s = state.get(k, (0, 0))
+        state[k] = (n + 1, s + int(v))
+        want.setdefault(k, []).append(b"%d,%d" % state[k])
+    got: dict[bytes, list[bytes]] = {}
+    for m in read_committed(kafka_bootstrap, out, 2):
+        got.setdefault(m.key(), []).append(m.value())
+    assert {k: len(v) for k, v in got.items()} == {k: len(v) for k, v in want.items()}
+    assert got == want
