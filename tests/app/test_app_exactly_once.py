@@ -1,16 +1,19 @@
-"""Exactly-once end to end with a real SIGKILL, after Kafka's ``streams_eos_test``.
+"""Exactly-once end to end with a real SIGKILL (and a real stall), after Kafka's ``streams_eos_test``.
 
 Two instances of ``counting_app.py`` (per key a count and a running sum,
 store ``agg``) share 4 input partitions through the consumer group. While
-the input flows, one instance is SIGKILLed -- mid-transaction: it commits
+the input flows, one instance is SIGKILLed mid-transaction (it commits
 every 3 s, the kill comes 0.2 s after an input batch, and the output topic
-is checked to hold the killed transaction's aborted records -- and restarted on its state directory
-only after the group gave its tasks to the survivor (session timeout 6 s),
-which restores them from the changelog and goes on; the restarted instance
-gets them back and restores the survivor's writes on top of its own state. The output topic, read
-``read_committed``, must hold for every key exactly the counts 1, 2, 3, ...
-with the running sums of the input's values, no gap and no repeat; and no
-transaction may be left open once both instances closed.
+is checked to hold the killed transaction's aborted records) and restarted
+on its state directory only after the group gave its tasks to the survivor
+(session timeout 6 s), which restores them from the changelog and goes on;
+the restarted instance gets them back and restores the survivor's writes on
+top of its own state. The output topic, read ``read_committed``, must hold
+for every key exactly the counts 1, 2, 3, ... with the running sums of the
+input's values, no gap and no repeat; and no transaction may be left open
+once both instances closed. The ``sigstop`` variant stalls the instance
+instead (a zombie that wakes up); the at-least-once variant checks that
+nothing is lost.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from app_tools import create_topics, open_transactions, produce, read_committed, start_counting_app, unique
 
 PARTITIONS = 4
@@ -60,6 +64,10 @@ def output_by_key(msgs: list) -> dict[bytes, list[bytes]]:
     return dict(out)
 
 
+def last_count(outputs: list[bytes]) -> int:
+    return int(outputs[-1].split(b",")[0])
+
+
 def first_difference(got: list[bytes], want: list[bytes]) -> str:
     for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if g != w:
@@ -67,14 +75,25 @@ def first_difference(got: list[bytes], want: list[bytes]) -> str:
     return f"got {len(got)} outputs, want {len(want)}; last got {got[-3:]}"
 
 
-def test_counts_are_exact_after_a_sigkill(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("how", "guarantee"), [
+    ("sigkill", "exactly_once_v2"), ("sigstop", "exactly_once_v2"), ("sigkill", "at_least_once")])
+def test_counts_after_an_instance_dies_or_stalls(how: str, guarantee: str, kafka_bootstrap: str,
+                                                 tmp_path: Path) -> None:
+    """``sigkill``: the instance dies and is restarted. ``sigstop``: it stalls (a zombie) past the
+    session and transaction timeouts and then goes on: its transaction was aborted, its producer is
+    fenced and its offset commit refused, so it starts its tasks again from their last commit.
+
+    Exactly-once: every count exact. At-least-once: nothing lost (every key's last count at least
+    its number of input records; repeats allowed)."""
+    eos = guarantee == "exactly_once_v2"
     app_id, inp, out = unique("eos-app"), unique("eos-in"), unique("eos-out")
     create_topics(kafka_bootstrap, {inp: PARTITIONS, out: PARTITIONS})
     records = input_records(seed=1234)
     want = expected_outputs(records)
     logs = [tmp_path / f"instance-{i}.log" for i in range(2)]
     states = [tmp_path / f"state-{i}" for i in range(2)]
-    procs = [start_counting_app(kafka_bootstrap, app_id, states[i], inp, out, logs[i], commit_interval_ms=COMMIT_MS)
+    procs = [start_counting_app(kafka_bootstrap, app_id, states[i], inp, out, logs[i], guarantee,
+                                commit_interval_ms=COMMIT_MS)
              for i in range(2)]
 
     batch_sent = threading.Event()
@@ -101,11 +120,17 @@ def test_counts_are_exact_after_a_sigkill(kafka_bootstrap: str, tmp_path: Path) 
         batch_sent.clear()
         batch_sent.wait(10)
         time.sleep(0.2)  # processed, not committed: inside the instance's open transaction
-        os.kill(procs[0].pid, signal.SIGKILL)
-        procs[0].wait()
+        if how == "sigkill":
+            os.kill(procs[0].pid, signal.SIGKILL)
+            procs[0].wait()
+            time.sleep(RESTART_AFTER)
+            procs[0] = start_counting_app(kafka_bootstrap, app_id, states[0], inp, out, logs[0], guarantee,
+                                          commit_interval_ms=COMMIT_MS)
+        else:
+            os.kill(procs[0].pid, signal.SIGSTOP)
+            time.sleep(RESTART_AFTER + 2)  # past the session (6 s) and transaction (10 s) timeouts
+            os.kill(procs[0].pid, signal.SIGCONT)
         kills += 1
-        time.sleep(RESTART_AFTER)
-        procs[0] = start_counting_app(kafka_bootstrap, app_id, states[0], inp, out, logs[0], commit_interval_ms=COMMIT_MS)
         feeder.join()
         # Wait until every key's last output is its final count (or time out and report).
         final = {k: v[-1] for k, v in want.items()}
@@ -114,6 +139,8 @@ def test_counts_are_exact_after_a_sigkill(kafka_bootstrap: str, tmp_path: Path) 
         while time.monotonic() < deadline:
             got = output_by_key(read_committed(kafka_bootstrap, out, PARTITIONS, timeout=30, idle=1.0))
             if all(got.get(k, [b""])[-1] == v for k, v in final.items()):
+                break
+            if not eos and all(last_count(got.get(k, [b"0,0"])) >= len(w) for k, w in want.items()):
                 break
             for i, p in enumerate(procs):
                 assert p.poll() is None, f"instance {i} exited with {p.returncode}:\n{logs[i].read_text()[-3000:]}"
@@ -126,15 +153,26 @@ def test_counts_are_exact_after_a_sigkill(kafka_bootstrap: str, tmp_path: Path) 
         codes = [p.wait(timeout=60) for p in procs]
     assert codes == [0, 0], f"clean shutdown failed: {codes}\n" + "\n".join(log.read_text()[-3000:] for log in logs)
 
+    survivor = logs[1].read_text()
+    assert "active tasks now 0_0, 0_1, 0_2, 0_3" in survivor, "the survivor never took the killed instance's tasks"
+    rebalances = sum(log.read_text().count(": assigned ") for log in logs)
+    if not eos:
+        short = {k: (last_count(got.get(k, [b"0,0"])), len(w)) for k, w in want.items()
+                 if last_count(got.get(k, [b"0,0"])) < len(w)}
+        assert not short, f"at-least-once lost records (last count, inputs): {short}"
+        print(f"{how} {guarantee}: assignments={rebalances} records={RECORDS} "
+              f"outputs={sum(map(len, got.values()))} (repeats allowed)")
+        return
     bad = {k: first_difference(got.get(k, []), w) for k, w in want.items() if got.get(k) != w}
     assert not bad, f"{len(bad)} keys differ from the input's counts and sums: " + "; ".join(
         f"{k!r} {d}" for k, d in list(bad.items())[:5])
     assert sum(map(len, got.values())) == RECORDS
     assert open_transactions(kafka_bootstrap, out, PARTITIONS) == {}
-    survivor = logs[1].read_text()
-    assert "active tasks now 0_0, 0_1, 0_2, 0_3" in survivor, "the survivor never took the killed instance's tasks"
-    rebalances = sum(log.read_text().count(": assigned ") for log in logs)
     raw = read_committed(kafka_bootstrap, out, PARTITIONS, timeout=30, idle=1.0, isolation="read_uncommitted")
-    assert len(raw) > RECORDS, "no aborted output: the kill did not land inside a transaction"
-    print(f"kills={kills} assignments={rebalances} records={RECORDS} output committed={RECORDS} "
-          f"output incl. aborted={len(raw)}")
+    zombie = logs[0].read_text()
+    if how == "sigkill":
+        assert len(raw) > RECORDS, "no aborted output: the kill did not land inside a transaction"
+    else:  # the stalled instance found out on waking: membership lost, or producer fenced
+        assert "(membership expired)" in zombie or "the producer was fenced" in zombie, zombie[-3000:]
+    print(f"{how} {guarantee}: kills={kills} assignments={rebalances} records={RECORDS} output committed={RECORDS} "
+          f"output incl. aborted={len(raw)} lost={zombie.count('(membership expired)')} fenced={zombie.count('the producer was fenced')}")

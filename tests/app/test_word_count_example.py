@@ -1,5 +1,6 @@
 """``examples/word_count.py`` runs against the broker: every word's last count is its number of occurrences,
-and every count of a word appears once, in order (exactly-once through its repartition topic)."""
+and every count of a word appears once, in order (exactly-once through its repartition topic), under the
+classic group protocol and under KIP-848's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import pytest
 from app_tools import create_topics, produce, read_committed, unique
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "word_count.py"
@@ -28,13 +30,15 @@ def load_example():
     return mod
 
 
-def test_word_count_example(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_word_count_example(protocol: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Under both group protocols (KIP-848's ``consumer`` with the server-side range assignor too)."""
     wc = load_example()
     wc.LINES, wc.WORDS, wc.COUNTS = unique("lines"), unique("words"), unique("word-counts")
     create_topics(kafka_bootstrap, {wc.LINES: 3, wc.WORDS: 3, wc.COUNTS: 2})
     produce(kafka_bootstrap, wc.LINES, [(i % 3, None, line.encode()) for i, line in enumerate(TEXT)])
     want = Counter(w for line in TEXT for w in line.split())
-    app = wc.word_count_app(kafka_bootstrap, str(tmp_path / "state"), unique("word-count"))
+    app = wc.word_count_app(kafka_bootstrap, str(tmp_path / "state"), unique("word-count"), group_protocol=protocol)
     t0 = time.monotonic()
     app.run(until=lambda: app.processed >= len(TEXT) + want.total() or time.monotonic() - t0 > 90,
             handle_signals=False)

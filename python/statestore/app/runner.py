@@ -194,13 +194,16 @@ class App:
         self._dirty: set[TopicPartition] = set()
         self._contexts: dict[TaskId, Context] = {}
         self._rebalancing = False
+        self._rewinds = 0
         self._close_clean = True
         self._callback_error: BaseException | None = None
         self._last_commit = time.monotonic()
-        #: Records processed, commits made, transactions aborted (for tests and metrics).
+        #: Records processed (again, after an abort), commits made, transactions aborted.
         self.processed = 0
         self.commits = 0
         self.aborts = 0
+        #: Times the producer was fenced and every task started again from its last commit.
+        self.migrations = 0
 
     def __repr__(self) -> str:
         return f"App({self.application_id!r}, {self.bootstrap_servers!r}, inputs={self.input_topics})"
@@ -297,8 +300,9 @@ class App:
         """Start, process until :meth:`stop` (SIGTERM or SIGINT when run on the main thread) or
         ``until()`` is true, then close cleanly: commit, stores closed, group left.
 
-        An error (a :class:`~statestore.errors.ProcessingError`, a fenced producer...) closes the
-        instance without committing anything more and is raised.
+        An error (a :class:`~statestore.errors.ProcessingError`, a fatal consumer...) closes the
+        instance without committing anything more and is raised. A fenced producer is not an error:
+        the tasks start again from their last commit (see :meth:`commit`).
         """
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
@@ -334,12 +338,15 @@ class App:
         if self._paused:
             self._resume_running()
         done = 0
+        rewinds = self._rewinds
         for msg in msgs:
             if msg.error() is not None:
                 self._consumer_error(msg.error())
                 continue
             if self._handle(msg):
                 done += 1
+            if self._rewinds != rewinds:
+                break  # sought back: the rest of this batch comes again
         if time.monotonic() - self._last_commit >= self.commit_interval:
             self.commit()
         return done
@@ -372,6 +379,13 @@ class App:
         record = Record(tp.topic, tp.partition, offset, msg.key(), msg.value(), ts[1] if ts else -1, msg.headers())
         try:
             self.process(record, ctx)
+        except ProducerFencedError as e:  # from a store write or a send: not the function's fault
+            self._migrated(e)
+            return False
+        except LogError as e:
+            logger.warning("%s: sending failed (%s); rolling back to the last commit", self.application_id, e)
+            self._abort(f"sending failed: {e}")
+            return False
         except Exception as e:
             self._abort(f"the processing function raised on {tp} at offset {offset}")
             raise ProcessingError(
@@ -419,7 +433,8 @@ class App:
         then the stores apply their writes; at-least-once, flush, apply, then commit the input offsets.
 
         Returns False when the commit failed and was rolled back (the input is sought back to the
-        last commit). Never runs while a rebalance is in progress (returns False).
+        last commit; a fenced producer is replaced and every task starts again from its last
+        commit). Never runs while a rebalance is in progress (returns False).
         """
         self._last_commit = time.monotonic()
         if self._rebalancing or self.task_manager is None:
@@ -439,8 +454,9 @@ class App:
                         offsets=[ck.TopicPartition(tp.topic, tp.partition, off) for tp, off in pending.items()],
                         asynchronous=False,
                     )
-        except ProducerFencedError:
-            raise
+        except ProducerFencedError as e:
+            self._migrated(e)
+            return False
         except (LogError, require().KafkaException) as e:
             logger.warning("%s: commit failed (%s); rolling back to the last commit", self.application_id, e)
             self._abort(f"commit failed: {e}")
@@ -466,8 +482,28 @@ class App:
         self._rewind(self._assigned)
         logger.info("%s: transaction aborted (%s); input sought back to the last commit", self.application_id, why)
 
+    def _migrated(self, error: ProducerFencedError) -> None:
+        """The producer was fenced: the broker aborted our transaction (it outlived
+        ``transaction.timeout.ms``: this instance stalled) or bumped our epoch. As Kafka Streams does
+        for a ``TaskMigratedException``: every active task closes dirty, a new producer of the same
+        transactional id is made, and the tasks start again from their last commit. If the group
+        gave them away meanwhile, the revocation or loss that follows closes them."""
+        self.migrations += 1
+        logger.warning(
+            "%s: the producer was fenced (%s); closing every task dirty and starting again from the last commit",
+            self.application_id, error,
+        )
+        tm = self._tm()
+        tm.collector.renew()  # init_transactions: a new epoch; the old transaction is aborted
+        tm.close_lost(list(tm.active_tasks()))
+        self._contexts.clear()
+        self._rewind(self._assigned)
+        tm.assign(active=self._complete_tasks(), standby=())
+        self._pause_not_running()
+
     def _rewind(self, tps: Iterable[TopicPartition]) -> None:
         ck = require()
+        self._rewinds += 1
         tps = sorted(tps)
         unknown = [tp for tp in tps if tp not in self._committed]
         if unknown:
@@ -530,7 +566,6 @@ class App:
         return self._callback(self._lose)
 
     def _assign(self, parts: list[Any]) -> None:
-        ck = require()
         if self.group_protocol == "classic":
             self._consumer.assign(parts)
         else:
@@ -549,11 +584,16 @@ class App:
         logger.info("%s: assigned %s; active tasks now %s", self.application_id,
                     ", ".join(map(str, sorted(new))) or "nothing", ", ".join(map(str, sorted(tasks))) or "none")
         self._tm().assign(active=tasks, standby=())
+        self._pause_not_running()
+
+    def _pause_not_running(self) -> None:
+        """Pause every assigned input partition whose task is missing or not RUNNING (restoring)."""
+        ck = require()
+        active = self._tm().active_tasks()
         to_pause = [
             tp for tp in self._assigned
             if tp not in self._paused and (
-                TaskId(SUBTOPOLOGY, tp.partition) not in tasks
-                or self._tm().active_task(TaskId(SUBTOPOLOGY, tp.partition)).state is not TaskState.RUNNING
+                (task := active.get(TaskId(SUBTOPOLOGY, tp.partition))) is None or task.state is not TaskState.RUNNING
             )
         ]
         if to_pause:
