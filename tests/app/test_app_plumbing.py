@@ -5,7 +5,9 @@
 * ``ensure_changelog_topics`` run by two instances at once (both succeed);
 * ``TaskManager.poll(commit=False)`` leaves committing to the caller;
 * the runner after a failed commit: the transaction aborted, staged writes dropped, the input sought
-  back -- the output still counts every record exactly once.
+  back -- the output still counts every record exactly once; after a fenced producer: every task
+  starts again from its last commit, exactly once too;
+* a state directory in use by another instance, a second instance with the same instance id.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from counting_app import count
 from statestore import TaskId, TopicPartition
 from statestore.app import App
 from statestore.changelog.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
-from statestore.errors import LogError, ProducerFencedError
+from statestore.errors import ApplicationError, LockError, LogError, ProducerFencedError
 from statestore.processing.record_collector import RecordCollector
 from statestore.processing.task_manager import TaskManager
 
@@ -160,3 +162,97 @@ def test_a_failed_commit_rolls_back_and_every_record_still_counts_once(
         got.setdefault(m.key(), []).append(m.value())
     assert {k: len(v) for k, v in got.items()} == {k: len(v) for k, v in want.items()}
     assert got == want
+
+
+def test_a_fenced_producer_restarts_every_task_from_its_last_commit(
+    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit finds the producer fenced (as after the broker aborted a transaction that outlived its
+    timeout): the instance does not stop; its tasks close dirty and start again from their last commit."""
+    app_id, inp, out = unique("fenced-app"), unique("fenced-in"), unique("fenced-out")
+    create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    records = [(i % 2, b"k%d" % (i % 6), b"%d" % i) for i in range(300)]
+    produce(kafka_bootstrap, inp, records)
+    real_commit = KafkaProducer.commit
+    calls = {"n": 0}
+
+    def fenced_commit(self: KafkaProducer) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            self._fenced = True  # as _error() marks it
+            raise ProducerFencedError("injected: fenced by a newer producer with the same transactional id")
+        real_commit(self)
+
+    monkeypatch.setattr(KafkaProducer, "commit", fenced_commit)
+    app = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
+              state_dir=tmp_path / "state", commit_interval_ms=0, max_poll_records=29)
+    app.start()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        app.poll_once()
+        if all(app._committed.get(TopicPartition(inp, p)) == 150 for p in (0, 1)):
+            break
+    app.close()
+    assert app.migrations == 1
+    want: dict[bytes, list[bytes]] = {}
+    state: dict[bytes, tuple[int, int]] = {}
+    for _, k, v in records:
+        n, s = state.get(k, (0, 0))
+        state[k] = (n + 1, s + int(v))
+        want.setdefault(k, []).append(b"%d,%d" % state[k])
+    got: dict[bytes, list[bytes]] = {}
+    for m in read_committed(kafka_bootstrap, out, 2):
+        got.setdefault(m.key(), []).append(m.value())
+    assert got == want
+
+
+def test_a_state_directory_in_use_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
+    app_id, inp, out = unique("lock-app"), unique("lock-in"), unique("lock-out")
+    create_topics(kafka_bootstrap, {inp: 1, out: 1})
+    first = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
+                state_dir=tmp_path / "state")
+    first.start()
+    try:
+        second = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"],
+                     process=count, state_dir=tmp_path / "state")
+        with pytest.raises(LockError, match="is in use by process"):
+            second.start()
+    finally:
+        first.close()
+
+
+def test_a_second_instance_with_the_same_instance_id_stops_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Static membership (``instance_id``): the newer member takes the id over; the older one is fenced
+    by the group coordinator and stops with ``ApplicationError``, committing nothing more."""
+    app_id, inp, out = unique("static-app"), unique("static-in"), unique("static-out")
+    create_topics(kafka_bootstrap, {inp: 2, out: 2})
+
+    def make(state: str) -> App:
+        return App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
+                   state_dir=tmp_path / state, instance_id="one",
+                   consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+
+    first, second = make("a"), make("b")
+    errors: list[BaseException] = []
+
+    def run_first() -> None:
+        try:
+            t0 = time.monotonic()
+            first.run(until=lambda: time.monotonic() - t0 > 60, handle_signals=False)
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not first.active_tasks():
+        time.sleep(0.1)
+    assert first.active_tasks(), "the first instance never got its tasks"
+    second.start()
+    t0 = time.monotonic()
+    while thread.is_alive() and time.monotonic() - t0 < 45:
+        second.poll_once()
+    second.close()
+    thread.join(timeout=60)
+    assert len(errors) == 1 and isinstance(errors[0], ApplicationError), errors
+    assert "fenced by other consumer with same group.instance.id" in str(errors[0]), errors[0]

@@ -420,8 +420,13 @@ class App:
 
     def _consumer_error(self, err: Any) -> None:
         ck = require()
-        if err.fatal():
-            raise ApplicationError(f"application {self.application_id}: the group consumer failed fatally: {err}")
+        # librdkafka reports a fatal consumer error (e.g. a static member fenced by a newer one with the
+        # same group.instance.id) as an event of code _FATAL whose fatal() is False.
+        if err.fatal() or err.code() == ck.KafkaError._FATAL:
+            raise ApplicationError(
+                f"application {self.application_id}: the group consumer failed fatally: {err.str()}; "
+                "this instance stops (another instance with the same instance_id took its place?)"
+            )
         if err.code() == ck.KafkaError._PARTITION_EOF:
             return
         logger.warning("%s: consumer error: %s", self.application_id, err)
