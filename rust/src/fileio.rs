@@ -48,7 +48,8 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 
 const TMP_SUFFIX: &str = ".tmp";
 
-fn parent_of(path: &Path) -> &Path {
+/// The directory holding `path`: its parent, or `.` for a bare relative name.
+pub(crate) fn parent_of(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

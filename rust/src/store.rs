@@ -275,7 +275,7 @@ impl Store {
     pub fn open_format(path: &Path, mut opts: Options, format: StoreFormat) -> Result<Self, StoreError> {
         opts.set_atomic_flush(true);
         opts.create_missing_column_families(true);
-        if !path.exists() && !path.parent().is_some_and(Path::is_dir) {
+        if !path.exists() && !crate::fileio::parent_of(path).is_dir() {
             return Err(StoreError::new(path, "parent directory does not exist"));
         }
         if let Some(present) = Self::column_families(path)? {

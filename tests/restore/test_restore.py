@@ -361,3 +361,17 @@ def test_gil_is_released_during_a_restore(tmp_path: Path) -> None:
     t.join()
     assert not errors
     assert ticks > 3
+
+
+@pytest.mark.parametrize("mode", ["replay", "bulk"])
+def test_a_store_named_by_a_bare_relative_path_is_created_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    log = SegmentLog(tmp_path / "log")
+    with log.producer("w") as p:
+        p.begin()
+        p.send("app-s-changelog", 0, b"k", b"v")
+        p.commit()
+    monkeypatch.chdir(tmp_path)
+    r = restore_store("counts-1", log, TopicPartition("app-s-changelog", 0), mode=mode)
+    assert r.records_applied == 1 and (tmp_path / "counts-1").is_dir()

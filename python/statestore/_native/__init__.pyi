@@ -99,7 +99,7 @@ def restore_many(specs: Sequence[_RestoreSpec], threads: int) -> list[RestoreOut
 #: The restore modes (``rust/src/restore/engine.rs``, ``Mode::ALL``).
 MODES: Final[tuple[str, ...]]
 
-# segment log (statestore.log)
+# segment log (statestore.changelog.segment_log)
 
 @final
 class TransactionInfo:
@@ -257,7 +257,7 @@ class KafkaReaderCore:
     def skipped(self) -> tuple[int, int]: ...
     def poll(self, end: int, max_bytes: int) -> list[_RecordRow]: ...
 
-# stores (statestore.verify, statestore.inspection, tools)
+# stores (statestore.ops.verify, statestore.ops.inspection, tools)
 
 @final
 class StoreInfo:

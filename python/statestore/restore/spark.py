@@ -313,7 +313,7 @@ def restore_on_spark(
     store's changelog found under ``log_dir`` (read on the driver). ``log_dir``
     and ``state_dir`` are paths as the executors see them (relative ones are
     made absolute on the driver): a shared filesystem, or local disks holding
-    the same log (see the README). Or ``kafka={"bootstrap.servers": ...,
+    the same log (see docs/spark.md, "Which state_dir"). Or ``kafka={"bootstrap.servers": ...,
     ...}`` (confluent-kafka style properties, SSL and SASL included): every
     task fetches its own partition from the cluster natively, and partitions
     default to every partition of each store's changelog topic. On a local master ``state_dir`` is created

@@ -1,5 +1,5 @@
 //! Binding of [`crate::log`] and [`crate::codec`]: the segment log, its
-//! producer and reader for `statestore.log`. Every call that touches files
+//! producer and reader for `statestore.changelog.segment_log`. Every call that touches files
 //! releases the GIL; records cross into Python a chunk at a time.
 
 use std::path::PathBuf;
@@ -33,7 +33,7 @@ fn isolation(name: &str) -> PyResult<Isolation> {
     }
 }
 
-/// The native half of `statestore.log.SegmentLog`.
+/// The native half of `statestore.changelog.segment_log.SegmentLog`.
 #[pyclass(module = "statestore._native", name = "SegmentLogCore", frozen)]
 struct SegmentLogCore {
     log: Arc<Log>,
@@ -122,7 +122,7 @@ pub struct TransactionInfo {
 pub(super) type Headers = Vec<(String, Option<Vec<u8>>)>;
 pub(super) type Bytes = Option<Vec<u8>>;
 
-/// The native half of `statestore.log.Producer`.
+/// The native half of `statestore.changelog.segment_log.Producer`.
 #[pyclass(module = "statestore._native", name = "ProducerCore", frozen)]
 struct ProducerCore {
     inner: Mutex<Producer>,
@@ -192,7 +192,7 @@ pub(super) fn push_record(chunk: &mut RecordChunk, r: &RecordRef<'_>) {
 }
 
 /// Records decoded without the GIL, as Python `(offset, key, value,
-/// timestamp, headers)` tuples (`statestore.log.Record` is built from them).
+/// timestamp, headers)` tuples (`statestore.changelog.segment_log.Record` is built from them).
 pub(super) fn records_to_py<'py>(py: Python<'py>, chunk: &RecordChunk) -> PyResult<Bound<'py, PyList>> {
     let bytes = |b: Option<&[u8]>| b.map(|b| PyBytes::new(py, b));
     let out = PyList::empty(py);
@@ -206,7 +206,7 @@ pub(super) fn records_to_py<'py>(py: Python<'py>, chunk: &RecordChunk) -> PyResu
     Ok(out)
 }
 
-/// The native half of `statestore.log.LogReader`.
+/// The native half of `statestore.changelog.segment_log.LogReader`.
 #[pyclass(module = "statestore._native", name = "LogReaderCore", frozen)]
 struct LogReaderCore {
     inner: Mutex<PartitionReader>,

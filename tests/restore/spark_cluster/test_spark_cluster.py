@@ -42,7 +42,7 @@ JOB = ROOT / "examples" / "restore_job.py"
 
 
 def spark_submit(master: str, *args: str, conf: tuple[str, ...] = ()) -> list[str]:
-    """The ``spark-submit`` command of the example job, as the README shows it; ``conf``: more ``K=V``."""
+    """The ``spark-submit`` command of the example job, as docs/spark.md shows it; ``conf``: more ``K=V``."""
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
