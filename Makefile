@@ -60,6 +60,7 @@ $(ZIG_BUILDS): export CXX_$(T_) := $(ZIG_TOOLCHAIN)/c++
 $(ZIG_BUILDS): export AR_$(T_) := $(ZIG_TOOLCHAIN)/ar
 $(ZIG_BUILDS): export RANLIB_$(T_) := $(ZIG_TOOLCHAIN)/ranlib
 $(ZIG_BUILDS): export CARGO_TARGET_$(T_UPPER)_LINKER := $(ZIG_TOOLCHAIN)/cc
+$(ZIG_BUILDS): export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 toolchain: venv ## write the zig C/C++ wrappers every build uses (scripts/zig-toolchain.sh)
 	@bash scripts/zig-toolchain.sh $(ZIG_TOOLCHAIN) $(VENV) $(ARCH)-linux-gnu.$(GLIBC)
