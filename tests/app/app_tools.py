@@ -80,10 +80,11 @@ def open_transactions(bootstrap: str, topic: str, partitions: int) -> dict[int, 
 
 
 def start_counting_app(bootstrap: str, app_id: str, state_dir: Path, inp: str, out: str, log: Path,
-                       guarantee: str = "exactly_once_v2", commit_interval_ms: int = 100) -> subprocess.Popen[bytes]:
+                       guarantee: str = "exactly_once_v2", commit_interval_ms: int = 100,
+                       standbys: int = 0) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
         return subprocess.Popen(
             [sys.executable, str(COUNTING_APP), bootstrap, app_id, str(state_dir), inp, out, guarantee,
-             str(commit_interval_ms)],
+             str(commit_interval_ms), str(standbys)],
             stdout=f, stderr=subprocess.STDOUT,
         )

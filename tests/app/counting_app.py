@@ -1,6 +1,6 @@
 """The counting application the ``app`` tests run (and SIGKILL) as a child process.
 
-``counting_app.py <bootstrap> <application_id> <state_dir> <input> <output> [guarantee [commit_interval_ms]]``
+``counting_app.py <bootstrap> <application_id> <state_dir> <input> <output> [guarantee [commit_interval_ms [standbys]]]``
 
 Per key it keeps a count and a running sum of the input values (store
 ``agg``, value ``b"<count>,<sum>"``) and sends ``key -> b"<count>,<sum>"`` to
@@ -33,6 +33,7 @@ def main(argv: list[str]) -> None:
     bootstrap, app_id, state_dir, input_topic, output_topic = argv[:5]
     guarantee = argv[5] if len(argv) > 5 else "exactly_once_v2"
     commit_interval_ms = int(argv[6]) if len(argv) > 6 else None
+    standbys = int(argv[7]) if len(argv) > 7 else 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = App(
         app_id,
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> None:
         state_dir=state_dir,
         guarantee=guarantee,
         commit_interval_ms=commit_interval_ms,
+        num_standby_replicas=standbys,
         consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
     )
     app.run()

@@ -256,3 +256,20 @@ def test_a_second_instance_with_the_same_instance_id_stops_the_first(kafka_boots
     thread.join(timeout=60)
     assert len(errors) == 1 and isinstance(errors[0], ApplicationError), errors
     assert "fenced by other consumer with same group.instance.id" in str(errors[0]), errors[0]
+
+
+def test_standby_placement_follows_the_range_assignor_without_the_owner() -> None:
+    from statestore.app.runner import range_owner, standby_members
+
+    members = ["a", "b", "c"]
+    assert [range_owner(members, p, 4) for p in range(4)] == ["a", "a", "b", "c"]
+    assert [range_owner(members, p, 6) for p in range(6)] == ["a", "a", "b", "b", "c", "c"]
+    assert [range_owner(members, p, 2) for p in range(2)] == ["a", "b"]
+    # Task 3 owned by c: without c, range over (a, b) gives partition 3 to b.
+    assert standby_members(members, "c", 3, 4, 1) == ["b"]
+    assert standby_members(members, "c", 3, 4, 2) == ["b", "a"]
+    assert standby_members(members, "a", 0, 4, 5) == ["b", "c"]  # never more than the other members
+    assert standby_members(["a"], "a", 0, 4, 1) == []
+    for owner in members:
+        for p in range(4):
+            assert owner not in standby_members(members, owner, p, 4, 2)

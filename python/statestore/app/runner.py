@@ -55,6 +55,8 @@ EOS_COMMIT_INTERVAL_MS = 100
 ALOS_COMMIT_INTERVAL_MS = 30_000
 #: Default transaction timeout: a dead instance's open transaction blocks its successor at most this long.
 APP_TRANSACTION_TIMEOUT_MS = 10_000
+#: Seconds between two placements of standby tasks (and after every assignment).
+STANDBY_REFRESH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,9 @@ class App:
       exactly-once; if it raises, the transaction is aborted and the application stops with
       :class:`~statestore.errors.ProcessingError` naming the task, partition and offset.
     * ``guarantee``: ``"exactly_once_v2"`` (default) or ``"at_least_once"``.
-    * ``num_standby_replicas`` is accepted but standbys on other instances are not placed yet.
+    * ``num_standby_replicas``: each task has up to that many standbys on other instances, placed
+      from the group's membership (see :meth:`_place_standbys`); a task that moves to an instance
+      holding its standby restores only what the standby had not applied.
     * ``client_config``: librdkafka properties for every client (security, ...);
       ``consumer_config``: for the group consumer only (``session.timeout.ms``, ...).
     * ``group_protocol``: ``"classic"`` (default; range assignor) or ``"consumer"`` (KIP-848 with
@@ -193,6 +197,11 @@ class App:
         self._committed: dict[TopicPartition, int] = {}
         self._dirty: set[TopicPartition] = set()
         self._contexts: dict[TaskId, Context] = {}
+        # Standby tasks this instance holds for tasks other members own (num_standby_replicas > 0).
+        self._standbys: set[TaskId] = set()
+        self._standby_due = 0.0
+        self._before_rebalance: set[TaskId] = set()
+        self._assignments = 0
         self._rebalancing = False
         self._rewinds = 0
         self._close_clean = True
@@ -204,6 +213,9 @@ class App:
         self.aborts = 0
         #: Times the producer was fenced and every task started again from its last commit.
         self.migrations = 0
+        #: Tasks that moved to this instance and found a standby here (hit) or not (miss).
+        self.standby_hits = 0
+        self.standby_misses = 0
 
     def __repr__(self) -> str:
         return f"App({self.application_id!r}, {self.bootstrap_servers!r}, inputs={self.input_topics})"
@@ -217,11 +229,6 @@ class App:
         if self._closed:
             raise ApplicationError(f"{self!r} is closed")
         ck = require()
-        if self.num_standby_replicas:
-            logger.warning(
-                "%s: num_standby_replicas=%d accepted, but standbys on other instances are not placed yet; "
-                "a moved task restores from its changelog", self.application_id, self.num_standby_replicas,
-            )
         self.changelog = KafkaChangelog(
             self.bootstrap_servers,
             request_timeout=self.request_timeout,
@@ -349,6 +356,8 @@ class App:
                 break  # sought back: the rest of this batch comes again
         if time.monotonic() - self._last_commit >= self.commit_interval:
             self.commit()
+        if self.num_standby_replicas and time.monotonic() >= self._standby_due and not self._rebalancing:
+            self._place_standbys()
         return done
 
     def _handle(self, msg: Any) -> bool:
@@ -503,7 +512,8 @@ class App:
         tm.close_lost(list(tm.active_tasks()))
         self._contexts.clear()
         self._rewind(self._assigned)
-        tm.assign(active=self._complete_tasks(), standby=())
+        tasks = self._complete_tasks()
+        tm.assign(active=tasks, standby=self._standbys - tasks)
         self._pause_not_running()
 
     def _rewind(self, tps: Iterable[TopicPartition]) -> None:
@@ -588,8 +598,19 @@ class App:
             )
         logger.info("%s: assigned %s; active tasks now %s", self.application_id,
                     ", ".join(map(str, sorted(new))) or "nothing", ", ".join(map(str, sorted(tasks))) or "none")
-        self._tm().assign(active=tasks, standby=())
+        tm = self._tm()
+        moved_in = tasks - self._before_rebalance - set(tm.active_tasks())
+        if self.num_standby_replicas and moved_in and self._assignments:
+            hits = moved_in & set(tm.standby_tasks())
+            self.standby_hits += len(hits)
+            self.standby_misses += len(moved_in - hits)
+            logger.info("%s: tasks moved here: %s; found a standby: %s", self.application_id,
+                        ", ".join(map(str, sorted(moved_in))), ", ".join(map(str, sorted(hits))) or "none")
+        self._before_rebalance = set()
+        self._assignments += 1
+        tm.assign(active=tasks, standby=self._standbys - tasks)
         self._pause_not_running()
+        self._standby_due = 0.0  # the membership changed: place standbys again
 
     def _pause_not_running(self) -> None:
         """Pause every assigned input partition whose task is missing or not RUNNING (restoring)."""
@@ -613,8 +634,10 @@ class App:
             # (not when closing after an error: that aborted everything).
             if not self._closed or self._close_clean:
                 self.commit()
+            self._before_rebalance |= set(self._tm().active_tasks())
             self._forget(revoked)
-            self._tm().assign(active=self._complete_tasks(), standby=())
+            remaining = self._complete_tasks()
+            self._tm().assign(active=remaining, standby=self._standbys - remaining)
         else:
             self._forget(revoked)
         if self.group_protocol == "classic":
@@ -632,6 +655,7 @@ class App:
             self._abort("partitions lost")
             self._forget(lost)
             self.task_manager.close_lost(before - self._complete_tasks())
+            self._before_rebalance |= self._complete_tasks()
         else:
             self._forget(lost)
         if self.group_protocol == "classic":
@@ -647,6 +671,42 @@ class App:
             self._next.pop(tp, None)
             self._committed.pop(tp, None)
             self._dirty.discard(tp)
+
+    def _place_standbys(self) -> None:
+        """Hold standbys for the tasks the group would give this instance if their owner left.
+
+        The consumer-group protocols cannot carry standby placement, so every instance computes it
+        from the group's membership (``describe_consumer_groups``): for task ``p`` owned by member
+        ``o``, the first standby goes to the member the range assignor would give ``p`` to if ``o``
+        left (members sorted by member id), the next ones to the members after it. A wrong guess only
+        costs a restore.
+        """
+        self._standby_due = time.monotonic() + STANDBY_REFRESH_S
+        assert self.changelog is not None
+        try:
+            desc = self.changelog.admin().describe_consumer_groups(
+                [self.application_id], request_timeout=self.request_timeout
+            )[self.application_id].result(self.request_timeout)
+            me = self._consumer.memberid()
+        except Exception as e:  # the next refresh tries again
+            logger.info("%s: cannot describe the group to place standbys: %s", self.application_id, e)
+            return
+        owners: dict[int, str] = {}
+        for m in desc.members:
+            for tp in m.assignment.topic_partitions if m.assignment else ():
+                if tp.topic == self.input_topics[0]:
+                    owners[tp.partition] = m.member_id
+        members = sorted(m.member_id for m in desc.members)
+        want = {
+            TaskId(SUBTOPOLOGY, p)
+            for p, owner in owners.items()
+            if owner != me and me in standby_members(members, owner, p, self.partitions, self.num_standby_replicas)
+        }
+        want -= set(self._tm().active_tasks())
+        if want != self._standbys:
+            logger.info("%s: standby tasks now %s", self.application_id, ", ".join(map(str, sorted(want))) or "none")
+            self._standbys = want
+            self._tm().assign(active=set(self._tm().active_tasks()), standby=want)
 
     def _resume_running(self) -> None:
         ck = require()
@@ -729,6 +789,25 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close(clean=exc == (None, None, None))
+
+
+def range_owner(members: Sequence[str], partition: int, partitions: int) -> str:
+    """The member the range assignor gives ``partition`` to (``members`` sorted)."""
+    per, extra = divmod(partitions, len(members))
+    # The first ``extra`` members get ``per + 1`` partitions, the others ``per``.
+    boundary = extra * (per + 1)
+    index = partition // (per + 1) if partition < boundary else extra + (partition - boundary) // max(per, 1)
+    return members[min(index, len(members) - 1)]
+
+
+def standby_members(members: Sequence[str], owner: str, partition: int, partitions: int, replicas: int) -> list[str]:
+    """The members that hold a standby of task ``partition`` owned by ``owner``: first the one the range
+    assignor would pick if the owner left, then the next ones in member order (never the owner)."""
+    others = [m for m in members if m != owner]
+    if not others or replicas < 1:
+        return []
+    first = others.index(range_owner(others, partition, partitions))
+    return [others[(first + i) % len(others)] for i in range(min(replicas, len(others)))]
 
 
 def _store_formats(stores: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
