@@ -142,6 +142,7 @@ def run_kills(tmp_path: Path, kills: int, max_delay: float) -> None:
     assert total >= sum(committed.values())
 
 
+@pytest.mark.slow
 def test_sigkill_while_appending_transactions(tmp_path: Path) -> None:
     run_kills(tmp_path, kills=50, max_delay=0.12)
 

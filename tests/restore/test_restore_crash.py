@@ -162,6 +162,7 @@ def run_kills(base: Path, changelog: tuple[Path, Records, int], mode: str, kills
         assert partial > 0, "no kill landed in the middle of a replay"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["replay", "bulk"])
 def test_sigkill_during_restore_leaves_a_consistent_store(
     tmp_path: Path, changelog: tuple[Path, Records, int], mode: str

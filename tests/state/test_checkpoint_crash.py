@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from statestore import OffsetCheckpoint, TopicPartition
 
 KILLS = 200
@@ -43,6 +45,7 @@ def _check_version(offsets: dict[TopicPartition, int]) -> int:
     return v
 
 
+@pytest.mark.slow
 def test_sigkilled_writer_never_leaves_a_torn_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / ".checkpoint"
     ckpt = OffsetCheckpoint(path)

@@ -108,6 +108,7 @@ def run_crashes(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: 
     return stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
 def test_sigkill_at_random_points(tmp_path: Path, guarantee: str, mode: str) -> None:
     stats = run_crashes(tmp_path, guarantee, mode, kills_wanted=50, seed=zlib.crc32(f"{guarantee}/{mode}".encode()))
