@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_torture_crash import check_store_on_disk, final_check
 
 from support import SUPPORT
+from support.counting_checks import check_store_on_disk, final_check
 
 HERE = Path(__file__).resolve().parent
 SHIM_SOURCE = HERE / "iofault.c"

@@ -29,52 +29,17 @@ from pathlib import Path
 
 import pytest
 
-from statestore import SegmentLog, TaskId, TopicPartition
-from statestore.processing.task_manager import TaskManager
-from statestore.state.directory import StateDirectory
 from support import SUPPORT
-from support.counting_child import STORE, check, model_from_log
+from support.counting_checks import check_store_on_disk, final_check
 from support.killer import kill_counting_children
-from support.model import store_contents
 
 CHILD = SUPPORT / "counting_child.py"
-TASK = TaskId(0, 0)
-TP = TopicPartition(f"app-{STORE}-changelog", 0)
 COMBINATIONS = [
     ("at_least_once", "store"),
     ("exactly_once_v2", "store"),
     ("at_least_once", "checkpoint"),
     ("exactly_once_v2", "checkpoint"),
 ]
-
-
-def committed_state_at(root: Path, offset: int) -> dict[bytes, bytes]:
-    """The committed changelog's key -> value after applying records up to ``offset``."""
-    state: dict[bytes, bytes] = {}
-    for rec in SegmentLog(root / "log", sync=False).read(TP):
-        if rec.offset > offset:
-            break
-        if rec.key is None:
-            continue
-        if rec.value is None:
-            state.pop(rec.key, None)
-        else:
-            state[rec.key] = rec.value
-    return state
-
-
-def check_store_on_disk(root: Path) -> None:
-    """Offsets in the store: what a kill left is exactly the committed state at the recorded offset."""
-    store_dir = root / "state" / "app" / str(TASK) / "rocksdb" / STORE
-    if not (store_dir / "CURRENT").exists():
-        return
-    contents = store_contents(store_dir)
-    data, offsets = contents.data, contents.offsets
-    offset = offsets.get(str(TP))
-    if offset is None:
-        assert not data, f"store holds {len(data)} keys but records no offset"
-        return
-    assert data == committed_state_at(root, offset), f"store on disk is not the committed state at offset {offset}"
 
 
 def run_kills(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: int) -> dict[str, int]:
@@ -86,21 +51,6 @@ def run_kills(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: in
         lambda: check_store_on_disk(root) if mode == "store" else None,
         max_kill_at=120, startup=(0.02, 0.4), processing=(0, 0.15), timeout=20,
     )
-
-
-def final_check(root: Path, guarantee: str, mode: str) -> dict[bytes, bytes]:
-    """Restart in this process, restore, and compare with the committed changelog."""
-    log = SegmentLog(root / "log", sync=False)
-    with StateDirectory(root / "state", "app") as sd:
-        tm = TaskManager(sd, log, [STORE], guarantee=guarantee, offsets=mode)
-        tm.start()
-        tm.assign([TASK], [])
-        assert tm.restore(timeout=60)
-        store = dict(tm.active_task(TASK).store(STORE))
-        problem = check(store, model_from_log(root / "log"), eos=guarantee == "exactly_once_v2")
-        assert problem is None, problem
-        tm.close()
-    return store
 
 
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
