@@ -117,8 +117,12 @@ def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object
     benchmarks disappear; a partial run keeps the other modules' rows in order.
     """
     fresh = [
-        {"name": b["name"], "module": b.get("fullname", "").split("::", 1)[0], "extra_info": b.get("extra_info", {}),
-         "measured": stamp}
+        {
+            "name": b["name"],
+            "module": b.get("fullname", "").split("::", 1)[0],
+            "extra_info": b.get("extra_info", {}),
+            "measured": stamp,
+        }
         for b in run.get("benchmarks", [])  # type: ignore[union-attr]
     ]
     if full or not RESULTS.exists():
@@ -160,9 +164,15 @@ def render_text(results: dict[str, object], notes: str) -> str:
         "",
     ]
     if any("ratio" in b.get("extra_info", {}) for b in benches):
-        doc += ["The chart shows each ratio; the black tick is the goal, red bars miss it.", "",
-                f"![benchmark ratios]({CHART})", ""]
-    doc += "\n".join(line for line in notes.splitlines() if not line.startswith("<!--")).strip("\n").split("\n")
+        doc += [
+            "The chart shows each ratio; the black tick is the goal, red bars miss it.",
+            "",
+            f"![benchmark ratios]({CHART})",
+            "",
+        ]
+    doc += (
+        "\n".join(line for line in notes.splitlines() if not line.startswith("<!--")).strip("\n").split("\n")
+    )
     return "\n".join(doc).rstrip("\n") + "\n"
 
 
@@ -177,10 +187,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", type=Path, default=ROOT / ".benchmarks" / "latest.json")
     ap.add_argument("--no-markdown", action="store_true", help="only write the JSON")
-    ap.add_argument("--only", nargs="+", type=Path, default=None, metavar="MODULE",
-                    help="run only these benchmark modules and replace only their rows")
-    ap.add_argument("--render-only", "--render", dest="render", action="store_true",
-                    help="run nothing: rewrite BENCHMARKS.md (and the chart) from benches/results.json and the notes")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="MODULE",
+        help="run only these benchmark modules and replace only their rows",
+    )
+    ap.add_argument(
+        "--render-only",
+        "--render",
+        dest="render",
+        action="store_true",
+        help="run nothing: rewrite BENCHMARKS.md (and the chart) from benches/results.json and the notes",
+    )
     ap.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (e.g. -k decode)")
     args = ap.parse_args()
     if args.render:
@@ -189,15 +210,25 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     targets = [str(p) for p in args.only] if args.only else [str(ROOT / "benches")]
     cmd = [
-        sys.executable, "-m", "pytest", *targets, "-q", "-s", "-p", "no:cacheprovider",
-        f"--benchmark-json={args.json}", *args.pytest_args,
+        sys.executable,
+        "-m",
+        "pytest",
+        *targets,
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        f"--benchmark-json={args.json}",
+        *args.pytest_args,
     ]
     rc = subprocess.call(cmd, cwd=ROOT)
     if rc != 0 or args.no_markdown:
         return rc
     scale = os.environ.get("STATESTORE_BENCH_SCALE", "1.0")
     stamp = f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, scale {scale}"
-    results = merge(json.loads(args.json.read_text()), full=not args.only and not args.pytest_args, stamp=stamp)
+    results = merge(
+        json.loads(args.json.read_text()), full=not args.only and not args.pytest_args, stamp=stamp
+    )
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     render(results)
     print((ROOT / "BENCHMARKS.md").read_text())

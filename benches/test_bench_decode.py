@@ -41,7 +41,11 @@ def segment(tmp_path_factory: pytest.TempPathFactory) -> Path:
     t0 = time.perf_counter()
     for lo in range(0, N, TXN):
         p.begin()
-        p.send_many(TP.topic, TP.partition, [(b"key-%012d" % i, b"v" * 56 + b"%08d" % i) for i in range(lo, min(N, lo + TXN))])
+        p.send_many(
+            TP.topic,
+            TP.partition,
+            [(b"key-%012d" % i, b"v" * 56 + b"%08d" % i) for i in range(lo, min(N, lo + TXN))],
+        )
         p.commit()
     log.close()
     print(f"\ndecode benchmark: {N:,} records written in {time.perf_counter() - t0:.1f}s")
@@ -56,7 +60,7 @@ def kafka_python_decode(seg_files: list[Path]) -> tuple[int, int]:
         pos = 0
         while pos + 12 <= len(data):
             length = struct.unpack_from(">i", data, pos + 8)[0]
-            batch = DefaultRecordBatch(bytearray(data[pos:pos + 12 + length]))
+            batch = DefaultRecordBatch(bytearray(data[pos : pos + 12 + length]))
             assert batch.validate_crc()
             if not batch.is_control_batch:
                 for r in batch:

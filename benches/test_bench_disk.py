@@ -50,7 +50,9 @@ def dd_rate(args: list[str]) -> float:
 def write_bandwidth(d: Path, size_mib: int) -> float:
     f = d / "dd-write"
     try:
-        return dd_rate(["if=/dev/zero", f"of={f}", "bs=1M", f"count={size_mib}", "oflag=direct", "conv=fdatasync"])
+        return dd_rate(
+            ["if=/dev/zero", f"of={f}", "bs=1M", f"count={size_mib}", "oflag=direct", "conv=fdatasync"]
+        )
     finally:
         f.unlink(missing_ok=True)
 
@@ -114,17 +116,19 @@ def test_restore_output_vs_disk_write_bandwidth(benchmark: Any, log: Path, tmp_p
     benchmark.pedantic(run, setup=reset, rounds=ROUNDS, iterations=1)
     out_rate = statistics.median(rates)
     ratio = out_rate / disk
-    benchmark.extra_info.update({
-        "baseline": "dd sequential write, O_DIRECT + fdatasync, same file system",
-        "candidate": f"{mode} restore: SST bytes out per second",
-        "ratio": ratio,
-        "goal": 0.5 if mode == "bulk" else None,
-        "records": N,
-        "sst_MiB": outputs[-1] / MiB,
-        "restore_out_MiB_per_s": out_rate / MiB,
-        "disk_write_MiB_per_s": disk / MiB,
-        "load_avg_1min": os.getloadavg()[0],
-    })
+    benchmark.extra_info.update(
+        {
+            "baseline": "dd sequential write, O_DIRECT + fdatasync, same file system",
+            "candidate": f"{mode} restore: SST bytes out per second",
+            "ratio": ratio,
+            "goal": 0.5 if mode == "bulk" else None,
+            "records": N,
+            "sst_MiB": outputs[-1] / MiB,
+            "restore_out_MiB_per_s": out_rate / MiB,
+            "disk_write_MiB_per_s": disk / MiB,
+            "load_avg_1min": os.getloadavg()[0],
+        }
+    )
     if mode != "bulk":
         del benchmark.extra_info["goal"]
     print(f"\n{mode} output {out_rate / MiB:,.0f} MiB/s vs disk write {disk / MiB:,.0f} MiB/s: {ratio:.3f}")
@@ -151,16 +155,18 @@ def test_restore_log_read_vs_disk_read_bandwidth(benchmark: Any, log: Path, tmp_
 
     benchmark.pedantic(run, setup=reset, rounds=ROUNDS, iterations=1)
     rate = statistics.median(rates)
-    benchmark.extra_info.update({
-        "baseline": "dd sequential read, O_DIRECT, same file system",
-        "candidate": "bulk restore: changelog bytes read per second" + (", page cache dropped" if cold else
-                                                                       ", page cache NOT dropped (no permission)"),
-        "ratio": rate / disk,
-        "records": N,
-        "log_MiB": size / MiB,
-        "restore_read_MiB_per_s": rate / MiB,
-        "disk_read_MiB_per_s": disk / MiB,
-        "page_cache_dropped": cold,
-        "load_avg_1min": os.getloadavg()[0],
-    })
+    benchmark.extra_info.update(
+        {
+            "baseline": "dd sequential read, O_DIRECT, same file system",
+            "candidate": "bulk restore: changelog bytes read per second"
+            + (", page cache dropped" if cold else ", page cache NOT dropped (no permission)"),
+            "ratio": rate / disk,
+            "records": N,
+            "log_MiB": size / MiB,
+            "restore_read_MiB_per_s": rate / MiB,
+            "disk_read_MiB_per_s": disk / MiB,
+            "page_cache_dropped": cold,
+            "load_avg_1min": os.getloadavg()[0],
+        }
+    )
     print(f"\nbulk restore reads {rate / MiB:,.0f} MiB/s vs disk read {disk / MiB:,.0f} MiB/s (cold={cold})")

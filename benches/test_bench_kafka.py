@@ -65,7 +65,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Segmen
     kp.close()
     sp.close()
     assert changelog.offsets(tp) == seg.offsets(tp)
-    print(f"\nkafka benchmark data: {N:,} records in {N // TXN} transactions written in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"\nkafka benchmark data: {N:,} records in {N // TXN} transactions written in {time.perf_counter() - t0:.1f}s"
+    )
     yield changelog, seg, tp
     changelog.close()
     broker.stop()
@@ -110,7 +112,9 @@ def restore_in_python(changelog: Any, tp: TopicPartition, path: Path) -> int:
     return n
 
 
-def test_kafka_restore_vs_segment_log(benchmark: Any, data: tuple[Any, SegmentLog, TopicPartition], tmp_path: Path) -> None:
+def test_kafka_restore_vs_segment_log(
+    benchmark: Any, data: tuple[Any, SegmentLog, TopicPartition], tmp_path: Path
+) -> None:
     changelog, seg, tp = data
     end = changelog.end_offset(tp)
     store = tmp_path / "s"
@@ -122,7 +126,8 @@ def test_kafka_restore_vs_segment_log(benchmark: Any, data: tuple[Any, SegmentLo
     for mode in ("replay", "bulk"):
         for name, source in (("segment", seg), ("kafka", changelog)):
             figures[f"{name}_{mode}_s"] = median_time(
-                lambda m=mode, c=source: restore_store(store, c, tp, mode=m), reset, ROUNDS)
+                lambda m=mode, c=source: restore_store(store, c, tp, mode=m), reset, ROUNDS
+            )
     expected = tmp_path / "expected"
     restore_store(expected, seg, tp, mode="replay")
     reset()
@@ -130,16 +135,21 @@ def test_kafka_restore_vs_segment_log(benchmark: Any, data: tuple[Any, SegmentLo
     assert store_difference(expected, store) is None
     figures["consume_only_s"] = median_time(lambda: consume_only(changelog, tp, end), lambda: None, ROUNDS)
     py = tmp_path / "py"
-    figures["python_restore_s"] = median_time(lambda: restore_in_python(changelog, tp, py),
-                                               lambda: shutil.rmtree(py, ignore_errors=True), ROUNDS)
+    figures["python_restore_s"] = median_time(
+        lambda: restore_in_python(changelog, tp, py), lambda: shutil.rmtree(py, ignore_errors=True), ROUNDS
+    )
     rate = {k.replace("_s", "_records_per_s"): N / v for k, v in figures.items()}
-    benchmark.pedantic(lambda: restore_store(store, changelog, tp, mode="replay"), setup=reset, rounds=1, iterations=1)
-    benchmark.extra_info.update({
-        "baseline": "segment-log replay restore, same records",
-        "candidate": "Kafka replay restore (Apache Kafka 4.4 on loopback, confluent-kafka)",
-        "ratio": figures["segment_replay_s"] / figures["kafka_replay_s"],
-        "goal": None,
-        "records": N,
-        **rate,
-    })
+    benchmark.pedantic(
+        lambda: restore_store(store, changelog, tp, mode="replay"), setup=reset, rounds=1, iterations=1
+    )
+    benchmark.extra_info.update(
+        {
+            "baseline": "segment-log replay restore, same records",
+            "candidate": "Kafka replay restore (Apache Kafka 4.4 on loopback, confluent-kafka)",
+            "ratio": figures["segment_replay_s"] / figures["kafka_replay_s"],
+            "goal": None,
+            "records": N,
+            **rate,
+        }
+    )
     print("\n" + "\n".join(f"{k}: {v:,.0f}" for k, v in rate.items()))

@@ -51,7 +51,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
     except BrokerUnavailable as e:
         pytest.skip(f"no Kafka broker could start: {e}")
     native = kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0, restore_stall_timeout=60.0)
-    fallback = kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0, restore_stall_timeout=60.0, native=False)
+    fallback = kafka.KafkaChangelog(
+        broker.bootstrap, request_timeout=60.0, restore_stall_timeout=60.0, native=False
+    )
     assert native.native is not None and fallback.native is None
     seg = SegmentLog(tmp_path_factory.mktemp("kafka-native-bench") / "log", sync=False)
     topic = "bench-native"
@@ -75,7 +77,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Data]:
     sp.close()
     for tp in tps:
         assert native.offsets(tp) == seg.offsets(tp)
-    print(f"\nnative kafka benchmark data: {PARTITIONS} x {N:,} records written in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"\nnative kafka benchmark data: {PARTITIONS} x {N:,} records written in {time.perf_counter() - t0:.1f}s"
+    )
     yield native, fallback, seg, tps
     native.close()
     fallback.close()
@@ -110,8 +114,16 @@ class Side(NamedTuple):
     mode: str
 
 
-def side_by_side(benchmark: Any, data: Data, tp: TopicPartition, store: Path, baseline: Side, candidate: Side,
-                 goal: float, reference: Any = None) -> None:
+def side_by_side(
+    benchmark: Any,
+    data: Data,
+    tp: TopicPartition,
+    store: Path,
+    baseline: Side,
+    candidate: Side,
+    goal: float,
+    reference: Any = None,
+) -> None:
     """Time the baseline's and the candidate's restore of ``tp`` into ``store`` (median of ROUNDS each) and
     record the ratio baseline / candidate, with the bytes the broker served during a native replay. With a
     ``reference`` changelog the candidate's store must equal a replay of it."""
@@ -130,36 +142,70 @@ def side_by_side(benchmark: Any, data: Data, tp: TopicPartition, store: Path, ba
         assert store_difference(ref, store) is None, store_difference(ref, store)
     ctx = _served(data[0], tp, store)
     benchmark.pedantic(lambda: restore(candidate), setup=reset, rounds=1, iterations=1)
-    benchmark.extra_info.update({
-        "baseline": baseline.description, "candidate": candidate.description, "ratio": base_s / cand_s,
-        "goal": goal, "records": N, f"{baseline.name}_records_per_s": N / base_s,
-        f"{candidate.name}_records_per_s": N / cand_s, **ctx,
-    })
-    print(f"\n{baseline.name} {N / base_s:,.0f} rec/s, {candidate.name} {N / cand_s:,.0f} rec/s, "
-          f"ratio {base_s / cand_s:.2f}; {ctx}")
+    benchmark.extra_info.update(
+        {
+            "baseline": baseline.description,
+            "candidate": candidate.description,
+            "ratio": base_s / cand_s,
+            "goal": goal,
+            "records": N,
+            f"{baseline.name}_records_per_s": N / base_s,
+            f"{candidate.name}_records_per_s": N / cand_s,
+            **ctx,
+        }
+    )
+    print(
+        f"\n{baseline.name} {N / base_s:,.0f} rec/s, {candidate.name} {N / cand_s:,.0f} rec/s, "
+        f"ratio {base_s / cand_s:.2f}; {ctx}"
+    )
 
 
 def test_native_kafka_replay_vs_segment_log_replay(benchmark: Any, data: Data, tmp_path: Path) -> None:
     native, _fallback, seg, tps = data
-    side_by_side(benchmark, data, tps[0], tmp_path / "s", reference=seg, goal=0.7,
-                 baseline=Side("segment", "segment-log replay restore, same records", seg, "replay"),
-                 candidate=Side("native", "native Kafka replay restore (Apache Kafka 4.4 on loopback)", native,
-                                "replay"))
+    side_by_side(
+        benchmark,
+        data,
+        tps[0],
+        tmp_path / "s",
+        reference=seg,
+        goal=0.7,
+        baseline=Side("segment", "segment-log replay restore, same records", seg, "replay"),
+        candidate=Side(
+            "native", "native Kafka replay restore (Apache Kafka 4.4 on loopback)", native, "replay"
+        ),
+    )
 
 
 def test_native_kafka_vs_the_confluent_kafka_path(benchmark: Any, data: Data, tmp_path: Path) -> None:
     native, fallback, _seg, tps = data
-    side_by_side(benchmark, data, tps[1], tmp_path / "s", goal=4.0,
-                 baseline=Side("confluent", "Kafka replay restore through confluent-kafka (the fallback path), "
-                               "same broker", fallback, "replay"),
-                 candidate=Side("native", "native Kafka replay restore", native, "replay"))
+    side_by_side(
+        benchmark,
+        data,
+        tps[1],
+        tmp_path / "s",
+        goal=4.0,
+        baseline=Side(
+            "confluent",
+            "Kafka replay restore through confluent-kafka (the fallback path), same broker",
+            fallback,
+            "replay",
+        ),
+        candidate=Side("native", "native Kafka replay restore", native, "replay"),
+    )
 
 
 def test_native_kafka_bulk_vs_native_replay(benchmark: Any, data: Data, tmp_path: Path) -> None:
     native, _fallback, _seg, tps = data
-    side_by_side(benchmark, data, tps[2], tmp_path / "s", reference=native, goal=2.0,
-                 baseline=Side("replay", "native Kafka replay restore", native, "replay"),
-                 candidate=Side("bulk", "native Kafka bulk restore (about 10 updates a key)", native, "bulk"))
+    side_by_side(
+        benchmark,
+        data,
+        tps[2],
+        tmp_path / "s",
+        reference=native,
+        goal=2.0,
+        baseline=Side("replay", "native Kafka replay restore", native, "replay"),
+        candidate=Side("bulk", "native Kafka bulk restore (about 10 updates a key)", native, "bulk"),
+    )
 
 
 def test_native_kafka_restore_many_two_threads_vs_one(benchmark: Any, data: Data, tmp_path: Path) -> None:
@@ -170,8 +216,10 @@ def test_native_kafka_restore_many_two_threads_vs_one(benchmark: Any, data: Data
             shutil.rmtree(tmp_path / f"m{p}", ignore_errors=True)
 
     def run(threads: int) -> None:
-        rs = restore_many([RestoreSpec(tmp_path / f"m{tp.partition}", native, tp, mode="replay") for tp in tps],
-                          threads=threads)
+        rs = restore_many(
+            [RestoreSpec(tmp_path / f"m{tp.partition}", native, tp, mode="replay") for tp in tps],
+            threads=threads,
+        )
         assert all(r.ok for r in rs), [r.error for r in rs]
 
     one_s = median_time(lambda: run(1), reset, ROUNDS)
@@ -182,12 +230,19 @@ def test_native_kafka_restore_many_two_threads_vs_one(benchmark: Any, data: Data
     run(2)
     served = (loopback_tx_bytes() - b0) / (time.perf_counter() - t0) / 1e6
     benchmark.pedantic(lambda: run(2), setup=reset, rounds=1, iterations=1)
-    benchmark.extra_info.update({
-        "baseline": f"restore_many of {PARTITIONS} Kafka partitions (native replay) on 1 thread",
-        "candidate": "the same on 2 threads",
-        "ratio": one_s / two_s, "goal": 1.6, "records": N * PARTITIONS,
-        "one_thread_records_per_s": N * PARTITIONS / one_s, "two_threads_records_per_s": N * PARTITIONS / two_s,
-        "broker_served_mb_per_s": served,
-    })
-    print(f"\n1 thread {N * PARTITIONS / one_s:,.0f} rec/s, 2 threads {N * PARTITIONS / two_s:,.0f}, "
-          f"ratio {one_s / two_s:.2f}")
+    benchmark.extra_info.update(
+        {
+            "baseline": f"restore_many of {PARTITIONS} Kafka partitions (native replay) on 1 thread",
+            "candidate": "the same on 2 threads",
+            "ratio": one_s / two_s,
+            "goal": 1.6,
+            "records": N * PARTITIONS,
+            "one_thread_records_per_s": N * PARTITIONS / one_s,
+            "two_threads_records_per_s": N * PARTITIONS / two_s,
+            "broker_served_mb_per_s": served,
+        }
+    )
+    print(
+        f"\n1 thread {N * PARTITIONS / one_s:,.0f} rec/s, 2 threads {N * PARTITIONS / two_s:,.0f}, "
+        f"ratio {one_s / two_s:.2f}"
+    )

@@ -83,16 +83,20 @@ def test_restore_with_exporter_on_vs_off(benchmark: Any, log: Path, tmp_path: Pa
     (s,) = metrics.snapshot().stores
     assert s.records_restored == N and s.done
     ratio = base / cand
-    benchmark.extra_info.update({
-        "baseline": "replay restore, no metrics",
-        "candidate": "replay restore, metrics + exporter scraped 10x/s",
-        "ratio": ratio,
-        "goal": 0.97,
-        "records": N,
-        "rounds": ROUNDS,
-        "scrapes": scrapes,
-        "off_rounds_s": " ".join(f"{x:.3f}" for x in off),
-        "on_rounds_s": " ".join(f"{x:.3f}" for x in on),
-        "load_avg_1min": os.getloadavg()[0],
-    })
-    print(f"\nexporter on vs off: {ratio:.3f} (goal >= 0.97), off {base:.3f}s, on {cand:.3f}s, {scrapes} scrapes")
+    benchmark.extra_info.update(
+        {
+            "baseline": "replay restore, no metrics",
+            "candidate": "replay restore, metrics + exporter scraped 10x/s",
+            "ratio": ratio,
+            "goal": 0.97,
+            "records": N,
+            "rounds": ROUNDS,
+            "scrapes": scrapes,
+            "off_rounds_s": " ".join(f"{x:.3f}" for x in off),
+            "on_rounds_s": " ".join(f"{x:.3f}" for x in on),
+            "load_avg_1min": os.getloadavg()[0],
+        }
+    )
+    print(
+        f"\nexporter on vs off: {ratio:.3f} (goal >= 0.97), off {base:.3f}s, on {cand:.3f}s, {scrapes} scrapes"
+    )

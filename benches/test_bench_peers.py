@@ -68,8 +68,11 @@ def quix_python() -> Path:
     py = venv / "bin" / "python"
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        out = subprocess.run([str(py), "-m", "pip", "install", "-q", f"quixstreams=={QUIX_VERSION}"],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", f"quixstreams=={QUIX_VERSION}"],
+            capture_output=True,
+            text=True,
+        )
         if out.returncode != 0:
             shutil.rmtree(venv, ignore_errors=True)
             pytest.skip(f"quixstreams {QUIX_VERSION} does not install here: {out.stderr[-500:]}")
@@ -94,14 +97,24 @@ def broker_or_skip(tmp_path_factory: pytest.TempPathFactory, name: str) -> Broke
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Path, float, list[TopicPartition]]]:
+def setup(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Broker, Path, float, list[TopicPartition]]]:
     py = quix_python()
     broker = broker_or_skip(tmp_path_factory, "peers-broker")
     work = tmp_path_factory.mktemp("peers")
     try:
-        common = {"topic": "quix-input", "records": N, "keys": KEYS, "partitions": PARTITIONS, "app_id": "quix-bench"}
+        common = {
+            "topic": "quix-input",
+            "records": N,
+            "keys": KEYS,
+            "partitions": PARTITIONS,
+            "app_id": "quix-bench",
+        }
         quix(py, "produce", broker, **common)
-        processed = quix(py, "process", broker, state_dir=work / "state1", commit_every=max(50, KEYS // 100), **common)
+        processed = quix(
+            py, "process", broker, state_dir=work / "state1", commit_every=max(50, KEYS // 100), **common
+        )
         assert processed["processed"] >= N
         recovered = quix(py, "recover", broker, state_dir=work / "state2", **common)
         assert recovered["changelog_records"] >= 0.9 * N, recovered
@@ -114,7 +127,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Pa
         broker.stop()
 
 
-def restore_all(broker: Broker, root: Path, tps: list[TopicPartition], mode: str, threads: int) -> tuple[float, int]:
+def restore_all(
+    broker: Broker, root: Path, tps: list[TopicPartition], mode: str, threads: int
+) -> tuple[float, int]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     with kafka.KafkaChangelog(broker.bootstrap, request_timeout=60.0) as c:
@@ -140,21 +155,25 @@ def test_statestore_vs_quix_streams_recovery(
     benchmark.pedantic(run, rounds=1, iterations=1)
     assert n == two["n"]
     ratio = quix_s / one_s
-    benchmark.extra_info.update({
-        "baseline": f"Quix Streams {QUIX_VERSION} recovery (assignment to recovered)",
-        "candidate": f"statestore {mode} from the same changelog topics, 1 thread (native Kafka fetch)",
-        "ratio": ratio,
-        "goal": goal,
-        "records": n,
-        "partitions": PARTITIONS,
-        "quix_s": quix_s,
-        "statestore_1_thread_s": one_s,
-        "statestore_2_threads_s": two["s"],
-        "ratio_2_threads": quix_s / two["s"],
-        "quix_records_per_s": n / quix_s,
-        "statestore_records_per_s": n / one_s,
-    })
-    print(f"\nstatestore {mode} vs Quix recovery: {ratio:.2f}x (goal >= {goal}); 2 threads {quix_s / two['s']:.2f}x")
+    benchmark.extra_info.update(
+        {
+            "baseline": f"Quix Streams {QUIX_VERSION} recovery (assignment to recovered)",
+            "candidate": f"statestore {mode} from the same changelog topics, 1 thread (native Kafka fetch)",
+            "ratio": ratio,
+            "goal": goal,
+            "records": n,
+            "partitions": PARTITIONS,
+            "quix_s": quix_s,
+            "statestore_1_thread_s": one_s,
+            "statestore_2_threads_s": two["s"],
+            "ratio_2_threads": quix_s / two["s"],
+            "quix_records_per_s": n / quix_s,
+            "statestore_records_per_s": n / one_s,
+        }
+    )
+    print(
+        f"\nstatestore {mode} vs Quix recovery: {ratio:.2f}x (goal >= {goal}); 2 threads {quix_s / two['s']:.2f}x"
+    )
 
 
 # -- Faust -----------------------------------------------------------------------------------------------------
@@ -166,8 +185,18 @@ def faust_bin() -> Path:
     exe = venv / "bin" / "faust"
     if not exe.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                              f"faust-streaming[rocksdict]=={FAUST_VERSION}"], capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"faust-streaming[rocksdict]=={FAUST_VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if out.returncode != 0:
             shutil.rmtree(venv, ignore_errors=True)
             pytest.skip(f"faust-streaming {FAUST_VERSION} does not install here: {out.stderr[-500:]}")
@@ -177,8 +206,13 @@ def faust_bin() -> Path:
 def faust_worker(exe: Path, broker: Broker, datadir: Path, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "FAUST_BROKER": broker.bootstrap, "FAUST_DATADIR": str(datadir)}
     with log.open("wb") as out:
-        return subprocess.Popen([str(exe), "-A", "faust_app", "worker", "-l", "info"], cwd=FAUST_APP_DIR, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [str(exe), "-A", "faust_app", "worker", "-l", "info"],
+            cwd=FAUST_APP_DIR,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -202,7 +236,9 @@ def log_time(log: Path, text: str) -> float | None:
 
 
 @pytest.fixture(scope="module")
-def faust_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, float, list[TopicPartition]]]:
+def faust_setup(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Broker, float, list[TopicPartition]]]:
     exe = faust_bin()
     broker = broker_or_skip(tmp_path_factory, "faust-broker")
     work = tmp_path_factory.mktemp("faust")
@@ -226,9 +262,11 @@ def faust_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Brok
                 while time.monotonic() < deadline:
                     time.sleep(2)
                     assert worker.poll() is None, (work / "process.log").read_text()[-3000:]
-                    if changelog_topic in c.topics() and sum(
-                        c.end_offset(TopicPartition(changelog_topic, q)) for q in range(PARTITIONS)
-                    ) >= N:
+                    if (
+                        changelog_topic in c.topics()
+                        and sum(c.end_offset(TopicPartition(changelog_topic, q)) for q in range(PARTITIONS))
+                        >= N
+                    ):
                         break
                 else:
                     raise AssertionError("Faust did not process the input in time")
@@ -238,7 +276,10 @@ def faust_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Brok
         worker = faust_worker(exe, broker, work / "data2", work / "recover.log")
         try:
             deadline = time.monotonic() + 1800
-            while time.monotonic() < deadline and log_time(work / "recover.log", "Done reading from changelog") is None:
+            while (
+                time.monotonic() < deadline
+                and log_time(work / "recover.log", "Done reading from changelog") is None
+            ):
                 assert worker.poll() is None, (work / "recover.log").read_text()[-3000:]
                 time.sleep(1)
         finally:
@@ -253,7 +294,11 @@ def faust_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Brok
 
 @pytest.mark.parametrize("mode,goal", [("replay", 5.0), ("bulk", 20.0)])
 def test_statestore_vs_faust_recovery(
-    benchmark: Any, faust_setup: tuple[Broker, float, list[TopicPartition]], tmp_path: Path, mode: str, goal: float
+    benchmark: Any,
+    faust_setup: tuple[Broker, float, list[TopicPartition]],
+    tmp_path: Path,
+    mode: str,
+    goal: float,
 ) -> None:
     broker, faust_s, tps = faust_setup
     one: dict[str, float] = {}
@@ -263,14 +308,16 @@ def test_statestore_vs_faust_recovery(
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     ratio = faust_s / one["s"]
-    benchmark.extra_info.update({
-        "baseline": f"Faust {FAUST_VERSION} recovery (Restoring state... to Done reading)",
-        "candidate": f"statestore {mode} from the same changelog topic, 1 thread (native Kafka fetch)",
-        "ratio": ratio,
-        "goal": goal,
-        "records": one["n"],
-        "faust_s": faust_s,
-        "statestore_s": one["s"],
-        "faust_records_per_s": one["n"] / faust_s,
-    })
+    benchmark.extra_info.update(
+        {
+            "baseline": f"Faust {FAUST_VERSION} recovery (Restoring state... to Done reading)",
+            "candidate": f"statestore {mode} from the same changelog topic, 1 thread (native Kafka fetch)",
+            "ratio": ratio,
+            "goal": goal,
+            "records": one["n"],
+            "faust_s": faust_s,
+            "statestore_s": one["s"],
+            "faust_records_per_s": one["n"] / faust_s,
+        }
+    )
     print(f"\nstatestore {mode} vs Faust recovery: {ratio:.2f}x (goal >= {goal})")

@@ -166,8 +166,9 @@ def test_d_restore_many_two_threads_vs_one(benchmark: Any, logs: Path, tmp_path:
         assert all(r.ok for r in out)
         fresh(tmp_path / "two")
 
-    benchmark.pedantic(lambda: restore_many(specs(tmp_path / "two"), threads=2), setup=setup, rounds=ROUNDS,
-                       iterations=1)
+    benchmark.pedantic(
+        lambda: restore_many(specs(tmp_path / "two"), threads=2), setup=setup, rounds=ROUNDS, iterations=1
+    )
     base = statistics.median(one)
     cand = float(benchmark.stats.stats.median)
     record(

@@ -67,7 +67,10 @@ def write_changelogs(log_dir: Path) -> None:
     for p in range(PARTITIONS):
         keys = [rng.randrange(KEYS) for _ in range(N)]
         for start in range(0, N, 20_000):
-            chunk = [(b"key-%012d" % k, values[(start + i) % 997]) for i, k in enumerate(keys[start:start + 20_000])]
+            chunk = [
+                (b"key-%012d" % k, values[(start + i) % 997])
+                for i, k in enumerate(keys[start : start + 20_000])
+            ]
             producer.send_many(topic, p, chunk)
         producer.flush()
     producer.close()
@@ -90,7 +93,9 @@ def session(master: str) -> Any:
         active.stop()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     s = spark_session(master, "statestore-bench")
-    s.sparkContext.parallelize(range(4), 4).map(lambda x: __import__("statestore.restore.spark").__name__).collect()
+    s.sparkContext.parallelize(range(4), 4).map(
+        lambda x: __import__("statestore.restore.spark").__name__
+    ).collect()
     s.createDataFrame([(1, "a")], "x int, y string").collect()  # the SQL side's first-use costs
     return s
 
@@ -108,8 +113,9 @@ def fresh(path: Path) -> None:
 
 
 def spark_restore(spark: Any, log_dir: Path, state: Path, partitions: list[int] | None = None) -> list[Any]:
-    rows = restore_on_spark(spark, log_dir=log_dir, state_dir=state, application_id=APP, stores=[STORE],
-                            partitions=partitions).collect()
+    rows = restore_on_spark(
+        spark, log_dir=log_dir, state_dir=state, application_id=APP, stores=[STORE], partitions=partitions
+    ).collect()
     assert all(r.status == "ok" for r in rows), [r.error for r in rows if r.status != "ok"]
     return rows
 
@@ -124,8 +130,9 @@ def task_seconds(rows: list[Any]) -> float:
     return round(sum(r.seconds for r in rows), 3)
 
 
-def record(benchmark: Any, baseline: str, candidate: str, base_s: float, cand_s: float, goal: float,
-           **extra: Any) -> None:
+def record(
+    benchmark: Any, baseline: str, candidate: str, base_s: float, cand_s: float, goal: float, **extra: Any
+) -> None:
     ratio = base_s / cand_s
     benchmark.extra_info.update(
         {"baseline": baseline, "candidate": candidate, "ratio": ratio, "goal": goal, **extra}
@@ -177,14 +184,31 @@ def test_a_spark_two_slots_vs_one(benchmark: Any, log_dir: Path, tmp_path: Path)
     def rounds(ts: list[float]) -> str:
         return " ".join(f"{t:.2f}" for t in ts)
 
-    record(benchmark, "restore_on_spark local[1]", "restore_on_spark local[2]", base, cand, 1.7,
-           partitions=PARTITIONS, records_per_partition=N, rounds=SLOT_ROUNDS, local1_s=base, local2_s=cand,
-           ratio_of_means=statistics.mean(times["local1"]) / statistics.mean(cand_s),
-           cold_ratio=cold1 / cold2, local1_cold_s=cold1, local2_cold_s=cold2,
-           local1_rounds_s=rounds(times["local1"]), local2_rounds_s=rounds(cand_s),
-           local1_cold_rounds_s=rounds(times["local1_cold"]), local2_cold_rounds_s=rounds(times["local2_cold"]),
-           local1_task_s_sum=task_seconds(rows["one"]), local2_task_s_sum=task_seconds(rows["two"]),
-           load_before=load_before, load_after=load())
+    record(
+        benchmark,
+        "restore_on_spark local[1]",
+        "restore_on_spark local[2]",
+        base,
+        cand,
+        1.7,
+        partitions=PARTITIONS,
+        records_per_partition=N,
+        rounds=SLOT_ROUNDS,
+        local1_s=base,
+        local2_s=cand,
+        ratio_of_means=statistics.mean(times["local1"]) / statistics.mean(cand_s),
+        cold_ratio=cold1 / cold2,
+        local1_cold_s=cold1,
+        local2_cold_s=cold2,
+        local1_rounds_s=rounds(times["local1"]),
+        local2_rounds_s=rounds(cand_s),
+        local1_cold_rounds_s=rounds(times["local1_cold"]),
+        local2_cold_rounds_s=rounds(times["local2_cold"]),
+        local1_task_s_sum=task_seconds(rows["one"]),
+        local2_task_s_sum=task_seconds(rows["two"]),
+        load_before=load_before,
+        load_after=load(),
+    )
 
 
 def test_b_spark_vs_restore_many(benchmark: Any, log_dir: Path, tmp_path: Path, spark2: Any) -> None:
@@ -207,7 +231,9 @@ def test_b_spark_vs_restore_many(benchmark: Any, log_dir: Path, tmp_path: Path, 
         base_s.append(statistics.mean(run_times(in_process, lambda: fresh(local), 1)))
         fresh(state)
 
-    benchmark.pedantic(lambda: spark_restore(spark2, log_dir, state), setup=setup, rounds=ROUNDS, iterations=1)
+    benchmark.pedantic(
+        lambda: spark_restore(spark2, log_dir, state), setup=setup, rounds=ROUNDS, iterations=1
+    )
     base = sum(base_s) / len(base_s)
     cand = float(benchmark.stats.stats.mean)
 
@@ -219,7 +245,20 @@ def test_b_spark_vs_restore_many(benchmark: Any, log_dir: Path, tmp_path: Path, 
     job1 = noop([0])
     job8 = noop(list(range(PARTITIONS)))
     per_task = (job8 - job1) / (PARTITIONS - 1)
-    record(benchmark, "restore_many threads=2", "restore_on_spark local[2]", base, cand, 0.8,
-           partitions=PARTITIONS, records_per_partition=N, in_process_s=base, spark_s=cand,
-           job_overhead_s=job1, task_overhead_s=per_task, noop_job_8_tasks_s=job8,
-           load_before=load_before, load_after=load())
+    record(
+        benchmark,
+        "restore_many threads=2",
+        "restore_on_spark local[2]",
+        base,
+        cand,
+        0.8,
+        partitions=PARTITIONS,
+        records_per_partition=N,
+        in_process_s=base,
+        spark_s=cand,
+        job_overhead_s=job1,
+        task_overhead_s=per_task,
+        noop_job_8_tasks_s=job8,
+        load_before=load_before,
+        load_after=load(),
+    )

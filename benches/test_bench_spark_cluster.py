@@ -46,7 +46,9 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     t0 = time.perf_counter()
     write_changelogs(d)
     os.sync()
-    print(f"\nspark cluster benchmark data: {PARTITIONS} x {N:,} records written in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"\nspark cluster benchmark data: {PARTITIONS} x {N:,} records written in {time.perf_counter() - t0:.1f}s"
+    )
     return d
 
 
@@ -55,8 +57,9 @@ def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A master and two 1-core workers (2 GiB each) for this module."""
     d = tmp_path_factory.mktemp("bench-cluster")
     env = {**os.environ, "PYTHON": sys.executable, "SPARK_WORKER_MEMORY": "2g"}
-    out = subprocess.run(["bash", str(SCRIPT), "start", str(d), "2"], capture_output=True, text=True, timeout=600,
-                         env=env)
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "start", str(d), "2"], capture_output=True, text=True, timeout=600, env=env
+    )
     if out.returncode != 0:
         pytest.skip(f"no Spark cluster could start: {out.stderr[-2000:]}")
     yield dict(kv.split("=", 1) for kv in out.stdout.split())["master"]
@@ -68,7 +71,9 @@ def session(master: str, cores: int) -> Any:
     active = pyspark.sql.SparkSession.getActiveSession()
     if active is not None:
         active.stop()
-    conf = {} if master.startswith("local") else {"spark.cores.max": str(cores), "spark.executor.memory": "1g"}
+    conf = (
+        {} if master.startswith("local") else {"spark.cores.max": str(cores), "spark.executor.memory": "1g"}
+    )
     s = spark_session(master, f"statestore-bench-{cores}", **conf)
     if not master.startswith("local"):
         tracker = s.sparkContext._jsc.sc().statusTracker()
@@ -88,8 +93,9 @@ def rounds_of(ts: list[float]) -> str:
     return " ".join(f"{t:.2f}" for t in ts)
 
 
-def side_by_side(benchmark: Any, log_dir: Path, state: Path, base: tuple[str, int], cand: tuple[str, int]
-                 ) -> tuple[list[float], list[float], dict[str, list[Any]]]:
+def side_by_side(
+    benchmark: Any, log_dir: Path, state: Path, base: tuple[str, int], cand: tuple[str, int]
+) -> tuple[list[float], list[float], dict[str, list[Any]]]:
     """Rounds alternate: the baseline application's two jobs in the setup, then the candidate's first job;
     the candidate's second job is the timed call. Returns the baseline's warm times, the candidate's, and
     the last rows of each."""
@@ -126,30 +132,67 @@ def side_by_side(benchmark: Any, log_dir: Path, state: Path, base: tuple[str, in
     return base_s, list(benchmark.stats.stats.data), rows
 
 
-def record(benchmark: Any, baseline: str, candidate: str, base_s: list[float], cand_s: list[float], goal: float,
-           rows: dict[str, list[Any]], load_before: float) -> None:
+def record(
+    benchmark: Any,
+    baseline: str,
+    candidate: str,
+    base_s: list[float],
+    cand_s: list[float],
+    goal: float,
+    rows: dict[str, list[Any]],
+    load_before: float,
+) -> None:
     ratio = statistics.median(base_s) / statistics.median(cand_s)
-    benchmark.extra_info.update({
-        "baseline": baseline, "candidate": candidate, "ratio": ratio, "goal": goal,
-        "partitions": PARTITIONS, "records_per_partition": N, "rounds": ROUNDS,
-        "baseline_s": statistics.median(base_s), "candidate_s": statistics.median(cand_s),
-        "ratio_of_means": statistics.mean(base_s) / statistics.mean(cand_s),
-        "baseline_rounds_s": rounds_of(base_s), "candidate_rounds_s": rounds_of(cand_s),
-        "baseline_task_s_sum": task_seconds(rows["base"]), "candidate_task_s_sum": task_seconds(rows["cand"]),
-        "load_before": load_before, "load_after": load(),
-    })
+    benchmark.extra_info.update(
+        {
+            "baseline": baseline,
+            "candidate": candidate,
+            "ratio": ratio,
+            "goal": goal,
+            "partitions": PARTITIONS,
+            "records_per_partition": N,
+            "rounds": ROUNDS,
+            "baseline_s": statistics.median(base_s),
+            "candidate_s": statistics.median(cand_s),
+            "ratio_of_means": statistics.mean(base_s) / statistics.mean(cand_s),
+            "baseline_rounds_s": rounds_of(base_s),
+            "candidate_rounds_s": rounds_of(cand_s),
+            "baseline_task_s_sum": task_seconds(rows["base"]),
+            "candidate_task_s_sum": task_seconds(rows["cand"]),
+            "load_before": load_before,
+            "load_after": load(),
+        }
+    )
     print(f"\n{candidate} vs {baseline}: {ratio:.2f}x (goal >= {goal}) {benchmark.extra_info}")
 
 
-def test_c_spark_cluster_two_workers_vs_one(benchmark: Any, log_dir: Path, tmp_path: Path, master: str) -> None:
+def test_c_spark_cluster_two_workers_vs_one(
+    benchmark: Any, log_dir: Path, tmp_path: Path, master: str
+) -> None:
     load_before = load()
     base_s, cand_s, rows = side_by_side(benchmark, log_dir, tmp_path / "state", (master, 1), (master, 2))
-    record(benchmark, "restore_on_spark cluster, 1 worker", "restore_on_spark cluster, 2 workers", base_s, cand_s,
-           1.7, rows, load_before)
+    record(
+        benchmark,
+        "restore_on_spark cluster, 1 worker",
+        "restore_on_spark cluster, 2 workers",
+        base_s,
+        cand_s,
+        1.7,
+        rows,
+        load_before,
+    )
 
 
 def test_d_spark_cluster_vs_local2(benchmark: Any, log_dir: Path, tmp_path: Path, master: str) -> None:
     load_before = load()
     base_s, cand_s, rows = side_by_side(benchmark, log_dir, tmp_path / "state", ("local[2]", 2), (master, 2))
-    record(benchmark, "restore_on_spark local[2]", "restore_on_spark cluster, 2 workers", base_s, cand_s, 0.85,
-           rows, load_before)
+    record(
+        benchmark,
+        "restore_on_spark local[2]",
+        "restore_on_spark cluster, 2 workers",
+        base_s,
+        cand_s,
+        0.85,
+        rows,
+        load_before,
+    )

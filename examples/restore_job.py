@@ -36,8 +36,13 @@ def main() -> int:
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--log-dir", help="the changelog segment log (a shared file system)")
     source.add_argument("--kafka", metavar="BOOTSTRAP", help="the changelog is on this Kafka cluster")
-    ap.add_argument("--kafka-config", action="append", default=[], metavar="KEY=VALUE",
-                    help="a librdkafka property for the Kafka clients, e.g. security.protocol=SSL (repeatable)")
+    ap.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka property for the Kafka clients, e.g. security.protocol=SSL (repeatable)",
+    )
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--app-id", required=True)
     ap.add_argument("--store", action="append", default=None, help="a store (repeatable; default: all)")
@@ -56,13 +61,20 @@ def main() -> int:
     # the process's changelog for these properties, the one restore_on_spark plans with too
     source = args.log_dir if kafka is None else kafka_changelog(kafka_conf(kafka))
     stores = args.store or changelog_stores(source, args.app_id)
-    rows = restore_on_spark(spark, log_dir=args.log_dir, kafka=kafka, state_dir=args.state_dir,
-                            application_id=args.app_id, stores=stores,
-                            partitions=None if args.partitions is None else parse_partitions(args.partitions)
-                            ).collect()
+    rows = restore_on_spark(
+        spark,
+        log_dir=args.log_dir,
+        kafka=kafka,
+        state_dir=args.state_dir,
+        application_id=args.app_id,
+        stores=stores,
+        partitions=None if args.partitions is None else parse_partitions(args.partitions),
+    ).collect()
     for r in rows:
-        print(f"{r.task_id} {r.store} {r.status} records={r.records_applied} lag={r.lag} attempts={r.attempts} "
-              f"{r.error or ''}".rstrip())
+        print(
+            f"{r.task_id} {r.store} {r.status} records={r.records_applied} lag={r.lag} attempts={r.attempts} "
+            f"{r.error or ''}".rstrip()
+        )
         for failure in (r.failed_attempts or "").splitlines():
             print(f"    {failure}")
     failed = sum(1 for r in rows if r.status != "ok")

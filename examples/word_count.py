@@ -32,9 +32,17 @@ def word_count(record: Record, ctx: Context) -> None:
 
 
 def word_count_app(bootstrap: str, state_dir: str, application_id: str = "word-count", **kw: object) -> App:
-    return App(application_id, bootstrap, input_topics=[LINES, WORDS], output_topics=[WORDS, COUNTS],
-               stores={"counts": "plain"}, process=word_count, state_dir=state_dir,
-               guarantee="exactly_once_v2", **kw)  # type: ignore[arg-type]
+    return App(
+        application_id,
+        bootstrap,
+        input_topics=[LINES, WORDS],
+        output_topics=[WORDS, COUNTS],
+        stores={"counts": "plain"},
+        process=word_count,
+        state_dir=state_dir,
+        guarantee="exactly_once_v2",
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -73,8 +73,13 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     pytest.importorskip("pyspark")
     d = tmp_path_factory.mktemp("spark-cluster")
     script = Path(__file__).resolve().parents[1] / "scripts" / "spark-cluster.sh"
-    out = subprocess.run(["bash", str(script), "start", str(d)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHON": sys.executable})
+    out = subprocess.run(
+        ["bash", str(script), "start", str(d)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     if out.returncode != 0:
         reason = f"no Spark cluster could start: {out.stderr[-2000:]}"
         if os.environ.get("CI") == "true":

@@ -41,8 +41,9 @@ def test_the_import_graph_has_no_cycles() -> None:
 def test_the_graph_sees_imports_made_inside_functions_and_for_type_checking() -> None:
     edges = imports()
     assert any(not e.eager for e in edges), "lazy imports exist in the package and must be seen"
-    assert any(e.importer == "statestore.changelog.segment_log" and e.imported == "statestore._native"
-               for e in edges)
+    assert any(
+        e.importer == "statestore.changelog.segment_log" and e.imported == "statestore._native" for e in edges
+    )
 
 
 def test_public_names_are_importable_and_internals_are_not_exported() -> None:

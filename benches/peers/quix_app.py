@@ -36,8 +36,15 @@ def produce(args: argparse.Namespace) -> None:
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
     admin.create_topics([NewTopic(args.topic, args.partitions, 1)])[args.topic].result()
-    p = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": 50, "batch.size": 1 << 20,
-                  "compression.type": "none", "queue.buffering.max.messages": 1_000_000})
+    p = Producer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "linger.ms": 50,
+            "batch.size": 1 << 20,
+            "compression.type": "none",
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
     rng = random.Random(1)
     order = [i % args.keys for i in range(args.records)]
     rng.shuffle(order)
@@ -127,7 +134,11 @@ def recover(args: argparse.Namespace) -> None:
     app.run()  # type: ignore[attr-defined]
     if "recovered" not in marks:
         sys.exit("quix: recovery did not complete")
-    print(json.dumps({"assign_to_recovered_s": marks["recovered"] - marks["assigned"], "changelog_records": applied}))
+    print(
+        json.dumps(
+            {"assign_to_recovered_s": marks["recovered"] - marks["assigned"], "changelog_records": applied}
+        )
+    )
 
 
 def main() -> None:

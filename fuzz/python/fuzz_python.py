@@ -32,7 +32,9 @@ def main() -> None:
     # The parsers warn about skipped entries; a million warnings would only slow the run.
     logging.disable(logging.WARNING)
     if len(sys.argv) < 2 or sys.argv[1] not in statestore_fuzz.TARGETS:
-        sys.exit(f"usage: {sys.argv[0]} <{'|'.join(statestore_fuzz.TARGETS)}> [libFuzzer flags] [corpus dirs]")
+        sys.exit(
+            f"usage: {sys.argv[0]} <{'|'.join(statestore_fuzz.TARGETS)}> [libFuzzer flags] [corpus dirs]"
+        )
     target = statestore_fuzz.TARGETS[sys.argv[1]]
     atheris.Setup([sys.argv[0], *sys.argv[2:]], target)
     atheris.Fuzz()

@@ -1,6 +1,6 @@
 """Write the seed corpora of the Python fuzz targets to ``fuzz/corpus/py_<target>/``.
 
-    python fuzz/python/make_seeds.py
+python fuzz/python/make_seeds.py
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
-
 
 
 def _entry(key: bytes, value: bytes) -> bytes:

@@ -49,7 +49,9 @@ class TaskId(NamedTuple):
         """Parse a task directory name such as ``"0_3"``; anything else raises ``ValueError``."""
         m = _TASK_RE.fullmatch(text)
         if m is None or int(m.group(1)) > _INT32_MAX or int(m.group(2)) > _INT32_MAX:
-            raise ValueError(f"not a task id (expected '<subtopology>_<partition>', e.g. '0_3'): {text[:300]!r}")
+            raise ValueError(
+                f"not a task id (expected '<subtopology>_<partition>', e.g. '0_3'): {text[:300]!r}"
+            )
         return cls(int(m.group(1)), int(m.group(2)))
 
 

@@ -42,11 +42,24 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, bytes, byte
     assert p.flush(30) == 0
 
 
-def read_committed(bootstrap: str, topic: str, partitions: int, *, timeout: float = 10.0,
-                   idle: float = 2.0, isolation: str = "read_committed") -> list[Any]:
+def read_committed(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    *,
+    timeout: float = 10.0,
+    idle: float = 2.0,
+    isolation: str = "read_committed",
+) -> list[Any]:
     """Every record of ``topic`` a read_committed consumer sees (until ``idle`` s without a new one)."""
-    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("verify"),
-                     "isolation.level": isolation, "enable.auto.commit": False})
+    c = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("verify"),
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
     c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
     out: list[Any] = []
     deadline, last = time.monotonic() + timeout, time.monotonic()
@@ -64,8 +77,12 @@ def read_committed(bootstrap: str, topic: str, partitions: int, *, timeout: floa
 def open_transactions(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
     """Partitions whose last stable offset is below their end: ``{partition: (lso, end)}``."""
     out: dict[int, tuple[int, int]] = {}
-    rc = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("lso"), "isolation.level": "read_committed"})
-    ru = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("hw"), "isolation.level": "read_uncommitted"})
+    rc = ck.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": unique("lso"), "isolation.level": "read_committed"}
+    )
+    ru = ck.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": unique("hw"), "isolation.level": "read_uncommitted"}
+    )
     try:
         for p in range(partitions):
             tp = ck.TopicPartition(topic, p)
@@ -79,12 +96,31 @@ def open_transactions(bootstrap: str, topic: str, partitions: int) -> dict[int, 
     return out
 
 
-def start_counting_app(bootstrap: str, app_id: str, state_dir: Path, inp: str, out: str, log: Path,
-                       guarantee: str = "exactly_once_v2", commit_interval_ms: int = 100,
-                       standbys: int = 0) -> subprocess.Popen[bytes]:
+def start_counting_app(
+    bootstrap: str,
+    app_id: str,
+    state_dir: Path,
+    inp: str,
+    out: str,
+    log: Path,
+    guarantee: str = "exactly_once_v2",
+    commit_interval_ms: int = 100,
+    standbys: int = 0,
+) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
         return subprocess.Popen(
-            [sys.executable, str(COUNTING_APP), bootstrap, app_id, str(state_dir), inp, out, guarantee,
-             str(commit_interval_ms), str(standbys)],
-            stdout=f, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                str(COUNTING_APP),
+                bootstrap,
+                app_id,
+                str(state_dir),
+                inp,
+                out,
+                guarantee,
+                str(commit_interval_ms),
+                str(standbys),
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
         )

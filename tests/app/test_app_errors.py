@@ -22,10 +22,25 @@ from statestore.app import App, Context, Record
 from statestore.errors import ApplicationError, ProcessingError, StateStoreError
 
 
-def app(bootstrap: str, app_id: str, inputs: list[str], outputs: list[str], state: Path, process=count,
-        **kw: object) -> App:
-    return App(app_id, bootstrap, input_topics=inputs, output_topics=outputs, stores=["agg"], process=process,
-               state_dir=state, **kw)
+def app(
+    bootstrap: str,
+    app_id: str,
+    inputs: list[str],
+    outputs: list[str],
+    state: Path,
+    process=count,
+    **kw: object,
+) -> App:
+    return App(
+        app_id,
+        bootstrap,
+        input_topics=inputs,
+        output_topics=outputs,
+        stores=["agg"],
+        process=process,
+        state_dir=state,
+        **kw,
+    )
 
 
 def run_until(a: App, done, timeout: float = 60.0) -> None:
@@ -33,7 +48,9 @@ def run_until(a: App, done, timeout: float = 60.0) -> None:
     a.run(until=lambda: done() or time.monotonic() - t0 > timeout, handle_signals=False)
 
 
-def test_a_raising_function_stops_the_app_and_aborts_its_transaction(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_a_raising_function_stops_the_app_and_aborts_its_transaction(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     app_id, inp, out = unique("bad-app"), unique("bad-in"), unique("bad-out")
     create_topics(kafka_bootstrap, {inp: 2, out: 2})
     good = [(0, b"a", b"1"), (0, b"a", b"2"), (1, b"b", b"5")]
@@ -65,14 +82,23 @@ def test_a_raising_function_stops_the_app_and_aborts_its_transaction(kafka_boots
     run_until(third, lambda: third.processed >= 3)
     outputs = read_committed(kafka_bootstrap, out, 2)
     assert sorted((m.key(), m.value()) for m in outputs) == [
-        (b"a", b"1,1"), (b"a", b"2,3"), (b"a", b"3,6"), (b"b", b"1,5"), (b"b", b"2,11")]
+        (b"a", b"1,1"),
+        (b"a", b"2,3"),
+        (b"a", b"3,6"),
+        (b"b", b"1,5"),
+        (b"b", b"2,11"),
+    ]
 
 
-def test_input_topics_with_different_partition_counts_are_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_input_topics_with_different_partition_counts_are_refused(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     a_in, b_in, out = unique("cp-a"), unique("cp-b"), unique("cp-out")
     create_topics(kafka_bootstrap, {a_in: 4, b_in: 3, out: 4})
     bad = app(kafka_bootstrap, unique("cp-app"), [a_in, b_in], [out], tmp_path / "state")
-    with pytest.raises(ApplicationError, match=rf"not co-partitioned \({a_in} has 4, {b_in} has 3 partitions\)"):
+    with pytest.raises(
+        ApplicationError, match=rf"not co-partitioned \({a_in} has 4, {b_in} has 3 partitions\)"
+    ):
         bad.start()
     bad.close()
 
@@ -98,7 +124,21 @@ def test_a_missing_output_topic_is_refused(kafka_bootstrap: str, tmp_path: Path)
 
 def test_unsupported_store_formats_and_settings_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="format 'timestamped' is not supported"):
-        App("x", "127.0.0.1:1", input_topics=["i"], stores={"s": "timestamped"}, process=count, state_dir=tmp_path)
+        App(
+            "x",
+            "127.0.0.1:1",
+            input_topics=["i"],
+            stores={"s": "timestamped"},
+            process=count,
+            state_dir=tmp_path,
+        )
     with pytest.raises(ValueError, match="group_protocol"):
-        App("x", "127.0.0.1:1", input_topics=["i"], stores=["s"], process=count, state_dir=tmp_path,
-            group_protocol="streams")
+        App(
+            "x",
+            "127.0.0.1:1",
+            input_topics=["i"],
+            stores=["s"],
+            process=count,
+            state_dir=tmp_path,
+            group_protocol="streams",
+        )

@@ -79,15 +79,22 @@ def last_count(outputs: list[bytes]) -> int:
 def first_difference(got: list[bytes], want: list[bytes]) -> str:
     for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if g != w:
-            return f"at output {i}: got {g!r}, want {w!r} (got {got[max(0, i - 2):i + 3]})"
+            return f"at output {i}: got {g!r}, want {w!r} (got {got[max(0, i - 2) : i + 3]})"
     return f"got {len(got)} outputs, want {len(want)}; last got {got[-3:]}"
 
 
-@pytest.mark.parametrize(("how", "guarantee", "standbys"), [
-    ("sigkill", "exactly_once_v2", 0), ("sigkill", "exactly_once_v2", 1), ("sigstop", "exactly_once_v2", 0),
-    ("sigkill", "at_least_once", 0)])
-def test_counts_after_an_instance_dies_or_stalls(how: str, guarantee: str, standbys: int, kafka_bootstrap: str,
-                                                 tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("how", "guarantee", "standbys"),
+    [
+        ("sigkill", "exactly_once_v2", 0),
+        ("sigkill", "exactly_once_v2", 1),
+        ("sigstop", "exactly_once_v2", 0),
+        ("sigkill", "at_least_once", 0),
+    ],
+)
+def test_counts_after_an_instance_dies_or_stalls(
+    how: str, guarantee: str, standbys: int, kafka_bootstrap: str, tmp_path: Path
+) -> None:
     """``sigkill``: the instance dies and is restarted. ``sigstop``: it stalls (a zombie) past the
     session and transaction timeouts and then goes on: its transaction was aborted, its producer is
     fenced and its offset commit refused, so it starts its tasks again from their last commit.
@@ -102,13 +109,24 @@ def test_counts_after_an_instance_dies_or_stalls(how: str, guarantee: str, stand
     want = expected_outputs(records)
     logs = [tmp_path / f"instance-{i}.log" for i in range(2)]
     states = [tmp_path / f"state-{i}" for i in range(2)]
-    procs = [start_counting_app(kafka_bootstrap, app_id, states[i], inp, out, logs[i], guarantee,
-                                commit_interval_ms=COMMIT_MS, standbys=standbys)
-             for i in range(2)]
+    procs = [
+        start_counting_app(
+            kafka_bootstrap,
+            app_id,
+            states[i],
+            inp,
+            out,
+            logs[i],
+            guarantee,
+            commit_interval_ms=COMMIT_MS,
+            standbys=standbys,
+        )
+        for i in range(2)
+    ]
 
     def feed() -> None:  # the input flows for ~20 s
         for i in range(0, RECORDS, 100):
-            produce(kafka_bootstrap, inp, records[i:i + 100])
+            produce(kafka_bootstrap, inp, records[i : i + 100])
             time.sleep(0.33)
 
     feeder = threading.Thread(target=feed)
@@ -124,20 +142,31 @@ def test_counts_after_an_instance_dies_or_stalls(how: str, guarantee: str, stand
         ):
             time.sleep(0.5)
         for i, p in enumerate(procs):
-            assert p.poll() is None, f"instance {i} exited with {p.returncode}:\n{logs[i].read_text()[-3000:]}"
+            assert p.poll() is None, (
+                f"instance {i} exited with {p.returncode}:\n{logs[i].read_text()[-3000:]}"
+            )
         # Strike inside an open transaction of instance 0 that holds output records: the last stable
         # offset of one of its output partitions is below the partition's end.
         deadline = time.monotonic() + (30 if eos else 0)
-        while time.monotonic() < deadline and not set(open_transactions(kafka_bootstrap, out, PARTITIONS)) & owned(
-            logs[0]
-        ):
+        while time.monotonic() < deadline and not set(
+            open_transactions(kafka_bootstrap, out, PARTITIONS)
+        ) & owned(logs[0]):
             time.sleep(0.02)
         if how == "sigkill":
             os.kill(procs[0].pid, signal.SIGKILL)
             procs[0].wait()
             time.sleep(RESTART_AFTER)
-            procs[0] = start_counting_app(kafka_bootstrap, app_id, states[0], inp, out, logs[0], guarantee,
-                                          commit_interval_ms=COMMIT_MS, standbys=standbys)
+            procs[0] = start_counting_app(
+                kafka_bootstrap,
+                app_id,
+                states[0],
+                inp,
+                out,
+                logs[0],
+                guarantee,
+                commit_interval_ms=COMMIT_MS,
+                standbys=standbys,
+            )
         else:
             os.kill(procs[0].pid, signal.SIGSTOP)
             time.sleep(RESTART_AFTER + 2)  # past the session (6 s) and transaction (10 s) timeouts
@@ -155,7 +184,9 @@ def test_counts_after_an_instance_dies_or_stalls(how: str, guarantee: str, stand
             if not eos and all(last_count(got.get(k, [b"0,0"])) >= len(w) for k, w in want.items()):
                 break
             for i, p in enumerate(procs):
-                assert p.poll() is None, f"instance {i} exited with {p.returncode}:\n{logs[i].read_text()[-3000:]}"
+                assert p.poll() is None, (
+                    f"instance {i} exited with {p.returncode}:\n{logs[i].read_text()[-3000:]}"
+                )
             time.sleep(2)
     finally:
         feeder.join()
@@ -163,24 +194,34 @@ def test_counts_after_an_instance_dies_or_stalls(how: str, guarantee: str, stand
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         codes = [p.wait(timeout=60) for p in procs]
-    assert codes == [0, 0], f"clean shutdown failed: {codes}\n" + "\n".join(log.read_text()[-3000:] for log in logs)
+    assert codes == [0, 0], f"clean shutdown failed: {codes}\n" + "\n".join(
+        log.read_text()[-3000:] for log in logs
+    )
 
     survivor = logs[1].read_text()
-    assert "active tasks now 0_0, 0_1, 0_2, 0_3" in survivor, "the survivor never took the killed instance's tasks"
+    assert "active tasks now 0_0, 0_1, 0_2, 0_3" in survivor, (
+        "the survivor never took the killed instance's tasks"
+    )
     if standbys:
         moved = re.findall(r"tasks moved here: ([0-9_, ]+); found a standby: ([0-9_, ]+|none)", survivor)
         assert moved and moved[0][0] == moved[0][1], f"the survivor did not find its standbys: {moved}"
     rebalances = sum(log.read_text().count(": assigned ") for log in logs)
     if not eos:
-        short = {k: (last_count(got.get(k, [b"0,0"])), len(w)) for k, w in want.items()
-                 if last_count(got.get(k, [b"0,0"])) < len(w)}
+        short = {
+            k: (last_count(got.get(k, [b"0,0"])), len(w))
+            for k, w in want.items()
+            if last_count(got.get(k, [b"0,0"])) < len(w)
+        }
         assert not short, f"at-least-once lost records (last count, inputs): {short}"
-        print(f"{how} {guarantee}: assignments={rebalances} records={RECORDS} "
-              f"outputs={sum(map(len, got.values()))} (repeats allowed)")
+        print(
+            f"{how} {guarantee}: assignments={rebalances} records={RECORDS} "
+            f"outputs={sum(map(len, got.values()))} (repeats allowed)"
+        )
         return
     bad = {k: first_difference(got.get(k, []), w) for k, w in want.items() if got.get(k) != w}
     assert not bad, f"{len(bad)} keys differ from the input's counts and sums: " + "; ".join(
-        f"{k!r} {d}" for k, d in list(bad.items())[:5])
+        f"{k!r} {d}" for k, d in list(bad.items())[:5]
+    )
     assert sum(map(len, got.values())) == RECORDS
     assert open_transactions(kafka_bootstrap, out, PARTITIONS) == {}
     raw = read_committed(kafka_bootstrap, out, PARTITIONS, timeout=30, idle=1.0, isolation="read_uncommitted")
@@ -189,5 +230,7 @@ def test_counts_after_an_instance_dies_or_stalls(how: str, guarantee: str, stand
         assert len(raw) > RECORDS, "no aborted output: the kill did not land inside a transaction"
     else:  # the stalled instance found out on waking: membership lost, or producer fenced
         assert "(membership expired)" in zombie or "the producer was fenced" in zombie, zombie[-3000:]
-    print(f"{how} {guarantee} standbys={standbys}: kills={kills} assignments={rebalances} records={RECORDS} output committed={RECORDS} "
-          f"output incl. aborted={len(raw)} lost={zombie.count('(membership expired)')} fenced={zombie.count('the producer was fenced')}")
+    print(
+        f"{how} {guarantee} standbys={standbys}: kills={kills} assignments={rebalances} records={RECORDS} output committed={RECORDS} "
+        f"output incl. aborted={len(raw)} lost={zombie.count('(membership expired)')} fenced={zombie.count('the producer was fenced')}"
+    )

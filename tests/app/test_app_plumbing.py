@@ -41,7 +41,9 @@ def committed_offset(bootstrap: str, group: str, topic: str) -> int:
 def test_send_offsets_commits_input_positions_with_the_transaction_only(kafka_bootstrap: str) -> None:
     inp, group = unique("so-in"), unique("so-group")
     create_topics(kafka_bootstrap, {inp: 1})
-    consumer = ck.Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer = ck.Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
     consumer.subscribe([inp])
     deadline = time.monotonic() + 30
     while not consumer.assignment() and time.monotonic() < deadline:
@@ -111,8 +113,14 @@ def test_poll_without_commit_leaves_committing_to_the_caller(kafka_bootstrap: st
     app_id = unique("nocommit")
     with KafkaChangelog(kafka_bootstrap) as changelog:
         ensure_changelog_topics(changelog, app_id, ["s"], 1)
-        tm = TaskManager(tmp_path, changelog, ["s"], guarantee="exactly_once_v2", application_id=app_id,
-                         commit_interval_ms=0)
+        tm = TaskManager(
+            tmp_path,
+            changelog,
+            ["s"],
+            guarantee="exactly_once_v2",
+            application_id=app_id,
+            commit_interval_ms=0,
+        )
         tm.assign(active=[TaskId(0, 0)], standby=[])
         assert tm.restore(timeout=30)
         task = tm.active_task(TaskId(0, 0))
@@ -141,8 +149,17 @@ def test_a_failed_commit_rolls_back_and_every_record_still_counts_once(
         real_commit(self)
 
     monkeypatch.setattr(KafkaProducer, "commit", failing_commit)
-    app = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
-              state_dir=tmp_path / "state", commit_interval_ms=0, max_poll_records=37)
+    app = App(
+        app_id,
+        kafka_bootstrap,
+        input_topics=[inp],
+        output_topics=[out],
+        stores=["agg"],
+        process=count,
+        state_dir=tmp_path / "state",
+        commit_interval_ms=0,
+        max_poll_records=37,
+    )
     app.start()
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60:
@@ -184,8 +201,17 @@ def test_a_fenced_producer_restarts_every_task_from_its_last_commit(
         real_commit(self)
 
     monkeypatch.setattr(KafkaProducer, "commit", fenced_commit)
-    app = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
-              state_dir=tmp_path / "state", commit_interval_ms=0, max_poll_records=29)
+    app = App(
+        app_id,
+        kafka_bootstrap,
+        input_topics=[inp],
+        output_topics=[out],
+        stores=["agg"],
+        process=count,
+        state_dir=tmp_path / "state",
+        commit_interval_ms=0,
+        max_poll_records=29,
+    )
     app.start()
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60:
@@ -209,28 +235,52 @@ def test_a_fenced_producer_restarts_every_task_from_its_last_commit(
 def test_a_state_directory_in_use_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
     app_id, inp, out = unique("lock-app"), unique("lock-in"), unique("lock-out")
     create_topics(kafka_bootstrap, {inp: 1, out: 1})
-    first = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
-                state_dir=tmp_path / "state")
+    first = App(
+        app_id,
+        kafka_bootstrap,
+        input_topics=[inp],
+        output_topics=[out],
+        stores=["agg"],
+        process=count,
+        state_dir=tmp_path / "state",
+    )
     first.start()
     try:
-        second = App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"],
-                     process=count, state_dir=tmp_path / "state")
+        second = App(
+            app_id,
+            kafka_bootstrap,
+            input_topics=[inp],
+            output_topics=[out],
+            stores=["agg"],
+            process=count,
+            state_dir=tmp_path / "state",
+        )
         with pytest.raises(LockError, match="is in use by process"):
             second.start()
     finally:
         first.close()
 
 
-def test_a_second_instance_with_the_same_instance_id_stops_the_first(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_a_second_instance_with_the_same_instance_id_stops_the_first(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     """Static membership (``instance_id``): the newer member takes the id over; the older one is fenced
     by the group coordinator and stops with ``ApplicationError``, committing nothing more."""
     app_id, inp, out = unique("static-app"), unique("static-in"), unique("static-out")
     create_topics(kafka_bootstrap, {inp: 2, out: 2})
 
     def make(state: str) -> App:
-        return App(app_id, kafka_bootstrap, input_topics=[inp], output_topics=[out], stores=["agg"], process=count,
-                   state_dir=tmp_path / state, instance_id="one",
-                   consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        return App(
+            app_id,
+            kafka_bootstrap,
+            input_topics=[inp],
+            output_topics=[out],
+            stores=["agg"],
+            process=count,
+            state_dir=tmp_path / state,
+            instance_id="one",
+            consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        )
 
     first, second = make("a"), make("b")
     errors: list[BaseException] = []

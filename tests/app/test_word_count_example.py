@@ -38,10 +38,14 @@ def test_word_count_example(protocol: str, kafka_bootstrap: str, tmp_path: Path)
     create_topics(kafka_bootstrap, {wc.LINES: 3, wc.WORDS: 3, wc.COUNTS: 2})
     produce(kafka_bootstrap, wc.LINES, [(i % 3, None, line.encode()) for i, line in enumerate(TEXT)])
     want = Counter(w for line in TEXT for w in line.split())
-    app = wc.word_count_app(kafka_bootstrap, str(tmp_path / "state"), unique("word-count"), group_protocol=protocol)
+    app = wc.word_count_app(
+        kafka_bootstrap, str(tmp_path / "state"), unique("word-count"), group_protocol=protocol
+    )
     t0 = time.monotonic()
-    app.run(until=lambda: app.processed >= len(TEXT) + want.total() or time.monotonic() - t0 > 90,
-            handle_signals=False)
+    app.run(
+        until=lambda: app.processed >= len(TEXT) + want.total() or time.monotonic() - t0 > 90,
+        handle_signals=False,
+    )
     got: dict[bytes, list[int]] = defaultdict(list)
     for m in read_committed(kafka_bootstrap, wc.COUNTS, 2):
         got[m.key()].append(int(m.value()))

@@ -65,11 +65,20 @@ def kp_batch(
     return bytes(buf)
 
 
-def kp_marker(base_offset: int, producer_id: int, epoch: int, commit: bool, ts: int = 1_700_000_000_000) -> bytes:
+def kp_marker(
+    base_offset: int, producer_id: int, epoch: int, commit: bool, ts: int = 1_700_000_000_000
+) -> bytes:
     key = struct.pack(">hh", 0, 1 if commit else 0)
     value = struct.pack(">hi", 0, 0)
-    return kp_batch(base_offset, [(ts, key, value, [])], transactional=True, producer_id=producer_id, epoch=epoch,
-                    base_sequence=-1, control=True)
+    return kp_batch(
+        base_offset,
+        [(ts, key, value, [])],
+        transactional=True,
+        producer_id=producer_id,
+        epoch=epoch,
+        base_sequence=-1,
+        control=True,
+    )
 
 
 def kp_read(data: bytes) -> tuple[DefaultRecordBatch, list[Any]]:
@@ -83,8 +92,15 @@ def kp_read(data: bytes) -> tuple[DefaultRecordBatch, list[Any]]:
 @pytest.mark.parametrize("transactional", [False, True])
 def test_kafka_python_batches_decode_identically(codec: str, transactional: bool) -> None:
     pid, epoch, seq = (4242, 7, 100) if transactional else (-1, -1, -1)
-    data = kp_batch(1000, RECORDS, transactional=transactional, producer_id=pid, epoch=epoch, base_sequence=seq,
-                    codec=codec)
+    data = kp_batch(
+        1000,
+        RECORDS,
+        transactional=transactional,
+        producer_id=pid,
+        epoch=epoch,
+        base_sequence=seq,
+        codec=codec,
+    )
     header, records = _testing.decode_batch(data)
     kb, krecs = kp_read(data)
     assert header["base_offset"] == kb.base_offset == 1000
@@ -95,7 +111,10 @@ def test_kafka_python_batches_decode_identically(codec: str, transactional: bool
     assert header["transactional"] == kb.is_transactional == transactional
     assert header["is_control"] is kb.is_control_batch is False
     assert (header["producer_id"], header["producer_epoch"], header["base_sequence"]) == (
-        kb.producer_id, kb.producer_epoch, kb.base_sequence)
+        kb.producer_id,
+        kb.producer_epoch,
+        kb.base_sequence,
+    )
     assert (header["base_timestamp"], header["max_timestamp"]) == (kb.first_timestamp, kb.max_timestamp)
     ours = [(o, k, v, ts, list(h)) for (o, k, v, ts, h) in records]
     theirs = [(r.offset, r.key, r.value, r.timestamp, list(r.headers)) for r in krecs]
@@ -114,12 +133,16 @@ def test_our_batches_decode_identically_with_kafka_python(codec: str, transactio
     assert (kb.producer_id, kb.producer_epoch, kb.base_sequence) == (pid, epoch, seq)
     assert kb.compression_type == CODECS[codec]
     assert [(r.offset, r.key, r.value, r.timestamp, list(r.headers)) for r in krecs] == [
-        (o, k, v, ts, h) for (o, ts, k, v, h) in recs]
+        (o, k, v, ts, h) for (o, ts, k, v, h) in recs
+    ]
     if codec == "none":
         # Same bytes as kafka-python's builder, apart from the partition leader
         # epoch (a broker field outside the CRC): same CRC.
-        theirs = bytearray(kp_batch(1000, RECORDS, transactional=transactional, producer_id=pid, epoch=epoch,
-                                    base_sequence=seq))
+        theirs = bytearray(
+            kp_batch(
+                1000, RECORDS, transactional=transactional, producer_id=pid, epoch=epoch, base_sequence=seq
+            )
+        )
         ours = bytearray(data)
         ours[12:16] = theirs[12:16]
         assert bytes(ours) == bytes(theirs)
@@ -127,8 +150,9 @@ def test_our_batches_decode_identically_with_kafka_python(codec: str, transactio
 
 @pytest.mark.parametrize("commit", [True, False])
 def test_control_batches_interoperate(commit: bool) -> None:
-    ours = _testing.encode_batch(77, [(77, 1_700_000_000_000, None, None, [])], 5, 2, -1, True, "none",
-                                "COMMIT" if commit else "ABORT")
+    ours = _testing.encode_batch(
+        77, [(77, 1_700_000_000_000, None, None, [])], 5, 2, -1, True, "none", "COMMIT" if commit else "ABORT"
+    )
     kb, krecs = kp_read(ours)
     assert kb.is_control_batch and kb.is_transactional and kb.base_offset == 77
     assert (kb.producer_id, kb.producer_epoch) == (5, 2)
@@ -154,10 +178,23 @@ def test_segment_of_kafka_python_batches_reads_committed(tmp_path: Path) -> None
     d = tmp_path / str(tp)
     d.mkdir()
     batches = [
-        kp_batch(0, [(1, b"a", b"committed-1", []), (2, b"a", b"committed-2", [])], transactional=True,
-                 producer_id=10, epoch=0, base_sequence=0),
-        kp_batch(2, [(3, b"b", b"aborted", [])], transactional=True, producer_id=11, epoch=0, base_sequence=0,
-                 codec="gzip"),
+        kp_batch(
+            0,
+            [(1, b"a", b"committed-1", []), (2, b"a", b"committed-2", [])],
+            transactional=True,
+            producer_id=10,
+            epoch=0,
+            base_sequence=0,
+        ),
+        kp_batch(
+            2,
+            [(3, b"b", b"aborted", [])],
+            transactional=True,
+            producer_id=11,
+            epoch=0,
+            base_sequence=0,
+            codec="gzip",
+        ),
         kp_marker(3, 11, 0, commit=False),
         kp_batch(4, [(4, b"c", b"plain", [])]),
         kp_marker(5, 10, 0, commit=True),
@@ -172,7 +209,13 @@ def test_segment_of_kafka_python_batches_reads_committed(tmp_path: Path) -> None
     r.poll()
     assert r.position == 6
     assert [r.value for r in log.read(tp, isolation="read_uncommitted")] == [
-        b"committed-1", b"committed-2", b"aborted", b"plain", b"open", b"behind-open"]
+        b"committed-1",
+        b"committed-2",
+        b"aborted",
+        b"plain",
+        b"open",
+        b"behind-open",
+    ]
     dumped = log.dump(tp)
     assert [b.control for b in dumped] == [None, None, "ABORT", None, "COMMIT", None, None]
     assert [b.outcome for b in dumped] == ["committed", "aborted", None, None, None, "open", None]
@@ -194,7 +237,7 @@ def test_our_segment_files_read_with_kafka_python(tmp_path: Path) -> None:
     pos, seen, controls = 0, [], []
     while pos < len(data):
         length = struct.unpack_from(">i", data, pos + 8)[0]
-        kb, krecs = kp_read(data[pos:pos + length + 12])
+        kb, krecs = kp_read(data[pos : pos + length + 12])
         if kb.is_control_batch:
             controls.append("COMMIT" if krecs[0].commit else "ABORT")
         else:

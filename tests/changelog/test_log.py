@@ -297,7 +297,9 @@ def test_truncated_tail_is_recovered(tmp_path: Path) -> None:
     full = f.read_bytes()
     # A crash in the middle of appending a batch leaves a prefix of it.
     f.write_bytes(full + full[:40])
-    assert values(list(SegmentLog(tmp_path).read(TP))) == [b"v0", b"v1", b"v2"], "readers stop at the torn tail"
+    assert values(list(SegmentLog(tmp_path).read(TP))) == [b"v0", b"v1", b"v2"], (
+        "readers stop at the torn tail"
+    )
     assert SegmentLog(tmp_path).end_offset(TP) == 6
     log2 = SegmentLog(tmp_path)
     p2 = log2.producer("t")

@@ -41,7 +41,12 @@ def child(log_dir: str, journal: str, gen: int) -> None:
         n = rng.randint(1, 60)
         for i in range(n):
             part = rng.choice(PARTITIONS)
-            p.send(TOPIC, part, b"%d:%d" % (gen, txn), b"%d:%d:%d:%d:" % (gen, txn, i, n) + b"x" * rng.randint(0, 1500))
+            p.send(
+                TOPIC,
+                part,
+                b"%d:%d" % (gen, txn),
+                b"%d:%d:%d:%d:" % (gen, txn, i, n) + b"x" * rng.randint(0, 1500),
+            )
         if rng.random() < 0.25:
             p.abort()
             os.write(fd, b"A %d %d\n" % (gen, txn))
@@ -110,7 +115,9 @@ def check(log_dir: Path, journal: Path) -> int:
             batches = log.dump(tp)
             for seg in {b.segment for b in batches}:
                 size = sum(b.size for b in batches if b.segment == seg)
-                assert (log_dir / str(tp) / seg).stat().st_size == size, f"{tp}/{seg}: bytes left after the last batch"
+                assert (log_dir / str(tp) / seg).stat().st_size == size, (
+                    f"{tp}/{seg}: bytes left after the last batch"
+                )
         return total
     finally:
         log.close()

@@ -40,7 +40,10 @@ class Model:
 
     def __init__(self) -> None:
         self.committed: dict[int, dict[int, bytes]] = {0: {}, 1: {}}
-        self.open: dict[int, list[tuple[int, int, bytes]]] = {0: [], 1: []}  # producer -> (partition, offset, value)
+        self.open: dict[int, list[tuple[int, int, bytes]]] = {
+            0: [],
+            1: [],
+        }  # producer -> (partition, offset, value)
 
     def send(self, who: int, partition: int, offset: int, value: bytes) -> None:
         if who == 2:

@@ -23,7 +23,11 @@ TOPIC = f"{APP}-{STORE}-changelog"
 def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250"}  # no wrapping of rich output in assertions
     return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, input=input, timeout=120,
+        [sys.executable, "-m", "statestore.cli", *args],
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=120,
         env=env,
     )
 
@@ -119,7 +123,12 @@ def test_missing_state_dir_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
     assert run("inspect", "--app-id", APP).returncode == 2  # --state-dir missing
-    assert run("verify", "--state-dir", str(tmp_path), "--app-id", APP, "--log-dir", str(tmp_path / "no")).returncode == 2
+    assert (
+        run(
+            "verify", "--state-dir", str(tmp_path), "--app-id", APP, "--log-dir", str(tmp_path / "no")
+        ).returncode
+        == 2
+    )
     assert run("frobnicate").returncode == 2
 
 
@@ -151,8 +160,17 @@ def test_clean_removes_unlocked_old_tasks_and_all(app: tuple[Path, Path]) -> Non
 
 
 def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:
-    out = run("demo", "--records", "20000", "--partitions", "3", "--counter-records", "6000",
-              "--dir", str(tmp_path / "demo"))
+    out = run(
+        "demo",
+        "--records",
+        "20000",
+        "--partitions",
+        "3",
+        "--counter-records",
+        "6000",
+        "--dir",
+        str(tmp_path / "demo"),
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 of 3 stores equal the committed changelog exactly" in out.stdout
     text = " ".join(out.stdout.split())  # rich wraps long lines
@@ -162,15 +180,31 @@ def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:
     assert str(tmp_path / "demo") in out.stdout
     assert (tmp_path / "demo" / "state" / "demo-app" / "0_2" / "rocksdb" / "profiles").is_dir()
     # what the demo tells the user to run next works
-    again = run("verify", "--state-dir", str(tmp_path / "demo" / "state"), "--app-id", "demo-app",
-                "--log-dir", str(tmp_path / "demo" / "log"))
+    again = run(
+        "verify",
+        "--state-dir",
+        str(tmp_path / "demo" / "state"),
+        "--app-id",
+        "demo-app",
+        "--log-dir",
+        str(tmp_path / "demo" / "log"),
+    )
     assert again.returncode == 0, again.stderr
 
 
 def test_restore_in_process_shows_a_bar_per_store_and_a_table(app: tuple[Path, Path], tmp_path: Path) -> None:
     _, log_dir = app
-    out = run("restore", "--log-dir", str(log_dir), "--state-dir", str(tmp_path / "fresh"), "--app-id", APP,
-              "--threads", "2")
+    out = run(
+        "restore",
+        "--log-dir",
+        str(log_dir),
+        "--state-dir",
+        str(tmp_path / "fresh"),
+        "--app-id",
+        APP,
+        "--threads",
+        "2",
+    )
     assert out.returncode == 0, out.stderr
     for part in (0, 1):
         assert f"task 0_{part} {STORE}" in out.stdout  # its progress bar
@@ -178,7 +212,16 @@ def test_restore_in_process_shows_a_bar_per_store_and_a_table(app: tuple[Path, P
 
 
 def test_a_kafka_property_without_a_value_is_a_usage_error_naming_it(tmp_path: Path) -> None:
-    out = run("restore", "--kafka", "127.0.0.1:1", "--kafka-config", "security.protocol",
-              "--state-dir", str(tmp_path / "state"), "--app-id", "app")
+    out = run(
+        "restore",
+        "--kafka",
+        "127.0.0.1:1",
+        "--kafka-config",
+        "security.protocol",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--app-id",
+        "app",
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--kafka-config" in out.stderr and "expected KEY=VALUE, got 'security.protocol'" in out.stderr

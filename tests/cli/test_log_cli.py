@@ -41,7 +41,17 @@ def test_dump_records_follow_the_isolation_level(tmp_path: Path) -> None:
     assert "kept-value" in committed.output and "aborted-value" not in committed.output
     assert "dump-t-1" in committed.output and "0xff0062696e617279" in committed.output
     everything = CliRunner().invoke(
-        main, ["log", "dump", str(tmp_path), "--partition", "dump-t-0", "--records", "--isolation", "read_uncommitted"]
+        main,
+        [
+            "log",
+            "dump",
+            str(tmp_path),
+            "--partition",
+            "dump-t-0",
+            "--records",
+            "--isolation",
+            "read_uncommitted",
+        ],
     )
     assert everything.exit_code == 0, everything.output
     assert "kept-value" in everything.output and "aborted-value" in everything.output

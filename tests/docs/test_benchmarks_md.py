@@ -36,9 +36,18 @@ def test_benchmarks_md_is_what_its_sources_give() -> None:
     expected = run_py().render_text(results(), (ROOT / "benches" / "notes.md").read_text())
     committed = (ROOT / "BENCHMARKS.md").read_text()
     if committed != expected:
-        diff = "\n".join(list(difflib.unified_diff(committed.splitlines(), expected.splitlines(),
-                                                   "BENCHMARKS.md (committed)", "rendered from the sources",
-                                                   lineterm="", n=1))[:40])
+        diff = "\n".join(
+            list(
+                difflib.unified_diff(
+                    committed.splitlines(),
+                    expected.splitlines(),
+                    "BENCHMARKS.md (committed)",
+                    "rendered from the sources",
+                    lineterm="",
+                    n=1,
+                )
+            )[:40]
+        )
         raise AssertionError(
             "BENCHMARKS.md is generated from benches/results.json and benches/notes.md and differs from them: "
             f"edit the notes (not BENCHMARKS.md), then run `{REGENERATE}`\n{diff}"
@@ -57,7 +66,9 @@ def test_readme_headline_ratios_are_benchmarks_md_figures() -> None:
     """Each ``[R x](BENCHMARKS.md "benchmark")`` of the README is that benchmark's ratio in results.json."""
     readme = (ROOT / "README.md").read_text()
     quoted = re.findall(r'\[([\d.]+)x\]\(BENCHMARKS\.md "([^"]+)"\)', readme)
-    assert len(quoted) == 5, f"the README's table of headline ratios should have five rows, found {len(quoted)}"
+    assert len(quoted) == 5, (
+        f"the README's table of headline ratios should have five rows, found {len(quoted)}"
+    )
     ratios = {b["name"]: b["extra_info"].get("ratio") for b in results()["benchmarks"]}  # type: ignore[index,union-attr]
     wrong = [
         f"{name}: README says {shown}x, results.json {ratios.get(name)}"

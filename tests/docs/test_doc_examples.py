@@ -81,15 +81,26 @@ def blocks(path: Path) -> list[Block]:
                 pending = (a.group(1), a.group(2), i + 1)
             elif lines[i].strip() and pending:
                 # an annotation must sit right above its block (blank lines allowed)
-                out.append(Block(path, pending[0], "", "", pending[1], f"no code block follows: {lines[i]!r}",
-                                 pending[0]))
+                out.append(
+                    Block(
+                        path,
+                        pending[0],
+                        "",
+                        "",
+                        pending[1],
+                        f"no code block follows: {lines[i]!r}",
+                        pending[0],
+                    )
+                )
                 pending = None
         i += 1
     return out
 
 
 def python_blocks() -> list[Block]:
-    return [b for p in doc_files() for b in blocks(p) if b.lang in ("python", "py") or (b.kind and not b.lang)]
+    return [
+        b for p in doc_files() for b in blocks(p) if b.lang in ("python", "py") or (b.kind and not b.lang)
+    ]
 
 
 def _param(b: Block) -> object:
@@ -99,7 +110,9 @@ def _param(b: Block) -> object:
     elif b.kind == "spark":
         marks.append(pytest.mark.spark)
     elif b.kind == "skip":
-        marks.append(pytest.mark.skip(reason=f"{b.where}: not runnable on purpose: {b.reason or '(no reason given)'}"))
+        marks.append(
+            pytest.mark.skip(reason=f"{b.where}: not runnable on purpose: {b.reason or '(no reason given)'}")
+        )
     return pytest.param(b, id=b.where, marks=marks)
 
 
@@ -129,8 +142,14 @@ def test_python_block_runs(block: Block, tmp_path: Path, request: pytest.Fixture
     try:
         # a deprecated name used by the example itself (warnings attributed to __main__) is an error
         cmd = [sys.executable, "-W", "error::DeprecationWarning:__main__", str(script)]
-        out = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
-                             timeout=TIMEOUT_S[block.kind], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        out = subprocess.run(
+            cmd,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S[block.kind],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{block.where}: the example did not finish within {TIMEOUT_S[block.kind]} s")
     if out.returncode != 0:
@@ -147,7 +166,9 @@ def test_blocks_are_found_and_exceptions_stay_rare() -> None:
     """The parser finds the examples (a broken parser must not pass by running nothing) and few are skipped."""
     found = python_blocks()
     readme = [b for b in found if b.path.name == "README.md"]
-    assert len(readme) >= 2, f"README.md should hold the TaskManager and the restore example, found {len(readme)}"
+    assert len(readme) >= 2, (
+        f"README.md should hold the TaskManager and the restore example, found {len(readme)}"
+    )
     assert len(found) >= 8, f"only {len(found)} python blocks found in README.md and docs/*.md"
     skipped = [b.where for b in found if b.kind == "skip"]
     assert len(skipped) <= MAX_SKIPPED, (

@@ -20,7 +20,12 @@ _TOP = ("python", "tests", "benches", "rust", "scripts", "examples", "fuzz", "in
 _PACKAGE_GROUPS = tuple(
     sorted(
         {"changelog", "state", "processing", "restore", "ops", "cli", "_testing"}
-        | {d.name for base in ("python/statestore", "rust/src") for d in (ROOT / base).iterdir() if d.is_dir()}
+        | {
+            d.name
+            for base in ("python/statestore", "rust/src")
+            for d in (ROOT / base).iterdir()
+            if d.is_dir()
+        }
         - {"__pycache__"}
     )
 )
@@ -90,7 +95,11 @@ def test_named_paths_exist(path: Path) -> None:
             named = m.group(1).split("::")[0].rstrip(".,;:)")
             if "<" in named or "{" in named:  # a pattern (`fuzz/corpus/<target>/`), not a path
                 continue
-            bases = [ROOT] if named.split("/")[0] in _TOP else [ROOT / "python" / "statestore", ROOT / "rust" / "src"]
+            bases = (
+                [ROOT]
+                if named.split("/")[0] in _TOP
+                else [ROOT / "python" / "statestore", ROOT / "rust" / "src"]
+            )
             if not any(list(b.glob(named.rstrip("/"))) for b in bases):
                 missing.append(f"{path.relative_to(ROOT)}:{no}: `{named}`")
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
@@ -119,4 +128,6 @@ def test_docs_are_linked_from_the_readme() -> None:
 
 def test_readme_is_a_front_page() -> None:
     n = len((ROOT / "README.md").read_text().splitlines())
-    assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES}): move detail to docs/"
+    assert n <= README_MAX_LINES, (
+        f"README.md has {n} lines (at most {README_MAX_LINES}): move detail to docs/"
+    )

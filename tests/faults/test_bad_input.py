@@ -36,7 +36,13 @@ pytestmark = pytest.mark.timeout(300)
 
 E, R = "error", "restored"
 T, Z, X, V, L, D, P = (
-    "truncated", "zero-filled", "random-bytes", "wrong-version", "absurd-length", "deleted", "permission-denied"
+    "truncated",
+    "zero-filled",
+    "random-bytes",
+    "wrong-version",
+    "absurd-length",
+    "deleted",
+    "permission-denied",
 )
 
 
@@ -136,7 +142,9 @@ def _damage_for(case: Case) -> Any:
 
 @pytest.fixture(scope="module")
 def outcomes(
-    request: pytest.FixtureRequest, worlds: dict[str, tuple[Path, Model]], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    worlds: dict[str, tuple[Path, Model]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[Outcome, Path]]:
     """Run the child of every selected case, a few at a time; case id -> (outcome, damaged file)."""
     wanted = {
@@ -157,7 +165,9 @@ def outcomes(
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_damaged_file(case: Case, outcomes: dict[str, tuple[Outcome, Path]], worlds: dict[str, tuple[Path, Model]]) -> None:
+def test_damaged_file(
+    case: Case, outcomes: dict[str, tuple[Outcome, Path]], worlds: dict[str, tuple[Path, Model]]
+) -> None:
     outcome, target = outcomes[case.id]
     check(case, outcome, worlds[case.world][1], target)
 
@@ -173,13 +183,20 @@ def test_case_count() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "statestore.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "COLUMNS": "200"},
     )
 
 
 CLI_DAMAGE = [
-    "CURRENT-zero-filled", "SST-truncated", "SST-random-bytes", "offset-4-bytes", "segment-random-bytes",
+    "CURRENT-zero-filled",
+    "SST-truncated",
+    "SST-random-bytes",
+    "offset-4-bytes",
+    "segment-random-bytes",
     "segment-deleted-dir",
 ]
 #: Damage inspect shows (it opens stores, reads offsets and checks every block's checksum, not the log's batches).
@@ -223,7 +240,9 @@ def test_cli_on_damaged_files(cli_world: Path, command: str, damage: str) -> Non
 
         named = root / "log" / str(TP)
         shutil.rmtree(named)
-    proc = _cli(command, "--state-dir", str(root / "state"), "--app-id", "app", "--log-dir", str(root / "log"))
+    proc = _cli(
+        command, "--state-dir", str(root / "state"), "--app-id", "app", "--log-dir", str(root / "log")
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     text = "".join((proc.stdout + proc.stderr).split())  # the table wraps long paths anywhere
     if command == "inspect":

@@ -214,16 +214,20 @@ def test_restore_hits_disk_full(big_world: tuple[Path, Model], tmp_path: Path, m
     if mode == "replay":
         # A store that already holds a committed prefix: restore resumes by replaying the tail.
         (store_dir(root)).parent.mkdir(parents=True, exist_ok=True)
-        first = run_child(_spec(root, "eos-store", "restore", mode="bulk", end_offset=model.commits[1][0] + 1))
+        first = run_child(
+            _spec(root, "eos-store", "restore", mode="bulk", end_offset=model.commits[1][0] + 1)
+        )
         assert first.result is not None and first.result["ok"], first.describe()
     outcome = run_child(_spec(root, "eos-store", "restore", mode=mode, fsize=limit))
     assert outcome.returncode == 0 and outcome.result is not None, outcome.describe()
     if outcome.result["ok"]:
-        pytest.fail(f"restore under a {limit}-byte limit succeeded; the limit is too high: {outcome.describe()}")
+        pytest.fail(
+            f"restore under a {limit}-byte limit succeeded; the limit is too high: {outcome.describe()}"
+        )
     assert outcome.result["statestore"], outcome.describe()
-    assert str(store_dir(root)) in outcome.result["msg"] or str(partition_dir(root)) in outcome.result["msg"], (
-        outcome.describe()
-    )
+    assert (
+        str(store_dir(root)) in outcome.result["msg"] or str(partition_dir(root)) in outcome.result["msg"]
+    ), outcome.describe()
     print(f"{mode}/{limit}: {outcome.result['cls']}: {outcome.result['msg'][:300]}")
     r = assert_consistent(root, "eos-store")
     if mode == "replay":
@@ -236,7 +240,9 @@ def test_restore_hits_disk_full(big_world: tuple[Path, Model], tmp_path: Path, m
     assert unhex(again.result["store"]) == model.final
 
 
-def test_task_manager_restore_disk_full_raises_not_loops(big_world: tuple[Path, Model], tmp_path: Path) -> None:
+def test_task_manager_restore_disk_full_raises_not_loops(
+    big_world: tuple[Path, Model], tmp_path: Path
+) -> None:
     """A task manager whose restore keeps failing (full disk) raises after a few wipes instead of looping."""
     root = tmp_path / "w"
     shutil.copytree(big_world[0], root, symlinks=True)
@@ -258,9 +264,13 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted afterwards; skipped where mounting is not allowed."""
     mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}); the RLIMIT_FSIZE cases cover disk full")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({proc.stderr.strip()}); the RLIMIT_FSIZE cases cover disk full"
+        )
     try:
         yield mnt
     finally:

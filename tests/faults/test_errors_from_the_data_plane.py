@@ -92,12 +92,18 @@ def test_unsupported_compression_carries_segment_and_offset(tmp_path: Path) -> N
 def test_lock_error_names_the_partition_directory(tmp_path: Path) -> None:
     a = _log_with(tmp_path, 1)  # holds the partition's writer lock; another process must fail to take it
     child = subprocess.run(
-        [sys.executable, "-c",
-         "import sys\nfrom statestore import SegmentLog, LockError\n"
-         "try:\n    SegmentLog(sys.argv[1]).recover(sys.argv[2])\nexcept LockError as e:\n"
-         "    print('LOCK', e.path)\n",
-         str(tmp_path / "log"), str(TP)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom statestore import SegmentLog, LockError\n"
+            "try:\n    SegmentLog(sys.argv[1]).recover(sys.argv[2])\nexcept LockError as e:\n"
+            "    print('LOCK', e.path)\n",
+            str(tmp_path / "log"),
+            str(TP),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert child.stdout.startswith("LOCK "), child.stdout + child.stderr
     locked = Path(child.stdout.split(" ", 1)[1].strip())

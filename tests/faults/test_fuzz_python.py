@@ -28,8 +28,6 @@ from support import ROOT, load_module
 statestore_fuzz = load_module(ROOT / "fuzz" / "python" / "statestore_fuzz.py", "statestore_fuzz")
 
 
-
-
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Near-valid checkpoint text: the right shape with hostile fields.
@@ -61,11 +59,19 @@ def test_checkpoint_near_valid_text(text: str) -> None:
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=200), st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=40),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["processId", "pid", "host", "x"]), inner),
-    max_leaves=10,
-).map(lambda doc: __import__("json").dumps(doc).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.sampled_from(["processId", "pid", "host", "x"]), inner)
+            ),
+            max_leaves=10,
+        ).map(lambda doc: __import__("json").dumps(doc).encode()),
+    )
+)
 def test_process_metadata(data: bytes) -> None:
     statestore_fuzz.process_metadata(data)
 

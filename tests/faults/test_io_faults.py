@@ -76,13 +76,27 @@ def build_shim() -> Path:
     if cc is None:
         reason = "no C compiler"
     elif not Path("/usr/include/fiu.h").exists():
-        reason = "libfiu is not installed (Debian fiu-utils libfiu-dev; scripts/setup-system.sh installs them)"
+        reason = (
+            "libfiu is not installed (Debian fiu-utils libfiu-dev; scripts/setup-system.sh installs them)"
+        )
     else:
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         proc = subprocess.run(
-            [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wno-format-truncation", "-o", str(tmp), str(SHIM_SOURCE),
-             "-ldl", "-l:libfiu.so.0"],
-            capture_output=True, text=True,
+            [
+                cc,
+                "-shared",
+                "-fPIC",
+                "-O2",
+                "-Wall",
+                "-Wno-format-truncation",
+                "-o",
+                str(tmp),
+                str(SHIM_SOURCE),
+                "-ldl",
+                "-l:libfiu.so.0",
+            ],
+            capture_output=True,
+            text=True,
         )
         if proc.returncode == 0:
             tmp.replace(out)
@@ -98,8 +112,9 @@ def shim() -> Path:
     return build_shim()
 
 
-def run_child(shim: Path, root: Path, guarantee: str, mode: str, phase: str, rng: random.Random,
-              run_dir: Path) -> dict[str, Any]:
+def run_child(
+    shim: Path, root: Path, guarantee: str, mode: str, phase: str, rng: random.Random, run_dir: Path
+) -> dict[str, Any]:
     """One child with faults armed in ``phase``; returns its report plus the faults logged and calls seen."""
     log, calls = run_dir / "faults.log", run_dir / "calls.log"
     env = {
@@ -113,13 +128,24 @@ def run_child(shim: Path, root: Path, guarantee: str, mode: str, phase: str, rng
         "STATESTORE_FAULT_MAX": str(rng.choice([1, 1, 2, 3])),
         "STATESTORE_FAULT_SEED": str(rng.randrange(2**31)),
     }
-    args = [sys.executable, str(CHILD), str(root), guarantee, mode, phase, str(rng.randrange(2**31)),
-            str(rng.choice([40, 150, 400])), str(rng.choice([1, 7, 25]))]
+    args = [
+        sys.executable,
+        str(CHILD),
+        str(root),
+        guarantee,
+        mode,
+        phase,
+        str(rng.randrange(2**31)),
+        str(rng.choice([40, 150, 400])),
+        str(rng.choice([1, 7, 25])),
+    ]
     try:
         proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
     except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"hang: a {phase} child under {guarantee}/{mode} did not finish in {CHILD_TIMEOUT} s; "
-                             f"faults: {log.read_text() if log.exists() else ''}; stderr: {e.stderr!r}") from e
+        raise AssertionError(
+            f"hang: a {phase} child under {guarantee}/{mode} did not finish in {CHILD_TIMEOUT} s; "
+            f"faults: {log.read_text() if log.exists() else ''}; stderr: {e.stderr!r}"
+        ) from e
     injected = [line.split(" ", 2) for line in log.read_text().splitlines()] if log.exists() else []
     seen: Counter[str] = Counter()
     if calls.exists():
@@ -133,7 +159,9 @@ def run_child(shim: Path, root: Path, guarantee: str, mode: str, phase: str, rng
     assert report["faults"] == len(injected), (report, injected)
     if report["outcome"] == "error":
         message = report["error"]["message"] + " " + str(report["error"]["path"])
-        assert str(root.resolve()) in message or str(root) in message, f"{where}: error names no file: {report}"
+        assert str(root.resolve()) in message or str(root) in message, (
+            f"{where}: error names no file: {report}"
+        )
     report["injected"] = injected
     report["calls"] = seen
     return report
@@ -179,9 +207,18 @@ def run_faults(shim: Path, root: Path, guarantee: str, mode: str, runs: int, see
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {
-        "guarantee": guarantee, "offsets": mode, "runs": 0, "faults": 0,
-        "by_site": Counter(), "by_file": Counter(), "by_errno": Counter(), "outcomes": Counter(), "wipes": 0,
-        "calls": Counter(), "absorbed": Counter(), "divergences": 0,
+        "guarantee": guarantee,
+        "offsets": mode,
+        "runs": 0,
+        "faults": 0,
+        "by_site": Counter(),
+        "by_file": Counter(),
+        "by_errno": Counter(),
+        "outcomes": Counter(),
+        "wipes": 0,
+        "calls": Counter(),
+        "absorbed": Counter(),
+        "divergences": 0,
     }
     history: list[dict[str, Any]] = []
     for i in range(runs):
@@ -196,8 +233,12 @@ def run_faults(shim: Path, root: Path, guarantee: str, mode: str, runs: int, see
             if mode == "store":
                 check_store_on_disk(root)
         except AssertionError as e:
-            raise AssertionError(f"run {i} (seed {seed}) failed: {e}\nthe runs before it: {history[-3:]}") from e
-        history.append({k: report[k] for k in ("phase", "outcome", "error", "injected", "wipes") if k in report})
+            raise AssertionError(
+                f"run {i} (seed {seed}) failed: {e}\nthe runs before it: {history[-3:]}"
+            ) from e
+        history.append(
+            {k: report[k] for k in ("phase", "outcome", "error", "injected", "wipes") if k in report}
+        )
         figures["runs"] += 1
         figures["faults"] += report["faults"]
         for site, err, path in report["injected"]:
@@ -233,16 +274,18 @@ def _report(figures: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
 def test_injected_io_errors(shim: Path, tmp_path: Path, guarantee: str, mode: str) -> None:
-    figures = run_faults(shim, tmp_path / "w", guarantee, mode, runs=6,
-                         seed=zlib.crc32(f"io/{guarantee}/{mode}".encode()))
+    figures = run_faults(
+        shim, tmp_path / "w", guarantee, mode, runs=6, seed=zlib.crc32(f"io/{guarantee}/{mode}".encode())
+    )
     _report(figures)
     assert figures["faults"] >= 3, f"too few faults were injected for the test to mean anything: {figures}"
 
 
 @pytest.mark.torture
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
-def test_injected_io_errors_torture(request: pytest.FixtureRequest, shim: Path, tmp_path: Path, guarantee: str,
-                                    mode: str) -> None:
+def test_injected_io_errors_torture(
+    request: pytest.FixtureRequest, shim: Path, tmp_path: Path, guarantee: str, mode: str
+) -> None:
     if "torture" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("many children per combination: select with -m torture (make torture)")
     runs = int(os.environ.get("STATESTORE_IOFAULT_RUNS", "60"))

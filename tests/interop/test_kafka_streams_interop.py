@@ -59,8 +59,9 @@ def app_built() -> Path:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def store_dir(state: Path, app: str, partition: int, store: str) -> Path:
@@ -73,7 +74,9 @@ def read_stores(state: Path, app: str) -> tuple[dict[str, str], dict[str, int], 
     counts: dict[str, int] = {}
     stamps: dict[str, int] = {}
     for p in range(PARTITIONS):
-        latest.update((k.decode(), v.decode()) for k, v in store_contents(store_dir(state, app, p, "latest")).entries)
+        latest.update(
+            (k.decode(), v.decode()) for k, v in store_contents(store_dir(state, app, p, "latest")).entries
+        )
         for k, raw in store_contents(store_dir(state, app, p, "counts")).entries:
             ts, v = decode_timestamped(raw)
             counts[k.decode()] = int.from_bytes(v, "big", signed=True)
@@ -81,11 +84,22 @@ def read_stores(state: Path, app: str) -> tuple[dict[str, str], dict[str, int], 
     return latest, counts, stamps
 
 
-def process(bootstrap: str, app: str, state: Path, guarantee: str, produce: int, **kw: Any) -> kstreams_app.AppRun:
+def process(
+    bootstrap: str, app: str, state: Path, guarantee: str, produce: int, **kw: Any
+) -> kstreams_app.AppRun:
     return kstreams_app.run_app(
-        bootstrap, app, state, guarantee=guarantee, mode="process", produce=produce, keys=KEYS,
-        value_size=VALUE_SIZE, partitions=PARTITIONS, print_results=True,
-        config={"commit.interval.ms": "500"}, **kw,
+        bootstrap,
+        app,
+        state,
+        guarantee=guarantee,
+        mode="process",
+        produce=produce,
+        keys=KEYS,
+        value_size=VALUE_SIZE,
+        partitions=PARTITIONS,
+        print_results=True,
+        config={"commit.interval.ms": "500"},
+        **kw,
     )
 
 
@@ -112,7 +126,9 @@ def test_statestore_reads_what_kafka_streams_wrote(
     assert out.returncode == 0, out.stdout + out.stderr
     stores = json.loads(out.stdout)["stores"]
     assert sorted((s["task_id"], s["store"], s["format"], s["status"]) for s in stores) == sorted(
-        (f"0_{p}", name, fmt, "closed") for p in range(PARTITIONS) for name, fmt in kstreams_app.STORE_FORMATS.items()
+        (f"0_{p}", name, fmt, "closed")
+        for p in range(PARTITIONS)
+        for name, fmt in kstreams_app.STORE_FORMATS.items()
     )
     for s in stores:
         assert s["problem"] is None, s
@@ -130,7 +146,9 @@ def test_statestore_reads_what_kafka_streams_wrote(
     assert latest == run.results["latest"]
     assert {k: str(v) for k, v in counts.items()} == run.results["counts"]
     now_ms = time.time() * 1000
-    assert all(now_ms - 600_000 < ts <= now_ms for ts in stamps.values()), "record timestamps in front of values"
+    assert all(now_ms - 600_000 < ts <= now_ms for ts in stamps.values()), (
+        "record timestamps in front of values"
+    )
 
 
 def test_a_sigkilled_exactly_once_application_leaves_open_stores(
@@ -141,10 +159,19 @@ def test_a_sigkilled_exactly_once_application_leaves_open_stores(
     # Small memtables and no record cache: RocksDB flushes while the application runs (Kafka Streams writes with
     # the WAL off, so only flushed writes -- the status OPEN among them -- are on disk when it is killed).
     cmd = kstreams_app.command(
-        kafka_bootstrap, app, state, guarantee="exactly_once_v2", produce=400_000, keys=KEYS,
-        value_size=VALUE_SIZE, partitions=PARTITIONS,
-        config={"rocksdb.config.setter": "statestore.interop.SmallMemtables", "statestore.write.buffer.bytes": "65536",
-                "statestore.cache.max.bytes": "0"},
+        kafka_bootstrap,
+        app,
+        state,
+        guarantee="exactly_once_v2",
+        produce=400_000,
+        keys=KEYS,
+        value_size=VALUE_SIZE,
+        partitions=PARTITIONS,
+        config={
+            "rocksdb.config.setter": "statestore.interop.SmallMemtables",
+            "statestore.write.buffer.bytes": "65536",
+            "statestore.cache.max.bytes": "0",
+        },
     )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
@@ -157,10 +184,20 @@ def test_a_sigkilled_exactly_once_application_leaves_open_stores(
         else:
             pytest.fail("the application ended before processing 150,000 records:\n" + "".join(seen[-30:]))
         # Restoring into the directory of a running instance is refused (its Java file lock on <app>/.lock).
-        busy = cli("restore", "--kafka", kafka_bootstrap, "--state-dir", str(state), "--app-id", app,
-                   "--store-format", "counts=timestamped")
+        busy = cli(
+            "restore",
+            "--kafka",
+            kafka_bootstrap,
+            "--state-dir",
+            str(state),
+            "--app-id",
+            app,
+            "--store-format",
+            "counts=timestamped",
+        )
         assert busy.returncode != 0 and f"locked by process {proc.pid}" in busy.stdout + busy.stderr, (
-            busy.stdout + busy.stderr)
+            busy.stdout + busy.stderr
+        )
         # The java process is the script's exec'd child: same pid.
         os.kill(proc.pid, signal.SIGKILL)
     finally:
@@ -169,7 +206,9 @@ def test_a_sigkilled_exactly_once_application_leaves_open_stores(
     with kafka.KafkaChangelog(kafka_bootstrap) as changelog:
         _holder, reports = inspect_app(state, app, changelog=changelog)
     assert sorted((r.task_id, r.store, r.format, r.status) for r in reports) == sorted(
-        (f"0_{p}", name, fmt, "open") for p in range(PARTITIONS) for name, fmt in kstreams_app.STORE_FORMATS.items()
+        (f"0_{p}", name, fmt, "open")
+        for p in range(PARTITIONS)
+        for name, fmt in kstreams_app.STORE_FORMATS.items()
     )
     assert all(r.problem is None for r in reports), [r.problem for r in reports]
     # The CLI shows the same, as a table.
@@ -178,8 +217,21 @@ def test_a_sigkilled_exactly_once_application_leaves_open_stores(
 
 
 def restore_threads(bootstrap: str, state: Path, app: str) -> None:
-    out = cli("restore", "--kafka", bootstrap, "--state-dir", str(state), "--app-id", app, "--threads", "2",
-              "--store-format", "counts=timestamped", "--guarantee", "exactly_once_v2")
+    out = cli(
+        "restore",
+        "--kafka",
+        bootstrap,
+        "--state-dir",
+        str(state),
+        "--app-id",
+        app,
+        "--threads",
+        "2",
+        "--store-format",
+        "counts=timestamped",
+        "--guarantee",
+        "exactly_once_v2",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{2 * PARTITIONS} ok, 0 failed" in out.stdout, out.stdout
 
@@ -206,8 +258,16 @@ def test_kafka_streams_starts_on_what_statestore_restored(
             assert diff is None, f"{name} partition {p}: {diff}"
 
     # Kafka Streams, restore only: nothing to restore
-    only = kstreams_app.run_app(kafka_bootstrap, app, restored, guarantee=guarantee, mode="restore",
-                                partitions=PARTITIONS, keys=KEYS, value_size=VALUE_SIZE)
+    only = kstreams_app.run_app(
+        kafka_bootstrap,
+        app,
+        restored,
+        guarantee=guarantee,
+        mode="restore",
+        partitions=PARTITIONS,
+        keys=KEYS,
+        value_size=VALUE_SIZE,
+    )
     assert only.restored_records == 0, only.restores
     assert len(only.restores) == 2 * PARTITIONS, only.lines
     assert all(r.start == r.end or r.restored == 0 for r in only.restores.values()), only.restores
@@ -229,8 +289,14 @@ def test_kafka_streams_starts_on_what_spark_restored(
     process(bootstrap, app, tmp_path / "first", "exactly_once_v2", 3000)
     restored = tmp_path / "restored"
     # Spark tasks read the broker's own partition directories (the segment log reads Kafka's log.dirs).
-    df = restore_on_spark(spark, log_dir=kafka_broker.log_dir, state_dir=restored, application_id=app,
-                          stores=list(kstreams_app.STORE_FORMATS), formats={"counts": "timestamped"})
+    df = restore_on_spark(
+        spark,
+        log_dir=kafka_broker.log_dir,
+        state_dir=restored,
+        application_id=app,
+        stores=list(kstreams_app.STORE_FORMATS),
+        formats={"counts": "timestamped"},
+    )
     rows = df.collect()
     assert [r.status for r in rows] == ["ok"] * (2 * PARTITIONS), rows
     run = process(bootstrap, app, restored, "exactly_once_v2", 500)
@@ -254,7 +320,9 @@ def test_unknown_store_types_are_reported_and_left_untouched(tmp_path: Path) -> 
     import rocksdict
 
     raw = rocksdict.Options(raw_mode=True)
-    db = rocksdict.Rdict(str(base / "hdr"), raw, column_families={"offsets": raw, "keyValueWithTimestamp": raw})
+    db = rocksdict.Rdict(
+        str(base / "hdr"), raw, column_families={"offsets": raw, "keyValueWithTimestamp": raw}
+    )
     db.create_column_family("keyValueWithTimestampAndHeaders", raw)
     db.close()
     # a store RocksDB cannot open: CURRENT names a manifest that is not there
@@ -266,13 +334,32 @@ def test_unknown_store_types_are_reported_and_left_untouched(tmp_path: Path) -> 
     by_store = {r.store: r for r in reports}
     broken = by_store["broken"].problem or ""
     assert "cannot" in broken and "MANIFEST-999999" in broken, broken  # RocksDB's own reason, named
-    assert "segmented store" in (by_store["win"].problem or "") and "win.1700000000000" in by_store["win"].problem
-    assert "headers" in (by_store["hdr"].problem or "") and "keyValueWithTimestampAndHeaders" in by_store["hdr"].problem
+    assert (
+        "segmented store" in (by_store["win"].problem or "")
+        and "win.1700000000000" in by_store["win"].problem
+    )
+    assert (
+        "headers" in (by_store["hdr"].problem or "")
+        and "keyValueWithTimestampAndHeaders" in by_store["hdr"].problem
+    )
     for fmt in ("plain", "timestamped"):
         with pytest.raises(StoreError, match="statestore does not know"):
             Store(base / "hdr", format=fmt)
-    out = cli("restore", "--log-dir", str(tmp_path), "--state-dir", str(tmp_path / "state"), "--app-id", app,
-              "--store", "win", "--store", "hdr", "--partitions", "0")
+    out = cli(
+        "restore",
+        "--log-dir",
+        str(tmp_path),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--app-id",
+        app,
+        "--store",
+        "win",
+        "--store",
+        "hdr",
+        "--partitions",
+        "0",
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "segmented store" in out.stdout and "keyValueWithTimestampAndHeaders" in out.stdout, out.stdout
     verdicts = {r.store.store: r for r in verify_app(tmp_path / "state", app, tmp_path / "nolog")}

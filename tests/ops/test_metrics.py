@@ -33,13 +33,22 @@ class Clock:
         return self.t
 
 
-def write_log(log_dir: Path, partitions: int, records: int, *, abort_every: int = 0, value_bytes: int = 8) -> SegmentLog:
+def write_log(
+    log_dir: Path, partitions: int, records: int, *, abort_every: int = 0, value_bytes: int = 8
+) -> SegmentLog:
     log = SegmentLog(log_dir)
     p = log.producer("writer")
     for part in range(partitions):
         for start in range(0, records, 5_000):
             p.begin()
-            p.send_many(TOPIC, part, [(b"k%06d" % (i % 20_000), b"%-*d" % (value_bytes, i)) for i in range(start, min(records, start + 5_000))])
+            p.send_many(
+                TOPIC,
+                part,
+                [
+                    (b"k%06d" % (i % 20_000), b"%-*d" % (value_bytes, i))
+                    for i in range(start, min(records, start + 5_000))
+                ],
+            )
             if abort_every and (start // 5_000) % abort_every == abort_every - 1:
                 p.abort()
             else:
@@ -105,8 +114,14 @@ def test_a_snapshot_round_trips_through_json() -> None:
 def test_a_real_restore_ends_with_what_it_applied(tmp_path: Path) -> None:
     log = write_log(tmp_path / "log", 1, 30_000, abort_every=3)
     m = RestoreMetrics(APP)
-    result = restore_store(tmp_path / STORE, log, TopicPartition(TOPIC, 0), mode="replay",
-                           listener=m.listener("0_0"), progress_interval=0.0)
+    result = restore_store(
+        tmp_path / STORE,
+        log,
+        TopicPartition(TOPIC, 0),
+        mode="replay",
+        listener=m.listener("0_0"),
+        progress_interval=0.0,
+    )
     (s,) = m.snapshot().stores
     assert s.records_restored == result.records_applied == 20_000
     assert s.done and s.remaining_records == 0 and s.position == result.end_offset
@@ -115,7 +130,9 @@ def test_a_real_restore_ends_with_what_it_applied(tmp_path: Path) -> None:
 def test_the_task_manager_feeds_restores_tasks_by_state_and_lag(tmp_path: Path) -> None:
     log = write_log(tmp_path / "log", 2, 20_000, abort_every=4)
     m = RestoreMetrics(APP)
-    tm = TaskManager(tmp_path / "state", log, [STORE], guarantee="exactly_once_v2", application_id=APP, metrics=m)
+    tm = TaskManager(
+        tmp_path / "state", log, [STORE], guarantee="exactly_once_v2", application_id=APP, metrics=m
+    )
     tm.start()
     tm.assign([TaskId(0, 0)], [TaskId(0, 1)])
     assert m.snapshot().tasks_by_state == {"active RESTORING": 1, "standby RUNNING": 1}
@@ -152,10 +169,14 @@ class PauseOnce:
         self.reached = threading.Event()
         self.go = threading.Event()
 
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
         pass
 
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
         if not self.reached.is_set():
             self.reached.set()
             assert self.go.wait(60)
@@ -176,9 +197,15 @@ def test_the_exporter_is_scraped_during_a_real_restore(tmp_path: Path) -> None:
     out: dict[str, object] = {}
 
     def run() -> None:
-        out["result"] = restore_store(tmp_path / STORE, log, TopicPartition(TOPIC, 0), mode="replay",
-                                      listener=m.listener(TaskId(0, 0), also=pause), progress_interval=0.0,
-                                      memory_budget_bytes=12 << 20)
+        out["result"] = restore_store(
+            tmp_path / STORE,
+            log,
+            TopicPartition(TOPIC, 0),
+            mode="replay",
+            listener=m.listener(TaskId(0, 0), also=pause),
+            progress_interval=0.0,
+            memory_budget_bytes=12 << 20,
+        )
 
     t = threading.Thread(target=run)
     t.start()
@@ -202,7 +229,9 @@ def test_the_exporter_is_scraped_during_a_real_restore(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_watch_shows_a_published_restore_and_survives_a_wiped_task(tmp_path: Path) -> None:
@@ -217,8 +246,19 @@ def test_watch_shows_a_published_restore_and_survives_a_wiped_task(tmp_path: Pat
     m.restore_started("0_0", TopicPartition(TOPIC, 0), STORE, 2_001, 10_002)
     clock.t += 2
     m.restored("0_0", TopicPartition(TOPIC, 0), STORE, 4_000, 6_001)
-    args = ["watch", "--state-dir", str(state), "--app-id", APP, "--log-dir", str(tmp_path / "log"),
-            "--interval", "0.2", "--iterations", "2"]
+    args = [
+        "watch",
+        "--state-dir",
+        str(state),
+        "--app-id",
+        APP,
+        "--log-dir",
+        str(tmp_path / "log"),
+        "--interval",
+        "0.2",
+        "--iterations",
+        "2",
+    ]
     with MetricsPublisher(m, state) as pub:
         assert pub.path.parent.name == METRICS_DIR_NAME
         assert [s.pid for s in published_snapshots(state, APP)] == [os.getpid()]
@@ -243,12 +283,29 @@ def test_watch_says_unknown_for_a_store_it_cannot_read(tmp_path: Path) -> None:
     store.parent.mkdir(parents=True)
     restore_store(store, log, TopicPartition(TOPIC, 0))
     (store / "CURRENT").write_text("garbage\n")
-    out = run_cli("watch", "--state-dir", str(tmp_path / "state"), "--app-id", APP, "--log-dir",
-                  str(tmp_path / "log"), "--iterations", "1")
+    out = run_cli(
+        "watch",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--app-id",
+        APP,
+        "--log-dir",
+        str(tmp_path / "log"),
+        "--iterations",
+        "1",
+    )
     assert out.returncode == 0, out.stderr
     assert "unknown" in out.stdout
-    out = run_cli("inspect", "--state-dir", str(tmp_path / "state"), "--app-id", APP, "--log-dir",
-                  str(tmp_path / "log"), "--json")
+    out = run_cli(
+        "inspect",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--app-id",
+        APP,
+        "--log-dir",
+        str(tmp_path / "log"),
+        "--json",
+    )
     (row,) = json.loads(out.stdout)["stores"]
     assert row["lag"] is None and row["problem"]
 
@@ -256,7 +313,8 @@ def test_watch_says_unknown_for_a_store_it_cannot_read(tmp_path: Path) -> None:
 def test_a_restore_too_short_to_report_progress_still_counts(tmp_path: Path) -> None:
     log = write_log(tmp_path / "log", 1, 2_000)
     m = RestoreMetrics(APP)
-    result = restore_store(tmp_path / STORE, log, TopicPartition(TOPIC, 0), listener=m.listener("0_0"),
-                           progress_interval=3600.0)
+    result = restore_store(
+        tmp_path / STORE, log, TopicPartition(TOPIC, 0), listener=m.listener("0_0"), progress_interval=3600.0
+    )
     (s,) = m.snapshot().stores
     assert s.records_restored == result.records_applied == 2_000 and s.done

@@ -40,7 +40,9 @@ def run(root: Path, variant: str, phase: str) -> tuple[int, list[dict[str, Any]]
 def scenario(root: Path, variant: str) -> tuple[bool, dict[str, Any]]:
     """Run crash then recover; return (checkpoint present while RUNNING, what recovery found)."""
     (root / "log").mkdir()
-    produce(SegmentLog(root / "log"), TP, [(b"k%d" % i, b"committed") for i in range(10)], transactional_id="w")
+    produce(
+        SegmentLog(root / "log"), TP, [(b"k%d" % i, b"committed") for i in range(10)], transactional_id="w"
+    )
     code, out, err = run(root, variant, "crash")
     assert code == -signal.SIGKILL, f"the crash child did not die by SIGKILL ({code}):\n{err}"
     checkpoint_while_running = bool(out[0]["checkpoint"])
@@ -64,7 +66,9 @@ def test_crash_while_running_wipes_and_keeps_no_aborted_data(tmp_path: Path, var
 
 def test_pre_fix_behaviour_is_caught(tmp_path: Path) -> None:
     checkpoint_while_running, recovered = scenario(tmp_path, "pre_fix")
-    assert checkpoint_while_running, "pre-fix: the checkpoint written at restoration end survives into RUNNING"
+    assert checkpoint_while_running, (
+        "pre-fix: the checkpoint written at restoration end survives into RUNNING"
+    )
     assert recovered["start"] > 0, "pre-fix: the restart trusts that checkpoint and skips the wipe"
     assert aborted_data(recovered["store"]) == {f"k{i}": "ABORTED" for i in range(5)}, (
         "the check above must see the aborted writes the bug leaves behind"

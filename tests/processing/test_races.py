@@ -76,8 +76,12 @@ class Run:
 def run_children(script: str, args_per_child: list[list[str]], timeout: float) -> list[dict[str, Any]]:
     """Start every child at once, wait, and return each one's JSON summary (its last stdout line)."""
     procs = [
-        subprocess.Popen([sys.executable, str(PROCS / script), *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(PROCS / script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for args in args_per_child
     ]
     outputs = []
@@ -109,7 +113,10 @@ def check_left_directories(run: Run, app_dir: Path) -> list[str]:
     for entry in os.scandir(app_dir) if app_dir.is_dir() else []:
         if entry.is_dir(follow_symlinks=False) and TASK_DIR.match(entry.name):
             ino = os.stat(entry.path).st_ino
-            if os.listdir(entry.path) not in ([], [".lock"]) and (entry.name, ino) not in run.audit.locked_dirs:
+            if (
+                os.listdir(entry.path) not in ([], [".lock"])
+                and (entry.name, ino) not in run.audit.locked_dirs
+            ):
                 out.append(f"task directory {entry.name} (inode {ino}) holds files but was never locked")
     return out
 
@@ -122,20 +129,37 @@ def race_locks(tmp_path: Path, seed: int, seconds: float) -> None:
     n_tasks = 4
     outputs = run_children(
         "race_locks.py",
-        [[str(tmp_path / "state"), str(audit), str(seconds), str(seed * 10 + i), str(THREADS), str(n_tasks)]
-         for i in range(PROCESSES)],
+        [
+            [
+                str(tmp_path / "state"),
+                str(audit),
+                str(seconds),
+                str(seed * 10 + i),
+                str(THREADS),
+                str(n_tasks),
+            ]
+            for i in range(PROCESSES)
+        ],
         timeout=seconds + 120,
     )
     run = Run(outputs, check_audit(audit.read_text().splitlines()))
     violations = [v for o in outputs for v in o["violations"]] + run.audit.violations
     violations += check_left_directories(run, tmp_path / "state" / "app")
     figures = {
-        "processes": PROCESSES, "threads_per_process": THREADS, "tasks": n_tasks,
-        "acquisitions": run.audit.acquisitions, "cleaner_holds": run.audit.cleaner_holds,
-        "directories_deleted": run.audit.deletions, "directories_seen_with_files": run.audit.seen,
-        "owner_writes": run.stat("owner_writes"), "checkpoint_writes": run.stat("checkpoint_writes"),
-        "wipes": run.stat("wipes"), "stale_writes_refused": run.stat("stale_writes_refused"),
-        "busy": run.stat("busy"), "audit_events": run.audit.events, "violations": len(violations),
+        "processes": PROCESSES,
+        "threads_per_process": THREADS,
+        "tasks": n_tasks,
+        "acquisitions": run.audit.acquisitions,
+        "cleaner_holds": run.audit.cleaner_holds,
+        "directories_deleted": run.audit.deletions,
+        "directories_seen_with_files": run.audit.seen,
+        "owner_writes": run.stat("owner_writes"),
+        "checkpoint_writes": run.stat("checkpoint_writes"),
+        "wipes": run.stat("wipes"),
+        "stale_writes_refused": run.stat("stale_writes_refused"),
+        "busy": run.stat("busy"),
+        "audit_events": run.audit.events,
+        "violations": len(violations),
     }
     record_figures("locks", seed, seconds, figures)
     assert not violations, f"seed {seed}: {len(violations)} violations:\n" + "\n".join(violations[:30])
@@ -162,7 +186,9 @@ TASK_PARTITIONS = 6
 TASK_STORE = "s"
 
 
-def changelog_model(log: Any, partition: int, upto: int | None = None) -> tuple[dict[bytes, bytes], list[str]]:
+def changelog_model(
+    log: Any, partition: int, upto: int | None = None
+) -> tuple[dict[bytes, bytes], list[str]]:
     """Last committed value per key of the changelog of ``partition`` (through offset ``upto``), and
     every place a counter did not go up by exactly one."""
     from statestore import TopicPartition
@@ -178,8 +204,10 @@ def changelog_model(log: Any, partition: int, upto: int | None = None) -> tuple[
         assert rec.key is not None and rec.value is not None
         before = int(model.get(rec.key, b"0"))
         if int(rec.value) != before + 1:
-            broken.append(f"{tp} offset {rec.offset}: counter {rec.key!r} went from {before} to "
-                          f"{int(rec.value)} (history lost or made up)")
+            broken.append(
+                f"{tp} offset {rec.offset}: counter {rec.key!r} went from {before} to "
+                f"{int(rec.value)} (history lost or made up)"
+            )
         model[rec.key] = rec.value
     return model, broken
 
@@ -208,9 +236,11 @@ def check_stores_at_rest(state_dir: Path, log: Any) -> tuple[int, list[str]]:
         model = changelog_model(log, task.partition, offset)[0] if offset is not None else {}
         checked += 1
         if content != model:
-            out.append(f"{path}: holds {len(content)} keys at offset {offset}, the changelog through that "
-                       f"offset {len(model)}; differing keys: "
-                       f"{sorted(k for k in content.keys() | model.keys() if content.get(k) != model.get(k))[:5]}")
+            out.append(
+                f"{path}: holds {len(content)} keys at offset {offset}, the changelog through that "
+                f"offset {len(model)}; differing keys: "
+                f"{sorted(k for k in content.keys() | model.keys() if content.get(k) != model.get(k))[:5]}"
+            )
     return checked, out
 
 
@@ -221,7 +251,9 @@ def check_final_restore(state_dir: Path, log: Any, guarantee: str, offsets: str)
     from statestore.state.directory import StateDirectory
 
     out = []
-    tm = TaskManager(StateDirectory(state_dir, "app"), log, [TASK_STORE], guarantee=guarantee, offsets=offsets)
+    tm = TaskManager(
+        StateDirectory(state_dir, "app"), log, [TASK_STORE], guarantee=guarantee, offsets=offsets
+    )
     try:
         tm.assign([TaskId(0, p) for p in range(TASK_PARTITIONS)], [])
         assert tm.restore(timeout=120), "final restore did not finish"
@@ -229,8 +261,10 @@ def check_final_restore(state_dir: Path, log: Any, guarantee: str, offsets: str)
             content = dict(tm.active_task(TaskId(0, p)).store(TASK_STORE).range())
             model = changelog_model(log, p)[0]
             if content != model:
-                out.append(f"{state_dir.name} task 0_{p}: after restoring, the store holds {len(content)} keys, "
-                           f"the changelog {len(model)}")
+                out.append(
+                    f"{state_dir.name} task 0_{p}: after restoring, the store holds {len(content)} keys, "
+                    f"the changelog {len(model)}"
+                )
     finally:
         tm.close()
         tm.directory.close()
@@ -242,8 +276,21 @@ def race_tasks(tmp_path: Path, seed: int, seconds: float, guarantee: str, offset
 
     outputs = run_children(
         "race_tasks.py",
-        [[str(tmp_path), str(i), str(PROCESSES), str(seconds), str(seed), str(THREADS), str(TASK_PARTITIONS),
-          guarantee, offsets, layout] for i in range(PROCESSES)],
+        [
+            [
+                str(tmp_path),
+                str(i),
+                str(PROCESSES),
+                str(seconds),
+                str(seed),
+                str(THREADS),
+                str(TASK_PARTITIONS),
+                guarantee,
+                offsets,
+                layout,
+            ]
+            for i in range(PROCESSES)
+        ],
         timeout=seconds + 180,
     )
     violations = [v for o in outputs for v in o["violations"]]
@@ -271,24 +318,43 @@ def race_tasks(tmp_path: Path, seed: int, seconds: float, guarantee: str, offset
     for name in names:
         violations += check_final_restore(tmp_path / f"state-{name}", log, guarantee, offsets)
     figures = {
-        "guarantee": guarantee, "offsets": offsets, "layout": layout, "processes": PROCESSES, "threads_per_process": THREADS,
-        "tasks": TASK_PARTITIONS, "increments_written": records, "process_calls": run.stat("increments"),
-        "commits": run.stat("commits"), "rebalances": run.stat("rebalances"),
-        "assignments": run.stat("assignments"), "crashes": run.stat("crashes"),
-        "lock_acquisitions": run.audit.acquisitions, "directories_deleted": run.audit.deletions,
-        "directories_seen_with_files": run.audit.seen, "stores_checked_at_rest": stores_checked,
-        "stores_restored_and_checked": len(names) * TASK_PARTITIONS, "violations": len(violations),
+        "guarantee": guarantee,
+        "offsets": offsets,
+        "layout": layout,
+        "processes": PROCESSES,
+        "threads_per_process": THREADS,
+        "tasks": TASK_PARTITIONS,
+        "increments_written": records,
+        "process_calls": run.stat("increments"),
+        "commits": run.stat("commits"),
+        "rebalances": run.stat("rebalances"),
+        "assignments": run.stat("assignments"),
+        "crashes": run.stat("crashes"),
+        "lock_acquisitions": run.audit.acquisitions,
+        "directories_deleted": run.audit.deletions,
+        "directories_seen_with_files": run.audit.seen,
+        "stores_checked_at_rest": stores_checked,
+        "stores_restored_and_checked": len(names) * TASK_PARTITIONS,
+        "violations": len(violations),
     }
     record_figures("tasks", seed, seconds, figures)
     assert not violations, f"seed {seed}: {len(violations)} violations:\n" + "\n".join(violations[:30])
     assert records > 20 and run.stat("crashes") > 0 and run.audit.deletions > 0, figures
 
 
-MODES = [(g, o, layout) for g in ("at_least_once", "exactly_once_v2") for o in ("store", "checkpoint")
-         for layout in ("own", "shared")]
+MODES = [
+    (g, o, layout)
+    for g in ("at_least_once", "exactly_once_v2")
+    for o in ("store", "checkpoint")
+    for layout in ("own", "shared")
+]
 #: make test: every guarantee, offsets mode and layout once (the torture run has every combination).
-SHORT_MODES = [("at_least_once", "store", "own"), ("exactly_once_v2", "store", "shared"),
-               ("at_least_once", "checkpoint", "shared"), ("exactly_once_v2", "checkpoint", "own")]
+SHORT_MODES = [
+    ("at_least_once", "store", "own"),
+    ("exactly_once_v2", "store", "shared"),
+    ("at_least_once", "checkpoint", "shared"),
+    ("exactly_once_v2", "checkpoint", "own"),
+]
 
 
 @pytest.mark.parametrize(("guarantee", "offsets", "layout"), SHORT_MODES)
@@ -474,7 +540,9 @@ def test_stream_threads_sharing_a_state_directory_under_exactly_once_each_have_a
                 pool.submit(tm.assign, [TaskId(0, i)], []).result()
                 assert pool.submit(tm.restore, 30).result()
             for i, (pool, tm) in enumerate(zip(pools, tms, strict=True)):
-                pool.submit(lambda tm=tm, i=i: tm.active_task(TaskId(0, i)).store("s").put(b"k", b"1")).result()
+                pool.submit(
+                    lambda tm=tm, i=i: tm.active_task(TaskId(0, i)).store("s").put(b"k", b"1")
+                ).result()
                 pool.submit(tm.commit).result()
         finally:
             for pool, tm in zip(pools, tms, strict=True):

@@ -100,10 +100,14 @@ def test_startup_standbys_are_bounded(tmp_path: Path) -> None:
     tm = manager(tmp_path, "exactly_once_v2", "store", max_startup_tasks=3)
     tm.start()
     assert len(tm.startup_tasks()) == 3
-    assert sorted(tm.directory.locked_tasks()) == sorted(t.id for t in tm.startup_tasks()), "the rest were closed"
+    assert sorted(tm.directory.locked_tasks()) == sorted(t.id for t in tm.startup_tasks()), (
+        "the rest were closed"
+    )
     app = tmp_path / "state" / "app"
     for t in CORRUPT:
         assert not (app / str(t) / "rocksdb").exists(), "corruption is wiped even beyond the bound"
     tm.assign([], [])
-    assert tm.startup_tasks() == [] and tm.directory.locked_tasks() == [], "unclaimed startup tasks are closed"
+    assert tm.startup_tasks() == [] and tm.directory.locked_tasks() == [], (
+        "unclaimed startup tasks are closed"
+    )
     close_all(tm)

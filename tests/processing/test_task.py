@@ -66,8 +66,12 @@ def sd(tmp_path: Path) -> Iterator[StateDirectory]:
 def test_illegal_call_on_a_real_task_names_task_and_states(sd: StateDirectory, tmp_path: Path) -> None:
     log = SegmentLog(tmp_path / "log", sync=False)
     (tmp_path / "log").mkdir()
-    task = ActiveTask(T, build_state_manager(sd, T, Policy.of("exactly_once_v2"), [STORE], standby=False), log)
-    with pytest.raises(IllegalStateError, match=r"active task 0_1: illegal transition from CREATED to RUNNING"):
+    task = ActiveTask(
+        T, build_state_manager(sd, T, Policy.of("exactly_once_v2"), [STORE], standby=False), log
+    )
+    with pytest.raises(
+        IllegalStateError, match=r"active task 0_1: illegal transition from CREATED to RUNNING"
+    ):
         task.complete_restoration()
     with pytest.raises(IllegalStateError, match="RUNNING"):
         task.store(STORE)
@@ -188,13 +192,17 @@ def test_43_suspended_created_task_is_not_checkpointed_but_a_restored_one_is(
     tm_root: Path, sd: StateDirectory, guarantee: str
 ) -> None:
     log = SegmentLog(tm_root / "log", sync=False)
-    created = ActiveTask(T, build_state_manager(sd, T, Policy.of(guarantee, "checkpoint"), [STORE], standby=False), log)
+    created = ActiveTask(
+        T, build_state_manager(sd, T, Policy.of(guarantee, "checkpoint"), [STORE], standby=False), log
+    )
     created.suspend()
     assert created.state is S.SUSPENDED
     assert not _ckpt(tm_root).exists()
     created.close()
     produce(log, TP, [(b"a", b"1")])
-    task = ActiveTask(T, build_state_manager(sd, T, Policy.of(guarantee, "checkpoint"), [STORE], standby=False), log)
+    task = ActiveTask(
+        T, build_state_manager(sd, T, Policy.of(guarantee, "checkpoint"), [STORE], standby=False), log
+    )
     task.initialize()
     task.update_offsets({TP: 0})
     task.suspend()
@@ -245,7 +253,9 @@ def test_46_standby_checkpoints_only_big_advances_unless_enforced(tm_root: Path)
     produce(log, TP, [(b"k", b"%d" % i) for i in range(150)], transactional_id="writer")
     tm.poll()
     tm.commit()
-    assert _ckpt(tm_root).read() == {TP: 201}, "a standby applies committed data only: safe to checkpoint under EOS"
+    assert _ckpt(tm_root).read() == {TP: 201}, (
+        "a standby applies committed data only: safe to checkpoint under EOS"
+    )
     produce(log, TP, [(b"k", b"x")], transactional_id="writer")
     tm.poll()
     tm.commit()
@@ -271,8 +281,14 @@ def test_46_unclean_close_of_a_standby_under_exactly_once_wipes(tm_root: Path) -
 def test_restoring_active_recycled_to_standby_keeps_its_progress(tm_root: Path) -> None:
     produce(SegmentLog(tm_root / "log"), TP, [(b"k%d" % i, b"v") for i in range(100)])
     events = Events()
-    tm = manager(tm_root, "exactly_once_v2", listener=events, standby_listener=events, chunk_offsets=30,
-                 time_slice_ms=0)
+    tm = manager(
+        tm_root,
+        "exactly_once_v2",
+        listener=events,
+        standby_listener=events,
+        chunk_offsets=30,
+        time_slice_ms=0,
+    )
     tm.start()
     tm.assign([T], [])
     tm.poll()

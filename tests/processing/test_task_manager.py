@@ -28,8 +28,15 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def running(root: Path, guarantee: str, offsets: str = "store", *, active: list[TaskId] | None = None,
-            standby: list[TaskId] | None = None, **kw: object) -> TaskManager:
+def running(
+    root: Path,
+    guarantee: str,
+    offsets: str = "store",
+    *,
+    active: list[TaskId] | None = None,
+    standby: list[TaskId] | None = None,
+    **kw: object,
+) -> TaskManager:
     tm = manager(root, guarantee, offsets, **kw)  # type: ignore[arg-type]
     tm.start()
     tm.assign(active if active is not None else [T], standby or [])
@@ -103,6 +110,7 @@ def test_a_commit_whose_abort_fails_too_still_drops_the_staged_writes(
     def fail(what: str) -> Callable[[], None]:
         def raise_() -> None:
             raise LogError(what)
+
         return raise_
 
     monkeypatch.setattr(tm.collector.producer, "commit", fail("commit refused"))
@@ -187,12 +195,16 @@ def test_47_corrupted_running_task_is_wiped_revived_and_restored_others_keep_run
     assert tm.task(T2).state is TaskState.RUNNING
     assert committed(root, TP2)[b"pending"] == b"x", "the others' open work was committed first"
     assert tm.restore()
-    assert events.calls[0] == ("start", TP, STORE, 0, SegmentLog(root / "log").end_offset(TP)), "restored from the start"
+    assert events.calls[0] == ("start", TP, STORE, 0, SegmentLog(root / "log").end_offset(TP)), (
+        "restored from the start"
+    )
     assert dict(tm.active_task(T).store(STORE)) == {b"k": b"0_0"}
     close_all(tm)
 
 
-def test_48_corrupted_standby_is_revived_even_when_the_commit_fails(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_48_corrupted_standby_is_revived_even_when_the_commit_fails(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tm = running(root, "exactly_once_v2", active=[T], standby=[T2])
     tm.active_task(T).store(STORE).put(b"k", b"v")
 
@@ -282,8 +294,13 @@ def test_store_that_fails_to_open_is_corruption(root: Path) -> None:
 def _two_store_manager(root: Path, offsets: str) -> TaskManager:
     from statestore.state.directory import StateDirectory
 
-    return TaskManager(StateDirectory(root / "state", "app"), SegmentLog(root / "log"), ["s", "t"],
-                       guarantee="at_least_once", offsets=offsets)
+    return TaskManager(
+        StateDirectory(root / "state", "app"),
+        SegmentLog(root / "log"),
+        ["s", "t"],
+        guarantee="at_least_once",
+        offsets=offsets,
+    )
 
 
 def _write_checkpoint(root: Path, task: TaskId, entries: dict[object, int]) -> None:
@@ -363,5 +380,7 @@ def test_offset_before_the_changelog_start_is_corruption(root: Path) -> None:
     tm = running(root, "at_least_once", log=log, listener=events)
     assert events.calls[0][3] == start, "wiped: restored from the log's new start"
     data = dict(tm.active_task(T).store(STORE))
-    assert not any(k.startswith(b"mine") for k in data), "the records between offset 19 and the start are lost"
+    assert not any(k.startswith(b"mine") for k in data), (
+        "the records between offset 19 and the start are lost"
+    )
     close_all(tm)

@@ -28,7 +28,9 @@ def test_exactly_once_store_recovery_replays_only_the_tail(tmp_path: Path) -> No
     records, tail = 400, 7
     proc = subprocess.run(
         [sys.executable, str(CHILD), str(tmp_path), str(records), "50", str(tail)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert proc.stdout.split() == ["committed", str(records)]
@@ -43,7 +45,9 @@ def test_exactly_once_store_recovery_replays_only_the_tail(tmp_path: Path) -> No
     start = next(c for c in events.calls if c[0] == "start")
     assert start[3] > records, "restoration resumes after the offset the store recorded"
     replayed = events.total_restored()
-    assert replayed <= tail, f"replayed {replayed} records, more than the {tail} written since the last store commit"
+    assert replayed <= tail, (
+        f"replayed {replayed} records, more than the {tail} written since the last store commit"
+    )
     assert replayed == tail
     data = dict(tm.active_task(T).store(STORE))
     assert all(data[b"t%d" % i] == b"tail" for i in range(tail))

@@ -45,27 +45,45 @@ COMBINATIONS = [
 def run_kills(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: int) -> dict[str, int]:
     rng = random.Random(seed)
     return kill_counting_children(
-        rng, kills_wanted,
-        lambda kill_at: [sys.executable, str(CHILD), str(root), guarantee, mode, str(rng.randrange(2**31)),
-                         str(kill_at), str(rng.choice([1, 7, 25]))],
+        rng,
+        kills_wanted,
+        lambda kill_at: [
+            sys.executable,
+            str(CHILD),
+            str(root),
+            guarantee,
+            mode,
+            str(rng.randrange(2**31)),
+            str(kill_at),
+            str(rng.choice([1, 7, 25])),
+        ],
         lambda: check_store_on_disk(root) if mode == "store" else None,
-        max_kill_at=120, startup=(0.02, 0.4), processing=(0, 0.15), timeout=20,
+        max_kill_at=120,
+        startup=(0.02, 0.4),
+        processing=(0, 0.15),
+        timeout=20,
     )
 
 
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
 def test_counting_processor_survives_sigkills(tmp_path: Path, guarantee: str, mode: str) -> None:
-    stats = run_kills(tmp_path, guarantee, mode, kills_wanted=25, seed=zlib.crc32(f"{guarantee}/{mode}".encode()))
+    stats = run_kills(
+        tmp_path, guarantee, mode, kills_wanted=25, seed=zlib.crc32(f"{guarantee}/{mode}".encode())
+    )
     print(f"{guarantee}/{mode}: {stats}")
     assert stats["kills"] >= 25
     assert stats["verified"] >= 3, f"too few children got through restart and restore to check: {stats}"
     store = final_check(tmp_path, guarantee, mode)
-    assert int(store.get(b"__pos", b"0")) > 50, "the children processed too little for the test to mean anything"
+    assert int(store.get(b"__pos", b"0")) > 50, (
+        "the children processed too little for the test to mean anything"
+    )
 
 
 @pytest.mark.torture
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
-def test_counting_processor_torture(request: pytest.FixtureRequest, tmp_path: Path, guarantee: str, mode: str) -> None:
+def test_counting_processor_torture(
+    request: pytest.FixtureRequest, tmp_path: Path, guarantee: str, mode: str
+) -> None:
     if "torture" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("500 kills per combination: select with -m torture (make torture)")
     stats = run_kills(tmp_path, guarantee, mode, kills_wanted=500, seed=random.randrange(2**31))

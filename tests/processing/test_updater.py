@@ -47,16 +47,26 @@ def sd(tmp_path: Path) -> Iterator[StateDirectory]:
     d.close()
 
 
-def active(sd: StateDirectory, log: SegmentLog, task: TaskId = T, *, policy: Policy | None = None,
-           stores: tuple[str, ...] = (STORE,)) -> ActiveTask:
+def active(
+    sd: StateDirectory,
+    log: SegmentLog,
+    task: TaskId = T,
+    *,
+    policy: Policy | None = None,
+    stores: tuple[str, ...] = (STORE,),
+) -> ActiveTask:
     sm = build_state_manager(sd, task, policy or Policy.of("at_least_once"), stores, standby=False)
     t = ActiveTask(task, sm, log)
     t.initialize()
     return t
 
 
-def standby(sd: StateDirectory, log: SegmentLog, task: TaskId = T, *, policy: Policy | None = None) -> StandbyTask:
-    t = StandbyTask(task, build_state_manager(sd, task, policy or Policy.of("at_least_once"), [STORE], standby=True), log)
+def standby(
+    sd: StateDirectory, log: SegmentLog, task: TaskId = T, *, policy: Policy | None = None
+) -> StandbyTask:
+    t = StandbyTask(
+        task, build_state_manager(sd, task, policy or Policy.of("at_least_once"), [STORE], standby=True), log
+    )
     t.initialize()
     return t
 
@@ -85,7 +95,9 @@ def poll_until_restored(updater: StateUpdater, polls: int = 100) -> list[ActiveT
 # -- StoreChangelogReaderTest -------------------------------------------------------------------
 
 
-def test_30_store_at_end_completes_at_once_with_start_and_end_but_no_batch(sd: StateDirectory, log: SegmentLog) -> None:
+def test_30_store_at_end_completes_at_once_with_start_and_end_but_no_batch(
+    sd: StateDirectory, log: SegmentLog
+) -> None:
     produce(log, TP, [(b"k%d" % i, b"v") for i in range(10)])  # offsets 0..9, end 10
     prefill(sd, log, T, 10)
     events = Events()
@@ -126,7 +138,9 @@ def test_31_restore_from_position_up_to_the_fixed_end(sd: StateDirectory, log: S
     sb = standby(sd, log)  # the same stores, now kept by a standby
     sb_updater.add(sb)
     sb_updater.poll()
-    assert sum(c[4] for c in sb_events.calls if c[0] == "loaded") == 1, "the standby goes on past the end: k10"
+    assert sum(c[4] for c in sb_events.calls if c[0] == "loaded") == 1, (
+        "the standby goes on past the end: k10"
+    )
     assert sb.offsets() == {TP: 10}
     sb.close()
 
@@ -211,7 +225,9 @@ def test_36_task_turns_running_once_all_changelogs_complete_with_enforced_checkp
     produce(log, TP, [(b"k%d" % i, b"v") for i in range(5)])
     produce(log, other, [(b"k%d" % i, b"v") for i in range(50)])
     updater = StateUpdater(log, chunk_offsets=10, time_slice_ms=0)
-    task = active(sd, log, policy=Policy.of("at_least_once", "checkpoint", checkpoint_delta=10**9), stores=(STORE, "t"))
+    task = active(
+        sd, log, policy=Policy.of("at_least_once", "checkpoint", checkpoint_delta=10**9), stores=(STORE, "t")
+    )
     updater.add(task)
     assert updater.poll() == []
     assert task.state is TaskState.RESTORING, "one changelog done, the other not"
@@ -293,7 +309,9 @@ def test_39_actives_first_then_standbys_then_actives_again(sd: StateDirectory, l
 # -- beyond Kafka's tests ----------------------------------------------------------------------
 
 
-def test_open_transaction_of_a_dead_producer_is_aborted_after_the_timeout(sd: StateDirectory, log: SegmentLog) -> None:
+def test_open_transaction_of_a_dead_producer_is_aborted_after_the_timeout(
+    sd: StateDirectory, log: SegmentLog
+) -> None:
     produce(log, TP, [(b"a", b"1")], transactional_id="alive")
     dead = log.producer("dead")
     dead.begin()
@@ -366,7 +384,9 @@ def test_reassigned_task_whose_state_was_cleaned_is_restored_in_full(tmp_path: P
     assert events.total_restored() == 20
     tm.assign([], [])  # revoked: the task moves to another thread or instance ...
     assert t11 not in tm.updater and t11 not in tm.tasks()
-    produce(log, tp, [(b"k%d" % i, b"b") for i in range(10, 40)], transactional_id="elsewhere")  # ... which goes on
+    produce(
+        log, tp, [(b"k%d" % i, b"b") for i in range(10, 40)], transactional_id="elsewhere"
+    )  # ... which goes on
     assert tm.directory.clean_removed_tasks(now_ms=2**62) == [t11]  # and the local state is cleaned away
     events.calls.clear()
     tm.assign([t11], [])  # ... and then comes back

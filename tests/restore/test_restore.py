@@ -171,7 +171,9 @@ def test_without_read_ahead_the_store_is_the_same(tmp_path: Path, mode: str) -> 
     ahead = restore_store(tmp_path / "a", tmp_path / "log", TP, mode=mode)
     inline = restore_store(tmp_path / "i", tmp_path / "log", TP, mode=mode, read_ahead=False)
     assert (inline.offset, inline.records_applied, inline.records_skipped) == (
-        ahead.offset, ahead.records_applied, ahead.records_skipped
+        ahead.offset,
+        ahead.records_applied,
+        ahead.records_skipped,
     )
     assert dump(tmp_path / "i") == dump(tmp_path / "a")
     check(tmp_path / "i", model, model.end)
@@ -267,7 +269,12 @@ def test_listener_is_called_with_kafkas_shape(tmp_path: Path, mode: str) -> None
     _big_plain_log(tmp_path / "log", 20_000)
     rec = Recorder()
     res = restore_store(
-        tmp_path / "store", tmp_path / "log", TP, mode=mode, listener=rec, progress_interval=0,
+        tmp_path / "store",
+        tmp_path / "log",
+        TP,
+        mode=mode,
+        listener=rec,
+        progress_interval=0,
         memory_budget_bytes=SMALL_REPLAY_BATCHES,
     )
     assert rec.calls[0] == ("start", TP, "store", 0, 20_000)
@@ -289,8 +296,15 @@ def test_listener_exception_stops_the_restore_and_keeps_the_store_consistent(
     model = _big_plain_log(tmp_path / "log", 20_000)
     rec = Recorder(fail_on_batch=2)
     with pytest.raises(RestoreError, match="listener") as ei:
-        restore_store(tmp_path / "s", tmp_path / "log", TP, mode=mode, listener=rec, progress_interval=0,
-                      memory_budget_bytes=SMALL_REPLAY_BATCHES)
+        restore_store(
+            tmp_path / "s",
+            tmp_path / "log",
+            TP,
+            mode=mode,
+            listener=rec,
+            progress_interval=0,
+            memory_budget_bytes=SMALL_REPLAY_BATCHES,
+        )
     assert isinstance(ei.value.__cause__, KeyError)
     assert str(tmp_path / "s") in str(ei.value) and str(TP) in str(ei.value)
     assert rec.calls[-1][0] == "batch"

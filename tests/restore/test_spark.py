@@ -40,8 +40,13 @@ STORES = ("counts", "totals")
 PARTITIONS = 8
 
 
-def write_changelogs(log_dir: Path, stores: tuple[str, ...] = STORES, partitions: int = PARTITIONS,
-                     records: int = 120, seed: int = 7) -> None:
+def write_changelogs(
+    log_dir: Path,
+    stores: tuple[str, ...] = STORES,
+    partitions: int = PARTITIONS,
+    records: int = 120,
+    seed: int = 7,
+) -> None:
     """Overwrites, tombstones, null keys, committed and aborted transactions in every partition."""
     rng = random.Random(seed)
     log = SegmentLog(log_dir, sync=False)
@@ -88,8 +93,10 @@ def restore_in_process(log_dir: Path, out: Path) -> dict[tuple[str, int], Any]:
             specs.append(RestoreSpec(path, log_dir, TopicPartition(changelog_topic(APP, store), p)))
     results = restore_many(specs, threads=2)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
-    return {(s, p): r for (s, p), r in zip([(s, p) for s in STORES for p in range(PARTITIONS)], results,
-                                              strict=True)}
+    return {
+        (s, p): r
+        for (s, p), r in zip([(s, p) for s in STORES for p in range(PARTITIONS)], results, strict=True)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +124,11 @@ def test_spark_restore_equals_restore_many_then_resumes(spark: Any, changelogs: 
         assert (r.status, r.error) == ("ok", None)
         assert r.task_id == f"0_{r.partition}" and r.topic == changelog_topic(APP, r.store)
         assert (r.start_offset, r.end_offset, r.records_applied, r.records_skipped, r.mode) == (
-            want.start_offset, want.end_offset, want.records_applied, want.records_skipped.total, "bulk"
+            want.start_offset,
+            want.end_offset,
+            want.records_applied,
+            want.records_skipped.total,
+            "bulk",
         )
         assert dump(store_path(state, r.store, r.partition)) == dump(store_path(ref, r.store, r.partition))
     assert no_staging_left(state)
@@ -130,10 +141,18 @@ def test_spark_restore_equals_restore_many_then_resumes(spark: Any, changelogs: 
             prod.send(changelog_topic(APP, "counts"), p, b"k%03d" % i, b"new-%d" % i)
     prod.flush()
     for p in (0, 1):
-        restore_store(store_path(ref, "counts", p), changelogs,
-                      TopicPartition(changelog_topic(APP, "counts"), p))
-    again = restore_on_spark(spark, log_dir=changelogs, state_dir=state, application_id=APP,
-                             stores=["counts"], partitions=[0, 1], mode="auto").collect()
+        restore_store(
+            store_path(ref, "counts", p), changelogs, TopicPartition(changelog_topic(APP, "counts"), p)
+        )
+    again = restore_on_spark(
+        spark,
+        log_dir=changelogs,
+        state_dir=state,
+        application_id=APP,
+        stores=["counts"],
+        partitions=[0, 1],
+        mode="auto",
+    ).collect()
     for r in again:
         assert (r.status, r.mode, r.records_applied) == ("ok", "replay", 30)
         assert r.start_offset == expected[("counts", r.partition)].offset + 1
@@ -148,14 +167,23 @@ def test_spark_retries_an_injected_failure(
     state = tmp_path / "state"
     ref = tmp_path / "ref"
     tp = TopicPartition(changelog_topic(APP, "totals"), 3)
-    restore_store(store_path(ref, "totals", 3).parent.mkdir(parents=True) or store_path(ref, "totals", 3),
-                  changelogs, tp)
+    restore_store(
+        store_path(ref, "totals", 3).parent.mkdir(parents=True) or store_path(ref, "totals", 3),
+        changelogs,
+        tp,
+    )
     monkeypatch.setenv(FAIL_ATTEMPT_ENV, "totals:3:0")
     sc = spark.sparkContext
     sc.setJobGroup("inject", "restore with one failing attempt")
     try:
-        rows = restore_on_spark(spark, log_dir=changelogs, state_dir=state, application_id=APP,
-                                stores=["totals"], partitions=[2, 3]).collect()
+        rows = restore_on_spark(
+            spark,
+            log_dir=changelogs,
+            state_dir=state,
+            application_id=APP,
+            stores=["totals"],
+            partitions=[2, 3],
+        ).collect()
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
     assert [(r.partition, r.status) for r in rows] == [(2, "ok"), (3, "ok")]
@@ -187,8 +215,13 @@ def test_two_concurrent_attempts_in_processes_leave_one_correct_store(tmp_path: 
     log_dir = tmp_path / "log"
     write_changelogs(log_dir, stores=("counts",), partitions=1, records=20_000)
     state = tmp_path / "state"
-    args = {"log_dir": str(log_dir), "state_dir": str(state), "application_id": APP, "store": "counts",
-            "partition": 0}
+    args = {
+        "log_dir": str(log_dir),
+        "state_dir": str(state),
+        "application_id": APP,
+        "store": "counts",
+        "partition": 0,
+    }
     tp = TopicPartition(changelog_topic(APP, "counts"), 0)
     (tmp_path / "ref").mkdir()
     restore_store(tmp_path / "ref" / "s", log_dir, tp)
@@ -226,11 +259,14 @@ def test_failed_attempt_keeps_the_previous_store_and_removes_its_staging(
     before = dump(target)
     monkeypatch.setenv(FAIL_ATTEMPT_ENV, "counts:5:0")
     with pytest.raises(InjectedFailure, match="task 0_5 store counts"):
-        restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=5)
+        restore_partition(
+            log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=5
+        )
     assert dump(target) == before
     assert no_staging_left(state)
-    row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts",
-                            partition=5, attempt=1)
+    row = restore_partition(
+        log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=5, attempt=1
+    )
     assert row.ok and row.mode == "replay" and row.start_offset == 50
     (tmp_path / "ref").mkdir()
     restore_store(tmp_path / "ref" / "s", changelogs, tp)
@@ -249,7 +285,9 @@ def test_interrupted_swap_is_rolled_back_and_stale_attempts_removed(tmp_path: Pa
     (staging / "killed-2").mkdir()
     restore_store(staging / "killed-2" / "store", changelogs, tp, end_offset=10)
     target.parent.mkdir(parents=True)
-    row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=2)
+    row = restore_partition(
+        log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=2
+    )
     assert row.ok and row.mode == "replay" and row.start_offset == 40, "the moved-aside store was put back"
     (tmp_path / "ref").mkdir()
     restore_store(tmp_path / "ref" / "s", changelogs, tp)
@@ -258,14 +296,22 @@ def test_interrupted_swap_is_rolled_back_and_stale_attempts_removed(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("guarantee", "stray_kept"), [("exactly_once_v2", False), ("at_least_once", True)])
-def test_store_with_data_but_no_offset(tmp_path: Path, changelogs: Path, guarantee: str, stray_kept: bool) -> None:
+def test_store_with_data_but_no_offset(
+    tmp_path: Path, changelogs: Path, guarantee: str, stray_kept: bool
+) -> None:
     """Exactly-once: unknown state, restored from nothing. At-least-once: replayed over from the start."""
     state = tmp_path / "state"
     target = store_path(state, "counts", 1)
     target.parent.mkdir(parents=True)
     _testing.store_write_batch(str(target), [(b"stray", b"x")], {})
-    row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts",
-                            partition=1, guarantee=guarantee)
+    row = restore_partition(
+        log_dir=changelogs,
+        state_dir=state,
+        application_id=APP,
+        store="counts",
+        partition=1,
+        guarantee=guarantee,
+    )
     assert row.ok and row.mode == ("replay" if stray_kept else "bulk")
     entries, _ = dump(target)
     assert (b"stray", b"x") in entries if stray_kept else b"stray" not in dict(entries)
@@ -274,18 +320,25 @@ def test_store_with_data_but_no_offset(tmp_path: Path, changelogs: Path, guarant
 def test_errors_come_back_as_rows_naming_task_and_file(tmp_path: Path, changelogs: Path) -> None:
     state = tmp_path / "state"
     with StateDirectory(state, APP):  # an application holds the state directory exclusively
-        row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts",
-                                partition=0)
+        row = restore_partition(
+            log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=0
+        )
     assert row.status == "failed" and "task 0_0 store counts" in (row.error or "")
     assert str(state / APP) in (row.error or "")
     # A store whose offset is beyond the log's end cannot be restored; it is left as it was.
     target = store_path(state, "counts", 0)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _testing.store_write_batch(str(target), [(b"a", b"b")], {str(TopicPartition(changelog_topic(APP, "counts"), 0)): 10**6})
+    _testing.store_write_batch(
+        str(target), [(b"a", b"b")], {str(TopicPartition(changelog_topic(APP, "counts"), 0)): 10**6}
+    )
     before = dump(target)
-    row = restore_partition(log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=0)
+    row = restore_partition(
+        log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=0
+    )
     assert row.status == "failed" and "task 0_0" in (row.error or "") and row.start_offset is None
-    assert f"{target} (restored in" in (row.error or ""), "the error names the store, not only its staging copy"
+    assert f"{target} (restored in" in (row.error or ""), (
+        "the error names the store, not only its staging copy"
+    )
     assert dump(target) == before
     assert no_staging_left(state)
 
@@ -293,9 +346,20 @@ def test_errors_come_back_as_rows_naming_task_and_file(tmp_path: Path, changelog
 def _payload(work: PartitionWork, log_dir: str, state_dir: str, *, max_attempts: int) -> dict[str, Any]:
     from statestore.restore.spark import _task_payload
 
-    return _task_payload(work, 0, log_dir=log_dir, state_dir=state_dir, application_id=APP, mode="auto",
-                         memory_budget_bytes=1 << 24, lock_timeout=10.0, max_attempts=max_attempts,
-                         guarantee="exactly_once_v2", create_state_dir=True, format="plain")
+    return _task_payload(
+        work,
+        0,
+        log_dir=log_dir,
+        state_dir=state_dir,
+        application_id=APP,
+        mode="auto",
+        memory_budget_bytes=1 << 24,
+        lock_timeout=10.0,
+        max_attempts=max_attempts,
+        guarantee="exactly_once_v2",
+        create_state_dir=True,
+        format="plain",
+    )
 
 
 def test_executor_without_statestore_gets_a_clear_row(tmp_path: Path) -> None:
@@ -313,11 +377,15 @@ def test_executor_without_statestore_gets_a_clear_row(tmp_path: Path) -> None:
         fn = pickle.loads(open({str(tmp_path / "fn.pkl")!r}, "rb").read())
         print(repr(list(fn(0, iter([0])))))
     """)
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=True
+    )
     (row,) = [RestoreRow(*r) for r in eval(out.stdout)]
     assert row[:4] == ("0_4", "counts", "app-counts-changelog", 4)
     assert (row.status, row.attempts) == ("failed", 1)
-    assert "statestore cannot be imported on executor host" in (row.error or "") and sys.executable in (row.error or "")
+    assert "statestore cannot be imported on executor host" in (row.error or "") and sys.executable in (
+        row.error or ""
+    )
     assert "spark.pyspark.python" in (row.error or "")
 
 
@@ -340,8 +408,19 @@ def test_plan_and_partition_lists(changelogs: Path) -> None:
 
 def test_cli_restore_in_process(tmp_path: Path, changelogs: Path) -> None:
     state = tmp_path / "state"
-    args = ["restore", "--log-dir", str(changelogs), "--state-dir", str(state), "--app-id", APP,
-            "--partitions", "0-2", "--threads", "2"]
+    args = [
+        "restore",
+        "--log-dir",
+        str(changelogs),
+        "--state-dir",
+        str(state),
+        "--app-id",
+        APP,
+        "--partitions",
+        "0-2",
+        "--threads",
+        "2",
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "counts" in res.output and "totals" in res.output and "6 ok" in res.output
@@ -356,8 +435,22 @@ def test_cli_restore_in_process(tmp_path: Path, changelogs: Path) -> None:
     data = bytearray(seg.read_bytes())
     data[70] ^= 0xFF
     seg.write_bytes(bytes(data))
-    res = CliRunner().invoke(main, ["restore", "--log-dir", str(broken), "--state-dir", str(tmp_path / "s2"),
-                                    "--app-id", APP, "--store", "counts", "--mode", "replay"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "restore",
+            "--log-dir",
+            str(broken),
+            "--state-dir",
+            str(tmp_path / "s2"),
+            "--app-id",
+            APP,
+            "--store",
+            "counts",
+            "--mode",
+            "replay",
+        ],
+    )
     assert res.exit_code == 1, res.output
     assert "failed" in res.output
 
@@ -365,13 +458,28 @@ def test_cli_restore_in_process(tmp_path: Path, changelogs: Path) -> None:
 @pytest.mark.spark
 def test_cli_restore_on_spark(spark: Any, changelogs: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    res = CliRunner().invoke(main, ["restore", "--engine", "spark", "--log-dir", str(changelogs), "--state-dir",
-                                    str(state), "--app-id", APP, "--store", "counts", "--partitions", "0-1"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "restore",
+            "--engine",
+            "spark",
+            "--log-dir",
+            str(changelogs),
+            "--state-dir",
+            str(state),
+            "--app-id",
+            APP,
+            "--store",
+            "counts",
+            "--partitions",
+            "0-1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "2 ok, 0 failed" in res.output and "(spark)" in res.output
     assert store_path(state, "counts", 1).is_dir() and not store_path(state, "counts", 2).exists()
     assert not spark.sparkContext._jsc.sc().isStopped(), "the CLI leaves a session it did not start running"
-
 
 
 @pytest.mark.spark
@@ -379,21 +487,60 @@ def test_local_session_driver_runs_the_quick_compiler_only(spark: Any) -> None:
     """The JVM that spark_session started got LOCAL_DRIVER_JAVA_OPTIONS (read back from the running JVM)."""
     from statestore.restore.spark import LOCAL_DRIVER_JAVA_OPTIONS
 
-    args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    args = list(
+        spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    )
     assert LOCAL_DRIVER_JAVA_OPTIONS in args, args
     assert LOCAL_DRIVER_JAVA_OPTIONS in spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
 
+
 @pytest.mark.spark
-def test_result_rows_come_back_exactly_without_another_job(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_result_rows_come_back_exactly_without_another_job(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """rows_frame: any text (quotes, backslashes, newlines, non-ASCII), nulls, big ints and floats survive;
     collecting the inline table runs no Spark job; the createDataFrame fallback gives the same rows."""
     import statestore.restore.spark as ss
 
     rows = [
-        ("0_3", "s", "app-s-changelog", 3, 0, 2**40, 2**40, 7, 2**33, 1e-05, "bulk", "ok", None, 0, 2**40, 1, None),
-        ("1_0", "t'x", "app-t'x-changelog", 0, None, None, 0, 0, 0, 0.25, "replay", "failed",
-         "it's a \\ 'quoted' \"error\" ü\nsecond line; DROP TABLE x; --", None, None, 3,
-         "attempt 1 on h (executor 0): failed: x\nattempt 2 on h (executor 1): killed: y"),
+        (
+            "0_3",
+            "s",
+            "app-s-changelog",
+            3,
+            0,
+            2**40,
+            2**40,
+            7,
+            2**33,
+            1e-05,
+            "bulk",
+            "ok",
+            None,
+            0,
+            2**40,
+            1,
+            None,
+        ),
+        (
+            "1_0",
+            "t'x",
+            "app-t'x-changelog",
+            0,
+            None,
+            None,
+            0,
+            0,
+            0,
+            0.25,
+            "replay",
+            "failed",
+            "it's a \\ 'quoted' \"error\" ü\nsecond line; DROP TABLE x; --",
+            None,
+            None,
+            3,
+            "attempt 1 on h (executor 0): failed: x\nattempt 2 on h (executor 1): killed: y",
+        ),
     ]
     sc = spark.sparkContext
     tracker = sc.statusTracker()
@@ -434,7 +581,13 @@ def test_unexpected_errors_raise_while_spark_can_retry_then_become_rows(
 ) -> None:
     from statestore.restore.spark import _max_attempts, _spark_task
 
-    assert [_max_attempts(m, None) for m in ("local", "local[2]", "local[*]", "local[2,3]", "yarn")] == [1, 1, 1, 3, 4]
+    assert [_max_attempts(m, None) for m in ("local", "local[2]", "local[*]", "local[2,3]", "yarn")] == [
+        1,
+        1,
+        1,
+        3,
+        4,
+    ]
     assert _max_attempts("spark://h:7077", "8") == 8
     monkeypatch.setenv(FAIL_ATTEMPT_ENV, "counts:6:0")
     work = PartitionWork.of(APP, "counts", 6)
@@ -442,19 +595,27 @@ def test_unexpected_errors_raise_while_spark_can_retry_then_become_rows(
         _spark_task(_payload(work, str(changelogs), str(tmp_path / "state"), max_attempts=2), 0, "t")
     # attempt 1 of 1: the row says why
     last = _spark_task(_payload(work, str(changelogs), str(tmp_path / "state"), max_attempts=1), 0, "t")
-    assert last.status == "failed" and "InjectedFailure" in (last.error or "") and "attempt 1 of 1" in (last.error or "")
+    assert (
+        last.status == "failed"
+        and "InjectedFailure" in (last.error or "")
+        and "attempt 1 of 1" in (last.error or "")
+    )
     assert socket.gethostname() in (last.error or "")
     assert no_staging_left(tmp_path / "state")
 
 
-def test_sweep_removes_what_killed_attempts_left_unless_the_task_is_locked(tmp_path: Path, changelogs: Path) -> None:
+def test_sweep_removes_what_killed_attempts_left_unless_the_task_is_locked(
+    tmp_path: Path, changelogs: Path
+) -> None:
     from statestore.restore.staging import sweep_staging
 
     state = tmp_path / "state"
     for p in (3, 4):
         killed = state / APP / f"0_{p}" / STAGING_DIR_NAME / "counts" / "s0-t9-a1-123-abc"
         killed.mkdir(parents=True)
-        restore_store(killed / "store", changelogs, TopicPartition(changelog_topic(APP, "counts"), p), end_offset=20)
+        restore_store(
+            killed / "store", changelogs, TopicPartition(changelog_topic(APP, "counts"), p), end_offset=20
+        )
     work = plan(changelogs, APP, ["counts"], [3, 4, 5])
     with StateDirectory(state, APP, shared=True) as other:  # another attempt is running on task 0_4
         assert other.lock(TaskId(0, 4))

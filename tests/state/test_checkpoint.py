@@ -46,7 +46,9 @@ def test_empty_write_deletes_existing_file(ckpt: OffsetCheckpoint) -> None:
     assert not ckpt.path.exists()
 
 
-def test_invalid_offsets_skipped_on_read_with_warning(ckpt: OffsetCheckpoint, caplog: pytest.LogCaptureFixture) -> None:
+def test_invalid_offsets_skipped_on_read_with_warning(
+    ckpt: OffsetCheckpoint, caplog: pytest.LogCaptureFixture
+) -> None:
     ckpt.path.write_bytes(b"0\n1\ntopic 0 -1\n")
     with caplog.at_level(logging.WARNING, logger="statestore.state.checkpoint"):
         assert ckpt.read() == {}
@@ -160,7 +162,9 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-def test_malformed_file_raises_checkpoint_error_naming_file_and_line(ckpt: OffsetCheckpoint, name: str) -> None:
+def test_malformed_file_raises_checkpoint_error_naming_file_and_line(
+    ckpt: OffsetCheckpoint, name: str
+) -> None:
     data, line = MALFORMED[name]
     ckpt.path.write_bytes(data)
     with pytest.raises(CheckpointError) as info:

@@ -54,7 +54,9 @@ def test_sigkilled_writer_never_leaves_a_torn_checkpoint(tmp_path: Path) -> None
     advanced = 0
     for _ in range(KILLS):
         child = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path), str(last)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [sys.executable, "-c", WRITER, str(path), str(last)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         assert child.stdout is not None
         line = child.stdout.readline()

@@ -13,7 +13,9 @@ def test_task_id_string_form_and_parse() -> None:
     assert TaskId.parse("12_305") == TaskId(12, 305)
 
 
-@pytest.mark.parametrize("bad", ["", "0", "0_", "_1", "a_1", "0_b", "0_1_2", "-1_0", "0_-1", " 0_1", "0_1 ", "01_1", "0.1"])
+@pytest.mark.parametrize(
+    "bad", ["", "0", "0_", "_1", "a_1", "0_b", "0_1_2", "-1_0", "0_-1", " 0_1", "0_1 ", "01_1", "0.1"]
+)
 def test_task_id_parse_rejects_bad_strings(bad: str) -> None:
     with pytest.raises(ValueError, match="task id"):
         TaskId.parse(bad)

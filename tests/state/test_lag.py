@@ -49,7 +49,9 @@ def test_an_up_to_date_store_has_no_lag_though_offsets_follow_it(log: SegmentLog
     result = restore_store(store, log, TP)
     lag = store_lag(log, TP, result.offset)
     assert lag.records == 0
-    assert lag.offsets == lag.log_end - (result.offset + 1) == 42  # a commit marker, 40 aborted records and their marker
+    assert (
+        lag.offsets == lag.log_end - (result.offset + 1) == 42
+    )  # a commit marker, 40 aborted records and their marker
     _holder, reports = inspect_app(tmp_path / "state", APP, changelog=log)
     assert [(r.lag, r.offset_lag) for r in reports] == [(0, 42)]
 
@@ -94,8 +96,13 @@ def test_an_unreadable_store_shows_unknown_lag(log: SegmentLog, tmp_path: Path) 
 def test_spark_rows_report_lag_in_records(log: SegmentLog, tmp_path: Path, spark: object) -> None:
     from statestore.restore.spark import restore_on_spark
 
-    rows = restore_on_spark(spark, log_dir=log.log_dir, state_dir=tmp_path / "state", application_id=APP,  # type: ignore[arg-type]
-                            stores=[STORE]).collect()
+    rows = restore_on_spark(
+        spark,
+        log_dir=log.log_dir,
+        state_dir=tmp_path / "state",
+        application_id=APP,  # type: ignore[arg-type]
+        stores=[STORE],
+    ).collect()
     (row,) = rows
     assert row.status == "ok", row.error
     assert (row.lag, row.offset_lag) == (0, 42), "up to date; the aborted tail occupies 42 offsets"
@@ -107,7 +114,14 @@ def test_cli_restore_rows_report_lag_in_records(log: SegmentLog, tmp_path: Path)
     from statestore.state.policy import Guarantee
 
     work = plan(log.log_dir, APP, [STORE], None)
-    (row,) = restore_local(work, log_dir=log.log_dir, state_dir=tmp_path / "state", application_id=APP,
-                           mode="auto", guarantee=Guarantee.EXACTLY_ONCE_V2, memory_budget_bytes=64 << 20,
-                           threads=1)
+    (row,) = restore_local(
+        work,
+        log_dir=log.log_dir,
+        state_dir=tmp_path / "state",
+        application_id=APP,
+        mode="auto",
+        guarantee=Guarantee.EXACTLY_ONCE_V2,
+        memory_budget_bytes=64 << 20,
+        threads=1,
+    )
     assert row.ok and (row.lag, row.offset_lag) == (0, 42)

@@ -66,7 +66,9 @@ def test_at_least_once_checkpoint_rows() -> None:
     alos = Policy.of("at_least_once", "checkpoint")
     assert alos.decide(Event.INIT).offsets is OffsetAction.LOAD
     assert not alos.decide(Event.INIT).corrupt_if_missing
-    assert alos.decide(Event.COMMIT).offsets is OffsetAction.WRITE_IF_MOVED and alos.decide(Event.COMMIT).flush
+    assert (
+        alos.decide(Event.COMMIT).offsets is OffsetAction.WRITE_IF_MOVED and alos.decide(Event.COMMIT).flush
+    )
     assert alos.decide(Event.RESTORE_COMPLETE).offsets is OffsetAction.WRITE
     assert not alos.decide(Event.CLOSE_DIRTY).wipe
 
@@ -81,7 +83,9 @@ def test_store_mode_never_wipes_and_commits_offsets_with_data(guarantee: Guarant
 
 
 def test_policy_of_parses_names_and_rejects_unknown_ones() -> None:
-    assert Policy.of("exactly_once_v2", "checkpoint") == Policy(Guarantee.EXACTLY_ONCE_V2, OffsetsMode.CHECKPOINT)
+    assert Policy.of("exactly_once_v2", "checkpoint") == Policy(
+        Guarantee.EXACTLY_ONCE_V2, OffsetsMode.CHECKPOINT
+    )
     assert Policy() == Policy.of()
     assert Policy().offsets is OffsetsMode.STORE
     with pytest.raises(ValueError):

@@ -246,7 +246,9 @@ def test_initialize_twice_or_after_close_is_illegal(sd: StateDirectory) -> None:
 # -- writing offsets: items 24-26, 28 ----------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", [ALOS_CKPT, ALOS_STORE, EOS_STORE], ids=["alos-ckpt", "alos-store", "eos-store"])
+@pytest.mark.parametrize(
+    "policy", [ALOS_CKPT, ALOS_STORE, EOS_STORE], ids=["alos-ckpt", "alos-store", "eos-store"]
+)
 def test_offset_of_last_restored_record_is_recorded(sd: StateDirectory, policy: Policy) -> None:
     """Item 24: restoring a record at offset 100 records {tp: 100}, the last applied offset."""
     sm = manager(sd, policy)
@@ -306,8 +308,14 @@ def test_flush_then_checkpoint_on_close(sd: StateDirectory, monkeypatch: pytest.
     assert events[:4] == ["flush persistent", "flush zeta", "flush alpha", "checkpoint"]
 
 
-@pytest.mark.parametrize("policy", [ALOS_CKPT, EOS_CKPT, ALOS_STORE, EOS_STORE], ids=lambda p: f"{p.guarantee.value}-{p.offsets.value}")
-def test_offsets_into_deleted_directory_fail_and_never_recreate_it(sd: StateDirectory, policy: Policy) -> None:
+@pytest.mark.parametrize(
+    "policy",
+    [ALOS_CKPT, EOS_CKPT, ALOS_STORE, EOS_STORE],
+    ids=lambda p: f"{p.guarantee.value}-{p.offsets.value}",
+)
+def test_offsets_into_deleted_directory_fail_and_never_recreate_it(
+    sd: StateDirectory, policy: Policy
+) -> None:
     """Item 28, with the bug fixed: Kafka logs a WARN and moves on; we refuse with LockError.
 
     The task directory was deleted under the task; writing offsets (file or
@@ -325,7 +333,11 @@ def test_offsets_into_deleted_directory_fail_and_never_recreate_it(sd: StateDire
     assert not sd.task_dir(TASK).exists()
 
 
-@pytest.mark.parametrize("policy", [ALOS_CKPT, EOS_CKPT, ALOS_STORE, EOS_STORE], ids=lambda p: f"{p.guarantee.value}-{p.offsets.value}")
+@pytest.mark.parametrize(
+    "policy",
+    [ALOS_CKPT, EOS_CKPT, ALOS_STORE, EOS_STORE],
+    ids=lambda p: f"{p.guarantee.value}-{p.offsets.value}",
+)
 def test_holder_that_lost_its_lock_cannot_write_offsets(sd: StateDirectory, policy: Policy) -> None:
     """A released-and-retaken lock invalidates the old holder: its commit writes nothing."""
     sm = manager(sd, policy)

@@ -67,7 +67,14 @@ def on_disk(root: Path, mode: str) -> tuple[dict[bytes, bytes], int | None, bool
 def run_crashes(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: int) -> dict[str, int]:
     rng = random.Random(seed)
     eos = guarantee == "exactly_once_v2"
-    stats = {"kills": 0, "self_kills": 0, "runs": 0, "corrupted": 0, "checkpoint_after_kill": 0, "killed_running": 0}
+    stats = {
+        "kills": 0,
+        "self_kills": 0,
+        "runs": 0,
+        "corrupted": 0,
+        "checkpoint_after_kill": 0,
+        "killed_running": 0,
+    }
     while stats["kills"] < kills_wanted:
         stats["runs"] += 1
         assert stats["runs"] < kills_wanted * 3, f"children keep failing: {stats}"
@@ -99,7 +106,9 @@ def run_crashes(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: 
             stats["self_kills"] += self_kill
         stats["corrupted"] += lines.count("corrupted")
         store, claimed, has_ckpt = on_disk(root, mode)
-        check_invariants(store, claimed, Changelog.read(root / "changelog.txt"), eos=eos, exact=eos and mode == "store")
+        check_invariants(
+            store, claimed, Changelog.read(root / "changelog.txt"), eos=eos, exact=eos and mode == "store"
+        )
         stats["checkpoint_after_kill"] += has_ckpt
         phases = [ln for ln in lines if ln in ("running", "leaving")]
         if eos and mode == "checkpoint" and phases and phases[-1] == "running":
@@ -111,7 +120,9 @@ def run_crashes(root: Path, guarantee: str, mode: str, kills_wanted: int, seed: 
 @pytest.mark.slow
 @pytest.mark.parametrize(("guarantee", "mode"), COMBINATIONS)
 def test_sigkill_at_random_points(tmp_path: Path, guarantee: str, mode: str) -> None:
-    stats = run_crashes(tmp_path, guarantee, mode, kills_wanted=50, seed=zlib.crc32(f"{guarantee}/{mode}".encode()))
+    stats = run_crashes(
+        tmp_path, guarantee, mode, kills_wanted=50, seed=zlib.crc32(f"{guarantee}/{mode}".encode())
+    )
     print(f"{guarantee}/{mode}: {stats}")
     assert stats["kills"] >= 50
     log = Changelog.read(tmp_path / "changelog.txt")

@@ -257,7 +257,9 @@ class Counting(RestoreListener):
     def __init__(self) -> None:
         self.restored: dict[TopicPartition, int] = {}
 
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
         self.restored[tp] = self.restored.get(tp, 0) + num_restored
 
 
@@ -326,7 +328,9 @@ def _fill_and_flush(tm: TaskManager, rnd: int) -> None:
 
 
 @pytest.mark.parametrize("guarantee", GUARANTEES)
-def test_corruption_found_by_a_background_compaction(worlds: dict[str, Path], tmp_path: Path, guarantee: str) -> None:
+def test_corruption_found_by_a_background_compaction(
+    worlds: dict[str, Path], tmp_path: Path, guarantee: str
+) -> None:
     """A damaged data block nobody reads is found by RocksDB's own compaction; the next write or flush says so."""
     root = tmp_path / "w"
     shutil.copytree(worlds[guarantee], root)
@@ -414,13 +418,18 @@ def test_python_store_names_the_task_of_a_damaged_block(worlds: dict[str, Path],
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "statestore.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "COLUMNS": "250"},
     )
 
 
 @pytest.mark.parametrize("damage", ["data-block", "index-block", "offsets-table"])
-def test_verify_and_inspect_report_a_damaged_store(worlds: dict[str, Path], tmp_path: Path, damage: str) -> None:
+def test_verify_and_inspect_report_a_damaged_store(
+    worlds: dict[str, Path], tmp_path: Path, damage: str
+) -> None:
     root = tmp_path / "w"
     shutil.copytree(worlds["exactly_once_v2"], root)
     DAMAGES[damage](store_dir(root, DAMAGED))

@@ -25,7 +25,9 @@ def test_rust_written_store_reads_in_rocksdict(tmp_path: Path) -> None:
     items = [(b"k%03d" % i, b"v%03d" % i) for i in range(100)]
     _testing.store_write_batch(str(path), items, {"app-counts-changelog-3": 99}, 1)
     # a second batch with a tombstone and an overwrite
-    _testing.store_write_batch(str(path), [(b"k000", None), (b"k001", b"new")], {"app-counts-changelog-3": 101})
+    _testing.store_write_batch(
+        str(path), [(b"k000", None), (b"k001", b"new")], {"app-counts-changelog-3": 101}
+    )
 
     db = _open_rocksdict(path)
     try:

@@ -33,6 +33,7 @@ STORE = "s"
 def apply_variant(variant: str) -> None:
     import statestore.processing.task
     from statestore.state import policy
+
     if variant in ("policy_only", "pre_fix"):
         statestore.processing.task.unclean_status_is_corruption = lambda _policy: False  # type: ignore[assignment]
     if variant == "pre_fix":
@@ -70,7 +71,9 @@ def main(argv: list[str]) -> None:
     assert tm.restore()
     view = tm.active_task(task).store(STORE)
     if phase == "recover":
-        print(json.dumps({"start": starts[0], "store": {k.decode(): v.decode() for k, v in view}}), flush=True)
+        print(
+            json.dumps({"start": starts[0], "store": {k.decode(): v.decode() for k, v in view}}), flush=True
+        )
         tm.close()
         tm.directory.close()
         return

@@ -148,7 +148,9 @@ def _options_version(path: Path) -> None:
 def _options_length(path: Path) -> None:
     text = path.read_text()
     text = text.replace("max_open_files=", f"max_open_files={2**62}\n  ignored_max_open_files=", 1)
-    text = text.replace("write_buffer_size=", f"write_buffer_size={2**64 + 7}\n  ignored_write_buffer_size=", 1)
+    text = text.replace(
+        "write_buffer_size=", f"write_buffer_size={2**64 + 7}\n  ignored_write_buffer_size=", 1
+    )
     path.write_text(text)
 
 
@@ -156,23 +158,31 @@ def _options_length(path: Path) -> None:
 SPECIFIC: dict[tuple[str, str], Callable[[Path], None]] = {
     ("checkpoint", "wrong-version"): lambda p: _replace_line(p, 0, "1"),
     ("checkpoint", "absurd-length"): lambda p: _replace_line(p, 1, str(2**31 - 1)),
-    ("checkpoint", "absurd-offset"): lambda p: _replace_line(p, 2, p.read_text().split("\n")[2].rsplit(" ", 1)[0] + f" {2**62}"),
+    ("checkpoint", "absurd-offset"): lambda p: _replace_line(
+        p, 2, p.read_text().split("\n")[2].rsplit(" ", 1)[0] + f" {2**62}"
+    ),
     # RecordBatch v2: baseOffset(8) batchLength(4) partitionLeaderEpoch(4) magic(1)
     ("segment-first", "wrong-version"): lambda p: _patch(p, 16, b"\x01"),
     ("segment-first", "absurd-length"): lambda p: _patch(p, 8, (2**31 - 1).to_bytes(4, "big")),
     ("segment-last", "wrong-version"): lambda p: _patch(p, 16, b"\x01"),
     ("segment-last", "absurd-length"): lambda p: _patch(p, 8, (2**31 - 1).to_bytes(4, "big")),
-    ("index", "absurd-length"): lambda p: p.write_bytes(b"".join(
-        (i).to_bytes(4, "big") + (2**32 - 1 - i).to_bytes(4, "big") for i in range(1, 4)) + b"\xff" * 4),
+    ("index", "absurd-length"): lambda p: p.write_bytes(
+        b"".join((i).to_bytes(4, "big") + (2**32 - 1 - i).to_bytes(4, "big") for i in range(1, 4))
+        + b"\xff" * 4
+    ),
     ("producer-state", "wrong-version"): lambda p: _replace_line(p, 0, "statestore-transactions 9"),
-    ("producer-state", "absurd-length"): lambda p: _replace_line(p, 1, "next-producer-id 99999999999999999999999"),
+    ("producer-state", "absurd-length"): lambda p: _replace_line(
+        p, 1, "next-producer-id 99999999999999999999999"
+    ),
     ("process-metadata", "wrong-version"): lambda p: p.write_text(json.dumps({"processId": "v9:not-a-uuid"})),
     ("CURRENT", "wrong-version"): lambda p: p.write_text("MANIFEST-999999\n"),
     ("SST", "wrong-version"): _sst_footer_version,
     ("SST", "absurd-length"): _sst_footer_handles,
     ("OPTIONS", "wrong-version"): _options_version,
     ("OPTIONS", "absurd-length"): _options_length,
-    ("rocksdict-config", "wrong-version"): lambda p: p.write_text('{"raw_mode": "v99", "prefix_extractors": 7}'),
+    ("rocksdict-config", "wrong-version"): lambda p: p.write_text(
+        '{"raw_mode": "v99", "prefix_extractors": 7}'
+    ),
 }
 
 GENERIC: dict[str, Callable[[Path], None]] = {
@@ -233,7 +243,9 @@ class Outcome:
 
     def describe(self) -> str:
         """For assertion messages."""
-        return f"exit {self.returncode}; result {json.dumps(self.result)[:3000]}; stderr {self.stderr[-3000:]}"
+        return (
+            f"exit {self.returncode}; result {json.dumps(self.result)[:3000]}; stderr {self.stderr[-3000:]}"
+        )
 
 
 def run_child(spec: dict[str, Any], timeout: float = CHILD_TIMEOUT) -> Outcome:
@@ -282,14 +294,21 @@ class Case:
         return f"{self.file}-{self.damage}-{self.world}-{self.action}{suffix}"
 
 
-def prepare(case: Case, world_root: Path, root: Path, damage: Callable[[Path], None] | None = None) -> tuple[dict[str, Any], Path]:
+def prepare(
+    case: Case, world_root: Path, root: Path, damage: Callable[[Path], None] | None = None
+) -> tuple[dict[str, Any], Path]:
     """Copy the world to ``root``, damage the case's file and return the child's spec and the file."""
     shutil.copytree(world_root, root, symlinks=True)
     guarantee, offsets = WORLDS[case.world]
     if case.fresh:
         shutil.rmtree(task_dir(root))
     target = FILES[case.file](root) if case.file in FILES else store_dir(root)
-    spec: dict[str, Any] = {"root": str(root), "action": case.action, "guarantee": guarantee, "offsets": offsets}
+    spec: dict[str, Any] = {
+        "root": str(root),
+        "action": case.action,
+        "guarantee": guarantee,
+        "offsets": offsets,
+    }
     spec.update(case.extra)
     if damage is not None:
         damage(target)
@@ -308,7 +327,9 @@ ROCKSDB_FILES = frozenset({"CURRENT", "MANIFEST", "SST", "OPTIONS", "rocksdict-c
 
 def check(case: Case, outcome: Outcome, model: Model, target: Path) -> str:
     """Assert the case ended as it must; return ``error`` or ``restored``."""
-    assert outcome.returncode == 0 and outcome.result is not None, f"{case.id}: crashed or hung: {outcome.describe()}"
+    assert outcome.returncode == 0 and outcome.result is not None, (
+        f"{case.id}: crashed or hung: {outcome.describe()}"
+    )
     result = outcome.result
     if not result["ok"]:
         assert result["statestore"], f"{case.id}: not a statestore error: {outcome.describe()}"

@@ -67,7 +67,13 @@ def act_manager(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
         tm.start()
         tm.assign([TASK], [])
         if not tm.restore(timeout=spec.get("restore_timeout", 15)):
-            return {"ok": False, "cls": "Hang", "statestore": False, "msg": "restore did not finish", "path": None}
+            return {
+                "ok": False,
+                "cls": "Hang",
+                "statestore": False,
+                "msg": "restore did not finish",
+                "path": None,
+            }
         task = tm.active_task(TASK)
         view = task.store(STORE)
         try:
@@ -77,7 +83,13 @@ def act_manager(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
             out["corrupted"] = str(e)
             tm.handle_corruption(e.task_ids)
             if not tm.restore(timeout=spec.get("restore_timeout", 15)):
-                return {"ok": False, "cls": "Hang", "statestore": False, "msg": "restore did not finish", "path": None}
+                return {
+                    "ok": False,
+                    "cls": "Hang",
+                    "statestore": False,
+                    "msg": "restore did not finish",
+                    "path": None,
+                }
             task = tm.active_task(TASK)
             view = task.store(STORE)
             out["store"] = _hex(dict(view.range()))
@@ -118,7 +130,9 @@ def act_restore(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """restore_store into the task's store (no task manager), then read it back."""
     path = store_dir(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = restore_store(path, root / "log", TP, mode=spec.get("mode", "auto"), end_offset=spec.get("end_offset"))
+    result = restore_store(
+        path, root / "log", TP, mode=spec.get("mode", "auto"), end_offset=spec.get("end_offset")
+    )
     with Store(path) as s:
         return {"ok": True, "mode": result.mode, "store": _hex(dict(s.range())), "offset": s.offset(TP)}
 
@@ -190,8 +204,13 @@ def act_consistency(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
             else:
                 expected[rec.key] = rec.value
     start, end, lso = log.offsets(TP)
-    return {"ok": True, "store": _hex(store), "offset": offset, "log_upto_offset": _hex(expected),
-            "log_offsets": [start, end, lso]}
+    return {
+        "ok": True,
+        "store": _hex(store),
+        "offset": offset,
+        "log_upto_offset": _hex(expected),
+        "log_offsets": [start, end, lso],
+    }
 
 
 def act_offset_sums(root: Path, spec: dict[str, Any]) -> dict[str, Any]:

@@ -92,7 +92,9 @@ class Model:
         """Inverse of :meth:`to_json`."""
         d = json.loads(text)
         m = cls()
-        m.records = [(o, bytes.fromhex(k), None if v is None else bytes.fromhex(v), c) for o, k, v, c in d["records"]]
+        m.records = [
+            (o, bytes.fromhex(k), None if v is None else bytes.fromhex(v), c) for o, k, v, c in d["records"]
+        ]
         m.commits = [(o, {bytes.fromhex(k): bytes.fromhex(v) for k, v in s.items()}) for o, s in d["commits"]]
         m.end_offset = d["end"]
         return m
@@ -105,7 +107,11 @@ def value_of(txn: int, i: int) -> bytes:
 
 
 def write_changelog(
-    log_dir: Path, *, txns: int = TXNS, txn_records: int = TXN_RECORDS, keys: int = KEYS,
+    log_dir: Path,
+    *,
+    txns: int = TXNS,
+    txn_records: int = TXN_RECORDS,
+    keys: int = KEYS,
     segment_bytes: int = SEGMENT_BYTES,
 ) -> Model:
     """Write the changelog and return its model."""

@@ -45,7 +45,9 @@ def check_store_on_disk(root: Path) -> None:
     if offset is None:
         assert not data, f"store holds {len(data)} keys but records no offset"
         return
-    assert data == committed_state_at(root, offset), f"store on disk is not the committed state at offset {offset}"
+    assert data == committed_state_at(root, offset), (
+        f"store on disk is not the committed state at offset {offset}"
+    )
 
 
 def final_check(root: Path, guarantee: str, mode: str) -> dict[bytes, bytes]:

@@ -144,7 +144,13 @@ def check(store: dict[bytes, bytes], model: dict[bytes, bytes], *, eos: bool) ->
 
 def main(argv: list[str]) -> None:
     root = Path(argv[0])
-    guarantee, offsets, seed, kill_at, commit_every = argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5])
+    guarantee, offsets, seed, kill_at, commit_every = (
+        argv[1],
+        argv[2],
+        int(argv[3]),
+        int(argv[4]),
+        int(argv[5]),
+    )
     rng = random.Random(seed)
     killer = Killer(kill_at)
     eos = guarantee == "exactly_once_v2"
@@ -168,7 +174,9 @@ def main(argv: list[str]) -> None:
         killer.wrap(cls, name)
 
     class KillingListener(StateRestoreListener):
-        def on_batch_restored(self, tp: Any, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+        def on_batch_restored(
+            self, tp: Any, store_name: str, batch_end_offset: int, num_restored: int
+        ) -> None:
             killer.point()
 
     task = TaskId(0, TASK_PARTITION)
@@ -202,9 +210,14 @@ def main(argv: list[str]) -> None:
         return tm
 
     count_after_verifying(
-        open_manager(), task, rng, killer, commit_every,
+        open_manager(),
+        task,
+        rng,
+        killer,
+        commit_every,
         verify=lambda store: check(store, model_from_log(root / "log"), eos=eos),
-        what=f"under {guarantee}/{offsets}", after_commit=recycle,
+        what=f"under {guarantee}/{offsets}",
+        after_commit=recycle,
     )
 
 

@@ -38,7 +38,9 @@ class Broker:
 
     def stop(self) -> None:
         """Stop it cleanly (SIGTERM; SIGKILL after the script's timeout)."""
-        subprocess.run(["bash", str(SCRIPT), "stop", str(self.dir)], check=False, capture_output=True, timeout=120)
+        subprocess.run(
+            ["bash", str(SCRIPT), "stop", str(self.dir)], check=False, capture_output=True, timeout=120
+        )
 
     def kill(self) -> None:
         """SIGKILL it, as a crash would; its log directory stays as it was."""
@@ -71,8 +73,9 @@ class Broker:
 
 def _run_start(d: Path, properties: list[str]) -> Broker:
     try:
-        out = subprocess.run(["bash", str(SCRIPT), "start", str(d), *properties], capture_output=True, text=True,
-                             timeout=600)
+        out = subprocess.run(
+            ["bash", str(SCRIPT), "start", str(d), *properties], capture_output=True, text=True, timeout=600
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BrokerUnavailable(f"{SCRIPT} start {d}: {e}") from e
     if out.returncode != 0:

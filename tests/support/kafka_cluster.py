@@ -68,7 +68,9 @@ class Cluster:
     def _run(self, *args: str, timeout: float = 300) -> str:
         out = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
-            raise RuntimeError(f"kafka-cluster.sh {' '.join(args)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+            raise RuntimeError(
+                f"kafka-cluster.sh {' '.join(args)} failed ({out.returncode}):\n{out.stderr[-3000:]}"
+            )
         return out.stdout
 
     def refresh(self) -> None:
@@ -142,11 +144,20 @@ class Cluster:
         """
         src = self.dir / "ClientQuota.java"
         src.write_text(_CLIENT_QUOTA_JAVA)
-        cp = subprocess.run(["bash", str(SCRIPT.parent / "kafka-broker.sh"), "classpath"], capture_output=True,
-                            text=True, timeout=600, check=True).stdout.strip()
+        cp = subprocess.run(
+            ["bash", str(SCRIPT.parent / "kafka-broker.sh"), "classpath"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        ).stdout.strip()
         value = "-" if rate is None else str(rate)
-        out = subprocess.run(["java", "-Xmx128m", "-cp", cp, str(src), self.bootstrap, value], capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            ["java", "-Xmx128m", "-cp", cp, str(src), self.bootstrap, value],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"setting consumer_byte_rate={rate} failed:\n{out.stdout}{out.stderr[-3000:]}")
 
@@ -157,18 +168,31 @@ class Cluster:
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 3000,
-                                       "logger": _QUIET})
+            self._admin = AdminClient(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "socket.connection.setup.timeout.ms": 3000,
+                    "logger": _QUIET,
+                }
+            )
         return self._admin
 
-    def describe(self, topic: str, timeout: float = 10.0) -> dict[int, tuple[int | None, list[int], list[int]]]:
+    def describe(
+        self, topic: str, timeout: float = 10.0
+    ) -> dict[int, tuple[int | None, list[int], list[int]]]:
         """``{partition: (leader or None, replicas, isr)}`` of ``topic``, as the controller has it now."""
         from confluent_kafka import TopicCollection
 
         futures = self.admin().describe_topics(TopicCollection([topic]), request_timeout=timeout)
         desc = futures[topic].result(timeout=timeout)
-        return {p.id: (p.leader.id if p.leader is not None and p.leader.id >= 0 else None,
-                       [n.id for n in p.replicas], [n.id for n in p.isr]) for p in desc.partitions}
+        return {
+            p.id: (
+                p.leader.id if p.leader is not None and p.leader.id >= 0 else None,
+                [n.id for n in p.replicas],
+                [n.id for n in p.isr],
+            )
+            for p in desc.partitions
+        }
 
     def leader(self, topic: str, partition: int) -> int | None:
         """The node leading ``topic``/``partition`` (None while it has none)."""
@@ -193,8 +217,11 @@ class Cluster:
         while True:
             try:
                 last = {t: self.describe(t, timeout=5.0) for t in topics}
-                if all(leader is not None and self.alive(leader) and len(isr) >= min_isr
-                       for d in last.values() for leader, _, isr in d.values()):
+                if all(
+                    leader is not None and self.alive(leader) and len(isr) >= min_isr
+                    for d in last.values()
+                    for leader, _, isr in d.values()
+                ):
                     return
             except Exception as e:  # a node down: describe may time out; ask again
                 last = e
@@ -215,6 +242,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the cluster in {self.dir} did not list {want} brokers within {timeout}s")
             time.sleep(0.25)
+
 
 #: librdkafka's connection-refused chatter while nodes are down goes here rather than to stderr.
 _QUIET = logging.getLogger("support.kafka_cluster.admin")
@@ -239,12 +267,18 @@ public class ClientQuota {
 """
 
 
-def start_cluster(directory: Path | None = None, properties: list[str] | None = None, nodes: int = 3) -> Cluster:
+def start_cluster(
+    directory: Path | None = None, properties: list[str] | None = None, nodes: int = 3
+) -> Cluster:
     """Start a cluster of ``nodes`` in ``directory`` (a fresh temporary one by default) with extra ``properties``."""
     d = Path(tempfile.mkdtemp(prefix="statestore-kafka-cluster-")) if directory is None else directory
     try:
-        out = subprocess.run(["bash", str(SCRIPT), "start", str(d), "--nodes", str(nodes), *(properties or [])],
-                             capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            ["bash", str(SCRIPT), "start", str(d), "--nodes", str(nodes), *(properties or [])],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ClusterUnavailable(f"{SCRIPT} start {d}: {e}") from e
     if out.returncode != 0:

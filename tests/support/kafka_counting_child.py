@@ -97,12 +97,19 @@ def main(argv: list[str]) -> None:
     from statestore.state.directory import StateDirectory
     from statestore.state.store import Store
 
-    for cls, name in [(KafkaProducer, "commit"), (KafkaProducer, "flush"), (Store, "commit"), (Store, "flush"),
-                      (Store, "close")]:
+    for cls, name in [
+        (KafkaProducer, "commit"),
+        (KafkaProducer, "flush"),
+        (Store, "commit"),
+        (Store, "flush"),
+        (Store, "close"),
+    ]:
         killer.wrap(cls, name)
 
     class KillingListener(StateRestoreListener):
-        def on_batch_restored(self, tp: Any, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+        def on_batch_restored(
+            self, tp: Any, store_name: str, batch_end_offset: int, num_restored: int
+        ) -> None:
             killer.point()
 
     task = TaskId(0, TASK_PARTITION)
@@ -128,9 +135,14 @@ def main(argv: list[str]) -> None:
         return reopen(tm, open_manager, killer) if rng.random() < 0.03 else tm
 
     count_after_verifying(
-        open_manager(), task, rng, killer, commit_every,
+        open_manager(),
+        task,
+        rng,
+        killer,
+        commit_every,
         verify=lambda store: check(store, model_from_broker(changelog, topic), last_committed(root)),
-        what="from Kafka", after_commit=record_and_reopen,
+        what="from Kafka",
+        after_commit=record_and_reopen,
     )
 
 

@@ -102,7 +102,12 @@ def kill_counting_children(
         self_kill = rng.random() < 0.5
         kill_at = rng.randint(1, max_kill_at) if self_kill else -1
         code, out, err = run_until_killed(
-            command(kill_at), rng, self_kill=self_kill, startup=startup, processing=processing, timeout=timeout
+            command(kill_at),
+            rng,
+            self_kill=self_kill,
+            startup=startup,
+            processing=processing,
+            timeout=timeout,
         )
         errors = "\n".join(line for line in err.splitlines() if not line.startswith("%"))  # librdkafka's logs
         assert code == -signal.SIGKILL, f"child exited with {code}:\n{errors}"
@@ -111,4 +116,3 @@ def kill_counting_children(
         stats["verified"] += out.count("verified")
         after_kill()
     return stats
-

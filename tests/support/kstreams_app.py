@@ -24,7 +24,9 @@ STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
 
 def build() -> Path:
     """Build the application if needed; the directory holding ``app.jar`` and ``libs/``."""
-    out = subprocess.run(["bash", str(SCRIPT), "build"], capture_output=True, text=True, check=False, timeout=900)
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "build"], capture_output=True, text=True, check=False, timeout=900
+    )
     if out.returncode != 0:
         raise RuntimeError(f"building the Kafka Streams application failed:\n{out.stderr}")
     return Path(out.stdout.strip().splitlines()[-1])
@@ -83,7 +85,9 @@ def parse(lines: list[str], returncode: int = 0, stderr: str = "") -> AppRun:
         kind = parts[0]
         if kind == "RESTORE_START":
             topic, p, store, start, end, nanos = parts[1:7]
-            run.restores[(topic, int(p))] = Restore(topic, int(p), store, int(start), int(end), None, int(nanos))
+            run.restores[(topic, int(p))] = Restore(
+                topic, int(p), store, int(start), int(end), None, int(nanos)
+            )
         elif kind == "RESTORE_END":
             topic, p, store, restored, nanos = parts[1:6]
             r = run.restores[(topic, int(p))]
@@ -118,10 +122,33 @@ def command(
 ) -> list[str]:
     """The command line of one run."""
     cmd = [
-        "bash", str(SCRIPT), "run", "--bootstrap", bootstrap, "--application-id", app_id,
-        "--state-dir", str(state_dir), "--guarantee", guarantee, "--mode", mode, "--produce", str(produce),
-        "--keys", str(keys), "--value-size", str(value_size), "--partitions", str(partitions),
-        "--threads", str(threads), "--timeout", str(timeout), "--stores", stores,
+        "bash",
+        str(SCRIPT),
+        "run",
+        "--bootstrap",
+        bootstrap,
+        "--application-id",
+        app_id,
+        "--state-dir",
+        str(state_dir),
+        "--guarantee",
+        guarantee,
+        "--mode",
+        mode,
+        "--produce",
+        str(produce),
+        "--keys",
+        str(keys),
+        "--value-size",
+        str(value_size),
+        "--partitions",
+        str(partitions),
+        "--threads",
+        str(threads),
+        "--timeout",
+        str(timeout),
+        "--stores",
+        stores,
     ]
     if print_results:
         cmd.append("--print-results")
@@ -160,4 +187,14 @@ def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], di
     return latest, dict(counts)
 
 
-__all__ = ["STORE_FORMATS", "AppRun", "Restore", "build", "command", "expected", "parse", "run_app", "value_of"]
+__all__ = [
+    "STORE_FORMATS",
+    "AppRun",
+    "Restore",
+    "build",
+    "command",
+    "expected",
+    "parse",
+    "run_app",
+    "value_of",
+]

@@ -37,7 +37,12 @@ OWNER_FILE = "owner"
 
 def main() -> None:
     root, audit_path = Path(sys.argv[1]), Path(sys.argv[2])
-    seconds, seed, n_threads, n_tasks = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    seconds, seed, n_threads, n_tasks = (
+        float(sys.argv[3]),
+        int(sys.argv[4]),
+        int(sys.argv[5]),
+        int(sys.argv[6]),
+    )
     audit = AuditLog(audit_path)
     sd = StateDirectory(root, "app", shared=True, cleanup_delay_ms=0, audit=audit)
     deadline = time.monotonic() + seconds
@@ -107,7 +112,9 @@ def main() -> None:
                     except LockError:
                         count("stale_writes_refused")
                     else:
-                        violation(f"task {task}: a released token of generation {token.generation} still validates")
+                        violation(
+                            f"task {task}: a released token of generation {token.generation} still validates"
+                        )
             except LockError as e:
                 violation(f"task {task}: lock lost while held by {me}: {e}")
             finally:
@@ -127,7 +134,10 @@ def main() -> None:
         stats["monitor_scans"] = watch_directories(sd.app_dir, audit, deadline)
 
     threads = [threading.Thread(target=worker, args=(i,), name=f"worker-{i}") for i in range(n_threads)]
-    threads += [threading.Thread(target=cleaner, name="cleaner"), threading.Thread(target=monitor, name="monitor")]
+    threads += [
+        threading.Thread(target=cleaner, name="cleaner"),
+        threading.Thread(target=monitor, name="monitor"),
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -88,7 +88,12 @@ class Rebalancer:
 
 def main() -> None:
     root, index, processes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    seconds, seed, n_threads, partitions = float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+    seconds, seed, n_threads, partitions = (
+        float(sys.argv[4]),
+        int(sys.argv[5]),
+        int(sys.argv[6]),
+        int(sys.argv[7]),
+    )
     guarantee, offsets, shared = sys.argv[8], sys.argv[9], sys.argv[10] == "shared"
     name = "shared" if shared else str(index)
     audit = AuditLog(root / f"audit-{name}.log")
@@ -98,7 +103,9 @@ def main() -> None:
     stats: Counter[str] = Counter()
     errors: list[str] = []
     guard = threading.Lock()
-    rebalancer = Rebalancer(random.Random(f"{seed}-{index}-rebalance"), index, processes, n_threads, partitions)
+    rebalancer = Rebalancer(
+        random.Random(f"{seed}-{index}-rebalance"), index, processes, n_threads, partitions
+    )
 
     def count(what: str, n: int = 1) -> None:
         with guard:
@@ -109,9 +116,18 @@ def main() -> None:
             errors.append(f"pid {os.getpid()} {where}: {traceback.format_exc()}")
 
     def new_manager(thread: int) -> TaskManager:
-        return TaskManager(sd, changelog, [STORE], guarantee=guarantee, offsets=offsets,
-                           commit_interval_ms=50, time_slice_ms=20, chunk_offsets=500,
-                           transaction_timeout_ms=2_000, client_id=f"p{index}t{thread}")
+        return TaskManager(
+            sd,
+            changelog,
+            [STORE],
+            guarantee=guarantee,
+            offsets=offsets,
+            commit_interval_ms=50,
+            time_slice_ms=20,
+            chunk_offsets=500,
+            transaction_timeout_ms=2_000,
+            client_id=f"p{index}t{thread}",
+        )
 
     def stream_thread(thread: int) -> None:
         rng = random.Random(f"{seed}-{index}-{thread}")
@@ -181,7 +197,9 @@ def main() -> None:
     def monitor() -> None:
         count("monitor_scans", watch_directories(sd.app_dir, audit, deadline))
 
-    threads = [threading.Thread(target=stream_thread, args=(i,), name=f"stream-{i}") for i in range(n_threads)]
+    threads = [
+        threading.Thread(target=stream_thread, args=(i,), name=f"stream-{i}") for i in range(n_threads)
+    ]
     threads += [threading.Thread(target=f, name=f.__name__) for f in (rebalance, cleaner, monitor)]
     for t in threads:
         t.start()

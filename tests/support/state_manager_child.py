@@ -89,7 +89,9 @@ def check_invariants(
     expected = log.state_at(claimed, eos)
     for key, value in expected.items():
         assert key in store, f"offset {claimed} claims key {key!r}@{value!r} but the store lacks it"
-        assert int(store[key]) >= int(value), f"store has {key!r}@{store[key]!r}, offset {claimed} claims @{value!r}"
+        assert int(store[key]) >= int(value), (
+            f"store has {key!r}@{store[key]!r}, offset {claimed} claims @{value!r}"
+        )
     for key, value in store.items():
         off = int(value)
         assert visible.get(off) == key, (

@@ -24,8 +24,11 @@ def main(argv: list[str]) -> None:
 
     task = TaskId(0, 0)
     tm = TaskManager(
-        StateDirectory(root / "state", "app"), SegmentLog(root / "log", sync=False), ["s"],
-        guarantee="exactly_once_v2", offsets="store",
+        StateDirectory(root / "state", "app"),
+        SegmentLog(root / "log", sync=False),
+        ["s"],
+        guarantee="exactly_once_v2",
+        offsets="store",
     )
     tm.start()
     tm.assign([task], [])

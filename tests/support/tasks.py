@@ -60,10 +60,14 @@ class Events(StateRestoreListener, StandbyUpdateListener):
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
         self.calls.append(("start", tp, store_name, start_offset, end_offset))
 
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
         self.calls.append(("batch", tp, store_name, batch_end_offset, num_restored))
 
     def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
@@ -76,13 +80,23 @@ class Events(StateRestoreListener, StandbyUpdateListener):
         self.calls.append(("update_start", tp, store_name, starting_offset))
 
     def on_batch_loaded(
-        self, tp: TopicPartition, store_name: str, task_id: TaskId, batch_end_offset: int, batch_size: int,
+        self,
+        tp: TopicPartition,
+        store_name: str,
+        task_id: TaskId,
+        batch_end_offset: int,
+        batch_size: int,
         current_end_offset: int,
     ) -> None:
         self.calls.append(("loaded", tp, store_name, batch_end_offset, batch_size))
 
     def on_update_suspended(
-        self, tp: TopicPartition, store_name: str, store_offset: int, current_end_offset: int, reason: SuspendReason
+        self,
+        tp: TopicPartition,
+        store_name: str,
+        store_offset: int,
+        current_end_offset: int,
+        reason: SuspendReason,
     ) -> None:
         self.calls.append(("update_suspended", tp, store_name, store_offset, reason))
 

@@ -175,7 +175,9 @@ class App:
         self.commit_interval = commit_interval_ms / 1000
         self.transaction_timeout_ms = transaction_timeout_ms
         if group_protocol not in GROUP_PROTOCOLS:
-            raise ValueError(f"group_protocol must be one of {', '.join(GROUP_PROTOCOLS)}, got {group_protocol!r}")
+            raise ValueError(
+                f"group_protocol must be one of {', '.join(GROUP_PROTOCOLS)}, got {group_protocol!r}"
+            )
         self.group_protocol = group_protocol
         self.instance_id = instance_id
         self.client_config = dict(client_config or {})
@@ -385,7 +387,9 @@ class App:
         if ctx is None or ctx._task is not task:
             ctx = self._contexts[tid] = Context(self, task)
         ts = msg.timestamp()
-        record = Record(tp.topic, tp.partition, offset, msg.key(), msg.value(), ts[1] if ts else -1, msg.headers())
+        record = Record(
+            tp.topic, tp.partition, offset, msg.key(), msg.value(), ts[1] if ts else -1, msg.headers()
+        )
         try:
             self.process(record, ctx)
         except ProducerFencedError as e:  # from a store write or a send: not the function's fault
@@ -413,8 +417,13 @@ class App:
         return True
 
     def _send_output(
-        self, key: bytes | None, value: bytes | None, topic: str | None, partition: int,
-        headers: Sequence[Header] | None, timestamp: int | None,
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        topic: str | None,
+        partition: int,
+        headers: Sequence[Header] | None,
+        timestamp: int | None,
     ) -> None:
         if topic is None:
             if len(self.output_topics) != 1:
@@ -424,7 +433,9 @@ class App:
                 )
             topic = self.output_topics[0]
         elif topic not in self.output_topics:
-            raise ValueError(f"{topic!r} is not an output topic of {self.application_id}: {self.output_topics}")
+            raise ValueError(
+                f"{topic!r} is not an output topic of {self.application_id}: {self.output_topics}"
+            )
         self._tm().collector.send_record(topic, partition, key, value, headers, timestamp=timestamp)
 
     def _consumer_error(self, err: Any) -> None:
@@ -465,7 +476,9 @@ class App:
                 if pending:
                     ck = require()
                     self._consumer.commit(
-                        offsets=[ck.TopicPartition(tp.topic, tp.partition, off) for tp, off in pending.items()],
+                        offsets=[
+                            ck.TopicPartition(tp.topic, tp.partition, off) for tp, off in pending.items()
+                        ],
                         asynchronous=False,
                     )
         except ProducerFencedError as e:
@@ -491,10 +504,14 @@ class App:
         for task in tm.active_tasks().values():
             task.abort()
         if tm.collector.failed:
-            logger.warning("%s: the producer is dead; replacing it (same transactional id)", self.application_id)
+            logger.warning(
+                "%s: the producer is dead; replacing it (same transactional id)", self.application_id
+            )
             tm.collector.renew()
         self._rewind(self._assigned)
-        logger.info("%s: transaction aborted (%s); input sought back to the last commit", self.application_id, why)
+        logger.info(
+            "%s: transaction aborted (%s); input sought back to the last commit", self.application_id, why
+        )
 
     def _migrated(self, error: ProducerFencedError) -> None:
         """The producer was fenced: the broker aborted our transaction (it outlived
@@ -505,7 +522,8 @@ class App:
         self.migrations += 1
         logger.warning(
             "%s: the producer was fenced (%s); closing every task dirty and starting again from the last commit",
-            self.application_id, error,
+            self.application_id,
+            error,
         )
         tm = self._tm()
         tm.collector.renew()  # init_transactions: a new epoch; the old transaction is aborted
@@ -526,7 +544,9 @@ class App:
                 [ck.TopicPartition(tp.topic, tp.partition) for tp in unknown], timeout=self.request_timeout
             )
             for p in got:
-                self._committed[TopicPartition(p.topic, p.partition)] = p.offset if p.offset >= 0 else ck.OFFSET_BEGINNING
+                self._committed[TopicPartition(p.topic, p.partition)] = (
+                    p.offset if p.offset >= 0 else ck.OFFSET_BEGINNING
+                )
         for tp in tps:
             off = self._committed[tp]
             self._dirty.discard(tp)
@@ -549,7 +569,8 @@ class App:
         """Tasks all of whose input partitions are assigned here (co-partitioning)."""
         parts = {tp.partition for tp in self._assigned}
         return {
-            TaskId(SUBTOPOLOGY, p) for p in parts
+            TaskId(SUBTOPOLOGY, p)
+            for p in parts
             if all(tp in self._assigned for tp in self._task_partitions(TaskId(SUBTOPOLOGY, p)))
         }
 
@@ -561,6 +582,7 @@ class App:
                 logger.exception("%s: rebalance callback failed", self.application_id)
                 if self._callback_error is None:
                     self._callback_error = e
+
         return run
 
     def _raise_callback_error(self) -> None:
@@ -594,18 +616,27 @@ class App:
             logger.warning(
                 "%s: input partitions %s arrived without the partitions of every input topic of their task; "
                 "held paused (are all instances subscribed to the same topics?)",
-                self.application_id, ", ".join(map(str, sorted(incomplete))),
+                self.application_id,
+                ", ".join(map(str, sorted(incomplete))),
             )
-        logger.info("%s: assigned %s; active tasks now %s", self.application_id,
-                    ", ".join(map(str, sorted(new))) or "nothing", ", ".join(map(str, sorted(tasks))) or "none")
+        logger.info(
+            "%s: assigned %s; active tasks now %s",
+            self.application_id,
+            ", ".join(map(str, sorted(new))) or "nothing",
+            ", ".join(map(str, sorted(tasks))) or "none",
+        )
         tm = self._tm()
         moved_in = tasks - self._before_rebalance - set(tm.active_tasks())
         if self.num_standby_replicas and moved_in and self._assignments:
             hits = moved_in & set(tm.standby_tasks())
             self.standby_hits += len(hits)
             self.standby_misses += len(moved_in - hits)
-            logger.info("%s: tasks moved here: %s; found a standby: %s", self.application_id,
-                        ", ".join(map(str, sorted(moved_in))), ", ".join(map(str, sorted(hits))) or "none")
+            logger.info(
+                "%s: tasks moved here: %s; found a standby: %s",
+                self.application_id,
+                ", ".join(map(str, sorted(moved_in))),
+                ", ".join(map(str, sorted(hits))) or "none",
+            )
         self._before_rebalance = set()
         self._assignments += 1
         tm.assign(active=tasks, standby=self._standbys - tasks)
@@ -617,9 +648,12 @@ class App:
         ck = require()
         active = self._tm().active_tasks()
         to_pause = [
-            tp for tp in self._assigned
-            if tp not in self._paused and (
-                (task := active.get(TaskId(SUBTOPOLOGY, tp.partition))) is None or task.state is not TaskState.RUNNING
+            tp
+            for tp in self._assigned
+            if tp not in self._paused
+            and (
+                (task := active.get(TaskId(SUBTOPOLOGY, tp.partition))) is None
+                or task.state is not TaskState.RUNNING
             )
         ]
         if to_pause:
@@ -648,8 +682,11 @@ class App:
 
     def _lose(self, parts: list[Any]) -> None:
         lost = {TopicPartition(p.topic, p.partition) for p in parts}
-        logger.warning("%s: lost %s (membership expired); closing their tasks dirty, committing nothing",
-                       self.application_id, ", ".join(map(str, sorted(lost))))
+        logger.warning(
+            "%s: lost %s (membership expired); closing their tasks dirty, committing nothing",
+            self.application_id,
+            ", ".join(map(str, sorted(lost))),
+        )
         if self.task_manager is not None and not self.task_manager._closed:
             before = self._complete_tasks()
             self._abort("partitions lost")
@@ -684,9 +721,13 @@ class App:
         self._standby_due = time.monotonic() + STANDBY_REFRESH_S
         assert self.changelog is not None
         try:
-            desc = self.changelog.admin().describe_consumer_groups(
-                [self.application_id], request_timeout=self.request_timeout
-            )[self.application_id].result(self.request_timeout)
+            desc = (
+                self.changelog.admin()
+                .describe_consumer_groups([self.application_id], request_timeout=self.request_timeout)[
+                    self.application_id
+                ]
+                .result(self.request_timeout)
+            )
             me = self._consumer.memberid()
         except Exception as e:  # the next refresh tries again
             logger.info("%s: cannot describe the group to place standbys: %s", self.application_id, e)
@@ -700,11 +741,14 @@ class App:
         want = {
             TaskId(SUBTOPOLOGY, p)
             for p, owner in owners.items()
-            if owner != me and me in standby_members(members, owner, p, self.partitions, self.num_standby_replicas)
+            if owner != me
+            and me in standby_members(members, owner, p, self.partitions, self.num_standby_replicas)
         }
         want -= set(self._tm().active_tasks())
         if want != self._standbys:
-            logger.info("%s: standby tasks now %s", self.application_id, ", ".join(map(str, sorted(want))) or "none")
+            logger.info(
+                "%s: standby tasks now %s", self.application_id, ", ".join(map(str, sorted(want))) or "none"
+            )
             self._standbys = want
             self._tm().assign(active=set(self._tm().active_tasks()), standby=want)
 
@@ -800,7 +844,9 @@ def range_owner(members: Sequence[str], partition: int, partitions: int) -> str:
     return members[min(index, len(members) - 1)]
 
 
-def standby_members(members: Sequence[str], owner: str, partition: int, partitions: int, replicas: int) -> list[str]:
+def standby_members(
+    members: Sequence[str], owner: str, partition: int, partitions: int, replicas: int
+) -> list[str]:
     """The members that hold a standby of task ``partition`` owned by ``owner``: first the one the range
     assignor would pick if the owner left, then the next ones in member order (never the owner)."""
     others = [m for m in members if m != owner]
@@ -823,5 +869,11 @@ def _store_formats(stores: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
     return out
 
 
-__all__ = ["ALOS_COMMIT_INTERVAL_MS", "APP_TRANSACTION_TIMEOUT_MS", "EOS_COMMIT_INTERVAL_MS", "App", "Context",
-           "Record"]
+__all__ = [
+    "ALOS_COMMIT_INTERVAL_MS",
+    "APP_TRANSACTION_TIMEOUT_MS",
+    "EOS_COMMIT_INTERVAL_MS",
+    "App",
+    "Context",
+    "Record",
+]

@@ -47,7 +47,9 @@ class ClosesOnCleanExit:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.close()
 
@@ -140,8 +142,9 @@ class Changelog(Protocol):
         """First offset of the oldest open transaction of ``tp``, else the end offset."""
         ...
 
-    def read(self, tp: PartitionLike, start_offset: int | None = None, *,
-             end_offset: int | None = None) -> Iterator[Record]:
+    def read(
+        self, tp: PartitionLike, start_offset: int | None = None, *, end_offset: int | None = None
+    ) -> Iterator[Record]:
         """The committed records of ``tp`` from ``start_offset`` (default: the log start) to ``end_offset``
         (exclusive; default: the last stable offset): no aborted records, no markers."""
         ...

@@ -70,7 +70,9 @@ class LogReader:
         aborted, control = self._core.skipped
         return int(aborted), int(control)
 
-    def poll(self, max_records: int = _POLL_RECORDS, max_bytes: int = _POLL_BYTES, end: int | None = None) -> list[Record]:
+    def poll(
+        self, max_records: int = _POLL_RECORDS, max_bytes: int = _POLL_BYTES, end: int | None = None
+    ) -> list[Record]:
         """The next records (at most ``max_records``, about ``max_bytes`` of log, below ``end``).
 
         An empty list means nothing more is readable now.
@@ -129,7 +131,9 @@ class Producer(ClosesOnCleanExit):
         hs = list(headers) if headers else None
         return int(self._core.send(topic, partition, key, value, hs, timestamp))
 
-    def send_many(self, topic: str, partition: int, records: Sequence[tuple[bytes | None, bytes | None]]) -> int:
+    def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes | None, bytes | None]]
+    ) -> int:
         """Buffer many ``(key, value)`` records in one call; returns the first one's offset."""
         return int(self._core.send_many(topic, partition, list(records)))
 
@@ -179,7 +183,9 @@ class SegmentLog:
         """A producer. With ``transactional_id``, a transactional one that fences earlier producers of that id."""
         return Producer(self._core.producer(transactional_id), transactional_id)
 
-    def reader(self, tp: PartitionLike, start_offset: int | None = None, *, isolation: Isolation = "read_committed") -> LogReader:
+    def reader(
+        self, tp: PartitionLike, start_offset: int | None = None, *, isolation: Isolation = "read_committed"
+    ) -> LogReader:
         """A cursor over ``tp`` from ``start_offset`` (default: the start of the log)."""
         # Offsets below the start of the log begin at its first record.
         return LogReader(self.log_dir, coerce_tp(tp), 0 if start_offset is None else start_offset, isolation)
@@ -265,7 +271,9 @@ class SegmentLog:
         """
         return list(self._core.abort_expired_transactions(timeout_ms))
 
-    def dump(self, tp: PartitionLike, *, records: bool = False, isolation: Isolation = "read_committed") -> list[LogBatch]:
+    def dump(
+        self, tp: PartitionLike, *, records: bool = False, isolation: Isolation = "read_committed"
+    ) -> list[LogBatch]:
         """The batches of ``tp`` as kafka-dump-log shows them (and their records when asked).
 
         Each :class:`LogBatch` holds the batch header's fields, whether its CRC
@@ -299,7 +307,9 @@ class SegmentLog:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

@@ -35,7 +35,9 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """statestore: local RocksDB state stores kept consistent with their changelogs."""
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _register() -> None:

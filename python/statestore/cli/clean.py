@@ -15,8 +15,13 @@ from statestore.state.directory import DEFAULT_CLEANUP_DELAY_MS, LOCK_FILE_NAME,
 
 @click.command()
 @state_options
-@click.option("--cleanup-delay-ms", type=click.IntRange(0), default=DEFAULT_CLEANUP_DELAY_MS, show_default=True,
-              help="Delete task directories unmodified for this long.")
+@click.option(
+    "--cleanup-delay-ms",
+    type=click.IntRange(0),
+    default=DEFAULT_CLEANUP_DELAY_MS,
+    show_default=True,
+    help="Delete task directories unmodified for this long.",
+)
 @click.option("--all", "remove_all", is_flag=True, help="Remove the application's whole local state.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def clean(state_dir: Path, app_id: str, cleanup_delay_ms: int, remove_all: bool, yes: bool) -> None:
@@ -32,7 +37,10 @@ def clean(state_dir: Path, app_id: str, cleanup_delay_ms: int, remove_all: bool,
     """
     root = app_dir(state_dir, app_id)
     if remove_all and not yes:
-        click.confirm(f"Remove all local state of {app_id} in {root}? It will be restored from the changelog", abort=True)
+        click.confirm(
+            f"Remove all local state of {app_id} in {root}? It will be restored from the changelog",
+            abort=True,
+        )
     directory = StateDirectory(state_dir, app_id, cleanup_delay_ms=cleanup_delay_ms)
     try:
         if not remove_all:

@@ -62,11 +62,17 @@ def kafka_options(func: F) -> F:
     A Kafka changelog instead of ``--log-dir``.
     """
     func = click.option(
-        "--kafka-config", "kafka_config", multiple=True, metavar="KEY=VALUE",
+        "--kafka-config",
+        "kafka_config",
+        multiple=True,
+        metavar="KEY=VALUE",
         help="A librdkafka property for every Kafka client, e.g. security.protocol=SSL (repeatable).",
     )(func)
     func = click.option(
-        "--kafka", "kafka", default=None, metavar="BOOTSTRAP",
+        "--kafka",
+        "kafka",
+        default=None,
+        metavar="BOOTSTRAP",
         help="The changelog is on this Kafka cluster (bootstrap servers, e.g. broker1:9092,broker2:9092).",
     )(func)
     return func
@@ -105,18 +111,23 @@ def kafka_plan(
 
     names = stores or changelog_stores(changelog, application_id)
     if not names:
-        raise click.UsageError(f"no changelog topic of application {application_id!r} on "
-                               f"{changelog.bootstrap_servers}; check --app-id or name the stores with --store")
+        raise click.UsageError(
+            f"no changelog topic of application {application_id!r} on "
+            f"{changelog.bootstrap_servers}; check --app-id or name the stores with --store"
+        )
     topics = changelog.topics()
     for name in names:
         topic = changelog_topic(application_id, name)
         n = topics.get(topic)
         if n is None:
-            raise click.UsageError(f"store {name}: changelog topic {topic} does not exist on "
-                                   f"{changelog.bootstrap_servers}")
+            raise click.UsageError(
+                f"store {name}: changelog topic {topic} does not exist on {changelog.bootstrap_servers}"
+            )
         bad = [p for p in partitions or () if p >= n]
         if bad:
-            raise click.UsageError(f"store {name}: changelog topic {topic} has {n} partitions, no partition {bad}")
+            raise click.UsageError(
+                f"store {name}: changelog topic {topic} has {n} partitions, no partition {bad}"
+            )
     try:
         return plan(changelog, application_id, names, partitions)
     except StateStoreError as e:
@@ -157,12 +168,16 @@ class BarListener:
         self.task = progress.add_task(description, total=None, start=False)
         self.start = 0
 
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
         self.start = start_offset
         self.progress.update(self.task, total=max(0, end_offset - start_offset))
         self.progress.start_task(self.task)
 
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
         self.progress.update(self.task, completed=batch_end_offset - self.start)
 
     def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
@@ -173,6 +188,10 @@ class BarListener:
 def restore_progress(console: Console) -> Progress:
     """Live progress bars for restorations: one bar per store, offsets done, records/s, ETA."""
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        RateColumn(),
+        TimeRemainingColumn(),
         console=console,
     )

@@ -110,15 +110,34 @@ def _summary(results: list[RestoreResult]) -> Table:
 
 
 @click.command()
-@click.option("--dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to leave the demo's files (default: a new temporary directory).")
-@click.option("--records", type=click.IntRange(1000), default=2_000_000, show_default=True,
-              help="Changelog records in total.")
+@click.option(
+    "--dir",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to leave the demo's files (default: a new temporary directory).",
+)
+@click.option(
+    "--records",
+    type=click.IntRange(1000),
+    default=2_000_000,
+    show_default=True,
+    help="Changelog records in total.",
+)
 @click.option("--partitions", type=click.IntRange(1, 64), default=8, show_default=True)
-@click.option("--threads", type=click.IntRange(1), default=None, help="Restore threads (default: one per core).")
-@click.option("--counter-records", type=click.IntRange(2000), default=200_000, show_default=True,
-              help="Input records of the exactly-once counting processor.")
-def demo(out_dir: Path | None, records: int, partitions: int, threads: int | None, counter_records: int) -> None:
+@click.option(
+    "--threads", type=click.IntRange(1), default=None, help="Restore threads (default: one per core)."
+)
+@click.option(
+    "--counter-records",
+    type=click.IntRange(2000),
+    default=200_000,
+    show_default=True,
+    help="Input records of the exactly-once counting processor.",
+)
+def demo(
+    out_dir: Path | None, records: int, partitions: int, threads: int | None, counter_records: int
+) -> None:
     """Build a realistic changelog, restore it in parallel, verify it, and survive a SIGKILL.
 
     The changelog has overwrites, tombstones and aborted transactions; restoring
@@ -139,7 +158,9 @@ def demo(out_dir: Path | None, records: int, partitions: int, threads: int | Non
 
     console.rule("[bold]1. a changelog")
     t0 = time.perf_counter()
-    with Progress(TextColumn("writing"), BarColumn(), MofNCompleteColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("writing"), BarColumn(), MofNCompleteColumn(), console=console, transient=True
+    ) as bar:
         task = bar.add_task("partitions", total=partitions)
         stats = build_changelog(log, topic, partitions, records, on_partition=lambda _p: bar.advance(task))
     console.print(
@@ -156,11 +177,15 @@ def demo(out_dir: Path | None, records: int, partitions: int, threads: int | Non
             return BarListener(progress, f"partition {tp.partition}")
 
         t0 = time.perf_counter()
-        results = restore_partitions(log, state_dir, range(partitions), threads=threads, listener_for=listener_for)
+        results = restore_partitions(
+            log, state_dir, range(partitions), threads=threads, listener_for=listener_for
+        )
         wall = time.perf_counter() - t0
     console.print(_summary(results))
     applied = sum(r.records_applied for r in results)
-    console.print(f"{applied:,} records restored in {wall:.2f}s on {threads} threads ({applied / wall:,.0f} records/s)")
+    console.print(
+        f"{applied:,} records restored in {wall:.2f}s on {threads} threads ({applied / wall:,.0f} records/s)"
+    )
     if any(r.error for r in results):
         raise click.ClickException("some partitions failed to restore (see the table)")
 
@@ -182,4 +207,6 @@ def demo(out_dir: Path | None, records: int, partitions: int, threads: int | Non
     console.print(f"  statestore verify --state-dir {state_dir} --app-id {DEMO_APP} --log-dir {log_dir}")
     console.print(f"  statestore log dump {log_dir} --partition {topic}-0")
     counter = root / "counter"
-    console.print(f"  statestore inspect --state-dir {counter / 'state'} --app-id {CounterApp} --log-dir {counter / 'log'}")
+    console.print(
+        f"  statestore inspect --state-dir {counter / 'state'} --app-id {CounterApp} --log-dir {counter / 'log'}"
+    )

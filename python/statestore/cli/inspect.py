@@ -27,10 +27,20 @@ def _num(v: int | None, missing: str = "-") -> str:
 @log_dir_option(required=False)
 @kafka_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
-@click.option("--quick", is_flag=True,
-              help="Do not read every block of every store to check its checksum (damaged data blocks go unseen).")
-def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
-            as_json: bool, quick: bool) -> None:
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Do not read every block of every store to check its checksum (damaged data blocks go unseen).",
+)
+def inspect(
+    state_dir: Path,
+    app_id: str,
+    log_dir: Path | None,
+    kafka: str | None,
+    kafka_config: tuple[str, ...],
+    as_json: bool,
+    quick: bool,
+) -> None:
     """Show every store of an application: offsets, status, lag, size and lock holder.
 
     Reads only: stores are opened read-only and locks are looked up, never taken,
@@ -56,9 +66,23 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
     if as_json:
         click.echo(reports_json(holder, reports))
         return
-    table = Table(title=f"{app_id} in {state_dir}  (process lock: {'pid ' + str(holder) if holder else 'free'})")
-    for col in ("task", "store", "format", "store offset", "checkpoint", "status", "keys (est.)", "size", "lock"):
-        table.add_column(col, justify="right" if col in ("store offset", "checkpoint", "keys (est.)", "size") else "left")
+    table = Table(
+        title=f"{app_id} in {state_dir}  (process lock: {'pid ' + str(holder) if holder else 'free'})"
+    )
+    for col in (
+        "task",
+        "store",
+        "format",
+        "store offset",
+        "checkpoint",
+        "status",
+        "keys (est.)",
+        "size",
+        "lock",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("store offset", "checkpoint", "keys (est.)", "size") else "left"
+        )
     if with_log:
         table.add_column("log end", justify="right")
         table.add_column("lag (records)", justify="right")
@@ -71,8 +95,9 @@ def inspect(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | Non
             r.format or "?",
             _num(r.store_offset),
             _num(r.checkpoint_offset),
-            r.status if r.problem is None else (
-                "[red]unknown type[/red] (below)" if unknown_type else "[red]damaged[/red] (below)"),
+            r.status
+            if r.problem is None
+            else ("[red]unknown type[/red] (below)" if unknown_type else "[red]damaged[/red] (below)"),
             _num(r.approx_keys),
             human_bytes(r.size_bytes),
             f"pid {r.lock_holder_pid}" if r.lock_holder_pid else "free",

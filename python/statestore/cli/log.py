@@ -33,25 +33,62 @@ def _show(b: bytes | None, limit: int = 64) -> str:
 
 def _batch_table(tp: TopicPartition, batches: list[LogBatch]) -> Table:
     t = Table(title=f"{tp}: {len(batches)} batches", title_justify="left")
-    for col in ("segment", "position", "baseOffset", "lastOffset", "count", "producerId", "epoch",
-                "transactional", "control", "outcome", "compression", "size", "crc", "crcValid"):
-        t.add_column(col, justify="right" if col in ("position", "baseOffset", "lastOffset", "count", "size") else "left")
+    for col in (
+        "segment",
+        "position",
+        "baseOffset",
+        "lastOffset",
+        "count",
+        "producerId",
+        "epoch",
+        "transactional",
+        "control",
+        "outcome",
+        "compression",
+        "size",
+        "crc",
+        "crcValid",
+    ):
+        t.add_column(
+            col,
+            justify="right" if col in ("position", "baseOffset", "lastOffset", "count", "size") else "left",
+        )
     for b in batches:
         t.add_row(
-            b.segment, str(b.position), str(b.base_offset), str(b.last_offset), str(b.count),
-            str(b.producer_id), str(b.producer_epoch), str(b.transactional).lower(),
-            b.control or "", b.outcome or "", b.compression, str(b.size),
-            f"{b.crc:08x}", "true" if b.crc_valid else "[red]false[/red]",
+            b.segment,
+            str(b.position),
+            str(b.base_offset),
+            str(b.last_offset),
+            str(b.count),
+            str(b.producer_id),
+            str(b.producer_epoch),
+            str(b.transactional).lower(),
+            b.control or "",
+            b.outcome or "",
+            b.compression,
+            str(b.size),
+            f"{b.crc:08x}",
+            "true" if b.crc_valid else "[red]false[/red]",
         )
     return t
 
 
 @log.command()
 @click.argument("log_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--partition", "partitions", multiple=True, metavar="TOPIC-N",
-              help="Partition to dump, as '<topic>-<partition>' (repeatable; default: all).")
-@click.option("--isolation", type=click.Choice(["read_committed", "read_uncommitted"]), default="read_committed",
-              show_default=True, help="Which records --records shows.")
+@click.option(
+    "--partition",
+    "partitions",
+    multiple=True,
+    metavar="TOPIC-N",
+    help="Partition to dump, as '<topic>-<partition>' (repeatable; default: all).",
+)
+@click.option(
+    "--isolation",
+    type=click.Choice(["read_committed", "read_uncommitted"]),
+    default="read_committed",
+    show_default=True,
+    help="Which records --records shows.",
+)
 @click.option("--records", "show_records", is_flag=True, help="Also print the records (keys and values).")
 def dump(log_dir: Path, partitions: tuple[str, ...], isolation: Isolation, show_records: bool) -> None:
     """Print the batches of each partition like kafka-dump-log.

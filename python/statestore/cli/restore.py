@@ -77,8 +77,11 @@ def restore_local(
     with StateDirectory(state_dir, application_id) as sd:
         for task_id in sorted({w.task_id for w in work}):
             if not sd.lock(task_id):
-                raise LockError(f"task {task_id}: {sd.task_dir(task_id)} is locked by another thread",
-                                path=sd.task_dir(task_id), task_id=task_id)
+                raise LockError(
+                    f"task {task_id}: {sd.task_dir(task_id)} is locked by another thread",
+                    path=sd.task_dir(task_id),
+                    task_id=task_id,
+                )
         specs = []
         todo: list[int] = []
         for i, w in enumerate(work):
@@ -95,8 +98,17 @@ def restore_local(
             listener = listener_for(w) if listener_for is not None else None
             if metrics is not None:
                 listener = metrics.listener(w.task_id, also=listener)
-            specs.append(RestoreSpec(target, log_dir, w.tp, mode=mode, memory_budget_bytes=memory_budget_bytes,
-                                     listener=listener, format=fmts.get(w.store, "plain")))
+            specs.append(
+                RestoreSpec(
+                    target,
+                    log_dir,
+                    w.tp,
+                    mode=mode,
+                    memory_budget_bytes=memory_budget_bytes,
+                    listener=listener,
+                    format=fmts.get(w.store, "plain"),
+                )
+            )
         if not specs:
             done = []
         elif metrics is not None:
@@ -106,8 +118,11 @@ def restore_local(
             done = restore_many(specs, threads=threads)
     by_index = dict(zip(todo, done, strict=True))
     # The lag once restored: of the segment log, or of the changelog object (e.g. Kafka) given.
-    changelog: Changelog | None = SegmentLog(Path(log_dir)) if isinstance(log_dir, (str, os.PathLike)) else (
-        cast(Changelog, log_dir) if hasattr(log_dir, "committed_records") else None)
+    changelog: Changelog | None = (
+        SegmentLog(Path(log_dir))
+        if isinstance(log_dir, (str, os.PathLike))
+        else (cast(Changelog, log_dir) if hasattr(log_dir, "committed_records") else None)
+    )
     rows = []
     for i, w in enumerate(work):
         if i in refused:
@@ -115,9 +130,17 @@ def restore_local(
             continue
         r = by_index[i]
         if r.error is not None:
-            rows.append(RestoreRow.failed(w, str(r.error), mode=r.mode, seconds=r.seconds,
-                                          records_applied=r.records_applied,
-                                          records_skipped=r.records_skipped.total, bytes_read=r.bytes_read))
+            rows.append(
+                RestoreRow.failed(
+                    w,
+                    str(r.error),
+                    mode=r.mode,
+                    seconds=r.seconds,
+                    records_applied=r.records_applied,
+                    records_skipped=r.records_skipped.total,
+                    bytes_read=r.bytes_read,
+                )
+            )
             continue
         lag = None
         if changelog is not None:
@@ -131,53 +154,139 @@ def restore_local(
 
 def _table(rows: list[RestoreRow]) -> Table:
     t = Table(title="restore", title_justify="left")
-    for col, right in [("task", False), ("store", False), ("partition", True), ("mode", False),
-                       ("start", True), ("end", True), ("applied", True), ("skipped", True),
-                       ("MiB read", True), ("seconds", True), ("status", False), ("error", False)]:
+    for col, right in [
+        ("task", False),
+        ("store", False),
+        ("partition", True),
+        ("mode", False),
+        ("start", True),
+        ("end", True),
+        ("applied", True),
+        ("skipped", True),
+        ("MiB read", True),
+        ("seconds", True),
+        ("status", False),
+        ("error", False),
+    ]:
         t.add_column(col, justify="right" if right else "left", overflow="fold")
     for r in rows:
         t.add_row(
-            r.task_id, r.store, str(r.partition), r.mode,
-            "" if r.start_offset is None else str(r.start_offset), "" if r.end_offset is None else str(r.end_offset),
-            f"{r.records_applied:,}", f"{r.records_skipped:,}", f"{r.bytes_read / 2**20:,.1f}", f"{r.seconds:.2f}",
-            "ok" if r.ok else "[red]failed[/red]", r.error or "",
+            r.task_id,
+            r.store,
+            str(r.partition),
+            r.mode,
+            "" if r.start_offset is None else str(r.start_offset),
+            "" if r.end_offset is None else str(r.end_offset),
+            f"{r.records_applied:,}",
+            f"{r.records_skipped:,}",
+            f"{r.bytes_read / 2**20:,.1f}",
+            f"{r.seconds:.2f}",
+            "ok" if r.ok else "[red]failed[/red]",
+            r.error or "",
         )
     return t
 
 
 @click.command()
-@click.option("--log-dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The changelog segment log (as executors see it, with --engine spark); or use --kafka.")
+@click.option(
+    "--log-dir",
+    default=None,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The changelog segment log (as executors see it, with --engine spark); or use --kafka.",
+)
 @kafka_options
-@click.option("--state-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The state directory; stores go to <state-dir>/<app-id>/<task>/rocksdb/<store>.")
+@click.option(
+    "--state-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The state directory; stores go to <state-dir>/<app-id>/<task>/rocksdb/<store>.",
+)
 @click.option("--app-id", "application_id", required=True, help="The application id.")
-@click.option("--store", "stores", multiple=True, metavar="NAME",
-              help="Store to restore (repeatable; default: every store with a changelog under --log-dir).")
-@click.option("--partitions", default=None, metavar="LIST",
-              help="Partitions, e.g. 0-7 or 0,2,5-7 (default: every partition of each changelog).")
-@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
-              help="auto: bulk for an empty store, replay otherwise.")
-@click.option("--guarantee", type=click.Choice([g.value for g in Guarantee]),
-              default=Guarantee.EXACTLY_ONCE_V2.value, show_default=True,
-              help="What a store holding data without an offset means (exactly-once: restore it from nothing).")
-@click.option("--engine", type=click.Choice(["local", "spark"]), default="local", show_default=True,
-              help="local: threads of this process; spark: one Spark task per (store, partition).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads of the local engine (default: one per core).")
-@click.option("--master", default="local[2]", show_default=True,
-              help="Spark master for --engine spark (ignored when a session is already active).")
-@click.option("--memory-budget", "memory_mib", type=click.IntRange(min=1), default=DEFAULT_MEMORY_BUDGET // 2**20,
-              show_default=True, help="Memory budget of each bulk restore, MiB.")
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
-              help="Serve Prometheus metrics on this port of 127.0.0.1 while restoring (needs statestore[metrics]).")
-@click.option("--store-format", "store_formats", multiple=True, metavar="NAME=FORMAT",
-              help="A store's format: plain (default) or timestamped (Kafka Streams' DSL stores, e.g. count()); "
-                   "repeatable.")
-def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
-            state_dir: Path, application_id: str, stores: tuple[str, ...], partitions: str | None,
-            mode: str, guarantee: str, engine: str, threads: int | None, master: str, memory_mib: int,
-            metrics_port: int | None, store_formats: tuple[str, ...]) -> None:
+@click.option(
+    "--store",
+    "stores",
+    multiple=True,
+    metavar="NAME",
+    help="Store to restore (repeatable; default: every store with a changelog under --log-dir).",
+)
+@click.option(
+    "--partitions",
+    default=None,
+    metavar="LIST",
+    help="Partitions, e.g. 0-7 or 0,2,5-7 (default: every partition of each changelog).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default="auto",
+    show_default=True,
+    help="auto: bulk for an empty store, replay otherwise.",
+)
+@click.option(
+    "--guarantee",
+    type=click.Choice([g.value for g in Guarantee]),
+    default=Guarantee.EXACTLY_ONCE_V2.value,
+    show_default=True,
+    help="What a store holding data without an offset means (exactly-once: restore it from nothing).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "spark"]),
+    default="local",
+    show_default=True,
+    help="local: threads of this process; spark: one Spark task per (store, partition).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Threads of the local engine (default: one per core).",
+)
+@click.option(
+    "--master",
+    default="local[2]",
+    show_default=True,
+    help="Spark master for --engine spark (ignored when a session is already active).",
+)
+@click.option(
+    "--memory-budget",
+    "memory_mib",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MEMORY_BUDGET // 2**20,
+    show_default=True,
+    help="Memory budget of each bulk restore, MiB.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on this port of 127.0.0.1 while restoring (needs statestore[metrics]).",
+)
+@click.option(
+    "--store-format",
+    "store_formats",
+    multiple=True,
+    metavar="NAME=FORMAT",
+    help="A store's format: plain (default) or timestamped (Kafka Streams' DSL stores, e.g. count()); "
+    "repeatable.",
+)
+def restore(
+    log_dir: Path | None,
+    kafka: str | None,
+    kafka_config: tuple[str, ...],
+    state_dir: Path,
+    application_id: str,
+    stores: tuple[str, ...],
+    partitions: str | None,
+    mode: str,
+    guarantee: str,
+    engine: str,
+    threads: int | None,
+    master: str,
+    memory_mib: int,
+    metrics_port: int | None,
+    store_formats: tuple[str, ...],
+) -> None:
     """Rebuild stores from their changelogs and print one row per (store, partition).
 
     Exits with status 1 if any partition failed.
@@ -211,18 +320,35 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
     if kafka is not None:
         if engine != "local":
             conf = {"bootstrap.servers": kafka, **dict(kv.partition("=")[::2] for kv in kafka_config)}
-            rows = _restore_spark(list(stores), parts, log_dir=None, kafka=conf, state_dir=state_dir,
-                                  application_id=application_id, mode=mode, guarantee=guarantee,
-                                  memory_budget_bytes=budget, master=master, formats=formats)
+            rows = _restore_spark(
+                list(stores),
+                parts,
+                log_dir=None,
+                kafka=conf,
+                state_dir=state_dir,
+                application_id=application_id,
+                mode=mode,
+                guarantee=guarantee,
+                memory_budget_bytes=budget,
+                master=master,
+                formats=formats,
+            )
             _report(console, rows, t0, f"{engine}, Kafka")
             return
         with kafka_changelog(kafka, kafka_config) as changelog:
             work = kafka_plan(changelog, application_id, list(stores), parts)
             with restore_progress(console) as progress:
                 rows = restore_local(
-                    work, log_dir=changelog, state_dir=state_dir, application_id=application_id, mode=mode,
-                    guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
-                    listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"), metrics=metrics,
+                    work,
+                    log_dir=changelog,
+                    state_dir=state_dir,
+                    application_id=application_id,
+                    mode=mode,
+                    guarantee=Guarantee(guarantee),
+                    memory_budget_bytes=budget,
+                    threads=threads,
+                    listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
+                    metrics=metrics,
                     formats=formats,
                 )
         _report(console, rows, t0, "local, Kafka")
@@ -230,21 +356,39 @@ def restore(log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ..
     assert log_dir is not None
     names = list(stores) or changelog_stores(log_dir, application_id)
     if not names:
-        raise click.UsageError(f"no changelog of application {application_id!r} under {log_dir}; "
-                               "check --app-id or name the stores with --store")
+        raise click.UsageError(
+            f"no changelog of application {application_id!r} under {log_dir}; "
+            "check --app-id or name the stores with --store"
+        )
     work = plan(log_dir, application_id, names, parts)
     if engine == "local":
         with restore_progress(console) as progress:
             rows = restore_local(
-                work, log_dir=log_dir, state_dir=state_dir, application_id=application_id, mode=mode,
-                guarantee=Guarantee(guarantee), memory_budget_bytes=budget, threads=threads,
-                listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"), metrics=metrics,
+                work,
+                log_dir=log_dir,
+                state_dir=state_dir,
+                application_id=application_id,
+                mode=mode,
+                guarantee=Guarantee(guarantee),
+                memory_budget_bytes=budget,
+                threads=threads,
+                listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
+                metrics=metrics,
                 formats=formats,
             )
     else:
-        rows = _restore_spark(names, parts, log_dir=log_dir, state_dir=state_dir, application_id=application_id,
-                              mode=mode, guarantee=guarantee, memory_budget_bytes=budget, master=master,
-                              formats=formats)
+        rows = _restore_spark(
+            names,
+            parts,
+            log_dir=log_dir,
+            state_dir=state_dir,
+            application_id=application_id,
+            mode=mode,
+            guarantee=guarantee,
+            memory_budget_bytes=budget,
+            master=master,
+            formats=formats,
+        )
     _report(console, rows, t0, engine)
 
 
@@ -270,13 +414,26 @@ def parse_store_formats(items: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path | None, state_dir: Path,
-                   application_id: str, mode: str, guarantee: str, memory_budget_bytes: int,
-                   master: str, formats: Mapping[str, str], kafka: dict[str, str] | None = None) -> list[RestoreRow]:
+def _restore_spark(
+    names: list[str],
+    parts: list[int] | None,
+    *,
+    log_dir: Path | None,
+    state_dir: Path,
+    application_id: str,
+    mode: str,
+    guarantee: str,
+    memory_budget_bytes: int,
+    master: str,
+    formats: Mapping[str, str],
+    kafka: dict[str, str] | None = None,
+) -> list[RestoreRow]:
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
-        raise click.ClickException(f"--engine spark needs pyspark: pip install 'statestore[spark]' ({e})") from e
+        raise click.ClickException(
+            f"--engine spark needs pyspark: pip install 'statestore[spark]' ({e})"
+        ) from e
     from statestore.restore.spark import restore_on_spark, spark_session
 
     active = SparkSession.getActiveSession()
@@ -284,11 +441,20 @@ def _restore_spark(names: list[str], parts: list[int] | None, *, log_dir: Path |
     try:
         if not names:
             raise click.UsageError("--engine spark with --kafka needs the stores named (--store)")
-        df = restore_on_spark(session, log_dir=None if log_dir is None else log_dir.resolve(), kafka=kafka,
-                              state_dir=state_dir.resolve(),
-                              application_id=application_id, stores=names, partitions=parts, mode=mode,
-                              guarantee=guarantee, memory_budget_bytes=memory_budget_bytes,
-                              lock_timeout=DEFAULT_LOCK_TIMEOUT, formats=formats)
+        df = restore_on_spark(
+            session,
+            log_dir=None if log_dir is None else log_dir.resolve(),
+            kafka=kafka,
+            state_dir=state_dir.resolve(),
+            application_id=application_id,
+            stores=names,
+            partitions=parts,
+            mode=mode,
+            guarantee=guarantee,
+            memory_budget_bytes=memory_budget_bytes,
+            lock_timeout=DEFAULT_LOCK_TIMEOUT,
+            formats=formats,
+        )
         return [RestoreRow(*r) for r in df.collect()]
     finally:
         if active is None:

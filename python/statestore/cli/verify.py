@@ -25,8 +25,14 @@ from statestore.ops.verify import VerifyResult, verify_app
 @log_dir_option(required=False)
 @kafka_options
 @click.option("--store", "stores", multiple=True, help="Only this store (repeatable).")
-def verify(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
-           stores: tuple[str, ...]) -> None:
+def verify(
+    state_dir: Path,
+    app_id: str,
+    log_dir: Path | None,
+    kafka: str | None,
+    kafka_config: tuple[str, ...],
+    stores: tuple[str, ...],
+) -> None:
     """Recompute each store from its changelog and compare; exit 1 on any mismatch.
 
     The expected state is rebuilt up to the offset the store claims, so a store
@@ -50,9 +56,17 @@ def verify(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None
         table.add_column(col, justify="right" if col in ("offset", "entries") else "left")
     bad = []
     for r in results:
-        verdict = "[green]exact[/green]" if r.ok else (
-            "[red]MISMATCH[/red]" if r.problem is None
-            else "[red]DAMAGED[/red]" if r.damaged else "[red]UNREADABLE[/red]")
+        verdict = (
+            "[green]exact[/green]"
+            if r.ok
+            else (
+                "[red]MISMATCH[/red]"
+                if r.problem is None
+                else "[red]DAMAGED[/red]"
+                if r.damaged
+                else "[red]UNREADABLE[/red]"
+            )
+        )
         table.add_row(
             str(r.store.task_id),
             r.store.store,
@@ -89,5 +103,7 @@ def verify(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None
     if not results:
         err_console.print(f"no stores found for {app_id} in {state_dir}")
     if bad:
-        err_console.print(f"{len(bad)} of {len(results)} stores differ from their changelog; wipe them to restore")
+        err_console.print(
+            f"{len(bad)} of {len(results)} stores differ from their changelog; wipe them to restore"
+        )
         sys.exit(1)

@@ -103,11 +103,22 @@ def _eta(seconds: float | None) -> str:
 
 def render(app_id: str, holder: int | None, rows: list[WatchRow], with_log: bool) -> Table:
     """The live table of one refresh."""
-    table = Table(title=f"{app_id}  (process lock: {'pid ' + str(holder) if holder else 'free'})  "
-                        f"{time.strftime('%H:%M:%S')}", title_justify="left")
-    for col, right in [("task", False), ("store", False), ("status", False), ("store offset", True),
-                       ("restoring", False), ("restored", True), ("rate/s", True), ("remaining", True),
-                       ("eta", True)]:
+    table = Table(
+        title=f"{app_id}  (process lock: {'pid ' + str(holder) if holder else 'free'})  "
+        f"{time.strftime('%H:%M:%S')}",
+        title_justify="left",
+    )
+    for col, right in [
+        ("task", False),
+        ("store", False),
+        ("status", False),
+        ("store offset", True),
+        ("restoring", False),
+        ("restored", True),
+        ("rate/s", True),
+        ("remaining", True),
+        ("eta", True),
+    ]:
         table.add_column(col, justify="right" if right else "left")
     if with_log:
         table.add_column("lag (records)", justify="right")
@@ -136,12 +147,28 @@ def render(app_id: str, holder: int | None, rows: list[WatchRow], with_log: bool
 @state_options
 @log_dir_option(required=False)
 @kafka_options
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between refreshes.")
-@click.option("--iterations", type=click.IntRange(min=1), default=None,
-              help="Stop after this many refreshes (default: until Ctrl-C).")
-def watch(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None, kafka_config: tuple[str, ...],
-          interval: float, iterations: int | None) -> None:
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between refreshes.",
+)
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after this many refreshes (default: until Ctrl-C).",
+)
+def watch(
+    state_dir: Path,
+    app_id: str,
+    log_dir: Path | None,
+    kafka: str | None,
+    kafka_config: tuple[str, ...],
+    interval: float,
+    iterations: int | None,
+) -> None:
     """Refresh the inspect table with restore rates and time to completion, while restores run elsewhere.
 
     Rates and remaining records come from the snapshots that restoring
@@ -162,7 +189,9 @@ def watch(state_dir: Path, app_id: str, log_dir: Path | None, kafka: str | None,
         _loop(state_dir, app_id, SegmentLog(log_dir) if log_dir is not None else None, interval, iterations)
 
 
-def _loop(state_dir: Path, app_id: str, log: Changelog | None, interval: float, iterations: int | None) -> None:
+def _loop(
+    state_dir: Path, app_id: str, log: Changelog | None, interval: float, iterations: int | None
+) -> None:
     previous: dict[tuple[str, str], tuple[float, int]] | None = None
     out = console if sys.stdout.isatty() else Console(width=200)
     n = 0

@@ -57,7 +57,9 @@ class RestoreMetricsCollector:
             "statestore_restore_records", "Records restored into an active task's store", labels=_STORE_LABELS
         )
         rate = GaugeMetricFamily(
-            "statestore_restore_records_per_second", "Restore rate over the last seconds", labels=_STORE_LABELS
+            "statestore_restore_records_per_second",
+            "Restore rate over the last seconds",
+            labels=_STORE_LABELS,
         )
         remaining = GaugeMetricFamily(
             "statestore_restore_remaining_records",
@@ -71,10 +73,14 @@ class RestoreMetricsCollector:
             "statestore_standby_records", "Records loaded into a standby task's store", labels=_STORE_LABELS
         )
         standby_rate = GaugeMetricFamily(
-            "statestore_standby_records_per_second", "Standby update rate over the last seconds", labels=_STORE_LABELS
+            "statestore_standby_records_per_second",
+            "Standby update rate over the last seconds",
+            labels=_STORE_LABELS,
         )
         standby_lag = GaugeMetricFamily(
-            "statestore_standby_lag_records", "Offsets a standby is behind its changelog's end", labels=_STORE_LABELS
+            "statestore_standby_lag_records",
+            "Offsets a standby is behind its changelog's end",
+            labels=_STORE_LABELS,
         )
         for s in snap.stores:
             labels = [s.application_id, s.task_id, s.store]
@@ -89,7 +95,9 @@ class RestoreMetricsCollector:
                 standby_rate.add_metric(labels, s.rate)
                 if s.remaining_records is not None:
                     standby_lag.add_metric(labels, s.remaining_records)
-        tasks = GaugeMetricFamily("statestore_tasks", "Tasks of this process by state", labels=["application_id", "state"])
+        tasks = GaugeMetricFamily(
+            "statestore_tasks", "Tasks of this process by state", labels=["application_id", "state"]
+        )
         for state, n in sorted(snap.tasks_by_state.items()):
             tasks.add_metric([snap.application_id, state], n)
         yield from (restored, rate, remaining, seconds, standby, standby_rate, standby_lag, tasks)

@@ -46,7 +46,9 @@ def app_dir(state_dir: str | Path, application_id: str) -> Path:
     return d
 
 
-def local_stores(state_dir: str | Path, application_id: str, stores: list[str] | None = None) -> list[LocalStore]:
+def local_stores(
+    state_dir: str | Path, application_id: str, stores: list[str] | None = None
+) -> list[LocalStore]:
     """Every store of every task directory, sorted by task then store name."""
     root = app_dir(state_dir, application_id)
     found = []
@@ -181,7 +183,9 @@ def inspect_app(
             store_unreadable = True
         ckpt_offset = None
         try:
-            ckpt_offset = OffsetCheckpoint(ls.path.parent.parent / CHECKPOINT_FILE_NAME).read().get(ls.changelog)
+            ckpt_offset = (
+                OffsetCheckpoint(ls.path.parent.parent / CHECKPOINT_FILE_NAME).read().get(ls.changelog)
+            )
         except StateStoreError as e:
             problem = (problem + "; " if problem else "") + str(e)
         start = end = lag = offset_lag = None
@@ -219,7 +223,17 @@ def inspect_app(
 
 def reports_json(process_holder: int | None, reports: list[StoreReport]) -> str:
     """The ``--json`` document of :func:`inspect_app`."""
-    return json.dumps({"process_lock_holder_pid": process_holder, "stores": [r.to_json() for r in reports]}, indent=2)
+    return json.dumps(
+        {"process_lock_holder_pid": process_holder, "stores": [r.to_json() for r in reports]}, indent=2
+    )
 
 
-__all__ = ["LocalStore", "StoreReport", "app_dir", "inspect_app", "local_stores", "lock_holder", "reports_json"]
+__all__ = [
+    "LocalStore",
+    "StoreReport",
+    "app_dir",
+    "inspect_app",
+    "local_stores",
+    "lock_holder",
+    "reports_json",
+]

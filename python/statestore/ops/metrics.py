@@ -159,13 +159,17 @@ class RestoreMetrics:
 
     # -- recording ------------------------------------------------------------------------
 
-    def restore_started(self, task_id: TaskId | str, tp: TopicPartition, store: str, position: int, end: int) -> None:
+    def restore_started(
+        self, task_id: TaskId | str, tp: TopicPartition, store: str, position: int, end: int
+    ) -> None:
         """An active task's store starts restoring from ``position`` to ``end``."""
         with self._lock:
             p = _Progress(str(task_id), store, str(tp), "active", self._clock(), position, end)
             self._stores[(str(task_id), store)] = p
 
-    def restored(self, task_id: TaskId | str, tp: TopicPartition, store: str, records: int, next_position: int | None) -> None:
+    def restored(
+        self, task_id: TaskId | str, tp: TopicPartition, store: str, records: int, next_position: int | None
+    ) -> None:
         """``records`` more records were applied; the reader is at ``next_position``."""
         with self._lock:
             p = self._stores.get((str(task_id), store))
@@ -188,7 +192,13 @@ class RestoreMetrics:
                     p.position = max(p.position or 0, p.end_offset)
 
     def standby_updated(
-        self, task_id: TaskId | str, tp: TopicPartition, store: str, records: int, next_position: int, end: int
+        self,
+        task_id: TaskId | str,
+        tp: TopicPartition,
+        store: str,
+        records: int,
+        next_position: int,
+        end: int,
     ) -> None:
         """A standby's store loaded ``records`` more records; the changelog ends at ``end``."""
         with self._lock:
@@ -255,13 +265,17 @@ class TaskRestoreListener:
         self._task_id = task_id
         self._also = also
 
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
         """Called once when the store's restoration starts."""
         self._metrics.restore_started(self._task_id, tp, store_name, start_offset, end_offset)
         if self._also is not None:
             self._also.on_restore_start(tp, store_name, start_offset, end_offset)
 
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
         """Called as records are applied (at most every progress interval)."""
         self._metrics.restored(self._task_id, tp, store_name, num_restored, batch_end_offset + 1)
         if self._also is not None:

@@ -76,7 +76,9 @@ def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult
         if offset is None:
             _native.store_create(expected, fmt)
         else:
-            result = restore_store(expected, log, store.changelog, end_offset=offset + 1, mode="replay", format=fmt)
+            result = restore_store(
+                expected, log, store.changelog, end_offset=offset + 1, mode="replay", format=fmt
+            )
             expected_offset = result.offset
         try:
             # The rebuilt store was just written: a store error here is the local store's (a damaged block).
@@ -99,8 +101,9 @@ def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult
 
 
 def _unreadable(store: LocalStore, offset: int | None, fmt: str | None, e: StateStoreError) -> VerifyResult:
-    return VerifyResult(store, offset, "", "", 0, 0, None, None, fmt, str(e),
-                        damaged=isinstance(e, StoreCorruptedError))
+    return VerifyResult(
+        store, offset, "", "", 0, 0, None, None, fmt, str(e), damaged=isinstance(e, StoreCorruptedError)
+    )
 
 
 def verify_app(

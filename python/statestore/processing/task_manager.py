@@ -274,7 +274,9 @@ class TaskManager:
         """
         cause = error.__cause__ if isinstance(error.__cause__, StateStoreError) else error
         if isinstance(cause, LogError):
-            logger.error("%s task %s: its changelog cannot be read (%s); not wiping it", task.kind, task.id, cause)
+            logger.error(
+                "%s task %s: its changelog cannot be read (%s); not wiping it", task.kind, task.id, cause
+            )
             task.close_dirty_and_revive(wipe=False)
             return cause
         if all(off is None for off in task.offsets().values()):
@@ -315,7 +317,9 @@ class TaskManager:
         finally:
             for tid in sorted(ids):
                 if tid in self._active:
-                    self._handle_corrupted(self._active[tid], TaskCorruptedError(f"task {tid} marked corrupted"))
+                    self._handle_corrupted(
+                        self._active[tid], TaskCorruptedError(f"task {tid} marked corrupted")
+                    )
 
     # -- assignment ------------------------------------------------------------------------------
 
@@ -495,7 +499,8 @@ class TaskManager:
         for tid, task in self.tasks().items():
             offsets = task.offsets()
             out[tid] = {
-                cs.name: store_lag(self.changelog, cs.tp, offsets.get(cs.tp)) for cs in task.changelog_stores()
+                cs.name: store_lag(self.changelog, cs.tp, offsets.get(cs.tp))
+                for cs in task.changelog_stores()
             }
         return out
 
@@ -544,7 +549,9 @@ class TaskManager:
                 recorded = read_offsets(path)
             except StoreError as e:
                 raise StoreError(
-                    f"task {task_id}: cannot read the offsets of store {path}: {e}", path=path, task_id=task_id
+                    f"task {task_id}: cannot read the offsets of store {path}: {e}",
+                    path=path,
+                    task_id=task_id,
                 ) from e
             if str(tp) in recorded:
                 out[tp] = recorded[str(tp)]
@@ -581,7 +588,9 @@ class TaskManager:
                     # The transaction cannot be aborted either (e.g. the client's state is fatal): the
                     # next producer of the id, or the transaction timeout, aborts it. The tasks' staged
                     # writes are dropped all the same, and the commit's own error is the one raised.
-                    logger.warning("aborting the transaction after a failed commit failed too: %s", abort_error)
+                    logger.warning(
+                        "aborting the transaction after a failed commit failed too: %s", abort_error
+                    )
                     e.add_note(f"aborting the transaction failed too: {abort_error}")
                 for t in running:
                     t.abort()

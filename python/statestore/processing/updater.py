@@ -69,7 +69,9 @@ class StateRestoreListener(RestoreListener):
     :meth:`StateUpdater.poll`, once per restored chunk, never per record.
     """
 
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
         """Restoration of ``[start_offset, end_offset)`` begins."""
 
     def on_batch_restored(
@@ -186,7 +188,9 @@ class StateUpdater:
         self._failed: list[tuple[Task, StateStoreError]] = []
         self._last_recorded = clock()
         self._last_abort_check = float("-inf")
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="statestore-restore") if background else None
+        self._executor = (
+            ThreadPoolExecutor(1, thread_name_prefix="statestore-restore") if background else None
+        )
         self._inflight: Future[list[RestoreResult]] | None = None
         self._inflight_plan: list[tuple[_Updating, _Changelog, int]] = []
         self._completed: list[ActiveTask] = []
@@ -205,7 +209,9 @@ class StateUpdater:
             raise ValueError(f"task {task.id} is already in the state updater")
         expected = TaskState.RESTORING if isinstance(task, ActiveTask) else TaskState.RUNNING
         if task.state is not expected:
-            raise ValueError(f"{task.kind} task {task.id} must be {expected.value} to be added, it is {task.state.value}")
+            raise ValueError(
+                f"{task.kind} task {task.id} must be {expected.value} to be added, it is {task.state.value}"
+            )
         task.release_stores()
         entry = _Updating(task)
         offsets = task.offsets()
@@ -304,11 +310,17 @@ class StateUpdater:
         self._last_abort_check = now
         aborted = self.changelog.abort_expired_transactions(self.transaction_timeout_ms)
         if aborted:
-            logger.info("aborted transactions open longer than %d ms of dead producers %s; restoration goes on",
-                     self.transaction_timeout_ms, ", ".join(aborted))
+            logger.info(
+                "aborted transactions open longer than %d ms of dead producers %s; restoration goes on",
+                self.transaction_timeout_ms,
+                ", ".join(aborted),
+            )
 
     def _specs(self, plan: list[tuple[_Updating, _Changelog, int]]) -> list[RestoreSpec]:
-        return [RestoreSpec(cl.store.path, self.changelog, cl.store.tp, end_offset=target) for _, cl, target in plan]
+        return [
+            RestoreSpec(cl.store.path, self.changelog, cl.store.tp, end_offset=target)
+            for _, cl, target in plan
+        ]
 
     def _run(self, plan: list[tuple[_Updating, _Changelog, int]]) -> list[RestoreResult]:
         return restore_many(self._specs(plan), threads=self.threads)
@@ -376,7 +388,11 @@ class StateUpdater:
             if not entry.active or entry.failed:
                 continue
             for cl in entry.changelogs:
-                if cl.phase is ChangelogPhase.RESTORING and cl.end_offset is not None and cl.position >= cl.end_offset:
+                if (
+                    cl.phase is ChangelogPhase.RESTORING
+                    and cl.end_offset is not None
+                    and cl.position >= cl.end_offset
+                ):
                     cl.phase = ChangelogPhase.COMPLETED
                     if self.listener is not None:
                         self.listener.on_restore_end(cl.store.tp, cl.store.name, cl.restored)
@@ -398,9 +414,13 @@ class StateUpdater:
             return
         if entry.active:
             if self.listener is not None:
-                self.listener.on_batch_restored(cl.store.tp, cl.store.name, result.offset, result.records_applied)
+                self.listener.on_batch_restored(
+                    cl.store.tp, cl.store.name, result.offset, result.records_applied
+                )
             if self.metrics is not None:
-                self.metrics.restored(entry.task.id, cl.store.tp, cl.store.name, result.records_applied, cl.position)
+                self.metrics.restored(
+                    entry.task.id, cl.store.tp, cl.store.name, result.records_applied, cl.position
+                )
         elif self.standby_listener is not None or self.metrics is not None:
             end = self.changelog.end_offset(cl.store.tp)
             if self.standby_listener is not None:

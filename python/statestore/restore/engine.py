@@ -190,7 +190,9 @@ class RestoreSpec:
     @property
     def log(self) -> LogLike:
         """Deprecated name of :attr:`changelog`."""
-        warnings.warn("RestoreSpec.log is deprecated, use RestoreSpec.changelog", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "RestoreSpec.log is deprecated, use RestoreSpec.changelog", DeprecationWarning, stacklevel=2
+        )
         return self.changelog
 
 
@@ -261,8 +263,16 @@ def restore_store(
     tp = coerce_tp(tp)
     path = Path(store_path)
     out = _native.restore_store(
-        path, _check_log(source), tp, end_offset, mode, memory_budget_bytes, listener, progress_interval,
-        read_ahead=read_ahead, format=check_format(format),
+        path,
+        _check_log(source),
+        tp,
+        end_offset,
+        mode,
+        memory_budget_bytes,
+        listener,
+        progress_interval,
+        read_ahead=read_ahead,
+        format=check_format(format),
     )
     return _result(tp, path, out)
 
@@ -292,7 +302,13 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     if len({p.resolve() for p in paths}) != len(paths):
         raise ValueError("restore_many: two specs name the same store; restore each store once")
     specs = [
-        replace(s, store_path=p, changelog=_check_log(s.changelog), tp=coerce_tp(s.tp), format=check_format(s.format))
+        replace(
+            s,
+            store_path=p,
+            changelog=_check_log(s.changelog),
+            tp=coerce_tp(s.tp),
+            format=check_format(s.format),
+        )
         for p, s in zip(paths, specs, strict=True)
     ]
     out = _native.restore_many(specs, max(threads, 1))

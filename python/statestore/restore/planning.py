@@ -61,11 +61,15 @@ def parse_partitions(text: str) -> list[int]:
 def changelog_stores(source: PlanSource, application_id: str) -> list[str]:
     """Names of the stores of ``application_id`` with a changelog partition in ``source``, sorted."""
     prefix, suffix = application_id + "-", "-changelog"
-    return sorted({
-        tp.topic[len(prefix):-len(suffix)]
-        for tp in _changelog(source).partitions()
-        if tp.topic.startswith(prefix) and tp.topic.endswith(suffix) and len(tp.topic) > len(prefix) + len(suffix)
-    })
+    return sorted(
+        {
+            tp.topic[len(prefix) : -len(suffix)]
+            for tp in _changelog(source).partitions()
+            if tp.topic.startswith(prefix)
+            and tp.topic.endswith(suffix)
+            and len(tp.topic) > len(prefix) + len(suffix)
+        }
+    )
 
 
 def plan(

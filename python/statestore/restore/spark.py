@@ -79,32 +79,54 @@ def _task_payload(work: PartitionWork, index: int, **job: Any) -> dict[str, Any]
     ``failed_row`` is that answer, built here with :meth:`RestoreRow.failed` and filled in there.
     """
     template = RestoreRow.failed(work, "{error}", mode=job["mode"], seconds=0.0)
-    return {"index": index, "store": work.store, "subtopology": work.task_id.subtopology,
-            "partition": work.tp.partition, "failed_row": tuple(template),
-            "error_at": RestoreRow._fields.index("error"), "attempts_at": RestoreRow._fields.index("attempts"),
-            **job}
+    return {
+        "index": index,
+        "store": work.store,
+        "subtopology": work.task_id.subtopology,
+        "partition": work.tp.partition,
+        "failed_row": tuple(template),
+        "error_at": RestoreRow._fields.index("error"),
+        "attempts_at": RestoreRow._fields.index("attempts"),
+        **job,
+    }
 
 
 def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1) -> RestoreRow:
     """Run one (store, partition) inside a Spark task. Unknown errors raise while Spark may retry."""
     host = socket.gethostname()
     t0 = time.perf_counter()
-    work = PartitionWork.of(payload["application_id"], payload["store"], payload["partition"], payload["subtopology"])
+    work = PartitionWork.of(
+        payload["application_id"], payload["store"], payload["partition"], payload["subtopology"]
+    )
     max_attempts: int = payload["max_attempts"]
     try:
         row = restore_partition(
-            log_dir=payload.get("log_dir"), kafka=payload.get("kafka"), state_dir=payload["state_dir"], application_id=payload["application_id"],
-            store=work.store, partition=work.tp.partition, subtopology=work.task_id.subtopology,
-            mode=payload["mode"], guarantee=payload["guarantee"], memory_budget_bytes=payload["memory_budget_bytes"],
-            lock_timeout=payload["lock_timeout"], attempt=attempt, attempt_label=label, cpus=cpus,
-            create_state_dir=payload["create_state_dir"], format=payload["format"],
+            log_dir=payload.get("log_dir"),
+            kafka=payload.get("kafka"),
+            state_dir=payload["state_dir"],
+            application_id=payload["application_id"],
+            store=work.store,
+            partition=work.tp.partition,
+            subtopology=work.task_id.subtopology,
+            mode=payload["mode"],
+            guarantee=payload["guarantee"],
+            memory_budget_bytes=payload["memory_budget_bytes"],
+            lock_timeout=payload["lock_timeout"],
+            attempt=attempt,
+            attempt_label=label,
+            cpus=cpus,
+            create_state_dir=payload["create_state_dir"],
+            format=payload["format"],
         )
     except Exception as e:
         if attempt + 1 < max_attempts:
             raise  # Spark retries the task
         return RestoreRow.failed(
-            work, f"{type(e).__name__}: {e} (attempt {attempt + 1} of {max_attempts}, host {host})",
-            mode=payload["mode"], seconds=time.perf_counter() - t0, attempts=attempt + 1,
+            work,
+            f"{type(e).__name__}: {e} (attempt {attempt + 1} of {max_attempts}, host {host})",
+            mode=payload["mode"],
+            seconds=time.perf_counter() - t0,
+            attempts=attempt + 1,
         )
     if not row.ok and row.error is not None and host not in row.error:
         row = row._replace(error=f"{row.error} (host {host})")
@@ -142,11 +164,15 @@ def _make_task_function(
         except Exception as e:  # ImportError, or the extension failing to load
             row = list(payload["failed_row"])
             error_at, attempts_at = payload["error_at"], payload["attempts_at"]
-            row[error_at] = row[error_at].replace("{error}", (
-                f"statestore cannot be imported on executor host {_os.uname().nodename} by "
-                f"{_sys.executable} (Python {_sys.version.split()[0]}): {type(e).__name__}: {e}. "
-                "Install the statestore wheel on every executor, or point spark.pyspark.python at an "
-                "interpreter that has it"))
+            row[error_at] = row[error_at].replace(
+                "{error}",
+                (
+                    f"statestore cannot be imported on executor host {_os.uname().nodename} by "
+                    f"{_sys.executable} (Python {_sys.version.split()[0]}): {type(e).__name__}: {e}. "
+                    "Install the statestore wheel on every executor, or point spark.pyspark.python at an "
+                    "interpreter that has it"
+                ),
+            )
             row[attempts_at] = attempt + 1
             yield tuple(row)
             return
@@ -177,8 +203,10 @@ def _wait_for_executors(sc: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if jsc.isStopped():
-            raise ClusterError(f"the Spark context for master {sc.master} was stopped (the master gave up "
-                               "on this application: it does not answer, or refused it); check the master URL")
+            raise ClusterError(
+                f"the Spark context for master {sc.master} was stopped (the master gave up "
+                "on this application: it does not answer, or refused it); check the master URL"
+            )
         if len(jsc.statusTracker().getExecutorInfos()) > 1:  # the driver is listed too
             return
         if time.monotonic() >= deadline:
@@ -289,6 +317,7 @@ def rows_frame(spark: SparkSession, rows: Sequence[Sequence[Any]]) -> DataFrame:
             logger.debug("inline result table refused (%s); using createDataFrame", e)
     return spark.createDataFrame(list(rows), result_schema())
 
+
 def restore_on_spark(
     spark: SparkSession,
     *,
@@ -354,11 +383,21 @@ def restore_on_spark(
     _default_python(sc)
     max_attempts = _max_attempts(master, sc.getConf().get("spark.task.maxFailures"))
     payloads = [
-        _task_payload(w, i, log_dir=None if log_dir is None else os.path.abspath(log_dir), kafka=conf,
-                      state_dir=os.path.abspath(state_dir),
-                      application_id=application_id, mode=mode, memory_budget_bytes=memory_budget_bytes,
-                      lock_timeout=lock_timeout, max_attempts=max_attempts, guarantee=g.value,
-                      create_state_dir=_is_local(master), format=fmts.get(w.store, "plain"))
+        _task_payload(
+            w,
+            i,
+            log_dir=None if log_dir is None else os.path.abspath(log_dir),
+            kafka=conf,
+            state_dir=os.path.abspath(state_dir),
+            application_id=application_id,
+            mode=mode,
+            memory_budget_bytes=memory_budget_bytes,
+            lock_timeout=lock_timeout,
+            max_attempts=max_attempts,
+            guarantee=g.value,
+            create_state_dir=_is_local(master),
+            format=fmts.get(w.store, "plain"),
+        )
         for i, w in enumerate(work)
     ]
     check_master(master)
@@ -374,7 +413,9 @@ def restore_on_spark(
     earlier_jobs = sc.statusTracker().getJobIdsForGroup(group)
     t0 = time.perf_counter()
     try:
-        rdd = sc.parallelize(range(len(payloads)), len(payloads)).mapPartitionsWithIndex(_make_task_function(payloads))
+        rdd = sc.parallelize(range(len(payloads)), len(payloads)).mapPartitionsWithIndex(
+            _make_task_function(payloads)
+        )
         raw = rdd.collect()
     finally:
         sc.setLocalProperty("spark.jobGroup.id", caller_group)  # type: ignore[arg-type]
@@ -384,14 +425,22 @@ def restore_on_spark(
     if any(r.attempts > 1 for r in rows):
         failures = _failed_attempts(sc, group, earlier_jobs)
         rows = [
-            r.with_failed_attempts("\n".join(failures[i]) if i in failures else
-                                   f"attempts 1-{r.attempts - 1} failed (Spark gave no detail)")
-            if r.attempts > 1 or i in failures else r
+            r.with_failed_attempts(
+                "\n".join(failures[i])
+                if i in failures
+                else f"attempts 1-{r.attempts - 1} failed (Spark gave no detail)"
+            )
+            if r.attempts > 1 or i in failures
+            else r
             for i, r in enumerate(rows)
         ]
     failed = sum(1 for r in rows if not r.ok)
-    logger.info("restored %d (store, partition) pairs on Spark in %.2f s, %d failed",
-             len(rows), time.perf_counter() - t0, failed)
+    logger.info(
+        "restored %d (store, partition) pairs on Spark in %.2f s, %d failed",
+        len(rows),
+        time.perf_counter() - t0,
+        failed,
+    )
     sweep_staging(state_dir, application_id, work)
     return rows_frame(spark, rows)
 
@@ -414,7 +463,7 @@ def check_master(master: str | None = None, timeout: float = MASTER_CONNECT_TIME
     if not master.startswith("spark://"):
         return
     problems = []
-    for address in master[len("spark://"):].split(","):
+    for address in master[len("spark://") :].split(","):
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise ClusterError(f"master URL {master!r}: {address!r} is not host:port")
@@ -423,11 +472,15 @@ def check_master(master: str | None = None, timeout: float = MASTER_CONNECT_TIME
             return
         except OSError as e:
             problems.append(f"{address}: {e.strerror or e}")
-    raise ClusterError(f"Spark master {master} does not answer ({'; '.join(problems)}); check the URL, "
-                       "and that the master runs (scripts/spark-cluster.sh start DIR prints it)")
+    raise ClusterError(
+        f"Spark master {master} does not answer ({'; '.join(problems)}); check the URL, "
+        "and that the master runs (scripts/spark-cluster.sh start DIR prints it)"
+    )
 
 
-def spark_session(master: str = "local[2]", app_name: str = "statestore-restore", **conf: str) -> SparkSession:
+def spark_session(
+    master: str = "local[2]", app_name: str = "statestore-restore", **conf: str
+) -> SparkSession:
     """A SparkSession for restores: executors on this interpreter, UI off, driver on 127.0.0.1 when local
     or when the standalone master is on 127.0.0.1.
 
@@ -451,17 +504,22 @@ def spark_session(master: str = "local[2]", app_name: str = "statestore-restore"
     builder = SparkSession.builder.master(master).appName(app_name)
     # Executors run this interpreter (its statestore); a cluster whose workers have another, e.g. a
     # shipped venv (spark.archives), says so through ``conf``.
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                "spark.pyspark.python": sys.executable}
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.pyspark.python": sys.executable,
+    }
     if master.startswith("spark://127.0.0.1:") or master.startswith("spark://localhost:"):
         # A standalone cluster on this machine: keep the driver on the loopback interface too.
         settings.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
     if master.startswith("local"):
-        settings.update({
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.extraJavaOptions": LOCAL_DRIVER_JAVA_OPTIONS,
-        })
+        settings.update(
+            {
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.extraJavaOptions": LOCAL_DRIVER_JAVA_OPTIONS,
+            }
+        )
     settings.update(conf)
     for k, v in settings.items():
         builder = builder.config(k, v)

@@ -121,7 +121,9 @@ def _recover_staging(staging_root: Path, target: Path, task_id: TaskId, keep: st
         for entry in entries:
             aside = Path(entry.path) / "previous"
             if aside.is_dir():
-                logger.warning("task %s: putting back %s, moved aside by an interrupted restore", task_id, target)
+                logger.warning(
+                    "task %s: putting back %s, moved aside by an interrupted restore", task_id, target
+                )
                 os.rename(aside, target)
                 _native.fsync_dir(target.parent)
                 break
@@ -218,7 +220,8 @@ def restore_partition(
     if (log_dir is None) == (kafka is None):
         raise ValueError("name the changelog: log_dir or kafka")
     changelog: Any = (
-        Path(log_dir) if log_dir is not None
+        Path(log_dir)
+        if log_dir is not None
         else kafka_changelog(kafka if isinstance(kafka, tuple) else kafka_conf(kafka or {}))
     )
     policy = Policy(Guarantee(guarantee))
@@ -227,11 +230,15 @@ def restore_partition(
     t0 = time.perf_counter()
 
     def failed(error: str) -> RestoreRow:
-        return RestoreRow.failed(work, error, mode=mode, seconds=time.perf_counter() - t0, attempts=attempt + 1)
+        return RestoreRow.failed(
+            work, error, mode=mode, seconds=time.perf_counter() - t0, attempts=attempt + 1
+        )
 
     if not create_state_dir and not Path(state_dir).is_dir():
-        return failed(f"state directory {state_dir} does not exist on host {socket.gethostname()} (a shared "
-                      "filesystem not mounted there?); create it, or mount it at the same path on every executor")
+        return failed(
+            f"state directory {state_dir} does not exist on host {socket.gethostname()} (a shared "
+            "filesystem not mounted there?); create it, or mount it at the same path on every executor"
+        )
     try:
         sd = StateDirectory(Path(state_dir), application_id, shared=True)
     except StateStoreError as e:
@@ -251,7 +258,12 @@ def restore_partition(
         if can_resume_from(target, tp, policy.guarantee):
             _native.link_copy_dir(target, staged)
         result = restore_store(
-            staged, changelog, tp, mode=mode, memory_budget_bytes=memory_budget_bytes, read_ahead=cpus > 1,
+            staged,
+            changelog,
+            tp,
+            mode=mode,
+            memory_budget_bytes=memory_budget_bytes,
+            read_ahead=cpus > 1,
             format=format,
         )
         if failure_injected(store, partition, attempt):
@@ -262,8 +274,13 @@ def restore_partition(
         target.parent.mkdir(exist_ok=True)
         _native.fsync_dir(staged)  # what the restore wrote beside the copy's links
         _native.replace_dir(staged, target, attempt_dir / "previous")
-        return RestoreRow.restored(work, result, seconds=time.perf_counter() - t0,
-                                   lag=_lag_after(changelog, tp, result.offset), attempts=attempt + 1)
+        return RestoreRow.restored(
+            work,
+            result,
+            seconds=time.perf_counter() - t0,
+            lag=_lag_after(changelog, tp, result.offset),
+            attempts=attempt + 1,
+        )
     except StateStoreError as e:
         msg = str(e)
         if staged is not None and target is not None:  # the staging store started as a copy of the store
@@ -275,7 +292,9 @@ def restore_partition(
         sd.close()
 
 
-def sweep_staging(state_dir: str | os.PathLike[str], application_id: str, work: Iterable[PartitionWork]) -> int:
+def sweep_staging(
+    state_dir: str | os.PathLike[str], application_id: str, work: Iterable[PartitionWork]
+) -> int:
     """Remove what killed attempts left in the staging directories of ``work``'s tasks; best effort.
 
     An attempt that Spark kills (the loser of a speculative race) cannot clean

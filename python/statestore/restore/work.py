@@ -52,7 +52,11 @@ class PartitionWork:
     @classmethod
     def of(cls, application_id: str, store: str, partition: int, subtopology: int = 0) -> PartitionWork:
         """The work of ``store``'s partition ``partition``: task ``<subtopology>_<partition>``, its changelog."""
-        return cls(store, TaskId(subtopology, partition), TopicPartition(changelog_topic(application_id, store), partition))
+        return cls(
+            store,
+            TaskId(subtopology, partition),
+            TopicPartition(changelog_topic(application_id, store), partition),
+        )
 
     def describe(self) -> str:
         """``"task 0_3 store counts (app-counts-changelog-3)"``: how errors name this work."""
@@ -97,30 +101,67 @@ class RestoreRow(NamedTuple):
         return self.status == "ok"
 
     @classmethod
-    def restored(cls, work: PartitionWork, result: RestoreResult, *, seconds: float | None = None,
-                 lag: Lag | None = None, attempts: int = 1) -> RestoreRow:
+    def restored(
+        cls,
+        work: PartitionWork,
+        result: RestoreResult,
+        *,
+        seconds: float | None = None,
+        lag: Lag | None = None,
+        attempts: int = 1,
+    ) -> RestoreRow:
         """The row of a restore that completed: ``result`` and the store's lag once done (None: unknown)."""
         return cls(
-            task_id=str(work.task_id), store=work.store, topic=work.tp.topic, partition=work.tp.partition,
-            start_offset=result.start_offset, end_offset=result.end_offset,
-            records_applied=result.records_applied, records_skipped=result.records_skipped.total,
-            bytes_read=result.bytes_read, seconds=result.seconds if seconds is None else seconds,
-            mode=result.mode, status="ok", error=None,
-            lag=None if lag is None else lag.records, offset_lag=None if lag is None else lag.offsets,
+            task_id=str(work.task_id),
+            store=work.store,
+            topic=work.tp.topic,
+            partition=work.tp.partition,
+            start_offset=result.start_offset,
+            end_offset=result.end_offset,
+            records_applied=result.records_applied,
+            records_skipped=result.records_skipped.total,
+            bytes_read=result.bytes_read,
+            seconds=result.seconds if seconds is None else seconds,
+            mode=result.mode,
+            status="ok",
+            error=None,
+            lag=None if lag is None else lag.records,
+            offset_lag=None if lag is None else lag.offsets,
             attempts=attempts,
         )
 
     @classmethod
-    def failed(cls, work: PartitionWork, error: str, *, mode: str, seconds: float, records_applied: int = 0,
-               records_skipped: int = 0, bytes_read: int = 0, attempts: int = 1) -> RestoreRow:
+    def failed(
+        cls,
+        work: PartitionWork,
+        error: str,
+        *,
+        mode: str,
+        seconds: float,
+        records_applied: int = 0,
+        records_skipped: int = 0,
+        bytes_read: int = 0,
+        attempts: int = 1,
+    ) -> RestoreRow:
         """The row of a restore that failed; ``error`` is prefixed with the work's task, store and
         partition unless it already names the task."""
         if f"task {work.task_id}" not in error:
             error = f"{work.describe()}: {error}"
         return cls(
-            task_id=str(work.task_id), store=work.store, topic=work.tp.topic, partition=work.tp.partition,
-            start_offset=None, end_offset=None, records_applied=records_applied, records_skipped=records_skipped,
-            bytes_read=bytes_read, seconds=seconds, mode=mode, status="failed", error=error, attempts=attempts,
+            task_id=str(work.task_id),
+            store=work.store,
+            topic=work.tp.topic,
+            partition=work.tp.partition,
+            start_offset=None,
+            end_offset=None,
+            records_applied=records_applied,
+            records_skipped=records_skipped,
+            bytes_read=bytes_read,
+            seconds=seconds,
+            mode=mode,
+            status="failed",
+            error=error,
+            attempts=attempts,
         )
 
     def with_failed_attempts(self, failed_attempts: str | None) -> RestoreRow:

@@ -164,7 +164,9 @@ class OffsetCheckpoint:
             raise self._fail(1, "file ended prematurely (no version line)")
         version = self._int(1, "version", lines[0], _INT32)
         if version != VERSION:
-            raise self._fail(1, f"unknown offset checkpoint version {version} (only version {VERSION} is known)")
+            raise self._fail(
+                1, f"unknown offset checkpoint version {version} (only version {VERSION} is known)"
+            )
         if len(lines) < 2:
             raise self._fail(2, "file ended prematurely (no entry count)")
         expected = self._int(2, "entry count", lines[1], _INT32)
@@ -191,7 +193,8 @@ class OffsetCheckpoint:
                 expected -= 1
         if len(offsets) != expected:
             raise self._fail(
-                len(lines), f"expected {expected} entries but found {len(offsets)} (wrong count or duplicate entry)"
+                len(lines),
+                f"expected {expected} entries but found {len(offsets)} (wrong count or duplicate entry)",
             )
         return offsets
 

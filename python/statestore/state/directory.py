@@ -192,7 +192,9 @@ class StateDirectory:
         try:
             self.app_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StateStoreError(f"cannot create state directory {self.app_dir}: {e}", path=self.app_dir) from e
+            raise StateStoreError(
+                f"cannot create state directory {self.app_dir}: {e}", path=self.app_dir
+            ) from e
         with contextlib.suppress(OSError):  # as Kafka: rwxr-x---, best effort
             self.app_dir.chmod(0o750)
         self._process_fd = self._lock_process()
@@ -465,8 +467,12 @@ class StateDirectory:
             held = self._held.get(task_id)
             if held is None or held.owner is not threading.current_thread():
                 if held is not None:
-                    logger.debug("task %s: unlock by %s ignored (owner is %s)", task_id,
-                              threading.current_thread().name, held.owner.name)
+                    logger.debug(
+                        "task %s: unlock by %s ignored (owner is %s)",
+                        task_id,
+                        threading.current_thread().name,
+                        held.owner.name,
+                    )
                 return
             del self._held[task_id]
             self._report("unlocking", task_id, held.generation)
@@ -627,8 +633,12 @@ class StateDirectory:
                 holds = True
                 try:
                     if now - self.cleanup_delay_ms > modified_ms:
-                        logger.info("task %s: deleting obsolete state directory %s (last modified %d ms ago)",
-                                 task_id, task_dir, now - modified_ms)
+                        logger.info(
+                            "task %s: deleting obsolete state directory %s (last modified %d ms ago)",
+                            task_id,
+                            task_dir,
+                            now - modified_ms,
+                        )
                         self._report("deleting", task_id)
                         # Renamed away first, in one step: deleting in place would unlink .lock
                         # midway, and another process could then lock a new .lock in the

@@ -114,83 +114,150 @@ _A = OffsetAction
 #: Every decision, keyed by (event, guarantee, mode). The single source of truth.
 POLICY_TABLE: Mapping[tuple[Event, Guarantee, OffsetsMode], Decision] = {
     # -- INIT
-    (Event.INIT, _ALOS, _STORE): Decision(_A.LOAD, False, False, "resume",
-        why="offsets in the store match its data; no offset means restore from the beginning"),
-    (Event.INIT, _EOS, _STORE): Decision(_A.LOAD, False, False, "resume", corrupt_if_missing=True,
-        why="nothing uncommitted ever reaches RocksDB, so even status OPEN resumes; data without offset is unknown state"),
-    (Event.INIT, _ALOS, _CKPT): Decision(_A.LOAD, False, False, "resume",
-        why="the file stays: a crash replays from it, duplicates are allowed"),
-    (Event.INIT, _EOS, _CKPT): Decision(_A.LOAD_DELETE, False, False, "wipe", corrupt_if_missing=True,
-        why="no file may outlive init, so a crash from here on finds none and wipes"),
+    (Event.INIT, _ALOS, _STORE): Decision(
+        _A.LOAD,
+        False,
+        False,
+        "resume",
+        why="offsets in the store match its data; no offset means restore from the beginning",
+    ),
+    (Event.INIT, _EOS, _STORE): Decision(
+        _A.LOAD,
+        False,
+        False,
+        "resume",
+        corrupt_if_missing=True,
+        why="nothing uncommitted ever reaches RocksDB, so even status OPEN resumes; data without offset is unknown state",
+    ),
+    (Event.INIT, _ALOS, _CKPT): Decision(
+        _A.LOAD, False, False, "resume", why="the file stays: a crash replays from it, duplicates are allowed"
+    ),
+    (Event.INIT, _EOS, _CKPT): Decision(
+        _A.LOAD_DELETE,
+        False,
+        False,
+        "wipe",
+        corrupt_if_missing=True,
+        why="no file may outlive init, so a crash from here on finds none and wipes",
+    ),
     # -- RESTORE_PROGRESS
-    (Event.RESTORE_PROGRESS, _ALOS, _STORE): Decision(_A.WRITE, False, False, "resume",
-        why="the restore engine writes offsets in the batch with the data"),
-    (Event.RESTORE_PROGRESS, _EOS, _STORE): Decision(_A.WRITE, False, False, "resume",
-        why="restored data is committed data"),
-    (Event.RESTORE_PROGRESS, _ALOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
-        why="periodic checkpoint while restoring"),
-    (Event.RESTORE_PROGRESS, _EOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
-        why="restored data is committed data, so a checkpoint of it is safe"),
+    (Event.RESTORE_PROGRESS, _ALOS, _STORE): Decision(
+        _A.WRITE, False, False, "resume", why="the restore engine writes offsets in the batch with the data"
+    ),
+    (Event.RESTORE_PROGRESS, _EOS, _STORE): Decision(
+        _A.WRITE, False, False, "resume", why="restored data is committed data"
+    ),
+    (Event.RESTORE_PROGRESS, _ALOS, _CKPT): Decision(
+        _A.WRITE_IF_MOVED, True, False, "resume", why="periodic checkpoint while restoring"
+    ),
+    (Event.RESTORE_PROGRESS, _EOS, _CKPT): Decision(
+        _A.WRITE_IF_MOVED,
+        True,
+        False,
+        "resume",
+        why="restored data is committed data, so a checkpoint of it is safe",
+    ),
     # -- RESTORE_COMPLETE
-    (Event.RESTORE_COMPLETE, _ALOS, _STORE): Decision(_A.WRITE, True, False, "resume",
-        why="offsets of the restored data, flushed"),
-    (Event.RESTORE_COMPLETE, _EOS, _STORE): Decision(_A.WRITE, True, False, "resume",
-        why="offsets of the restored data, flushed"),
-    (Event.RESTORE_COMPLETE, _ALOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
-        why="enforced checkpoint at restoration end"),
-    (Event.RESTORE_COMPLETE, _EOS, _CKPT): Decision(_A.DELETE, False, False, "wipe",
-        why="KAFKA-20685: no checkpoint may exist while RUNNING"),
+    (Event.RESTORE_COMPLETE, _ALOS, _STORE): Decision(
+        _A.WRITE, True, False, "resume", why="offsets of the restored data, flushed"
+    ),
+    (Event.RESTORE_COMPLETE, _EOS, _STORE): Decision(
+        _A.WRITE, True, False, "resume", why="offsets of the restored data, flushed"
+    ),
+    (Event.RESTORE_COMPLETE, _ALOS, _CKPT): Decision(
+        _A.WRITE, True, False, "resume", why="enforced checkpoint at restoration end"
+    ),
+    (Event.RESTORE_COMPLETE, _EOS, _CKPT): Decision(
+        _A.DELETE, False, False, "wipe", why="KAFKA-20685: no checkpoint may exist while RUNNING"
+    ),
     # -- COMMIT (active, RUNNING)
-    (Event.COMMIT, _ALOS, _STORE): Decision(_A.WRITE, False, False, "resume",
-        why="offsets go in the commit's WriteBatch"),
-    (Event.COMMIT, _EOS, _STORE): Decision(_A.WRITE, False, False, "resume",
-        why="applied only after the transaction committed, with its offsets"),
-    (Event.COMMIT, _ALOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
-        why="flush then checkpoint when offsets moved enough"),
-    (Event.COMMIT, _EOS, _CKPT): Decision(_A.KEEP, False, False, "wipe",
-        why="never a checkpoint while RUNNING under exactly-once; no flush either"),
+    (Event.COMMIT, _ALOS, _STORE): Decision(
+        _A.WRITE, False, False, "resume", why="offsets go in the commit's WriteBatch"
+    ),
+    (Event.COMMIT, _EOS, _STORE): Decision(
+        _A.WRITE, False, False, "resume", why="applied only after the transaction committed, with its offsets"
+    ),
+    (Event.COMMIT, _ALOS, _CKPT): Decision(
+        _A.WRITE_IF_MOVED, True, False, "resume", why="flush then checkpoint when offsets moved enough"
+    ),
+    (Event.COMMIT, _EOS, _CKPT): Decision(
+        _A.KEEP,
+        False,
+        False,
+        "wipe",
+        why="never a checkpoint while RUNNING under exactly-once; no flush either",
+    ),
     # -- STANDBY_COMMIT
-    (Event.STANDBY_COMMIT, _ALOS, _STORE): Decision(_A.WRITE, False, False, "resume",
-        why="offsets go in the commit's WriteBatch"),
-    (Event.STANDBY_COMMIT, _EOS, _STORE): Decision(_A.WRITE, False, False, "resume",
-        why="standbys apply committed data only"),
-    (Event.STANDBY_COMMIT, _ALOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
-        why="flush then checkpoint when offsets moved enough"),
-    (Event.STANDBY_COMMIT, _EOS, _CKPT): Decision(_A.WRITE_IF_MOVED, True, False, "resume",
-        why="standbys apply committed data only, so a checkpoint is safe under both guarantees"),
+    (Event.STANDBY_COMMIT, _ALOS, _STORE): Decision(
+        _A.WRITE, False, False, "resume", why="offsets go in the commit's WriteBatch"
+    ),
+    (Event.STANDBY_COMMIT, _EOS, _STORE): Decision(
+        _A.WRITE, False, False, "resume", why="standbys apply committed data only"
+    ),
+    (Event.STANDBY_COMMIT, _ALOS, _CKPT): Decision(
+        _A.WRITE_IF_MOVED, True, False, "resume", why="flush then checkpoint when offsets moved enough"
+    ),
+    (Event.STANDBY_COMMIT, _EOS, _CKPT): Decision(
+        _A.WRITE_IF_MOVED,
+        True,
+        False,
+        "resume",
+        why="standbys apply committed data only, so a checkpoint is safe under both guarantees",
+    ),
     # -- SUSPEND
-    (Event.SUSPEND, _ALOS, _STORE): Decision(_A.WRITE, True, False, "resume",
-        why="final commit's offsets, flushed"),
-    (Event.SUSPEND, _EOS, _STORE): Decision(_A.WRITE, True, False, "resume",
-        why="final commit's offsets, flushed"),
-    (Event.SUSPEND, _ALOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
-        why="enforced checkpoint after flush"),
-    (Event.SUSPEND, _EOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
-        why="the transaction committed and the stores are flushed: the file is true until resume"),
+    (Event.SUSPEND, _ALOS, _STORE): Decision(
+        _A.WRITE, True, False, "resume", why="final commit's offsets, flushed"
+    ),
+    (Event.SUSPEND, _EOS, _STORE): Decision(
+        _A.WRITE, True, False, "resume", why="final commit's offsets, flushed"
+    ),
+    (Event.SUSPEND, _ALOS, _CKPT): Decision(
+        _A.WRITE, True, False, "resume", why="enforced checkpoint after flush"
+    ),
+    (Event.SUSPEND, _EOS, _CKPT): Decision(
+        _A.WRITE,
+        True,
+        False,
+        "resume",
+        why="the transaction committed and the stores are flushed: the file is true until resume",
+    ),
     # -- RESUME
     (Event.RESUME, _ALOS, _STORE): Decision(_A.KEEP, False, False, "resume", why="nothing to do"),
     (Event.RESUME, _EOS, _STORE): Decision(_A.KEEP, False, False, "resume", why="nothing to do"),
     (Event.RESUME, _ALOS, _CKPT): Decision(_A.KEEP, False, False, "resume", why="the file stays"),
-    (Event.RESUME, _EOS, _CKPT): Decision(_A.DELETE, False, False, "wipe",
-        why="KAFKA-10362: processing resumes, so the file must go"),
+    (Event.RESUME, _EOS, _CKPT): Decision(
+        _A.DELETE, False, False, "wipe", why="KAFKA-10362: processing resumes, so the file must go"
+    ),
     # -- CLOSE_CLEAN
-    (Event.CLOSE_CLEAN, _ALOS, _STORE): Decision(_A.WRITE, True, False, "resume",
-        why="flush, status CLOSED"),
-    (Event.CLOSE_CLEAN, _EOS, _STORE): Decision(_A.WRITE, True, False, "resume",
-        why="flush, status CLOSED"),
-    (Event.CLOSE_CLEAN, _ALOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
-        why="enforced checkpoint after flush"),
-    (Event.CLOSE_CLEAN, _EOS, _CKPT): Decision(_A.WRITE, True, False, "resume",
-        why="enforced checkpoint after flush, read and deleted at the next init"),
+    (Event.CLOSE_CLEAN, _ALOS, _STORE): Decision(_A.WRITE, True, False, "resume", why="flush, status CLOSED"),
+    (Event.CLOSE_CLEAN, _EOS, _STORE): Decision(_A.WRITE, True, False, "resume", why="flush, status CLOSED"),
+    (Event.CLOSE_CLEAN, _ALOS, _CKPT): Decision(
+        _A.WRITE, True, False, "resume", why="enforced checkpoint after flush"
+    ),
+    (Event.CLOSE_CLEAN, _EOS, _CKPT): Decision(
+        _A.WRITE,
+        True,
+        False,
+        "resume",
+        why="enforced checkpoint after flush, read and deleted at the next init",
+    ),
     # -- CLOSE_DIRTY
-    (Event.CLOSE_DIRTY, _ALOS, _STORE): Decision(_A.KEEP, False, False, "resume",
-        why="store offsets match store data; uncommitted staged writes are dropped"),
-    (Event.CLOSE_DIRTY, _EOS, _STORE): Decision(_A.KEEP, False, False, "resume",
-        why="staged writes never reached RocksDB: no wipe needed"),
-    (Event.CLOSE_DIRTY, _ALOS, _CKPT): Decision(_A.KEEP, False, False, "resume",
-        why="duplicates are allowed; files kept"),
-    (Event.CLOSE_DIRTY, _EOS, _CKPT): Decision(_A.DELETE, False, True, "wipe",
-        why="the store may hold data the changelog aborted: wipe the task"),
+    (Event.CLOSE_DIRTY, _ALOS, _STORE): Decision(
+        _A.KEEP,
+        False,
+        False,
+        "resume",
+        why="store offsets match store data; uncommitted staged writes are dropped",
+    ),
+    (Event.CLOSE_DIRTY, _EOS, _STORE): Decision(
+        _A.KEEP, False, False, "resume", why="staged writes never reached RocksDB: no wipe needed"
+    ),
+    (Event.CLOSE_DIRTY, _ALOS, _CKPT): Decision(
+        _A.KEEP, False, False, "resume", why="duplicates are allowed; files kept"
+    ),
+    (Event.CLOSE_DIRTY, _EOS, _CKPT): Decision(
+        _A.DELETE, False, True, "wipe", why="the store may hold data the changelog aborted: wipe the task"
+    ),
 }
 
 
@@ -224,7 +291,10 @@ class Policy:
         return POLICY_TABLE[(event, self.guarantee, self.offsets)]
 
     def should_write(
-        self, decision: Decision, recorded: Mapping[TopicPartition, int] | None, current: Mapping[TopicPartition, int]
+        self,
+        decision: Decision,
+        recorded: Mapping[TopicPartition, int] | None,
+        current: Mapping[TopicPartition, int],
     ) -> bool:
         """Whether ``decision`` writes offsets now, given those last recorded and the current ones.
 
@@ -258,7 +328,10 @@ def render_markdown() -> str:
     ]
     for mode in OffsetsMode:
         out += [f'## offsets="{mode.value}"', ""]
-        out += ["| event | guarantee | offsets | flush | wipe | crash after | why |", "|---|---|---|---|---|---|---|"]
+        out += [
+            "| event | guarantee | offsets | flush | wipe | crash after | why |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for event in Event:
             for guarantee in Guarantee:
                 d = POLICY_TABLE[(event, guarantee, mode)]

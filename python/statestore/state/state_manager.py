@@ -93,14 +93,20 @@ class StateManager:
         Registration does no I/O; stores are opened by :meth:`initialize`.
         """
         if name == CHECKPOINT_FILE_NAME:
-            raise ValueError(f"task {self.task_id}: illegal store name {name!r}: it is the checkpoint file's name")
+            raise ValueError(
+                f"task {self.task_id}: illegal store name {name!r}: it is the checkpoint file's name"
+            )
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"task {self.task_id}: store name {name!r} cannot name a directory")
         if name in self._stores:
             raise ValueError(f"task {self.task_id}: store {name!r} has already been registered")
         if self._state != "created":
             raise IllegalStateError(f"task {self.task_id}: register stores before initialize()")
-        tp = TopicPartition(changelog_topic(self.directory.application_id, name), self.task_id.partition) if logged else None
+        tp = (
+            TopicPartition(changelog_topic(self.directory.application_id, name), self.task_id.partition)
+            if logged
+            else None
+        )
         self._stores[name] = _StoreMeta(name, logged, persistent, tp)
 
     def store(self, name: str) -> AnyStore:
@@ -257,8 +263,13 @@ class StateManager:
                     if not dir_was_empty:
                         missing.append(f"{meta.name} ({meta.changelog}, {self.checkpoint_file.path})")
             for tp, offset in loaded.items():
-                logger.warning("task %s: %s has offset %d for %s, which no registered store logs; ignored",
-                            self.task_id, self.checkpoint_file.path, offset, tp)
+                logger.warning(
+                    "task %s: %s has offset %d for %s, which no registered store logs; ignored",
+                    self.task_id,
+                    self.checkpoint_file.path,
+                    offset,
+                    tp,
+                )
         if missing and decision.corrupt_if_missing:
             raise TaskCorruptedError(
                 f"task {self.task_id}: no changelog offset for {', '.join(missing)} although local state "
@@ -311,7 +322,12 @@ class StateManager:
             if meta.store is None:
                 continue
             offsets = None
-            if with_offsets and meta.checkpointable and meta.changelog is not None and meta.offset is not None:
+            if (
+                with_offsets
+                and meta.checkpointable
+                and meta.changelog is not None
+                and meta.offset is not None
+            ):
                 offsets = {meta.changelog: meta.offset}
             meta.store.commit(offsets)
 

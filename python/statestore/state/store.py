@@ -71,7 +71,9 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def check_store_format(path: Path, fmt: str, *, who: str | None = None, task_id: TaskId | None = None) -> None:
+def check_store_format(
+    path: Path, fmt: str, *, who: str | None = None, task_id: TaskId | None = None
+) -> None:
     """Refuse (``StoreError``) to touch the store at ``path`` if it is of another format than ``fmt``,
     or of a type statestore does not know.
 
@@ -230,7 +232,12 @@ class Store(_StagedWrites):
     """
 
     def __init__(
-        self, path: str | Path, *, name: str | None = None, task_id: TaskId | None = None, format: str = "plain"
+        self,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        task_id: TaskId | None = None,
+        format: str = "plain",
     ) -> None:
         self.path = Path(path)
         self.name = name if name is not None else self.path.name
@@ -290,7 +297,9 @@ class Store(_StagedWrites):
 
     def _open_db(self) -> Rdict:
         if self._db is None:
-            raise IllegalStateError(f"{self._who()} at {self.path} is closed", path=self.path, task_id=self.task_id)
+            raise IllegalStateError(
+                f"{self._who()} at {self.path} is closed", path=self.path, task_id=self.task_id
+            )
         return self._db
 
     def _offsets(self) -> Rdict:
@@ -462,7 +471,9 @@ class Store(_StagedWrites):
         for key, value in items:
             if not isinstance(key, bytes) or key in (STATUS_KEY, POSITION_KEY):
                 continue
-            tp, offset = decode_offset_entry(key, value, path=self.path, who=self._who(), task_id=self.task_id)
+            tp, offset = decode_offset_entry(
+                key, value, path=self.path, who=self._who(), task_id=self.task_id
+            )
             out[tp] = offset
         return out
 

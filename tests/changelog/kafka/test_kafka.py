@@ -25,8 +25,6 @@ KafkaChangelog = kafka.KafkaChangelog
 ensure_changelog_topics = kafka.ensure_changelog_topics
 
 
-
-
 @pytest.fixture
 def changelog(kafka_bootstrap: str) -> Iterator[KafkaChangelog]:
     c = KafkaChangelog(kafka_bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
@@ -47,10 +45,15 @@ def _workload(seed: int, n: int, keys: int) -> list[list[Rec]]:
     txns: list[list[Rec]] = []
     while sum(map(len, txns)) < n:
         size = rng.randrange(1, 700)
-        txns.append([
-            (b"k%05d" % rng.randrange(keys), None if rng.random() < 0.07 else b"v%d-%d" % (len(txns), i) * rng.randrange(1, 4))
-            for i in range(size)
-        ])
+        txns.append(
+            [
+                (
+                    b"k%05d" % rng.randrange(keys),
+                    None if rng.random() < 0.07 else b"v%d-%d" % (len(txns), i) * rng.randrange(1, 4),
+                )
+                for i in range(size)
+            ]
+        )
     return txns
 
 
@@ -74,7 +77,9 @@ def _same_store(a: Path, b: Path) -> None:
     assert diff is None, diff
 
 
-def test_restore_from_kafka_equals_restore_from_a_segment_log(changelog: KafkaChangelog, tmp_path: Path) -> None:
+def test_restore_from_kafka_equals_restore_from_a_segment_log(
+    changelog: KafkaChangelog, tmp_path: Path
+) -> None:
     topic = _topic()
     changelog.create_topics({topic: 2})
     seg = SegmentLog(tmp_path / "log", sync=False)
@@ -92,17 +97,33 @@ def test_restore_from_kafka_equals_restore_from_a_segment_log(changelog: KafkaCh
             tp = TopicPartition(topic, p)
             a = restore_store(tmp_path / f"seg-{mode}-{p}", seg, tp, mode=mode)
             events = Events()
-            b = restore_store(tmp_path / f"kafka-{mode}-{p}", changelog, tp, mode=mode, listener=events,
-                              progress_interval=0.0)
+            b = restore_store(
+                tmp_path / f"kafka-{mode}-{p}",
+                changelog,
+                tp,
+                mode=mode,
+                listener=events,
+                progress_interval=0.0,
+            )
             assert (b.mode, b.records_applied, b.start_offset, b.end_offset, b.offset) == (
-                a.mode, a.records_applied, a.start_offset, a.end_offset, a.offset)
+                a.mode,
+                a.records_applied,
+                a.start_offset,
+                a.end_offset,
+                a.offset,
+            )
             assert b.records_applied == sum(map(len, txns[p]))
-            assert b.offset == changelog.end_offset(tp) - 2, "the last record sits just before the last marker"
+            assert b.offset == changelog.end_offset(tp) - 2, (
+                "the last record sits just before the last marker"
+            )
             _same_store(tmp_path / f"seg-{mode}-{p}", tmp_path / f"kafka-{mode}-{p}")
             assert events.calls[0][0] == "start" and events.calls[-1][0] == "end"
 
     # restore_many on threads, in two steps: up to a middle offset, then the rest (resume from the store's offset).
-    specs = [RestoreSpec(tmp_path / f"many-{p}", changelog, TopicPartition(topic, p), end_offset=5_001) for p in range(2)]
+    specs = [
+        RestoreSpec(tmp_path / f"many-{p}", changelog, TopicPartition(topic, p), end_offset=5_001)
+        for p in range(2)
+    ]
     first = restore_many(specs, threads=2)
     assert all(r.ok for r in first), [r.error for r in first]
     rest = restore_many([RestoreSpec(s.store_path, changelog, s.tp) for s in specs], threads=2)
@@ -167,7 +188,9 @@ def test_a_changelog_topic_recreated_behind_the_store_is_detected_and_rebuilt(
         return KafkaChangelog(kafka_bootstrap, request_timeout=20.0)
 
     def manager(changelog: KafkaChangelog) -> TaskManager:
-        return TaskManager(StateDirectory(tmp_path / "state", app), changelog, ["s"], guarantee="exactly_once_v2")
+        return TaskManager(
+            StateDirectory(tmp_path / "state", app), changelog, ["s"], guarantee="exactly_once_v2"
+        )
 
     # Each party has its own clients, as separate processes would: the application before and
     # after its restart, and an operator who recreates the topic in between.
@@ -217,8 +240,13 @@ def test_exactly_once_commits_record_delivered_offsets_and_restart_replays_nothi
     tasks = [TaskId(0, 0), TaskId(0, 1)]
 
     def manager(events: Events | None = None) -> TaskManager:
-        return TaskManager(StateDirectory(tmp_path / "state", app), changelog, ["s"], guarantee="exactly_once_v2",
-                           listener=events)
+        return TaskManager(
+            StateDirectory(tmp_path / "state", app),
+            changelog,
+            ["s"],
+            guarantee="exactly_once_v2",
+            listener=events,
+        )
 
     tm = manager()
     tm.start()
@@ -308,7 +336,9 @@ def test_changelog_topics_are_created_compacted_and_a_partition_mismatch_is_refu
     assert configs["cleanup.policy"].value == "compact"
 
 
-def test_a_standby_follows_the_committed_changelog_on_the_broker(changelog: KafkaChangelog, tmp_path: Path) -> None:
+def test_a_standby_follows_the_committed_changelog_on_the_broker(
+    changelog: KafkaChangelog, tmp_path: Path
+) -> None:
     import time
 
     app = f"app{uuid.uuid4().hex[:8]}"
@@ -357,8 +387,9 @@ def test_an_unreachable_broker_is_one_clear_error(tmp_path: Path) -> None:
 
 def test_client_properties_may_use_underscores_but_python_callbacks_keep_theirs() -> None:
     pytest.importorskip("confluent_kafka")
-    with KafkaChangelog("127.0.0.1:1", security_protocol="PLAINTEXT", error_cb=print,
-                        **{"client.id": "x"}) as c:
+    with KafkaChangelog(
+        "127.0.0.1:1", security_protocol="PLAINTEXT", error_cb=print, **{"client.id": "x"}
+    ) as c:
         conf = c.client_config({"acks": "all"})
     assert conf["security.protocol"] == "PLAINTEXT" and conf["client.id"] == "x" and conf["acks"] == "all"
     assert conf["error_cb"] is print and "error.cb" not in conf

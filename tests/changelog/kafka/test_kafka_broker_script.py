@@ -23,8 +23,13 @@ CACHE = Path(os.environ.get("STATESTORE_CACHE", Path.home() / ".cache" / "states
 
 
 def classpath(cache: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), "classpath"], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "STATESTORE_CACHE": str(cache)})
+    return subprocess.run(
+        ["bash", str(SCRIPT), "classpath"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "STATESTORE_CACHE": str(cache)},
+    )
 
 
 @pytest.fixture
@@ -50,9 +55,13 @@ def test_a_damaged_jar_cache_is_resolved_again(cache_copy: Path, damage: str) ->
     assert "resolving kafka-broker jars" in out.stderr, "the damaged cache was used as it was"
     assert zipfile.is_zipfile(victim), f"{victim.name} was not restored"
     again = classpath(cache_copy)
-    assert again.returncode == 0 and "resolving" not in again.stderr, "a sound cache must not be resolved again"
+    assert again.returncode == 0 and "resolving" not in again.stderr, (
+        "a sound cache must not be resolved again"
+    )
 
 
 def test_stop_of_a_directory_without_a_broker_is_a_no_op(tmp_path: Path) -> None:
-    out = subprocess.run(["bash", str(SCRIPT), "stop", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "stop", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr

@@ -42,7 +42,6 @@ ck = pytest.importorskip("confluent_kafka")
 KafkaChangelog = kafka.KafkaChangelog
 
 
-
 Model = dict[bytes, bytes]
 
 
@@ -58,7 +57,10 @@ def topic_name(prefix: str = "sem") -> str:
 
 
 def txn(rng: random.Random, n: int, keys: int, tag: str) -> list[tuple[bytes, bytes | None]]:
-    return [(b"k%05d" % rng.randrange(keys), None if rng.random() < 0.1 else f"{tag}-{i}".encode()) for i in range(n)]
+    return [
+        (b"k%05d" % rng.randrange(keys), None if rng.random() < 0.1 else f"{tag}-{i}".encode())
+        for i in range(n)
+    ]
 
 
 def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path: Path) -> None:
@@ -115,10 +117,17 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
 
 def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_path: Path) -> None:
     topic = topic_name("compact")
-    changelog.create_topics({topic: 1}, config={
-        "segment.bytes": "1048576", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
-        "delete.retention.ms": "100", "min.compaction.lag.ms": "0", "max.compaction.lag.ms": "1000",
-    })
+    changelog.create_topics(
+        {topic: 1},
+        config={
+            "segment.bytes": "1048576",
+            "segment.ms": "100",
+            "min.cleanable.dirty.ratio": "0.001",
+            "delete.retention.ms": "100",
+            "min.compaction.lag.ms": "0",
+            "max.compaction.lag.ms": "1000",
+        },
+    )
     tp = TopicPartition(topic, 0)
     rng = random.Random(9)
     model: Model = {}
@@ -148,7 +157,9 @@ def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_pa
         if remaining < written // 2:
             break
     p.close()
-    assert remaining < written // 2, f"the log cleaner did not compact the topic in time ({remaining} of {written})"
+    assert remaining < written // 2, (
+        f"the log cleaner did not compact the topic in time ({remaining} of {written})"
+    )
     for mode in ("replay", "bulk"):
         store = tmp_path / f"after-{mode}"
         restore_store(store, changelog, tp, mode=mode)
@@ -160,7 +171,9 @@ def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_pa
     assert {k for k in before if k != b"roll"} == {k for k in expected}, "tombstoned keys must stay deleted"
 
 
-def test_records_deleted_below_the_store_offset_make_the_task_corrupted(kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_records_deleted_below_the_store_offset_make_the_task_corrupted(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     app = f"del{uuid.uuid4().hex[:8]}"
     store = "s"
     tp = TopicPartition(f"{app}-{store}-changelog", 0)
@@ -170,7 +183,9 @@ def test_records_deleted_below_the_store_offset_make_the_task_corrupted(kafka_bo
         for i in range(300):
             p.send(tp.topic, 0, b"k%03d" % (i % 100), b"v%d" % i)
         p.close()
-        tm = TaskManager(tmp_path / "state", changelog, [store], guarantee="exactly_once_v2", application_id=app)
+        tm = TaskManager(
+            tmp_path / "state", changelog, [store], guarantee="exactly_once_v2", application_id=app
+        )
         tm.start()
         tm.assign([TaskId(0, 0)], [])
         assert tm.restore()
@@ -187,7 +202,9 @@ def test_records_deleted_below_the_store_offset_make_the_task_corrupted(kafka_bo
         assert changelog.start_offset(tp) == 350
         with pytest.raises(TaskCorruptedError, match="records between were deleted"):
             restore_store(tmp_path / "state" / app / "0_0" / "rocksdb" / store, changelog, tp)
-        tm = TaskManager(tmp_path / "state", changelog, [store], guarantee="exactly_once_v2", application_id=app)
+        tm = TaskManager(
+            tmp_path / "state", changelog, [store], guarantee="exactly_once_v2", application_id=app
+        )
         tm.start()
         tm.assign([TaskId(0, 0)], [])
         assert tm.restore(), "the corrupted task must be wiped and restored from the new log start"
@@ -214,8 +231,11 @@ CHILD = textwrap.dedent("""
 
 
 def open_transaction_then_sigkill(bootstrap: str, topic: str, tid: str, timeout_ms: int) -> None:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, bootstrap, topic, tid, str(timeout_ms)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, bootstrap, topic, tid, str(timeout_ms)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "open", "the child did not open its transaction"
     child.kill()
@@ -223,8 +243,9 @@ def open_transaction_then_sigkill(bootstrap: str, topic: str, tid: str, timeout_
 
 
 @pytest.mark.parametrize("aborted_by", ["a successor", "the transaction timeout"])
-def test_a_transaction_left_open_by_a_killed_process_is_aborted(changelog: Any, tmp_path: Path,
-                                                                  aborted_by: str) -> None:
+def test_a_transaction_left_open_by_a_killed_process_is_aborted(
+    changelog: Any, tmp_path: Path, aborted_by: str
+) -> None:
     topic = topic_name("open")
     changelog.create_topics({topic: 1})
     tp = TopicPartition(topic, 0)
@@ -239,7 +260,9 @@ def test_a_transaction_left_open_by_a_killed_process_is_aborted(changelog: Any, 
     _start, end, lso = changelog.offsets(tp)
     assert lso < end, "the killed process's transaction is open"
     if aborted_by == "a successor":
-        successor = changelog.producer(tid)  # init_transactions fences the dead one and aborts its transaction
+        successor = changelog.producer(
+            tid
+        )  # init_transactions fences the dead one and aborts its transaction
         successor.close()
     deadline = time.monotonic() + 60
     while changelog.offsets(tp)[2] < changelog.offsets(tp)[1] and time.monotonic() < deadline:
@@ -248,7 +271,9 @@ def test_a_transaction_left_open_by_a_killed_process_is_aborted(changelog: Any, 
     assert lso == end, f"the open transaction was not aborted by {aborted_by}"
     r = restore_store(tmp_path / "s", changelog, tp)
     data = store_contents(tmp_path / "s").data
-    assert data == {b"k%03d" % i: b"KEPT" for i in range(50)}, "records of the aborted transaction reached the store"
+    assert data == {b"k%03d" % i: b"KEPT" for i in range(50)}, (
+        "records of the aborted transaction reached the store"
+    )
     assert r.records_applied == 50
 
 
@@ -265,14 +290,17 @@ def own_broker(tmp_path: Path) -> Iterator[Broker]:
     broker.stop()
 
 
-def test_a_broker_killed_during_a_restore_and_a_commit_loses_nothing(own_broker: Broker, tmp_path: Path) -> None:
+def test_a_broker_killed_during_a_restore_and_a_commit_loses_nothing(
+    own_broker: Broker, tmp_path: Path
+) -> None:
     topic = topic_name("crash")
     tp = TopicPartition(topic, 0)
     model: Model = {}
     # A short transaction timeout: whichever comes first, the successor or the coordinator's timeout, aborts
     # the transaction the broker crash left in doubt.
-    with KafkaChangelog(own_broker.bootstrap, request_timeout=60.0, restore_stall_timeout=120.0,
-                        transaction_timeout_ms=10_000) as c:
+    with KafkaChangelog(
+        own_broker.bootstrap, request_timeout=60.0, restore_stall_timeout=120.0, transaction_timeout_ms=10_000
+    ) as c:
         c.create_topics({topic: 1})
         rng = random.Random(3)
         p = c.producer(f"w-{topic}")
@@ -328,7 +356,9 @@ def test_a_broker_killed_during_a_restore_and_a_commit_loses_nothing(own_broker:
         assert all(v != b"IN-DOUBT" for v in data.values())
 
 
-def test_a_broker_that_stays_down_is_a_clear_error_within_the_timeout(own_broker: Broker, tmp_path: Path) -> None:
+def test_a_broker_that_stays_down_is_a_clear_error_within_the_timeout(
+    own_broker: Broker, tmp_path: Path
+) -> None:
     topic = topic_name("down")
     with KafkaChangelog(own_broker.bootstrap, request_timeout=5.0, restore_stall_timeout=5.0) as c:
         c.create_topics({topic: 1})

@@ -39,7 +39,6 @@ CHILD = SUPPORT / "kafka_counting_child.py"
 TASK = TaskId(0, 0)
 
 
-
 def _changelog(bootstrap: str) -> kafka.KafkaChangelog:
     return kafka.KafkaChangelog(bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
 
@@ -65,11 +64,23 @@ def run_kills(root: Path, bootstrap: str, app: str, kills_wanted: int, seed: int
     rng = random.Random(seed)
     with _changelog(bootstrap) as changelog:
         return kill_counting_children(
-            rng, kills_wanted,
-            lambda kill_at: [sys.executable, str(CHILD), str(root), bootstrap, app, str(rng.randrange(2**31)),
-                             str(kill_at), str(rng.choice([1, 7, 25]))],
+            rng,
+            kills_wanted,
+            lambda kill_at: [
+                sys.executable,
+                str(CHILD),
+                str(root),
+                bootstrap,
+                app,
+                str(rng.randrange(2**31)),
+                str(kill_at),
+                str(rng.choice([1, 7, 25])),
+            ],
             lambda: check_store_on_disk(root, app, changelog),
-            max_kill_at=80, startup=(0.2, 1.5), processing=(0, 0.3), timeout=30,
+            max_kill_at=80,
+            startup=(0.2, 1.5),
+            processing=(0, 0.3),
+            timeout=30,
         )
 
 
@@ -98,7 +109,9 @@ def _run(tmp_path: Path, bootstrap: str, kills: int, seed: int) -> None:
     assert int(store[b"__pos"]) >= last_committed(tmp_path)
 
 
-def test_exactly_once_on_kafka_loses_no_committed_update_across_sigkills(tmp_path: Path, kafka_bootstrap: str) -> None:
+def test_exactly_once_on_kafka_loses_no_committed_update_across_sigkills(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
     _run(tmp_path, kafka_bootstrap, kills=6, seed=1)
 
 

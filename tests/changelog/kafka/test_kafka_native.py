@@ -46,15 +46,19 @@ def _topic(prefix: str = "native") -> str:
 
 
 def _txn(rng: random.Random, n: int, keys: int, tag: str) -> list[Rec]:
-    return [(b"k%05d" % rng.randrange(keys), None if rng.random() < 0.1 else f"{tag}-{i}".encode() * 3)
-            for i in range(n)]
+    return [
+        (b"k%05d" % rng.randrange(keys), None if rng.random() < 0.1 else f"{tag}-{i}".encode() * 3)
+        for i in range(n)
+    ]
 
 
 def _write(kc: Any, seg: SegmentLog, tp: TopicPartition, seed: int, rounds: int) -> None:
     """Committed and aborted transactions, interleaved by two producers, to Kafka and the segment log alike."""
     rng = random.Random(seed)
-    pairs = [(kc.producer(f"a-{tp}-{seed}"), seg.producer(f"a-{seed}")),
-             (kc.producer(f"b-{tp}-{seed}"), seg.producer(f"b-{seed}"))]
+    pairs = [
+        (kc.producer(f"a-{tp}-{seed}"), seg.producer(f"a-{seed}")),
+        (kc.producer(f"b-{tp}-{seed}"), seg.producer(f"b-{seed}")),
+    ]
     for r in range(rounds):
         for kp, sp in pairs:
             kp.begin()
@@ -81,8 +85,9 @@ def _same_store(a: Path, b: Path) -> None:
     assert diff is None, diff
 
 
-def test_native_restore_equals_the_segment_log_with_skip_counts(changelog: Any, kafka_bootstrap: str,
-                                                                 tmp_path: Path) -> None:
+def test_native_restore_equals_the_segment_log_with_skip_counts(
+    changelog: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
     assert changelog.native is not None, "the native fetcher serves a PLAINTEXT cluster"
     topic = _topic()
     changelog.create_topics({topic: 2})
@@ -100,7 +105,12 @@ def test_native_restore_equals_the_segment_log_with_skip_counts(changelog: Any, 
             b = restore_store(tmp_path / f"kafka-{mode}", changelog, tp, mode=mode)
             c = restore_store(tmp_path / f"ck-{mode}", fallback, tp, mode=mode)
             assert (b.mode, b.records_applied, b.start_offset, b.end_offset, b.offset) == (
-                a.mode, a.records_applied, a.start_offset, a.end_offset, a.offset)
+                a.mode,
+                a.records_applied,
+                a.start_offset,
+                a.end_offset,
+                a.offset,
+            )
             # The native fetcher sees markers and aborted batches and counts them as the segment log does.
             assert b.records_skipped == a.records_skipped
             assert b.records_skipped.aborted > 0 and b.records_skipped.control > 0
@@ -113,7 +123,10 @@ def test_native_restore_equals_the_segment_log_with_skip_counts(changelog: Any, 
 
     # restore_many on two threads, in two steps (to a middle offset, then resume from the store's offset).
     mid = changelog.end_offset(tp) // 2
-    specs = [RestoreSpec(tmp_path / f"many-{p}", changelog, TopicPartition(topic, p), end_offset=mid) for p in range(2)]
+    specs = [
+        RestoreSpec(tmp_path / f"many-{p}", changelog, TopicPartition(topic, p), end_offset=mid)
+        for p in range(2)
+    ]
     first = restore_many(specs, threads=2)
     assert all(r.ok for r in first), [r.error for r in first]
     rest = restore_many([RestoreSpec(s.store_path, changelog, s.tp) for s in specs], threads=2)
@@ -124,16 +137,23 @@ def test_native_restore_equals_the_segment_log_with_skip_counts(changelog: Any, 
 
     # read() goes through the same fetcher: the records, timestamps and headers of the segment log.
     assert [(r.offset, r.key, r.value) for r in changelog.read(tp)] == [
-        (r.offset, r.key, r.value) for r in seg.read(tp)]
+        (r.offset, r.key, r.value) for r in seg.read(tp)
+    ]
     assert changelog.committed_records(tp, 0, changelog.end_offset(tp)) == seg.committed_records(
-        tp, 0, seg.end_offset(tp))
+        tp, 0, seg.end_offset(tp)
+    )
 
 
-def test_an_aborted_transaction_spanning_many_fetch_responses_is_dropped_whole(kafka_bootstrap: str,
-                                                                                tmp_path: Path) -> None:
+def test_an_aborted_transaction_spanning_many_fetch_responses_is_dropped_whole(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
     # 2 KiB responses: every transaction below spans many of them, and batches are cut at their ends.
-    small = KafkaChangelog(kafka_bootstrap, request_timeout=20.0, restore_stall_timeout=20.0,
-                           **{"max.partition.fetch.bytes": "2048"})
+    small = KafkaChangelog(
+        kafka_bootstrap,
+        request_timeout=20.0,
+        restore_stall_timeout=20.0,
+        **{"max.partition.fetch.bytes": "2048"},
+    )
     try:
         topic = _topic("span")
         small.create_topics({topic: 1})
@@ -143,7 +163,11 @@ def test_an_aborted_transaction_spanning_many_fetch_responses_is_dropped_whole(k
         for mode in ("replay", "bulk"):
             a = restore_store(tmp_path / f"seg-{mode}", seg, tp, mode=mode)
             b = restore_store(tmp_path / f"kafka-{mode}", small, tp, mode=mode)
-            assert (b.records_applied, b.offset, b.records_skipped) == (a.records_applied, a.offset, a.records_skipped)
+            assert (b.records_applied, b.offset, b.records_skipped) == (
+                a.records_applied,
+                a.offset,
+                a.records_skipped,
+            )
             assert b.records_skipped.aborted > 500
             _same_store(tmp_path / f"seg-{mode}", tmp_path / f"kafka-{mode}")
     finally:
@@ -161,15 +185,30 @@ def test_unsupported_sasl_mechanisms_fall_back_to_confluent_kafka_with_one_log_l
         assert len(lines) == 1 and "OAUTHBEARER" in lines[0] and "confluent-kafka" in lines[0], lines
     finally:
         c.close()
-    assert _native.KafkaClient.unsupported({"bootstrap.servers": "h:1", "security.protocol": "SASL_SSL",
-                                            "sasl.mechanism": "GSSAPI"}) is not None
-    assert _native.KafkaClient.unsupported({"bootstrap.servers": "h:1", "security.protocol": "SASL_SSL",
-                                            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u",
-                                            "sasl.password": "p"}) is None
+    assert (
+        _native.KafkaClient.unsupported(
+            {"bootstrap.servers": "h:1", "security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}
+        )
+        is not None
+    )
+    assert (
+        _native.KafkaClient.unsupported(
+            {
+                "bootstrap.servers": "h:1",
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": "u",
+                "sasl.password": "p",
+            }
+        )
+        is None
+    )
 
 
 @pytest.mark.spark
-def test_restore_on_spark_from_kafka(spark: Any, changelog: Any, kafka_bootstrap: str, tmp_path: Path) -> None:
+def test_restore_on_spark_from_kafka(
+    spark: Any, changelog: Any, kafka_bootstrap: str, tmp_path: Path
+) -> None:
     from statestore.restore.spark import restore_on_spark
 
     app = f"app{uuid.uuid4().hex[:6]}"
@@ -179,8 +218,13 @@ def test_restore_on_spark_from_kafka(spark: Any, changelog: Any, kafka_bootstrap
     for i, s in enumerate(stores):
         for p in range(2):
             _write(changelog, seg, TopicPartition(f"{app}-{s}-changelog", p), seed=10 * i + p, rounds=3)
-    df = restore_on_spark(spark, kafka={"bootstrap.servers": kafka_bootstrap}, state_dir=tmp_path / "state",
-                          application_id=app, stores=stores)
+    df = restore_on_spark(
+        spark,
+        kafka={"bootstrap.servers": kafka_bootstrap},
+        state_dir=tmp_path / "state",
+        application_id=app,
+        stores=stores,
+    )
     rows = df.collect()
     assert len(rows) == 4 and all(r.status == "ok" for r in rows), [r.error for r in rows]
     for r in rows:
@@ -188,5 +232,7 @@ def test_restore_on_spark_from_kafka(spark: Any, changelog: Any, kafka_bootstrap
         ref = restore_store(tmp_path / f"ref-{r.topic}-{r.partition}", seg, tp)
         assert r.records_applied == ref.records_applied and r.records_skipped == ref.records_skipped.total > 0
         assert r.lag == 0
-        _same_store(tmp_path / f"ref-{r.topic}-{r.partition}",
-                    tmp_path / "state" / app / f"0_{r.partition}" / "rocksdb" / r.store)
+        _same_store(
+            tmp_path / f"ref-{r.topic}-{r.partition}",
+            tmp_path / "state" / app / f"0_{r.partition}" / "rocksdb" / r.store,
+        )

@@ -31,7 +31,6 @@ ck = pytest.importorskip("confluent_kafka")
 KafkaChangelog = kafka.KafkaChangelog
 
 
-
 USER, PASSWORD = "alice", "alice-secret"
 
 
@@ -42,14 +41,58 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _certificates(d: Path) -> None:
     """ca.pem; broker.pem (key and certificate for 127.0.0.1/localhost); client.crt and client.key."""
     d.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-             "-subj", "/CN=statestore test CA", cwd=d)
-    for name, ext in (("broker", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "extendedKeyUsage=clientAuth")):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=statestore test CA",
+        cwd=d,
+    )
+    for name, ext in (
+        ("broker", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+            cwd=d,
+        )
         (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            cwd=d,
+        )
         # PKCS#8 keys (what Kafka's PEM key store and rustls both read)
         _openssl("pkcs8", "-topk8", "-nocrypt", "-in", f"{name}.key", "-out", f"{name}.p8", cwd=d)
     (d / "broker.pem").write_text((d / "broker.p8").read_text() + (d / "broker.crt").read_text())
@@ -87,8 +130,10 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Br
         pytest.fail(f"the SSL/SASL broker did not start: {e}")
     text = (broker.dir / "server.properties").read_text()
     adv = next(line for line in text.splitlines() if line.startswith("advertised.listeners="))
-    ports = {name: hostport.removeprefix("//") for name, hostport in
-             (x.split(":", 1) for x in adv.split("=", 1)[1].split(","))}
+    ports = {
+        name: hostport.removeprefix("//")
+        for name, hostport in (x.split(":", 1) for x in adv.split("=", 1)[1].split(","))
+    }
     # SCRAM credentials, through the admin API on the PLAINTEXT listener.
     from confluent_kafka.admin import (
         AdminClient,
@@ -129,15 +174,25 @@ def test_ssl_and_sasl_restores_are_native_and_equal_to_plaintext(secure_broker: 
         p.close()
         ref = restore_store(tmp_path / "plain", plain, tp)
     ssl = {"ssl.ca.location": str(certs / "ca.pem")}
-    client_cert = {"ssl.certificate.location": str(certs / "client.crt"), "ssl.key.location": str(certs / "client.p8")}
+    client_cert = {
+        "ssl.certificate.location": str(certs / "client.crt"),
+        "ssl.key.location": str(certs / "client.p8"),
+    }
     sasl = {"sasl.username": USER, "sasl.password": PASSWORD}
     cases: dict[str, tuple[str, dict[str, str]]] = {
         "ssl-client-cert": (ports["SSL"], {"security.protocol": "SSL", **ssl, **client_cert}),
-        "sasl-plain": (ports["SASL_PLAINTEXT"], {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", **sasl}),
-        "scram-256": (ports["SASL_PLAINTEXT"],
-                      {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-256", **sasl}),
-        "scram-512-ssl": (ports["SASL_SSL"],
-                          {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", **sasl, **ssl}),
+        "sasl-plain": (
+            ports["SASL_PLAINTEXT"],
+            {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", **sasl},
+        ),
+        "scram-256": (
+            ports["SASL_PLAINTEXT"],
+            {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-256", **sasl},
+        ),
+        "scram-512-ssl": (
+            ports["SASL_SSL"],
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", **sasl, **ssl},
+        ),
     }
     for name, (bootstrap, conf) in cases.items():
         with KafkaChangelog(bootstrap, request_timeout=10.0, restore_stall_timeout=10.0, **conf) as c:
@@ -145,21 +200,46 @@ def test_ssl_and_sasl_restores_are_native_and_equal_to_plaintext(secure_broker: 
             assert c.offsets(tp) == (0, ref.end_offset, ref.end_offset), name
             r = restore_store(tmp_path / name, c, tp)
             assert (r.records_applied, r.offset, r.records_skipped) == (
-                ref.records_applied, ref.offset, ref.records_skipped), name
+                ref.records_applied,
+                ref.offset,
+                ref.records_skipped,
+            ), name
             _same_store(tmp_path / "plain", tmp_path / name)
 
-    bad = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": USER,
-           "sasl.password": "wrong", **ssl}
+    bad = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": USER,
+        "sasl.password": "wrong",
+        **ssl,
+    }
     with KafkaChangelog(ports["SASL_SSL"], request_timeout=5.0, **bad) as c:
         with pytest.raises(LogError, match=r"SASL authentication failed") as e:
             c.offsets(tp)
         assert ports["SASL_SSL"] in str(e.value)
     other_ca = tmp_path / "other-ca"
     other_ca.mkdir()
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "k", "-out", "ca.pem", "-days", "1",
-             "-subj", "/CN=another CA", cwd=other_ca)
-    with KafkaChangelog(ports["SSL"], request_timeout=5.0, **{"security.protocol": "SSL",
-                        "ssl.ca.location": str(other_ca / "ca.pem"), **client_cert}) as c:
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "k",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=another CA",
+        cwd=other_ca,
+    )
+    with KafkaChangelog(
+        ports["SSL"],
+        request_timeout=5.0,
+        **{"security.protocol": "SSL", "ssl.ca.location": str(other_ca / "ca.pem"), **client_cert},
+    ) as c:
         with pytest.raises(LogError, match=r"TLS handshake failed") as e:
             c.offsets(tp)
         assert ports["SSL"] in str(e.value)

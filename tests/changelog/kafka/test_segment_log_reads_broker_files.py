@@ -34,7 +34,6 @@ kafka = pytest.importorskip("statestore.changelog.kafka")
 ck = pytest.importorskip("confluent_kafka")
 
 
-
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 APP, STORE = "brokerapp", "counts"
 TXN_TOPIC = f"{APP}-{STORE}-changelog"
@@ -43,8 +42,15 @@ SEGMENT = {"segment.bytes": "1048576"}
 
 
 def produce_codec_topic(bootstrap: str, codec: str, rng: random.Random) -> None:
-    p = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "compression.type": codec,
-                     "linger.ms": 20, "batch.size": 65536})
+    p = ck.Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "compression.type": codec,
+            "linger.ms": 20,
+            "batch.size": 65536,
+        }
+    )
     for i in range(25_000):
         value = None if i % 97 == 0 else rng.randbytes(rng.randrange(40, 120))
         p.produce(f"codec-{codec}", key=b"k%05d" % rng.randrange(5_000), value=value, partition=i % 2)
@@ -58,14 +64,18 @@ def produce_transactions(bootstrap: str, rng: random.Random) -> None:
     machine) is fenced by a fresh producer of the same id, which aborts it, and written again."""
 
     def producer() -> Any:
-        p = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": "brokerfiles-txn", "linger.ms": 5})
+        p = ck.Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": "brokerfiles-txn", "linger.ms": 5}
+        )
         p.init_transactions(60)
         return p
 
     p = producer()
     for t in range(40):
-        records = [(b"w%04d" % rng.randrange(2_000), None if rng.random() < 0.05 else rng.randbytes(80))
-                   for _ in range(rng.randrange(100, 900))]
+        records = [
+            (b"w%04d" % rng.randrange(2_000), None if rng.random() < 0.05 else rng.randbytes(80))
+            for _ in range(rng.randrange(100, 900))
+        ]
         for _attempt in range(3):
             try:
                 p.begin_transaction()
@@ -101,7 +111,9 @@ def produce_compacted(c: Any, rng: random.Random) -> None:
 
 
 @pytest.fixture(scope="module")
-def broker_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, dict[TopicPartition, list[Any]]]]:
+def broker_files(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Broker, dict[TopicPartition, list[Any]]]]:
     try:
         broker = start_broker(tmp_path_factory.mktemp("broker-files"))
     except BrokerUnavailable as e:
@@ -113,9 +125,17 @@ def broker_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Bro
             for codec in CODECS:
                 c.create_topics({f"codec-{codec}": 2}, config={"cleanup.policy": "delete", **SEGMENT})
             c.create_topics({TXN_TOPIC: 1}, config={"cleanup.policy": "delete", **SEGMENT})
-            c.create_topics({COMPACTED: 1}, config={
-                **SEGMENT, "segment.ms": "200", "min.cleanable.dirty.ratio": "0.001", "delete.retention.ms": "100",
-                "min.compaction.lag.ms": "0", "max.compaction.lag.ms": "1000"})
+            c.create_topics(
+                {COMPACTED: 1},
+                config={
+                    **SEGMENT,
+                    "segment.ms": "200",
+                    "min.cleanable.dirty.ratio": "0.001",
+                    "delete.retention.ms": "100",
+                    "min.compaction.lag.ms": "0",
+                    "max.compaction.lag.ms": "1000",
+                },
+            )
             for codec in CODECS:
                 produce_codec_topic(broker.bootstrap, codec, rng)
             produce_transactions(broker.bootstrap, rng)
@@ -132,7 +152,7 @@ def broker_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Bro
 
 
 def test_the_segment_log_reads_what_a_read_committed_consumer_read(
-    broker_files: tuple[Broker, dict[TopicPartition, list[Any]]]
+    broker_files: tuple[Broker, dict[TopicPartition, list[Any]]],
 ) -> None:
     broker, expected = broker_files
     log = SegmentLog(broker.log_dir)
@@ -140,8 +160,19 @@ def test_the_segment_log_reads_what_a_read_committed_consumer_read(
         got = [(r.offset, r.key, r.value) for r in log.read(tp)]
         assert got == records, f"{tp}: the segment log disagrees with the broker's read_committed consumer"
     # The broker's own files are there beside the segments, and are no obstacle.
-    names = {f.suffix if f.stem.isdigit() else f.name for tp in expected for f in (broker.log_dir / str(tp)).iterdir()}
-    for kind in (".log", ".index", ".timeindex", ".snapshot", "leader-epoch-checkpoint", "partition.metadata"):
+    names = {
+        f.suffix if f.stem.isdigit() else f.name
+        for tp in expected
+        for f in (broker.log_dir / str(tp)).iterdir()
+    }
+    for kind in (
+        ".log",
+        ".index",
+        ".timeindex",
+        ".snapshot",
+        "leader-epoch-checkpoint",
+        "partition.metadata",
+    ):
         assert kind in names, f"no {kind} file in the broker's partition directories"
     # (Kafka 4.4 writes a .txnindex only for some segments with aborted transactions; the reader never needs one.)
     assert len(list((broker.log_dir / "codec-none-0").glob("*.log"))) >= 2, "several segments"
@@ -167,9 +198,25 @@ def test_stores_restore_from_the_broker_log_dir(
             assert contents.data == model, f"{tp} {mode}"
             assert contents.offsets == {str(tp): expected[tp][-1][0]} and r.offset == expected[tp][-1][0]
     state = tmp_path / "state"
-    out = subprocess.run([sys.executable, "-m", "statestore.cli", "restore", "--log-dir", str(broker.log_dir),
-                          "--state-dir", str(state), "--app-id", APP, "--store", STORE],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "statestore.cli",
+            "restore",
+            "--log-dir",
+            str(broker.log_dir),
+            "--state-dir",
+            str(state),
+            "--app-id",
+            APP,
+            "--store",
+            STORE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 ok, 0 failed" in out.stdout
     a = store_contents(state / APP / "0_0" / "rocksdb" / STORE)
@@ -177,17 +224,23 @@ def test_stores_restore_from_the_broker_log_dir(
     assert (a.data, a.offsets) == (b.data, b.offsets)
 
 
-DUMP_LINE = re.compile(r"baseOffset: (\d+) lastOffset: (\d+) count: \d+ .*?producerId: (-?\d+) .*?"
-                       r"isTransactional: (true|false) .*?isControl: (true|false)")
+DUMP_LINE = re.compile(
+    r"baseOffset: (\d+) lastOffset: (\d+) count: \d+ .*?producerId: (-?\d+) .*?"
+    r"isTransactional: (true|false) .*?isControl: (true|false)"
+)
 
 
 def kafka_dump(segment: Path) -> list[tuple[int, int, int, bool, bool]]:
     cp = subprocess.run(["bash", str(SCRIPT), "tools-classpath"], capture_output=True, text=True, timeout=600)
     if cp.returncode != 0:
         pytest.fail(f"Kafka's tools could not be resolved: {cp.stderr[-2000:]}")
-    out = subprocess.run(["java", "-cp", cp.stdout.strip(), "org.apache.kafka.tools.DumpLogSegments",
-                          "--files", str(segment)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "KAFKA_HEAP_OPTS": "-Xmx256m"})
+    out = subprocess.run(
+        ["java", "-cp", cp.stdout.strip(), "org.apache.kafka.tools.DumpLogSegments", "--files", str(segment)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "KAFKA_HEAP_OPTS": "-Xmx256m"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = []
     for line in out.stdout.splitlines():
@@ -199,7 +252,7 @@ def kafka_dump(segment: Path) -> list[tuple[int, int, int, bool, bool]]:
 
 
 def test_log_dump_agrees_with_kafkas_dump_log_segments(
-    broker_files: tuple[Broker, dict[TopicPartition, list[Any]]]
+    broker_files: tuple[Broker, dict[TopicPartition, list[Any]]],
 ) -> None:
     broker, _expected = broker_files
     log = SegmentLog(broker.log_dir)

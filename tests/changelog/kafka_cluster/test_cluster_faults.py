@@ -158,7 +158,8 @@ def _heal(cluster: Cluster, topic: str) -> None:
     while cluster.leaders(topic) != preferred:
         try:
             cluster.admin().elect_leaders(
-                ElectionType.PREFERRED, [CkTopicPartition(topic, p) for p in range(PARTITIONS)]).result(timeout=10)
+                ElectionType.PREFERRED, [CkTopicPartition(topic, p) for p in range(PARTITIONS)]
+            ).result(timeout=10)
         except Exception:
             pass  # ELECTION_NOT_NEEDED for those already led by their preferred replica
         assert time.monotonic() < deadline, f"preferred leaders not elected: {cluster.describe(topic)}"
@@ -173,8 +174,10 @@ def _restore_all(kc: Any, data: Changelog, into: Path, listener: Any = None) -> 
     """restore_many of every partition into ``into``/<p> on 2 threads; every store checked; the seconds taken."""
     assert kc.native is not None, "the native fetcher serves a PLAINTEXT cluster"
     into.mkdir(parents=True, exist_ok=True)
-    specs = [RestoreSpec(into / str(p), kc, TopicPartition(data.topic, p), listener=listener)
-             for p in range(PARTITIONS)]
+    specs = [
+        RestoreSpec(into / str(p), kc, TopicPartition(data.topic, p), listener=listener)
+        for p in range(PARTITIONS)
+    ]
     t0 = time.monotonic()
     results = restore_many(specs, threads=2)
     took = time.monotonic() - t0
@@ -201,13 +204,17 @@ class _OnFirstStart:
         self._lock = threading.Lock()
         self.fired = False
 
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
         with self._lock:
             if not self.fired:
                 self.fired = True
                 self._action()
 
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
         pass
 
     def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
@@ -218,8 +225,9 @@ class _OnFirstStart:
 
 
 @pytest.mark.parametrize("when", ["before", "while"])
-def test_a_restore_survives_a_sigkill_of_the_busiest_leader(kafka_cluster: Cluster, changelog_data: Changelog,
-                                                            tmp_path: Path, when: str) -> None:
+def test_a_restore_survives_a_sigkill_of_the_busiest_leader(
+    kafka_cluster: Cluster, changelog_data: Changelog, tmp_path: Path, when: str
+) -> None:
     victim = kafka_cluster.busiest_leader([changelog_data.topic])
     led = [p for p, n in kafka_cluster.leaders(changelog_data.topic).items() if n == victim]
     assert led, "the victim leads a partition"
@@ -238,7 +246,9 @@ def test_a_restore_survives_a_sigkill_of_the_busiest_leader(kafka_cluster: Clust
     finally:
         kc.close()
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # gone, not restarted behind our back
+    while (
+        Path(f"/proc/{pid}").exists() and time.monotonic() < deadline
+    ):  # gone, not restarted behind our back
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists(), f"node {victim} ({pid}) outlived its SIGKILL"
     assert took < BOUND_KILL, f"{took:.1f}s with node {victim} (leader of {led}) killed {when} the restore"
@@ -247,14 +257,23 @@ def test_a_restore_survives_a_sigkill_of_the_busiest_leader(kafka_cluster: Clust
 # -- (b) SIGSTOP past the session timeout ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("pause", [
-    pytest.param(PAUSE_SECONDS, id="past-session"),
-    pytest.param(PAUSE_PAST_REQUEST_TIMEOUT, id="past-request", marks=pytest.mark.xfail(
-        strict=True, raises=AssertionError,
-        reason="a request to a black-holed (SIGSTOPped) leader that times out spends the call's whole budget (its "
-               "deadline is request_timeout, the socket timeout too): ListOffsets is never retried at the newly "
-               "elected leader, the restore fails with 'no answer ... within 10.0 s' (issue 33, points 2 and 3)")),
-])
+@pytest.mark.parametrize(
+    "pause",
+    [
+        pytest.param(PAUSE_SECONDS, id="past-session"),
+        pytest.param(
+            PAUSE_PAST_REQUEST_TIMEOUT,
+            id="past-request",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="a request to a black-holed (SIGSTOPped) leader that times out spends the call's whole budget (its "
+                "deadline is request_timeout, the socket timeout too): ListOffsets is never retried at the newly "
+                "elected leader, the restore fails with 'no answer ... within 10.0 s' (issue 33, points 2 and 3)",
+            ),
+        ),
+    ],
+)
 def test_b_restore_survives_the_busiest_leader_paused_past_the_session_timeout(
     kafka_cluster: Cluster, changelog_data: Changelog, tmp_path: Path, pause: float
 ) -> None:
@@ -275,15 +294,18 @@ def test_b_restore_survives_the_busiest_leader_paused_past_the_session_timeout(
 # -- (c) rolling restart -----------------------------------------------------------------------------
 
 
-def test_c_restores_through_a_rolling_restart(kafka_cluster: Cluster, changelog_data: Changelog,
-                                              tmp_path: Path) -> None:
+def test_c_restores_through_a_rolling_restart(
+    kafka_cluster: Cluster, changelog_data: Changelog, tmp_path: Path
+) -> None:
     failure: list[BaseException] = []
 
     def roll() -> None:
         try:
             for n in kafka_cluster.node_ids:
                 kafka_cluster.restart(n)
-                kafka_cluster.wait_healthy([changelog_data.topic], min_isr=3, timeout=90)  # as an operator waits
+                kafka_cluster.wait_healthy(
+                    [changelog_data.topic], min_isr=3, timeout=90
+                )  # as an operator waits
         except BaseException as e:
             failure.append(e)
 
@@ -307,8 +329,9 @@ def test_c_restores_through_a_rolling_restart(kafka_cluster: Cluster, changelog_
 # -- (e) client quota ------------------------------------------------------------------------------
 
 
-def test_e_restore_under_a_consumer_byte_rate_quota(kafka_cluster: Cluster, changelog_data: Changelog,
-                                                    tmp_path: Path) -> None:
+def test_e_restore_under_a_consumer_byte_rate_quota(
+    kafka_cluster: Cluster, changelog_data: Changelog, tmp_path: Path
+) -> None:
     # Bytes per second per broker, for every client id. A broker caps a response at what the quota allows in its
     # window (10 s) and throttles once the rate over the window exceeds the quota: with ~330 KB to read from the
     # busiest broker, the restore is throttled for about 10 s.
@@ -329,8 +352,9 @@ def test_e_restore_under_a_consumer_byte_rate_quota(kafka_cluster: Cluster, chan
 # -- (f) dead first bootstrap address ----------------------------------------------------------------
 
 
-def test_f_restore_with_a_dead_first_bootstrap_address(kafka_cluster: Cluster, changelog_data: Changelog,
-                                                       tmp_path: Path) -> None:
+def test_f_restore_with_a_dead_first_bootstrap_address(
+    kafka_cluster: Cluster, changelog_data: Changelog, tmp_path: Path
+) -> None:
     with socket.socket() as s:  # a port nobody listens on: bound, never listening, so connecting is refused
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"

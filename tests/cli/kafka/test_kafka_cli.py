@@ -17,11 +17,11 @@ from support.model import store_difference
 kafka = pytest.importorskip("statestore.changelog.kafka")
 
 
-
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "statestore.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_restore_and_inspect_from_kafka(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -57,8 +57,11 @@ def test_restore_and_inspect_from_kafka(kafka_bootstrap: str, tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     stores = json.loads(out.stdout)["stores"]
     assert [(s["task_id"], s["log_end"], s["lag"], s["offset_lag"]) for s in stores] == [
-        ("0_0", 604, 0, 1), ("0_1", 604, 0, 1)
-    ], "each partition: 4 x 150 records + 4 markers; the store holds every record and stops before the last marker"
+        ("0_0", 604, 0, 1),
+        ("0_1", 604, 0, 1),
+    ], (
+        "each partition: 4 x 150 records + 4 markers; the store holds every record and stops before the last marker"
+    )
 
     out = run("restore", *bootstrap, "--state-dir", str(state), "--app-id", "no-such-app")
     assert out.returncode == 2 and "no changelog topic" in out.stderr

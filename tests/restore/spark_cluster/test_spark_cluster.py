@@ -47,10 +47,26 @@ def spark_submit(master: str, *args: str, conf: tuple[str, ...] = ()) -> list[st
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     more = [a for kv in conf for a in ("--conf", kv)]
-    return [str(submit), "--master", master, "--conf", f"spark.pyspark.python={sys.executable}",
-            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-            "--conf", "spark.executor.memory=512m", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.task.maxFailures=4", *more, str(JOB), *args]
+    return [
+        str(submit),
+        "--master",
+        master,
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
+        "--conf",
+        "spark.driver.host=127.0.0.1",
+        "--conf",
+        "spark.driver.bindAddress=127.0.0.1",
+        "--conf",
+        "spark.executor.memory=512m",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.task.maxFailures=4",
+        *more,
+        str(JOB),
+        *args,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +101,28 @@ def assert_same_as_in_process(source: Any, state: Path, tmp_path: Path, app: str
         assert not list((state / app / task).glob(f"{STAGING_DIR_NAME}/*/*")), f"{key}: staging leftovers"
 
 
-def test_a_submitted_job_restores_the_application_exactly(spark_cluster: tuple[str, Path], app_log: Path,
-                                                          tmp_path: Path) -> None:
+def test_a_submitted_job_restores_the_application_exactly(
+    spark_cluster: tuple[str, Path], app_log: Path, tmp_path: Path
+) -> None:
     master, _ = spark_cluster
     state = tmp_path / "state"
     state.mkdir()
-    out = subprocess.run(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
-                                      "--app-id", APP), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"{sum(STORES.values())} ok, 0 failed" in out.stdout
     assert_same_as_in_process(app_log, state, tmp_path)
     # A second job finds every partition up to date.
-    again = subprocess.run(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
-                                        "--app-id", APP), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("records=0 ") == sum(STORES.values())
 
@@ -114,9 +139,14 @@ def write_kafka_changelogs(changelog: Any, app: str, seed: int) -> tuple[dict[st
         producer = changelog.producer(f"{topic}-writer")
         for t in range(24):
             producer.begin()
-            records = [(rng.randrange(parts), b"k%05d" % rng.randrange(2000),
-                        None if rng.random() < 0.05 else rng.randbytes(rng.randrange(10, 200)))
-                       for _ in range(rng.randrange(200, 800))]
+            records = [
+                (
+                    rng.randrange(parts),
+                    b"k%05d" % rng.randrange(2000),
+                    None if rng.random() < 0.05 else rng.randbytes(rng.randrange(10, 200)),
+                )
+                for _ in range(rng.randrange(200, 800))
+            ]
             for p, k, v in records:
                 producer.send(topic, p, k, v)
             if t % 4 == 3:
@@ -148,12 +178,19 @@ def test_a_submitted_job_restores_the_application_from_kafka_exactly(
         assert aborted > 0 and len(committed) == sum(STORES.values())
         state = tmp_path / "state"
         state.mkdir()
-        out = subprocess.run(spark_submit(master, "--kafka", kafka_bootstrap, "--state-dir", str(state),
-                                          "--app-id", app), capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            spark_submit(master, "--kafka", kafka_bootstrap, "--state-dir", str(state), "--app-id", app),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert f"{sum(STORES.values())} ok, 0 failed" in out.stdout, out.stdout
-        applied = {" ".join(line.split()[:2]): int(line.split()[3].removeprefix("records="))
-                   for line in out.stdout.splitlines() if line.startswith("0_")}
+        applied = {
+            " ".join(line.split()[:2]): int(line.split()[3].removeprefix("records="))
+            for line in out.stdout.splitlines()
+            if line.startswith("0_")
+        }
         assert applied == committed
         assert_same_as_in_process(changelog, state, tmp_path, app)
     finally:
@@ -198,8 +235,12 @@ def test_a_killed_executor_or_worker_is_retried_and_the_stores_are_exact(
     master, cluster_dir = spark_cluster
     state = tmp_path / "state"
     state.mkdir()
-    job = subprocess.Popen(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state),
-                                        "--app-id", APP), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     killed = None
     deadline = time.monotonic() + 300
     while killed is None and time.monotonic() < deadline and job.poll() is None:
@@ -226,14 +267,18 @@ def test_a_killed_executor_or_worker_is_retried_and_the_stores_are_exact(
     assert any(why in f for f in failures), failures
 
 
-def test_two_concurrent_jobs_restore_each_partition_once(spark_cluster: tuple[str, Path], app_log: Path,
-                                                         tmp_path: Path) -> None:
+def test_two_concurrent_jobs_restore_each_partition_once(
+    spark_cluster: tuple[str, Path], app_log: Path, tmp_path: Path
+) -> None:
     master, _ = spark_cluster
     state = tmp_path / "state"
     state.mkdir()
-    cmd = spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP,
-                       "--store", "counts")
-    jobs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    cmd = spark_submit(
+        master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP, "--store", "counts"
+    )
+    jobs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     outs = [j.communicate(timeout=600) for j in jobs]
     assert all(j.returncode == 0 for j in jobs), [o[1][-2000:] for o in outs]
     applied: dict[str, int] = {}
@@ -251,27 +296,48 @@ def test_two_concurrent_jobs_restore_each_partition_once(spark_cluster: tuple[st
     shutil.rmtree(state)
 
 
-def test_a_host_that_cannot_import_statestore_answers_with_rows_saying_so(app_log: Path, tmp_path: Path) -> None:
+def test_a_host_that_cannot_import_statestore_answers_with_rows_saying_so(
+    app_log: Path, tmp_path: Path
+) -> None:
     """A cluster of its own whose second worker's Python cannot import statestore (its environment hides
     the package, as on a host where the wheel was never installed): the job ends, that host's rows say
     what is missing and where, the other host's partitions are restored."""
     script = ROOT / "scripts" / "spark-cluster.sh"
     hide = tmp_path / "hide"
     hide.mkdir()
-    (hide / "sitecustomize.py").write_text('import sys\nsys.modules["statestore"] = None  # not installed here\n')
+    (hide / "sitecustomize.py").write_text(
+        'import sys\nsys.modules["statestore"] = None  # not installed here\n'
+    )
     cluster = tmp_path / "cluster"
     env = {**os.environ, "PYTHON": sys.executable, "WORKER2_ENV": f"PYTHONPATH={hide}"}
-    out = subprocess.run(["bash", str(script), "start", str(cluster), "2"], capture_output=True, text=True,
-                         timeout=600, env=env)
+    out = subprocess.run(
+        ["bash", str(script), "start", str(cluster), "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     master = dict(kv.split("=", 1) for kv in out.stdout.split())["master"]
     try:
         state = tmp_path / "state"
         state.mkdir()
         # Both executors registered before the first task, so each host gets some.
-        cmd = spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(state), "--app-id", APP,
-                           "--store", "counts", conf=("spark.scheduler.minRegisteredResourcesRatio=1.0",
-                                                      "spark.scheduler.maxRegisteredResourcesWaitingTime=120s"))
+        cmd = spark_submit(
+            master,
+            "--log-dir",
+            str(app_log),
+            "--state-dir",
+            str(state),
+            "--app-id",
+            APP,
+            "--store",
+            "counts",
+            conf=(
+                "spark.scheduler.minRegisteredResourcesRatio=1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime=120s",
+            ),
+        )
         t0 = time.monotonic()
         job = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         elapsed = time.monotonic() - t0
@@ -282,13 +348,16 @@ def test_a_host_that_cannot_import_statestore_answers_with_rows_saying_so(app_lo
     failed = [r for r in rows if " failed " in r]
     assert failed and len(failed) < len(rows), rows
     for r in failed:
-        assert f"statestore cannot be imported on executor host {os.uname().nodename} by {sys.executable}" in r, r
+        assert (
+            f"statestore cannot be imported on executor host {os.uname().nodename} by {sys.executable}" in r
+        ), r
         assert "attempts=1 " in r, "an import error is a row at once, not a retry"
     assert elapsed < 300, elapsed
 
 
-def test_bad_input_ends_in_bounded_time_naming_host_and_path(spark_cluster: tuple[str, Path], app_log: Path,
-                                                             tmp_path: Path) -> None:
+def test_bad_input_ends_in_bounded_time_naming_host_and_path(
+    spark_cluster: tuple[str, Path], app_log: Path, tmp_path: Path
+) -> None:
     """A master nobody answers is a ClusterError at once; a state directory missing on the executors (a
     filesystem not mounted there) and a log directory they cannot see are failed rows naming the host and
     the path, and nothing is created in their place."""
@@ -300,17 +369,34 @@ def test_bad_input_ends_in_bounded_time_naming_host_and_path(spark_cluster: tupl
         s.bind(("127.0.0.1", 0))
         dead = f"spark://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: nobody answers
         t0 = time.monotonic()
-        out = subprocess.run(spark_submit(dead, "--log-dir", str(app_log), "--state-dir", str(tmp_path),
-                                          "--app-id", APP), capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            spark_submit(dead, "--log-dir", str(app_log), "--state-dir", str(tmp_path), "--app-id", APP),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode != 0
         said = out.stdout + out.stderr  # spark-submit passes the Python driver's stderr on as its stdout
         assert f"ClusterError: Spark master {dead} does not answer" in said, said[-3000:]
         assert time.monotonic() - t0 < 120
 
     unmounted = tmp_path / "not-mounted" / "state"
-    out = subprocess.run(spark_submit(master, "--log-dir", str(app_log), "--state-dir", str(unmounted),
-                                      "--app-id", APP, "--store", "counts"), capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        spark_submit(
+            master,
+            "--log-dir",
+            str(app_log),
+            "--state-dir",
+            str(unmounted),
+            "--app-id",
+            APP,
+            "--store",
+            "counts",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     rows = [line for line in out.stdout.splitlines() if line.startswith("0_")]
     assert out.returncode == 1 and len(rows) == 8, out.stdout[-3000:] + out.stderr[-3000:]
     for r in rows:
@@ -320,9 +406,24 @@ def test_bad_input_ends_in_bounded_time_naming_host_and_path(spark_cluster: tupl
     state = tmp_path / "state"
     state.mkdir()
     missing_log = tmp_path / "log-not-mounted"
-    out = subprocess.run(spark_submit(master, "--log-dir", str(missing_log), "--state-dir", str(state),
-                                      "--app-id", APP, "--store", "counts", "--partitions", "0-3"),
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        spark_submit(
+            master,
+            "--log-dir",
+            str(missing_log),
+            "--state-dir",
+            str(state),
+            "--app-id",
+            APP,
+            "--store",
+            "counts",
+            "--partitions",
+            "0-3",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     rows = [line for line in out.stdout.splitlines() if line.startswith("0_")]
     assert out.returncode == 1 and len(rows) == 4, out.stdout[-3000:] + out.stderr[-3000:]
     for r in rows:

@@ -95,8 +95,11 @@ class KafkaChangelog:
         self._admin = KafkaAdmin(self)
         self._closed = False
         self._native = (
-            native_client(self.client_config({}), request_timeout=request_timeout, stall_timeout=restore_stall_timeout)
-            if native else None
+            native_client(
+                self.client_config({}), request_timeout=request_timeout, stall_timeout=restore_stall_timeout
+            )
+            if native
+            else None
         )
         if self._native is None:
             require()
@@ -123,22 +126,29 @@ class KafkaChangelog:
         with self._lock:
             c = self._watermark.get(isolation)
             if c is None:
-                c = self._watermark[isolation] = require().Consumer(self.client_config({
-                    "group.id": self.group_id,
-                    "isolation.level": isolation,
-                    "enable.auto.commit": False,
-                }))
+                c = self._watermark[isolation] = require().Consumer(
+                    self.client_config(
+                        {
+                            "group.id": self.group_id,
+                            "isolation.level": isolation,
+                            "enable.auto.commit": False,
+                        }
+                    )
+                )
             return c
 
     def _watermarks(self, tp: TopicPartition, isolation: str) -> tuple[int, int]:
         ck = require()
         c = self._watermark_consumer(isolation)
         try:
-            low, high = c.get_watermark_offsets(ck.TopicPartition(tp.topic, tp.partition),
-                                                timeout=self.request_timeout, cached=False)
+            low, high = c.get_watermark_offsets(
+                ck.TopicPartition(tp.topic, tp.partition), timeout=self.request_timeout, cached=False
+            )
         except ck.KafkaException as e:
-            raise LogError(f"changelog {tp} on {self.bootstrap_servers}: cannot read its offsets: {e}; "
-                           "does the topic exist (ensure_changelog_topics) and is the broker reachable?") from e
+            raise LogError(
+                f"changelog {tp} on {self.bootstrap_servers}: cannot read its offsets: {e}; "
+                "does the topic exist (ensure_changelog_topics) and is the broker reachable?"
+            ) from e
         return int(low), int(high)
 
     def offsets(self, tp: PartitionLike) -> tuple[int, int, int]:
@@ -172,7 +182,9 @@ class KafkaChangelog:
 
     # -- producing ------------------------------------------------------------------------------
 
-    def producer(self, transactional_id: str | None = None, config: Mapping[str, Any] | None = None) -> KafkaProducer:
+    def producer(
+        self, transactional_id: str | None = None, config: Mapping[str, Any] | None = None
+    ) -> KafkaProducer:
         """A producer; with ``transactional_id``, a transactional one (fences earlier ones of that id).
 
         ``config`` adds librdkafka producer properties (e.g. ``partitioner`` for records sent with
@@ -219,7 +231,9 @@ class KafkaChangelog:
                 return
         feed.shutdown()
 
-    def read(self, tp: PartitionLike, start_offset: int | None = None, *, end_offset: int | None = None) -> Iterator[Record]:
+    def read(
+        self, tp: PartitionLike, start_offset: int | None = None, *, end_offset: int | None = None
+    ) -> Iterator[Record]:
         """Yield the records of ``tp`` from ``start_offset`` to ``end_offset`` (default: the last stable offset).
 
         read_committed: no aborted records, no markers. Read by the restore
@@ -260,8 +274,13 @@ class KafkaChangelog:
         """Every partition of every topic (internal topics excluded), sorted."""
         return self._admin.partitions()
 
-    def create_topics(self, topics: Mapping[str, int], *, config: Mapping[str, str] | None = None,
-                      replication_factor: int = -1) -> None:
+    def create_topics(
+        self,
+        topics: Mapping[str, int],
+        *,
+        config: Mapping[str, str] | None = None,
+        replication_factor: int = -1,
+    ) -> None:
         """Create ``topic -> partitions`` as compacted changelog topics (``cleanup.policy=compact``)."""
         self._admin.create_topics(topics, config=config, replication_factor=replication_factor)
 
@@ -294,9 +313,10 @@ class KafkaChangelog:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
-
 
 
 __all__ = ["DEFAULT_STALL_TIMEOUT", "KafkaChangelog", "KafkaProducer", "ensure_changelog_topics"]

@@ -47,11 +47,19 @@ class KafkaAdmin:
     def partitions(self) -> list[TopicPartition]:
         """Every partition of every topic (internal topics excluded), sorted."""
         return sorted(
-            TopicPartition(name, p) for name, n in self.topics().items() if not name.startswith("__") for p in range(n)
+            TopicPartition(name, p)
+            for name, n in self.topics().items()
+            if not name.startswith("__")
+            for p in range(n)
         )
 
-    def create_topics(self, topics: Mapping[str, int], *, config: Mapping[str, str] | None = None,
-                      replication_factor: int = -1) -> None:
+    def create_topics(
+        self,
+        topics: Mapping[str, int],
+        *,
+        config: Mapping[str, str] | None = None,
+        replication_factor: int = -1,
+    ) -> None:
         """Create ``topic -> partitions`` as compacted changelog topics (``cleanup.policy=compact``).
 
         ``replication_factor=-1`` takes the broker's default.
@@ -62,8 +70,10 @@ class KafkaAdmin:
 
         cl = self._changelog
         conf = {"cleanup.policy": "compact", **(config or {})}
-        new = [NewTopic(t, num_partitions=n, replication_factor=replication_factor, config=dict(conf))
-               for t, n in topics.items()]
+        new = [
+            NewTopic(t, num_partitions=n, replication_factor=replication_factor, config=dict(conf))
+            for t, n in topics.items()
+        ]
         futures = self.client().create_topics(new, request_timeout=cl.request_timeout)
         ck = require()
         for topic, fut in futures.items():
@@ -73,14 +83,20 @@ class KafkaAdmin:
                 err = kafka_error(e)
                 if err is not None and err.code() == ck.KafkaError.TOPIC_ALREADY_EXISTS:
                     continue  # created meanwhile (e.g. by another instance starting too): checked below
-                raise LogError(f"creating changelog topic {topic} on {cl.bootstrap_servers} failed: {e}") from e
-        self._wait_for(lambda: all(self.topic_partitions(t) is not None for t in topics),
-                       f"topics {sorted(topics)} to appear")
+                raise LogError(
+                    f"creating changelog topic {topic} on {cl.bootstrap_servers} failed: {e}"
+                ) from e
+        self._wait_for(
+            lambda: all(self.topic_partitions(t) is not None for t in topics),
+            f"topics {sorted(topics)} to appear",
+        )
         for topic, n in topics.items():
             got = self.topic_partitions(topic)
             if got != n:
-                raise LogError(f"changelog topic {topic} on {cl.bootstrap_servers} was created meanwhile with "
-                               f"{got} partitions, not {n}")
+                raise LogError(
+                    f"changelog topic {topic} on {cl.bootstrap_servers} was created meanwhile with "
+                    f"{got} partitions, not {n}"
+                )
 
     def delete_topics(self, topics: Iterable[str]) -> None:
         """Delete ``topics`` (missing ones are ignored)."""
@@ -140,8 +156,10 @@ def ensure_changelog_topics(
                 "fix the topic or the partition count"
             )
     if missing and not create:
-        raise LogError(f"changelog topics {sorted(missing)} do not exist on {changelog.bootstrap_servers}; "
-                       "create them (ensure_changelog_topics(..., create=True))")
+        raise LogError(
+            f"changelog topics {sorted(missing)} do not exist on {changelog.bootstrap_servers}; "
+            "create them (ensure_changelog_topics(..., create=True))"
+        )
     changelog.create_topics(missing, config=config)
     return sorted(missing)
 

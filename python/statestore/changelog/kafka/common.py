@@ -26,7 +26,9 @@ POLL_TIMEOUT = 0.05
 def require() -> Any:
     """The ``confluent_kafka`` module, or ImportError saying how to install it."""
     if _ck is None:
-        raise ImportError("statestore's Kafka changelog needs confluent-kafka: pip install 'statestore[kafka]'")
+        raise ImportError(
+            "statestore's Kafka changelog needs confluent-kafka: pip install 'statestore[kafka]'"
+        )
     return _ck
 
 
@@ -37,7 +39,9 @@ def kafka_error(e: BaseException) -> Any:
 
 
 #: confluent-kafka's own (Python) configuration keys, which keep their underscores.
-PYTHON_KEYS = frozenset({"error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_commit", "on_delivery", "logger"})
+PYTHON_KEYS = frozenset(
+    {"error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_commit", "on_delivery", "logger"}
+)
 
 
 def client_properties(pairs: Mapping[str, Any]) -> dict[str, Any]:

@@ -184,11 +184,18 @@ class KafkaProducer(ClosesOnCleanExit):
         group coordinator refuses the commit of a member that lost the partitions.
         """
         if not self._in_transaction:
-            raise TransactionStateError(f"{self._what()}: send_offsets outside a transaction; call begin() first")
+            raise TransactionStateError(
+                f"{self._what()}: send_offsets outside a transaction; call begin() first"
+            )
         ck = require()
         parts = [ck.TopicPartition(tp.topic, tp.partition, off) for tp, off in sorted(offsets.items())]
-        self._call("sending input offsets to the transaction", self._producer.send_offsets_to_transaction,
-                   parts, group_metadata, self._timeout)
+        self._call(
+            "sending input offsets to the transaction",
+            self._producer.send_offsets_to_transaction,
+            parts,
+            group_metadata,
+            self._timeout,
+        )
 
     def abort(self) -> None:
         """Abort the open transaction (its records become invisible to read_committed consumers)."""
@@ -219,7 +226,6 @@ class KafkaProducer(ClosesOnCleanExit):
         except require().KafkaException:
             pass  # a failed producer has nothing left to deliver
         self._producer.close()
-
 
 
 __all__ = ["KafkaProducer"]

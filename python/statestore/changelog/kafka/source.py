@@ -45,13 +45,18 @@ def native_properties(conf: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def native_client(conf: Mapping[str, Any], *, request_timeout: float, stall_timeout: float) -> _native.KafkaClient | None:
+def native_client(
+    conf: Mapping[str, Any], *, request_timeout: float, stall_timeout: float
+) -> _native.KafkaClient | None:
     """A native client for ``conf``, or None (logged once, with the reason) when it cannot serve it."""
     props = native_properties(conf)
     why = _native.KafkaClient.unsupported(props)
     if why is not None:
-        logger.warning("restoring from %s through confluent-kafka, not the native fetcher: %s",
-                    props.get("bootstrap.servers", "?"), why)
+        logger.warning(
+            "restoring from %s through confluent-kafka, not the native fetcher: %s",
+            props.get("bootstrap.servers", "?"),
+            why,
+        )
         return None
     return _native.KafkaClient(props, request_timeout, stall_timeout)
 
@@ -75,17 +80,21 @@ class RestoreFeed:
         self.changelog = changelog
         self.tp = tp
         self._ktp = ck.TopicPartition(tp.topic, tp.partition)
-        self._consumer = ck.Consumer(changelog.client_config({
-            "group.id": changelog.group_id,
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",
-            "enable.partition.eof": True,
-            # At the end of the log a fetch waits this long for data before it comes back
-            # empty (the end-of-partition event); a restore's tail should not wait 500 ms.
-            "fetch.wait.max.ms": 50,
-        }))
+        self._consumer = ck.Consumer(
+            changelog.client_config(
+                {
+                    "group.id": changelog.group_id,
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "auto.offset.reset": "error",
+                    "enable.partition.eof": True,
+                    # At the end of the log a fetch waits this long for data before it comes back
+                    # empty (the end-of-partition event); a restore's tail should not wait 500 ms.
+                    "fetch.wait.max.ms": 50,
+                }
+            )
+        )
         self._assigned = False
 
     def seek(self, start: int) -> None:
@@ -128,7 +137,9 @@ class RestoreFeed:
         self._consumer.close()
 
 
-def read_through_consumer(changelog: KafkaChangelog, tp: TopicPartition, pos: int, end: int) -> Iterator[Record]:
+def read_through_consumer(
+    changelog: KafkaChangelog, tp: TopicPartition, pos: int, end: int
+) -> Iterator[Record]:
     """:func:`read_records` for a changelog the native fetcher cannot serve: a :class:`RestoreFeed`'s messages."""
     feed = changelog.restore_feed(tp.topic, tp.partition, pos)
     deadline = time.monotonic() + changelog.restore_stall_timeout
@@ -159,5 +170,11 @@ def read_through_consumer(changelog: KafkaChangelog, tp: TopicPartition, pos: in
         feed.close()
 
 
-__all__ = ["READ_CHUNK_BYTES", "RestoreFeed", "native_client", "native_properties", "read_records",
-           "read_through_consumer"]
+__all__ = [
+    "READ_CHUNK_BYTES",
+    "RestoreFeed",
+    "native_client",
+    "native_properties",
+    "read_records",
+    "read_through_consumer",
+]

@@ -47,10 +47,14 @@ class _Reporter(RestoreListener):
     def __init__(self) -> None:
         self.start = self.end = 0
 
-    def on_restore_start(self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int) -> None:
+    def on_restore_start(
+        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
+    ) -> None:
         self.start, self.end = start_offset, end_offset
 
-    def on_batch_restored(self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int) -> None:
+    def on_batch_restored(
+        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
+    ) -> None:
         pass
 
     def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:

@@ -83,7 +83,9 @@ def build_changelog(
             on_partition(part)
     producer.close()
     log.flush()
-    return ChangelogStats(partitions, per_part * partitions, committed, aborted, tombstones, keys * partitions)
+    return ChangelogStats(
+        partitions, per_part * partitions, committed, aborted, tombstones, keys * partitions
+    )
 
 
 def store_path(state_dir: Path, task: TaskId, store: str = DEMO_STORE, app: str = DEMO_APP) -> Path:
