@@ -150,6 +150,24 @@ impl KafkaClient {
         }
     }
 
+    /// `broker` did not answer within an attempt's timeout (paused, black-holed,
+    /// overloaded): its idle connections would not answer either, so they are
+    /// closed, and it is asked for metadata after the others for a while. The
+    /// caller refreshes metadata and tries the partition's leader again, as
+    /// Kafka's clients disconnect a broker whose request timed out.
+    pub fn unresponsive(&self, broker: &str) {
+        let mut st = self.state();
+        st.idle.remove(broker);
+        st.failed.insert(broker.to_string(), Instant::now());
+    }
+
+    /// Note what an attempt at `broker` that failed with `e` says about it.
+    pub fn failed_at(&self, broker: &str, e: &KafkaError) {
+        if matches!(e, KafkaError::Timeout(_)) {
+            self.unresponsive(broker);
+        }
+    }
+
     /// Give back a connection with no request in flight.
     pub fn checkin(&self, conn: Conn) {
         let max_idle = self.config.connections_max_idle;
@@ -199,16 +217,48 @@ impl KafkaClient {
         Err(last.unwrap_or_else(|| KafkaError::Config("no bootstrap server".into())))
     }
 
+    /// Whether this client's TLS setup is one rustls refuses: the reason,
+    /// from a connection to the first bootstrap server that accepts one
+    /// (then pooled for the first request), or `None` when one was set up,
+    /// when TLS is off, or when no server answered within an attempt's
+    /// timeout (the requests will tell). The restore falls back to
+    /// confluent-kafka (OpenSSL) on a reason.
+    pub fn tls_refused(&self) -> Option<String> {
+        if !self.config.protocol.tls() {
+            return None;
+        }
+        let deadline = Instant::now() + self.config.attempt_timeout;
+        for b in self.candidates() {
+            match self.connect(&b) {
+                Ok(c) => {
+                    self.checkin(c);
+                    return None;
+                }
+                Err(KafkaError::TlsRefused(why)) => return Some(why),
+                Err(e) if e.retriable() && Instant::now() < deadline => continue,
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
     /// Ask the cluster who leads the partitions of `topic`, in which epoch.
     pub fn refresh_metadata(&self, topic: &str) -> Result<(), KafkaError> {
         let mut c = self.any_conn()?;
+        c.within(None);
         let v = c.version::<MetadataRequest>(12)?;
         let req = MetadataRequest::default()
             .with_topics(Some(vec![
                 MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(topic.to_string()))))
             ]))
             .with_allow_auto_topic_creation(false);
-        let resp = c.call(&req, v)?;
+        let resp = match c.call(&req, v) {
+            Ok(r) => r,
+            Err(e) => {
+                self.failed_at(&c.broker, &e);
+                return Err(e);
+            }
+        };
         c.throttle(resp.throttle_time_ms);
         let broker = c.broker.clone();
         self.checkin(c);
@@ -293,7 +343,9 @@ impl KafkaClient {
 
     /// Run `f` on a connection to the leader of `topic-partition` (with the
     /// leader's epoch), retrying retriable failures after a metadata refresh
-    /// until `deadline`.
+    /// until `deadline`. Each attempt waits at most an attempt's timeout for
+    /// an answer; a leader that gave none is tried after the other brokers
+    /// (its idle connections closed), so the refresh asks one that answers.
     pub fn with_leader<T>(
         &self,
         topic: &str,
@@ -305,9 +357,14 @@ impl KafkaClient {
         loop {
             let r = self.leader(topic, partition).and_then(|l| {
                 let mut c = self.checkout(&l.broker)?;
+                c.within(Some(deadline));
                 let r = f(&mut c, l.epoch);
-                if r.as_ref().is_ok() || matches!(r, Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_))) {
-                    self.checkin(c); // the connection is in step: keep it
+                match &r {
+                    Ok(_) | Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_)) => {
+                        c.within(None);
+                        self.checkin(c); // the connection is in step: keep it
+                    }
+                    Err(e) => self.failed_at(&l.broker, e),
                 }
                 r
             });

@@ -2,9 +2,10 @@
 //! exchange, SASL authentication, and framed requests and responses encoded
 //! and decoded by the `kafka-protocol` crate.
 //!
-//! Every wait is bounded: connect, write and read each time out after the
-//! configured request timeout, so a broker that goes silent is an error naming
-//! it, never a hang. A response is read whole (its 4-byte length first,
+//! Every wait is bounded: connect, write and read each time out after an
+//! attempt's timeout (`socket.timeout.ms`, a third of a call's budget by
+//! default), so a broker that goes silent is an error naming it, never a
+//! hang, and leaves the call time to try the partition's next leader. A response is read whole (its 4-byte length first,
 //! refused beyond [`MAX_RESPONSE_BYTES`]) into one buffer (a reused one
 //! for a large response, see [`super::frames`]); decoding hands out
 //! the fetched records as slices of that buffer, without copying them.
@@ -101,7 +102,7 @@ impl Conn {
     /// Connect to `broker` (`host:port`), secure and authenticate the
     /// connection as `cfg` says, and learn the broker's API versions.
     pub fn connect(broker: &str, cfg: &ClientConfig, frames: FramePool) -> Result<Self, KafkaError> {
-        let timeout = cfg.request_timeout;
+        let timeout = cfg.attempt_timeout;
         let addrs: Vec<_> = broker
             .to_socket_addrs()
             .map_err(|e| KafkaError::Io(format!("broker {broker}: cannot resolve its address: {e}")))?
@@ -370,11 +371,21 @@ impl Conn {
         Ok(resp.auth_bytes.to_vec())
     }
 
+    /// Wait for a request to go out and its response at most an attempt's
+    /// timeout, and no longer than until `deadline` (the end of a call's
+    /// budget; `None`: an attempt's timeout).
+    pub fn within(&mut self, deadline: Option<Instant>) {
+        let d = deadline.map_or(self.timeout, |d| self.timeout.min(left(d)));
+        self.set_read_timeout(d);
+        let _ = self.stream.tcp().set_write_timeout(Some(d.max(Duration::from_millis(1))));
+    }
+
     /// Wait at most `d` for the next response (the fetch long poll adds to the request timeout).
     pub fn set_read_timeout(&mut self, d: Duration) {
         let _ = self.stream.tcp().set_read_timeout(Some(d.max(Duration::from_millis(1))));
     }
 
+    /// One attempt's timeout (a request and its response).
     pub fn request_timeout(&self) -> Duration {
         self.timeout
     }

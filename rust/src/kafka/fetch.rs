@@ -420,7 +420,11 @@ impl Fetcher {
                 Ok(resp) => return Ok(resp),
                 Err(e) if e.retriable() && Instant::now() + backoff < deadline => {
                     // Another broker may lead now, or this one restarted: ask
-                    // again, unless the broker named the new leader.
+                    // again, unless the broker named the new leader. One that
+                    // did not answer at all is asked for metadata last.
+                    if let Some(c) = &self.conn {
+                        self.client.failed_at(&c.broker, &e);
+                    }
                     self.release_after_error(&e);
                     if std::mem::take(&mut self.hinted) {
                         continue;

@@ -68,6 +68,9 @@ struct Script {
     seen: Vec<(i32, ApiKey, Instant, i32)>,
     /// Connections accepted, by node id.
     accepted: Vec<i32>,
+    /// Nodes that read requests and answer none (a SIGSTOPped broker: the
+    /// kernel still accepts its connections).
+    muted: Vec<i32>,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -199,6 +202,9 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
         let h = decode_request_header_from_buffer(&mut buf).unwrap();
         let (key, v, corr) = (ApiKey::try_from(h.request_api_key).unwrap(), h.request_api_version, h.correlation_id);
         let mut sc = script.lock().unwrap();
+        if sc.muted.contains(&node) {
+            continue;
+        }
         let (error, throttle) = (sc.error(key), sc.throttle(key));
         let (leader, epoch) = (sc.leader(), sc.epoch);
         let brokers: Vec<MetadataResponseBroker> = sc
@@ -806,6 +812,46 @@ fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refre
         assert!(!to_2.is_empty() && to_2.iter().all(|e| *e == 4), "hint {hint}: epochs sent to node 2: {to_2:?}");
         let refreshes = sc.asked(ApiKey::Metadata).len();
         assert_eq!(refreshes, if hint { 1 } else { 2 }, "hint {hint}");
+    }
+}
+
+#[test]
+fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
+    // A budget of 3 s, attempts of 1 s: node 1 leads, then is paused (its
+    // connections open, nothing answered); 300 ms later node 2 leads.
+    for read_ahead in [false, true] {
+        let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
+        let pairs = [("bootstrap.servers", addrs[0].as_str())];
+        let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
+        assert_eq!(c.config.attempt_timeout, Duration::from_secs(1));
+        c.offsets("t", 0).unwrap(); // a pooled connection to node 1, which the next call takes
+        let pause = |script: &Shared| {
+            script.lock().unwrap().muted.push(1);
+            let script = script.clone();
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(300));
+                script.lock().unwrap().leader = 2;
+            });
+        };
+        pause(&script);
+        let t = Instant::now();
+        let o = c.offsets("t", 0).unwrap_or_else(|e| panic!("after {:?}: {e}", t.elapsed()));
+        assert_eq!((o.start, o.end), (0, 37));
+        assert!(t.elapsed() < Duration::from_millis(2500), "offsets took {:?}", t.elapsed());
+        assert!(script.lock().unwrap().asked(ApiKey::ListOffsets).iter().any(|a| a.0 == 2));
+
+        // A fetch waiting on a paused leader: the same, within the stall timeout.
+        let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
+        let pairs = [("bootstrap.servers", addrs[0].as_str())];
+        let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
+        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        let mut got = Vec::new();
+        assert!(cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap());
+        pause(&script);
+        let t = Instant::now();
+        while cur.read(37, 1 << 20, &mut |r| got.push(r.offset)).unwrap() {}
+        assert_eq!(got, expected(), "read-ahead {read_ahead}");
+        assert!(t.elapsed() < Duration::from_millis(2500), "read-ahead {read_ahead}: the rest took {:?}", t.elapsed());
     }
 }
 
