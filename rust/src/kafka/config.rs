@@ -218,6 +218,12 @@ impl ClientConfig {
                 "sasl.mechanism" | "sasl.mechanisms" => mechanism = Some(v.trim().to_string()),
                 "sasl.username" => username = Some(v.to_string()),
                 "sasl.password" => password = Some(v.to_string()),
+                "ssl.ca.location" if v == "probe" || std::path::Path::new(v).is_dir() => {
+                    return Err(ConfigError::Unsupported(format!(
+                        "ssl.ca.location is {v:?}, a directory of CA certificates or OpenSSL's probe, which the \
+                         native fetcher does not read (it takes a PEM bundle)"
+                    )))
+                }
                 "ssl.ca.location" => tls.ca_location = Some(v.to_string()),
                 "ssl.certificate.location" => tls.certificate_location = Some(v.to_string()),
                 "ssl.key.location" => tls.key_location = Some(v.to_string()),
@@ -349,6 +355,11 @@ mod tests {
         }
         let e = parse(&[("bootstrap.servers", "a:1"), ("ssl.keystore.location", "/k.p12")]);
         assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains("ssl.keystore.location")), "{e:?}");
+        for (k, v) in [("ssl.ca.location", "/"), ("ssl.ca.location", "probe"), ("ssl.cipher.suites", "RC4-SHA"),
+                       ("ssl.curves.list", "P-521"), ("ssl.sigalgs.list", "RSA+SHA1"), ("ssl.key.password", "x")] {
+            let e = parse(&[("bootstrap.servers", "a:1"), ("security.protocol", "SSL"), (k, v)]);
+            assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains(k)), "{k}={v}: {e:?}");
+        }
         let e = parse(&[("bootstrap.servers", "a:1"), ("ssl.keystore.location", "/k.p12")]);
         assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains("ssl.keystore.location")), "{e:?}");
         assert!(matches!(parse(&[("acks", "all")]), Err(ConfigError::Invalid(_))));
