@@ -29,6 +29,7 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
 
 use super::config::ClientConfig;
 use super::conn::{self, Conn};
@@ -66,6 +67,14 @@ struct State {
     idle: HashMap<String, Vec<Conn>>,
     /// `host:port` -> when connecting to it last failed
     failed: HashMap<String, Instant>,
+    /// topic -> its id, as Metadata (v10+) last named it (absent: none named)
+    topic_ids: HashMap<String, Uuid>,
+    /// (topic, partition) -> the topic id this client last read the
+    /// partition under: a read that goes on from a store's offset must find
+    /// the same id, or the topic was deleted and recreated meanwhile
+    read_ids: HashMap<(String, i32), Uuid>,
+    /// (topic, partition) -> its log start offset, as ListOffsets last said
+    log_starts: HashMap<(String, i32), i64>,
 }
 
 /// A Kafka cluster for restores. Shared by every restore of a changelog (`Arc`).
@@ -285,6 +294,11 @@ impl KafkaClient {
                     message: format!("broker {broker}: metadata of topic {topic}: {e} ({})", t.error_code),
                 });
             }
+            if t.topic_id.is_nil() {
+                st.topic_ids.remove(topic);
+            } else {
+                st.topic_ids.insert(topic.to_string(), t.topic_id);
+            }
             for p in &t.partitions {
                 if p.error_code == 0 && p.leader_id.0 >= 0 {
                     st.leaders.insert((topic.to_string(), p.partition_index), (p.leader_id.0, p.leader_epoch));
@@ -294,6 +308,32 @@ impl KafkaClient {
             }
         }
         Ok(())
+    }
+
+    /// The id of `topic` as Metadata last named it (None: not known, or a
+    /// broker older than Kafka 2.8).
+    pub fn topic_id(&self, topic: &str) -> Option<Uuid> {
+        self.state().topic_ids.get(topic).copied()
+    }
+
+    /// The topic id a read of `topic-partition` from `start` must find: the
+    /// one this client last read the partition under, unless the read starts
+    /// at the partition's log start (a store restored from scratch, which
+    /// takes the topic as it is now). `None`: nothing to hold it to.
+    pub fn expected_topic_id(&self, topic: &str, partition: i32, start: i64) -> Option<Uuid> {
+        let st = self.state();
+        let key = (topic.to_string(), partition);
+        let from_scratch = start <= 0 || st.log_starts.get(&key).is_some_and(|s| start <= *s);
+        if from_scratch {
+            None
+        } else {
+            st.read_ids.get(&key).copied()
+        }
+    }
+
+    /// Remember that `topic-partition` was read under topic id `id`.
+    pub fn read_under(&self, topic: &str, partition: i32, id: Uuid) {
+        self.state().read_ids.insert((topic.to_string(), partition), id);
     }
 
     /// Forget the leader of a partition (it said it no longer leads, or its connection broke).
@@ -424,6 +464,7 @@ impl KafkaClient {
             let start = self.list_offset(c, topic, partition, epoch, -2, 0)?;
             let end = self.list_offset(c, topic, partition, epoch, -1, 0)?;
             let lso = self.list_offset(c, topic, partition, epoch, -1, 1)?;
+            self.state().log_starts.insert((topic.to_string(), partition), start);
             Ok(Bounds { start, end, last_stable: lso.max(start).min(end) })
         })
         .map_err(|e| {

@@ -485,11 +485,11 @@ impl Walk<'_> {
     }
 }
 
-/// Check the structure of a Fetch response body of `version` (4..=12): every
+/// Check the structure of a Fetch response body of `version` (4..=15): every
 /// array, string and byte field fits the bytes that follow, so decoding it
 /// reserves no more memory than the frame could fill.
 pub fn check_fetch_body(body: &[u8], version: i16) -> Result<(), String> {
-    if !(4..=12).contains(&version) {
+    if !(4..=15).contains(&version) {
         return Err(format!("version {version} is not one this client asks for"));
     }
     let flex = version >= 12;
@@ -499,7 +499,11 @@ pub fn check_fetch_body(body: &[u8], version: i16) -> Result<(), String> {
         w.skip(6)?; // error_code, session_id
     }
     for _ in 0..w.array(flex)? {
-        w.bytes(flex, 2)?; // topic name
+        if version >= 13 {
+            w.skip(16)?; // topic id
+        } else {
+            w.bytes(flex, 2)?; // topic name
+        }
         for _ in 0..w.array(flex)? {
             w.skip(4 + 2 + 8 + 8)?; // partition, error, high watermark, last stable offset
             if version >= 5 {
@@ -554,6 +558,7 @@ pub fn error_name(code: i16) -> &'static str {
         75 => "UNKNOWN_LEADER_EPOCH",
         78 => "OFFSET_NOT_AVAILABLE",
         100 => "UNKNOWN_TOPIC_ID",
+        103 => "INCONSISTENT_TOPIC_ID",
         _ => "an error",
     }
 }
@@ -563,9 +568,12 @@ pub fn error_name(code: i16) -> &'static str {
 /// `REPLICA_NOT_AVAILABLE`, `OFFSET_NOT_AVAILABLE` from ListOffsets right
 /// after an election, a stale or too new leader epoch), and
 /// `UNKNOWN_SERVER_ERROR`, which brokers answer for a failure of theirs
-/// (Kafka's consumer retries all of these).
+/// (Kafka's consumer retries all of these), and `UNKNOWN_TOPIC_ID` and
+/// `INCONSISTENT_TOPIC_ID`, after which the refreshed metadata tells a
+/// recreated topic (a new id: the fetcher's `OutOfRange`) from a broker
+/// that has not caught up.
 pub fn retriable(code: i16) -> bool {
-    matches!(code, -1 | 3 | 5 | 6 | 7 | 8 | 9 | 13 | 56 | 74 | 75 | 78 | 100)
+    matches!(code, -1 | 3 | 5 | 6 | 7 | 8 | 9 | 13 | 56 | 74 | 75 | 78 | 100 | 103)
 }
 
 /// `Instant` helpers for bounded retries.

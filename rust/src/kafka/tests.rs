@@ -68,6 +68,11 @@ struct Script {
     seen: Vec<(i32, ApiKey, Instant, i32)>,
     /// Connections accepted, by node id.
     accepted: Vec<i32>,
+    /// Fetches received: (version, the topic id asked for).
+    fetches: Vec<(i16, uuid::Uuid)>,
+    /// The topic's id (Metadata v10+ names it, Fetch v13+ is offered and
+    /// answers `UNKNOWN_TOPIC_ID` to another); nil: a broker without ids.
+    topic_id: uuid::Uuid,
     /// Nodes that read requests and answer none (a SIGSTOPped broker: the
     /// kernel still accepts its connections).
     muted: Vec<i32>,
@@ -219,10 +224,12 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
             })
             .collect();
         let hint = sc.hint;
+        let topic_id = sc.topic_id;
         let mut seen = |sent_epoch: i32| sc.seen.push((node, key, Instant::now(), sent_epoch));
         match key {
             ApiKey::ApiVersions => {
-                let keys = [(1, 4, 12), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
+                let fetch_max = if topic_id.is_nil() { 12 } else { 17 };
+                let keys = [(1, 4, fetch_max), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
                     .map(|(k, a, b)| ApiVersion::default().with_api_key(k).with_min_version(a).with_max_version(b));
                 respond(&mut s, key, v, corr, &ApiVersionsResponse::default().with_api_keys(keys.to_vec()));
             }
@@ -232,6 +239,7 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                 let r = MetadataResponse::default().with_throttle_time_ms(throttle).with_brokers(brokers).with_topics(
                     vec![MetadataResponseTopic::default()
                         .with_error_code(error)
+                        .with_topic_id(if v >= 10 { topic_id } else { uuid::Uuid::nil() })
                         .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
                         .with_partitions(vec![MetadataResponsePartition::default()
                             .with_partition_index(0)
@@ -259,7 +267,14 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
             ApiKey::Fetch => {
                 let req = FetchRequest::decode(&mut buf, v).unwrap();
                 seen(req.topics[0].partitions[0].current_leader_epoch);
+                sc.fetches.push((v, req.topics[0].topic_id));
                 drop(sc);
+                // The topic in a response: by id from v13 on, else by name.
+                let topic = || match v {
+                    13.. => FetchableTopicResponse::default().with_topic_id(req.topics[0].topic_id),
+                    _ => FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_static_str("t"))),
+                };
+                let error = if v >= 13 && req.topics[0].topic_id != topic_id { 100 } else { error };
                 let at = req.topics[0].partitions[0].fetch_offset;
                 ASKED.lock().unwrap().push((port, req.topics[0].partitions[0].partition_max_bytes));
                 if throttle > 0 {
@@ -274,9 +289,7 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                         p.current_leader =
                             LeaderIdAndEpoch::default().with_leader_id(BrokerId(leader)).with_leader_epoch(epoch);
                     }
-                    let r = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
-                        .with_topic(TopicName(StrBytes::from_static_str("t")))
-                        .with_partitions(vec![p])]);
+                    let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
                     respond(&mut s, key, v, corr, &r);
                     continue;
                 }
@@ -313,9 +326,7 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                     .with_last_stable_offset(log.end)
                     .with_aborted_transactions(Some(aborted))
                     .with_records(Some(Bytes::from(records)));
-                let r = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
-                    .with_topic(TopicName(StrBytes::from_static_str("t")))
-                    .with_partitions(vec![p])]);
+                let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
                 match mode {
                     Mode::Garbage => {
                         let _ = s.write_all(&[0, 0, 0, 40]);
@@ -853,6 +864,43 @@ fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
         assert_eq!(got, expected(), "read-ahead {read_ahead}");
         assert!(t.elapsed() < Duration::from_millis(2500), "read-ahead {read_ahead}: the rest took {:?}", t.elapsed());
     }
+}
+
+#[test]
+fn a_topic_recreated_under_the_same_name_is_out_of_range_never_read_on() {
+    let (a, b) = (uuid::Uuid::from_u128(0xA), uuid::Uuid::from_u128(0xB));
+    for read_ahead in [false, true] {
+        let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+        script.lock().unwrap().topic_id = a;
+        let c = client(&addrs[0], Duration::from_secs(5));
+        assert_eq!(c.offsets("t", 0).unwrap().end, 37);
+        // A store restored up to offset 20 under id A...
+        let mut cur = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        assert_eq!(drain(&mut cur, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
+        assert!(script.lock().unwrap().fetches.iter().all(|&(v, id)| v == 15 && id == a), "fetched by id, v15");
+        // ... the topic deleted and recreated (id B) ...
+        script.lock().unwrap().topic_id = b;
+        // ... the same reader going on, and a restore going on from the store's offset: both out of range.
+        for (what, r) in [
+            ("the same reader", drain(&mut cur, 37)),
+            ("a new restore", drain(&mut FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead), 37)),
+        ] {
+            let e = r.expect_err(what);
+            assert!(matches!(e, KafkaError::OutOfRange(_)), "{what}: {e}");
+            assert!(e.to_string().contains("recreated") && e.to_string().contains("t-0"), "{what}: {e}");
+        }
+        // The store wiped: a restore from the start reads the new topic, and then goes on under it.
+        let mut fresh = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        assert_eq!(drain(&mut fresh, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
+        let mut on = FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead);
+        assert_eq!(drain(&mut on, 37).unwrap(), (27..37).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        assert_eq!(script.lock().unwrap().fetches.last().unwrap().1, b);
+    }
+    // A broker without topic ids is fetched by name (v12).
+    let (addrs, script) = cluster(1, sample(), Mode::Good, 1 << 20);
+    let mut cur = FetchCursor::new(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0);
+    assert_eq!(drain(&mut cur, 37).unwrap(), expected());
+    assert!(script.lock().unwrap().fetches.iter().all(|&(v, id)| v == 12 && id.is_nil()));
 }
 
 #[test]
