@@ -353,10 +353,14 @@ mod tests {
             let e = parse(&[("bootstrap.servers", "a:1"), ("security.protocol", "SASL_PLAINTEXT"), (k, v)]);
             assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains(v)), "{e:?}");
         }
-        let e = parse(&[("bootstrap.servers", "a:1"), ("ssl.keystore.location", "/k.p12")]);
-        assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains("ssl.keystore.location")), "{e:?}");
-        for (k, v) in [("ssl.ca.location", "/"), ("ssl.ca.location", "probe"), ("ssl.cipher.suites", "RC4-SHA"),
-                       ("ssl.curves.list", "P-521"), ("ssl.sigalgs.list", "RSA+SHA1"), ("ssl.key.password", "x")] {
+        for (k, v) in [
+            ("ssl.ca.location", "/"),
+            ("ssl.ca.location", "probe"),
+            ("ssl.cipher.suites", "RC4-SHA"),
+            ("ssl.curves.list", "P-521"),
+            ("ssl.sigalgs.list", "RSA+SHA1"),
+            ("ssl.key.password", "x"),
+        ] {
             let e = parse(&[("bootstrap.servers", "a:1"), ("security.protocol", "SSL"), (k, v)]);
             assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains(k)), "{k}={v}: {e:?}");
         }
@@ -388,7 +392,10 @@ mod tests {
         assert_eq!(c.attempt_timeout, Duration::from_millis(500));
         let c = parse(&[("bootstrap.servers", "a:1"), ("socket.timeout.ms", "60000")]).unwrap();
         assert_eq!(c.attempt_timeout, Duration::from_secs(1), "at most the call's budget");
-        assert!(matches!(parse(&[("bootstrap.servers", "a:1"), ("socket.timeout.ms", "0")]), Err(ConfigError::Invalid(_))));
+        assert!(matches!(
+            parse(&[("bootstrap.servers", "a:1"), ("socket.timeout.ms", "0")]),
+            Err(ConfigError::Invalid(_))
+        ));
     }
 
     #[test]
