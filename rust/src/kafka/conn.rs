@@ -84,7 +84,12 @@ pub struct Conn {
     /// Broker's `(min, max)` version per API key.
     versions: HashMap<i16, (i16, i16)>,
     client_id: StrBytes,
+    /// One attempt's timeout (a request and its answer).
     timeout: Duration,
+    /// Longest throttle waited out before a request: a call's budget (the
+    /// broker mutes a throttled connection on its side; a request sent
+    /// earlier would only wait there, and time out as if unanswered).
+    max_throttle: Duration,
     out: Vec<u8>,
     /// Where large responses are read: buffers reused from one response to
     /// the next, shared by the client's connections.
@@ -144,6 +149,7 @@ impl Conn {
             versions: HashMap::new(),
             client_id: StrBytes::from_string(cfg.client_id.clone()),
             timeout,
+            max_throttle: cfg.request_timeout,
             out: Vec::with_capacity(4096),
             frames,
             throttled_until: None,
@@ -167,6 +173,7 @@ impl Conn {
             versions: HashMap::new(),
             client_id: StrBytes::from_static_str("test"),
             timeout,
+            max_throttle: timeout,
             out: Vec::new(),
             frames: FramePool::default(),
             throttled_until: None,
@@ -231,10 +238,10 @@ impl Conn {
     }
 
     /// Send `req` as `version`; returns its correlation id. A throttle the
-    /// broker asked for is waited out first (at most the request timeout).
+    /// broker asked for is waited out first (at most a call's budget).
     pub fn send<R: Request>(&mut self, req: &R, version: i16) -> Result<i32, KafkaError> {
         if let Some(until) = self.throttled_until.take() {
-            let wait = until.saturating_duration_since(Instant::now()).min(self.timeout);
+            let wait = until.saturating_duration_since(Instant::now()).min(self.max_throttle);
             if !wait.is_zero() {
                 std::thread::sleep(wait);
             }

@@ -194,7 +194,13 @@ static ASKED: Mutex<Vec<(u16, i32)>> = Mutex::new(Vec::new());
 
 fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_bytes: usize) {
     let port = script.lock().unwrap().ports[node as usize - 1];
+    // A broker mutes a connection it throttled (KIP-219): nothing more is
+    // read from it until the throttle has passed.
+    let mut muted_until: Option<Instant> = None;
     loop {
+        if let Some(t) = muted_until.take() {
+            thread::sleep(t.saturating_duration_since(Instant::now()));
+        }
         let mut len = [0u8; 4];
         if s.read_exact(&mut len).is_err() {
             return;
@@ -211,6 +217,9 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
             continue;
         }
         let (error, throttle) = (sc.error(key), sc.throttle(key));
+        if throttle > 0 {
+            muted_until = Some(Instant::now() + Duration::from_millis(throttle as u64));
+        }
         let (leader, epoch) = (sc.leader(), sc.epoch);
         let brokers: Vec<MetadataResponseBroker> = sc
             .ports
@@ -729,6 +738,23 @@ fn a_throttled_fetch_waits_the_throttle_and_goes_on() {
             assert!(waited >= throttle - Duration::from_millis(10), "read-ahead {read_ahead}: fetch {i}: {waited:?}");
         }
     }
+}
+
+#[test]
+fn a_throttle_longer_than_an_attempt_is_waited_out_on_the_same_connection() {
+    // A budget of 3 s (attempts of 1 s) and a Fetch throttled for 2.5 s: a
+    // request sent before the throttle ended would wait on the muted
+    // connection, time out, and cost a reconnect.
+    let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+    script.lock().unwrap().throttles.push_back((ApiKey::Fetch, 2500));
+    let pairs = [("bootstrap.servers", addrs[0].as_str())];
+    let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
+    let mut cur = FetchCursor::new(c, "t", 0, 0);
+    assert_eq!(drain(&mut cur, 37).unwrap(), expected());
+    let sc = script.lock().unwrap();
+    assert_eq!(sc.accepted.len(), 1, "one connection throughout");
+    let fetches = sc.asked(ApiKey::Fetch);
+    assert!(fetches[1].1 - fetches[0].1 >= Duration::from_millis(2490), "{:?}", fetches[1].1 - fetches[0].1);
 }
 
 #[test]
