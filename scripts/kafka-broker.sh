@@ -12,7 +12,7 @@
 #                                                       also stops one: `stop DIR` on a cluster's DIR goes there)
 #
 # Extra key=value arguments are broker properties (e.g. listeners for SSL; in values, @PORT@ and @CPORT@ stand for
-# the PLAINTEXT client and controller ports, @PORT1@..@PORT3@ for three more free ports); they are kept in DIR/server.properties,
+# the PLAINTEXT client and controller ports, @PORT1@..@PORT4@ for four more free ports); they are kept in DIR/server.properties,
 # so a restart on the same DIR (after a stop or a SIGKILL) runs the same broker on the same ports and log dir.
 # A port taken by someone else between picking and binding makes the broker exit: the first start then retries
 # with other ports.
@@ -105,12 +105,13 @@ log.cleaner.backoff.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 transaction.remove.expired.transaction.cleanup.interval.ms=10000
 EOF
-  local kv p1 p2 p3
-  p1=$(free_port); p2=$(free_port); p3=$(free_port)
+  local kv p1 p2 p3 p4
+  p1=$(free_port); p2=$(free_port); p3=$(free_port); p4=$(free_port)
   for kv in "$@"; do
     [[ $kv == *=* ]] || die "not a key=value property: $kv"
-    # Placeholders for listeners of other security protocols: the client and controller ports, and three more.
+    # Placeholders for listeners of other security protocols: the client and controller ports, and four more.
     kv=${kv//@PORT@/$port}; kv=${kv//@CPORT@/$cport}; kv=${kv//@PORT1@/$p1}; kv=${kv//@PORT2@/$p2}; kv=${kv//@PORT3@/$p3}
+    kv=${kv//@PORT4@/$p4}
     # a later line wins: drop an earlier one of the same key
     sed -i "/^${kv%%=*}=/d" "$dir/server.properties"
     echo "$kv" >>"$dir/server.properties"

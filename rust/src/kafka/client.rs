@@ -29,6 +29,7 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
 
 use super::config::ClientConfig;
 use super::conn::{self, Conn};
@@ -66,6 +67,14 @@ struct State {
     idle: HashMap<String, Vec<Conn>>,
     /// `host:port` -> when connecting to it last failed
     failed: HashMap<String, Instant>,
+    /// topic -> its id, as Metadata (v10+) last named it (absent: none named)
+    topic_ids: HashMap<String, Uuid>,
+    /// (topic, partition) -> the topic id this client last read the
+    /// partition under: a read that goes on from a store's offset must find
+    /// the same id, or the topic was deleted and recreated meanwhile
+    read_ids: HashMap<(String, i32), Uuid>,
+    /// (topic, partition) -> its log start offset, as ListOffsets last said
+    log_starts: HashMap<(String, i32), i64>,
 }
 
 /// A Kafka cluster for restores. Shared by every restore of a changelog (`Arc`).
@@ -150,6 +159,24 @@ impl KafkaClient {
         }
     }
 
+    /// `broker` did not answer within an attempt's timeout (paused, black-holed,
+    /// overloaded): its idle connections would not answer either, so they are
+    /// closed, and it is asked for metadata after the others for a while. The
+    /// caller refreshes metadata and tries the partition's leader again, as
+    /// Kafka's clients disconnect a broker whose request timed out.
+    pub fn unresponsive(&self, broker: &str) {
+        let mut st = self.state();
+        st.idle.remove(broker);
+        st.failed.insert(broker.to_string(), Instant::now());
+    }
+
+    /// Note what an attempt at `broker` that failed with `e` says about it.
+    pub fn failed_at(&self, broker: &str, e: &KafkaError) {
+        if matches!(e, KafkaError::Timeout(_)) {
+            self.unresponsive(broker);
+        }
+    }
+
     /// Give back a connection with no request in flight.
     pub fn checkin(&self, conn: Conn) {
         let max_idle = self.config.connections_max_idle;
@@ -199,16 +226,48 @@ impl KafkaClient {
         Err(last.unwrap_or_else(|| KafkaError::Config("no bootstrap server".into())))
     }
 
+    /// Whether this client's TLS setup is one rustls refuses: the reason,
+    /// from a connection to the first bootstrap server that accepts one
+    /// (then pooled for the first request), or `None` when one was set up,
+    /// when TLS is off, or when no server answered within an attempt's
+    /// timeout (the requests will tell). The restore falls back to
+    /// confluent-kafka (OpenSSL) on a reason.
+    pub fn tls_refused(&self) -> Option<String> {
+        if !self.config.protocol.tls() {
+            return None;
+        }
+        let deadline = Instant::now() + self.config.attempt_timeout;
+        for b in self.candidates() {
+            match self.connect(&b) {
+                Ok(c) => {
+                    self.checkin(c);
+                    return None;
+                }
+                Err(KafkaError::TlsRefused(why)) => return Some(why),
+                Err(e) if e.retriable() && Instant::now() < deadline => continue,
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
     /// Ask the cluster who leads the partitions of `topic`, in which epoch.
     pub fn refresh_metadata(&self, topic: &str) -> Result<(), KafkaError> {
         let mut c = self.any_conn()?;
+        c.within(None);
         let v = c.version::<MetadataRequest>(12)?;
         let req = MetadataRequest::default()
             .with_topics(Some(vec![
                 MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(topic.to_string()))))
             ]))
             .with_allow_auto_topic_creation(false);
-        let resp = c.call(&req, v)?;
+        let resp = match c.call(&req, v) {
+            Ok(r) => r,
+            Err(e) => {
+                self.failed_at(&c.broker, &e);
+                return Err(e);
+            }
+        };
         c.throttle(resp.throttle_time_ms);
         let broker = c.broker.clone();
         self.checkin(c);
@@ -235,6 +294,11 @@ impl KafkaClient {
                     message: format!("broker {broker}: metadata of topic {topic}: {e} ({})", t.error_code),
                 });
             }
+            if t.topic_id.is_nil() {
+                st.topic_ids.remove(topic);
+            } else {
+                st.topic_ids.insert(topic.to_string(), t.topic_id);
+            }
             for p in &t.partitions {
                 if p.error_code == 0 && p.leader_id.0 >= 0 {
                     st.leaders.insert((topic.to_string(), p.partition_index), (p.leader_id.0, p.leader_epoch));
@@ -244,6 +308,32 @@ impl KafkaClient {
             }
         }
         Ok(())
+    }
+
+    /// The id of `topic` as Metadata last named it (None: not known, or a
+    /// broker older than Kafka 2.8).
+    pub fn topic_id(&self, topic: &str) -> Option<Uuid> {
+        self.state().topic_ids.get(topic).copied()
+    }
+
+    /// The topic id a read of `topic-partition` from `start` must find: the
+    /// one this client last read the partition under, unless the read starts
+    /// at the partition's log start (a store restored from scratch, which
+    /// takes the topic as it is now). `None`: nothing to hold it to.
+    pub fn expected_topic_id(&self, topic: &str, partition: i32, start: i64) -> Option<Uuid> {
+        let st = self.state();
+        let key = (topic.to_string(), partition);
+        let from_scratch = start <= 0 || st.log_starts.get(&key).is_some_and(|s| start <= *s);
+        if from_scratch {
+            None
+        } else {
+            st.read_ids.get(&key).copied()
+        }
+    }
+
+    /// Remember that `topic-partition` was read under topic id `id`.
+    pub fn read_under(&self, topic: &str, partition: i32, id: Uuid) {
+        self.state().read_ids.insert((topic.to_string(), partition), id);
     }
 
     /// Forget the leader of a partition (it said it no longer leads, or its connection broke).
@@ -293,7 +383,9 @@ impl KafkaClient {
 
     /// Run `f` on a connection to the leader of `topic-partition` (with the
     /// leader's epoch), retrying retriable failures after a metadata refresh
-    /// until `deadline`.
+    /// until `deadline`. Each attempt waits at most an attempt's timeout for
+    /// an answer; a leader that gave none is tried after the other brokers
+    /// (its idle connections closed), so the refresh asks one that answers.
     pub fn with_leader<T>(
         &self,
         topic: &str,
@@ -305,9 +397,14 @@ impl KafkaClient {
         loop {
             let r = self.leader(topic, partition).and_then(|l| {
                 let mut c = self.checkout(&l.broker)?;
+                c.within(Some(deadline));
                 let r = f(&mut c, l.epoch);
-                if r.as_ref().is_ok() || matches!(r, Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_))) {
-                    self.checkin(c); // the connection is in step: keep it
+                match &r {
+                    Ok(_) | Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_)) => {
+                        c.within(None);
+                        self.checkin(c); // the connection is in step: keep it
+                    }
+                    Err(e) => self.failed_at(&l.broker, e),
                 }
                 r
             });
@@ -367,6 +464,7 @@ impl KafkaClient {
             let start = self.list_offset(c, topic, partition, epoch, -2, 0)?;
             let end = self.list_offset(c, topic, partition, epoch, -1, 0)?;
             let lso = self.list_offset(c, topic, partition, epoch, -1, 1)?;
+            self.state().log_starts.insert((topic.to_string(), partition), start);
             Ok(Bounds { start, end, last_stable: lso.max(start).min(end) })
         })
         .map_err(|e| {

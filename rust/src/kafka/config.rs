@@ -91,8 +91,16 @@ pub struct ClientConfig {
     pub protocol: Protocol,
     pub sasl: Option<Sasl>,
     pub tls: Tls,
-    /// Longest wait for one broker round trip (connect, request, response).
+    /// Budget of one call (offsets, a metadata lookup): its attempts and
+    /// the pauses between them (the Java clients' `default.api.timeout.ms`).
     pub request_timeout: Duration,
+    /// Longest wait for one broker round trip (a request and its response,
+    /// or setting up a connection): `socket.timeout.ms`, by default a third
+    /// of the call's budget (as the Java clients' `request.timeout.ms` is
+    /// below `default.api.timeout.ms`), so that a call whose broker stops
+    /// answering (paused, black-holed) can still ask the cluster who leads
+    /// now and retry there.
+    pub attempt_timeout: Duration,
     /// Longest time a restore may make no progress before it gives up.
     pub stall_timeout: Duration,
     /// Bytes asked per partition in one fetch.
@@ -104,7 +112,7 @@ pub struct ClientConfig {
     /// the client, not the broker, ends it.
     pub connections_max_idle: Duration,
     /// Longest wait for a TCP connection to be set up
-    /// (`socket.connection.setup.timeout.ms`, at most the request timeout):
+    /// (`socket.connection.setup.timeout.ms`, at most an attempt's timeout):
     /// a host that drops packets (no RST) costs this, not a request timeout.
     pub connection_setup_timeout: Duration,
 }
@@ -132,6 +140,13 @@ pub const DEFAULT_CONNECTIONS_MAX_IDLE: Duration = Duration::from_secs(9 * 60);
 /// Default `socket.connection.setup.timeout.ms`: 10 s, the Java clients' default.
 pub const DEFAULT_CONNECTION_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A call's budget (`request_timeout`) allows at least this many attempts
+/// by default: one attempt's timeout is a third of it, so that an attempt at
+/// a leader that stopped answering leaves time for a metadata refresh and
+/// tries at the leader the controller elects once it fenced the silent one
+/// (`broker.session.timeout.ms`, 9 s by default, within the 30 s default).
+pub const ATTEMPTS_PER_CALL: u32 = 3;
+
 /// Keys of other clients' concerns the fetcher ignores, by prefix: a producer's
 /// or consumer's tuning, logging and callbacks.
 const IGNORED_SSL_SASL: &[&str] = &["sasl.kerberos.min.time.before.relogin", "ssl.endpoint.identification.algorithm"];
@@ -153,6 +168,7 @@ impl ClientConfig {
         let mut partition_max_bytes = DEFAULT_PARTITION_MAX_BYTES;
         let mut connections_max_idle = DEFAULT_CONNECTIONS_MAX_IDLE;
         let mut connection_setup_timeout = DEFAULT_CONNECTION_SETUP_TIMEOUT;
+        let mut attempt_timeout = request_timeout / ATTEMPTS_PER_CALL;
         for (k, v) in pairs {
             let key = k.replace('_', ".");
             match key.as_str() {
@@ -182,6 +198,14 @@ impl ClientConfig {
                     })?;
                     connection_setup_timeout = Duration::from_millis(ms);
                 }
+                "socket.timeout.ms" => {
+                    let ms = v.parse::<u64>().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                        ConfigError::Invalid(format!(
+                            "socket.timeout.ms must be a positive number of milliseconds, got {v:?}"
+                        ))
+                    })?;
+                    attempt_timeout = Duration::from_millis(ms);
+                }
                 "security.protocol" => {
                     protocol = match v.to_ascii_lowercase().as_str() {
                         "plaintext" => Protocol::Plaintext,
@@ -194,6 +218,12 @@ impl ClientConfig {
                 "sasl.mechanism" | "sasl.mechanisms" => mechanism = Some(v.trim().to_string()),
                 "sasl.username" => username = Some(v.to_string()),
                 "sasl.password" => password = Some(v.to_string()),
+                "ssl.ca.location" if v == "probe" || std::path::Path::new(v).is_dir() => {
+                    return Err(ConfigError::Unsupported(format!(
+                        "ssl.ca.location is {v:?}, a directory of CA certificates or OpenSSL's probe, which the \
+                         native fetcher does not read (it takes a PEM bundle)"
+                    )))
+                }
                 "ssl.ca.location" => tls.ca_location = Some(v.to_string()),
                 "ssl.certificate.location" => tls.certificate_location = Some(v.to_string()),
                 "ssl.key.location" => tls.key_location = Some(v.to_string()),
@@ -267,11 +297,12 @@ impl ClientConfig {
             sasl,
             tls,
             request_timeout,
+            attempt_timeout: attempt_timeout.min(request_timeout),
             stall_timeout,
             partition_max_bytes,
             fetch_max_wait: Duration::from_millis(100),
             connections_max_idle,
-            connection_setup_timeout: connection_setup_timeout.min(request_timeout),
+            connection_setup_timeout: connection_setup_timeout.min(attempt_timeout).min(request_timeout),
         })
     }
 
@@ -322,6 +353,17 @@ mod tests {
             let e = parse(&[("bootstrap.servers", "a:1"), ("security.protocol", "SASL_PLAINTEXT"), (k, v)]);
             assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains(v)), "{e:?}");
         }
+        for (k, v) in [
+            ("ssl.ca.location", "/"),
+            ("ssl.ca.location", "probe"),
+            ("ssl.cipher.suites", "RC4-SHA"),
+            ("ssl.curves.list", "P-521"),
+            ("ssl.sigalgs.list", "RSA+SHA1"),
+            ("ssl.key.password", "x"),
+        ] {
+            let e = parse(&[("bootstrap.servers", "a:1"), ("security.protocol", "SSL"), (k, v)]);
+            assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains(k)), "{k}={v}: {e:?}");
+        }
         let e = parse(&[("bootstrap.servers", "a:1"), ("ssl.keystore.location", "/k.p12")]);
         assert!(matches!(e, Err(ConfigError::Unsupported(ref m)) if m.contains("ssl.keystore.location")), "{e:?}");
         assert!(matches!(parse(&[("acks", "all")]), Err(ConfigError::Invalid(_))));
@@ -343,6 +385,20 @@ mod tests {
     }
 
     #[test]
+    fn an_attempt_takes_a_third_of_a_call_s_budget_or_socket_timeout_ms() {
+        let c = parse(&[("bootstrap.servers", "a:1")]).unwrap();
+        assert_eq!((c.request_timeout, c.attempt_timeout), (Duration::from_secs(1), Duration::from_secs(1) / 3));
+        let c = parse(&[("bootstrap.servers", "a:1"), ("socket.timeout.ms", "500")]).unwrap();
+        assert_eq!(c.attempt_timeout, Duration::from_millis(500));
+        let c = parse(&[("bootstrap.servers", "a:1"), ("socket.timeout.ms", "60000")]).unwrap();
+        assert_eq!(c.attempt_timeout, Duration::from_secs(1), "at most the call's budget");
+        assert!(matches!(
+            parse(&[("bootstrap.servers", "a:1"), ("socket.timeout.ms", "0")]),
+            Err(ConfigError::Invalid(_))
+        ));
+    }
+
+    #[test]
     fn connection_setup_timeout_is_at_most_the_request_timeout() {
         let long = |pairs: &[(&str, &str)]| {
             ClientConfig::parse(pairs.iter().copied(), Duration::from_secs(30), Duration::from_secs(60)).unwrap()
@@ -351,6 +407,6 @@ mod tests {
         let c = long(&[("bootstrap.servers", "a:1"), ("socket.connection.setup.timeout.ms", "2500")]);
         assert_eq!(c.connection_setup_timeout, Duration::from_millis(2500));
         let c = parse(&[("bootstrap.servers", "a:1"), ("socket.connection.setup.timeout.ms", "2500")]).unwrap();
-        assert_eq!(c.connection_setup_timeout, Duration::from_secs(1), "capped at the request timeout");
+        assert_eq!(c.connection_setup_timeout, Duration::from_secs(1) / 3, "capped at an attempt's timeout");
     }
 }

@@ -2,9 +2,10 @@
 //! exchange, SASL authentication, and framed requests and responses encoded
 //! and decoded by the `kafka-protocol` crate.
 //!
-//! Every wait is bounded: connect, write and read each time out after the
-//! configured request timeout, so a broker that goes silent is an error naming
-//! it, never a hang. A response is read whole (its 4-byte length first,
+//! Every wait is bounded: connect, write and read each time out after an
+//! attempt's timeout (`socket.timeout.ms`, a third of a call's budget by
+//! default), so a broker that goes silent is an error naming it, never a
+//! hang, and leaves the call time to try the partition's next leader. A response is read whole (its 4-byte length first,
 //! refused beyond [`MAX_RESPONSE_BYTES`]) into one buffer (a reused one
 //! for a large response, see [`super::frames`]); decoding hands out
 //! the fetched records as slices of that buffer, without copying them.
@@ -83,7 +84,12 @@ pub struct Conn {
     /// Broker's `(min, max)` version per API key.
     versions: HashMap<i16, (i16, i16)>,
     client_id: StrBytes,
+    /// One attempt's timeout (a request and its answer).
     timeout: Duration,
+    /// Longest throttle waited out before a request: a call's budget (the
+    /// broker mutes a throttled connection on its side; a request sent
+    /// earlier would only wait there, and time out as if unanswered).
+    max_throttle: Duration,
     out: Vec<u8>,
     /// Where large responses are read: buffers reused from one response to
     /// the next, shared by the client's connections.
@@ -101,7 +107,7 @@ impl Conn {
     /// Connect to `broker` (`host:port`), secure and authenticate the
     /// connection as `cfg` says, and learn the broker's API versions.
     pub fn connect(broker: &str, cfg: &ClientConfig, frames: FramePool) -> Result<Self, KafkaError> {
-        let timeout = cfg.request_timeout;
+        let timeout = cfg.attempt_timeout;
         let addrs: Vec<_> = broker
             .to_socket_addrs()
             .map_err(|e| KafkaError::Io(format!("broker {broker}: cannot resolve its address: {e}")))?
@@ -143,6 +149,7 @@ impl Conn {
             versions: HashMap::new(),
             client_id: StrBytes::from_string(cfg.client_id.clone()),
             timeout,
+            max_throttle: cfg.request_timeout,
             out: Vec::with_capacity(4096),
             frames,
             throttled_until: None,
@@ -166,6 +173,7 @@ impl Conn {
             versions: HashMap::new(),
             client_id: StrBytes::from_static_str("test"),
             timeout,
+            max_throttle: timeout,
             out: Vec::new(),
             frames: FramePool::default(),
             throttled_until: None,
@@ -230,10 +238,10 @@ impl Conn {
     }
 
     /// Send `req` as `version`; returns its correlation id. A throttle the
-    /// broker asked for is waited out first (at most the request timeout).
+    /// broker asked for is waited out first (at most a call's budget).
     pub fn send<R: Request>(&mut self, req: &R, version: i16) -> Result<i32, KafkaError> {
         if let Some(until) = self.throttled_until.take() {
-            let wait = until.saturating_duration_since(Instant::now()).min(self.timeout);
+            let wait = until.saturating_duration_since(Instant::now()).min(self.max_throttle);
             if !wait.is_zero() {
                 std::thread::sleep(wait);
             }
@@ -370,11 +378,21 @@ impl Conn {
         Ok(resp.auth_bytes.to_vec())
     }
 
+    /// Wait for a request to go out and its response at most an attempt's
+    /// timeout, and no longer than until `deadline` (the end of a call's
+    /// budget; `None`: an attempt's timeout).
+    pub fn within(&mut self, deadline: Option<Instant>) {
+        let d = deadline.map_or(self.timeout, |d| self.timeout.min(left(d)));
+        self.set_read_timeout(d);
+        let _ = self.stream.tcp().set_write_timeout(Some(d.max(Duration::from_millis(1))));
+    }
+
     /// Wait at most `d` for the next response (the fetch long poll adds to the request timeout).
     pub fn set_read_timeout(&mut self, d: Duration) {
         let _ = self.stream.tcp().set_read_timeout(Some(d.max(Duration::from_millis(1))));
     }
 
+    /// One attempt's timeout (a request and its response).
     pub fn request_timeout(&self) -> Duration {
         self.timeout
     }
@@ -474,11 +492,11 @@ impl Walk<'_> {
     }
 }
 
-/// Check the structure of a Fetch response body of `version` (4..=12): every
+/// Check the structure of a Fetch response body of `version` (4..=15): every
 /// array, string and byte field fits the bytes that follow, so decoding it
 /// reserves no more memory than the frame could fill.
 pub fn check_fetch_body(body: &[u8], version: i16) -> Result<(), String> {
-    if !(4..=12).contains(&version) {
+    if !(4..=15).contains(&version) {
         return Err(format!("version {version} is not one this client asks for"));
     }
     let flex = version >= 12;
@@ -488,7 +506,11 @@ pub fn check_fetch_body(body: &[u8], version: i16) -> Result<(), String> {
         w.skip(6)?; // error_code, session_id
     }
     for _ in 0..w.array(flex)? {
-        w.bytes(flex, 2)?; // topic name
+        if version >= 13 {
+            w.skip(16)?; // topic id
+        } else {
+            w.bytes(flex, 2)?; // topic name
+        }
         for _ in 0..w.array(flex)? {
             w.skip(4 + 2 + 8 + 8)?; // partition, error, high watermark, last stable offset
             if version >= 5 {
@@ -543,6 +565,7 @@ pub fn error_name(code: i16) -> &'static str {
         75 => "UNKNOWN_LEADER_EPOCH",
         78 => "OFFSET_NOT_AVAILABLE",
         100 => "UNKNOWN_TOPIC_ID",
+        103 => "INCONSISTENT_TOPIC_ID",
         _ => "an error",
     }
 }
@@ -552,9 +575,12 @@ pub fn error_name(code: i16) -> &'static str {
 /// `REPLICA_NOT_AVAILABLE`, `OFFSET_NOT_AVAILABLE` from ListOffsets right
 /// after an election, a stale or too new leader epoch), and
 /// `UNKNOWN_SERVER_ERROR`, which brokers answer for a failure of theirs
-/// (Kafka's consumer retries all of these).
+/// (Kafka's consumer retries all of these), and `UNKNOWN_TOPIC_ID` and
+/// `INCONSISTENT_TOPIC_ID`, after which the refreshed metadata tells a
+/// recreated topic (a new id: the fetcher's `OutOfRange`) from a broker
+/// that has not caught up.
 pub fn retriable(code: i16) -> bool {
-    matches!(code, -1 | 3 | 5 | 6 | 7 | 8 | 9 | 13 | 56 | 74 | 75 | 78 | 100)
+    matches!(code, -1 | 3 | 5 | 6 | 7 | 8 | 9 | 13 | 56 | 74 | 75 | 78 | 100 | 103)
 }
 
 /// `Instant` helpers for bounded retries.

@@ -32,6 +32,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
 
 use super::client::{KafkaClient, FIRST_BACKOFF, MAX_BACKOFF};
 use super::conn::Conn;
@@ -47,8 +48,16 @@ use crate::source::{recycle, ChangeRecord, ChangeSlices, ChangelogSource, LogErr
 /// restore of 2M records took 0.41 s, with 256 records 0.33 s.
 const SLICE_RECORDS: usize = 256;
 
-/// Highest Fetch version used: v12 is the last that names topics (v13+ use topic ids).
+/// Highest Fetch version used for a topic whose id is not known (a broker
+/// older than Kafka 2.8 names none): v12, the last that names topics.
 pub const FETCH_VERSION: i16 = 12;
+
+/// Highest Fetch version used for a topic whose id Metadata named: v13+
+/// (Kafka 3.1+) fetch by topic id, so a topic deleted and recreated under the
+/// same name is `UNKNOWN_TOPIC_ID` instead of the new topic's records. v15
+/// is the last whose response has no field beyond v12's but the topic id
+/// (v16 adds the leaders' endpoints).
+pub const FETCH_VERSION_TOPIC_IDS: i16 = 15;
 
 /// What became of one batch of a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,6 +244,8 @@ struct InFlight {
     version: i16,
     offset: i64,
     sent: Instant,
+    /// The topic id it fetched by (v13+), else None (by name).
+    topic_id: Option<Uuid>,
 }
 
 /// The network side of a cursor: hands out the responses of one partition in
@@ -265,6 +276,17 @@ struct Fetcher {
     hinted: bool,
     /// How long the broker took to answer the last request.
     answered_in: Duration,
+    /// The topic id the reads are held to: the one the client last read the
+    /// partition under (a read going on from a store's offset), else the
+    /// first one this fetcher fetched under. A different one in Metadata is
+    /// a recreated topic: [`KafkaError::OutOfRange`], never a silent read
+    /// of the new topic.
+    topic_id: Option<Uuid>,
+    /// The read starts at the log start (a store restored from scratch):
+    /// until it handed something out it takes the topic as it is now.
+    from_scratch: bool,
+    /// Where the reads began.
+    start: i64,
     /// Keeps the client's response buffers pooled while this fetcher lives.
     _frames: FrameLease,
 }
@@ -284,7 +306,11 @@ impl Fetcher {
     fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
         let (partition_max_bytes, stall_timeout) = (client.config.partition_max_bytes, client.config.stall_timeout);
         let frames = client.frames.activate();
+        let topic_id = client.expected_topic_id(topic, partition, offset);
         Fetcher {
+            topic_id,
+            from_scratch: topic_id.is_none(),
+            start: offset,
             client,
             topic: topic.to_string(),
             partition,
@@ -310,8 +336,12 @@ impl Fetcher {
         format!("reading {} on {} at offset {}", self.tp(), self.client.servers(), self.offset)
     }
 
-    fn request(&self, offset: i64, leader_epoch: i32) -> FetchRequest {
+    fn request(&self, offset: i64, leader_epoch: i32, topic_id: Option<Uuid>) -> FetchRequest {
         let wait = self.client.config.fetch_max_wait.as_millis().min(i32::MAX as u128) as i32;
+        let topic = match topic_id {
+            Some(id) => FetchTopic::default().with_topic_id(id),
+            None => FetchTopic::default().with_topic(TopicName(StrBytes::from_string(self.topic.clone()))),
+        };
         FetchRequest::default()
             .with_replica_id(BrokerId(-1))
             .with_max_wait_ms(wait)
@@ -320,15 +350,37 @@ impl Fetcher {
             .with_isolation_level(1)
             .with_session_id(0)
             .with_session_epoch(-1)
-            .with_topics(vec![FetchTopic::default()
-                .with_topic(TopicName(StrBytes::from_string(self.topic.clone())))
-                .with_partitions(vec![FetchPartition::default()
-                    .with_partition(self.partition)
-                    .with_current_leader_epoch(leader_epoch)
-                    .with_fetch_offset(offset)
-                    .with_last_fetched_epoch(-1)
-                    .with_log_start_offset(-1)
-                    .with_partition_max_bytes(self.fetch_bytes)])])
+            .with_topics(vec![topic.with_partitions(vec![FetchPartition::default()
+                .with_partition(self.partition)
+                .with_current_leader_epoch(leader_epoch)
+                .with_fetch_offset(offset)
+                .with_last_fetched_epoch(-1)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(self.fetch_bytes)])])
+    }
+
+    /// The topic id to fetch by, checked against the one the reads are held
+    /// to: a topic whose id changed was deleted and recreated.
+    fn check_topic_id(&mut self) -> Result<Option<Uuid>, KafkaError> {
+        let Some(now) = self.client.topic_id(&self.topic) else { return Ok(self.topic_id) };
+        match self.topic_id {
+            Some(was) if was != now => {
+                if self.from_scratch && self.offset <= self.start {
+                    self.topic_id = Some(now); // nothing read yet: the topic as it is now
+                } else {
+                    return Err(KafkaError::OutOfRange(format!(
+                        "topic {} was deleted and recreated (its id is {now} now, {was} when {} was read before): \
+                         the store holds records of the old topic; wipe it and restore it",
+                        self.topic,
+                        self.tp()
+                    )));
+                }
+            }
+            Some(_) => {}
+            None => self.topic_id = Some(now),
+        }
+        self.client.read_under(&self.topic, self.partition, now);
+        Ok(Some(now))
     }
 
     /// Send a fetch at `offset` on the current connection (connecting to the leader first).
@@ -338,11 +390,17 @@ impl Fetcher {
             self.conn = Some(self.client.checkout(&leader.broker)?);
             self.leader_epoch = leader.epoch;
         }
-        let req = self.request(offset, self.leader_epoch);
+        let topic_id = self.check_topic_id()?;
         let conn = self.conn.as_mut().expect("connected above");
-        let version = conn.version::<FetchRequest>(FETCH_VERSION)?;
+        let version = match topic_id {
+            Some(_) => conn.version::<FetchRequest>(FETCH_VERSION_TOPIC_IDS)?,
+            None => conn.version::<FetchRequest>(FETCH_VERSION)?,
+        };
+        let by_id = topic_id.filter(|_| version >= 13);
+        let req = self.request(offset, self.leader_epoch, by_id);
+        let conn = self.conn.as_mut().expect("connected above");
         let corr = conn.send(&req, version)?;
-        self.inflight = Some(InFlight { corr, version, offset, sent: Instant::now() });
+        self.inflight = Some(InFlight { corr, version, offset, sent: Instant::now(), topic_id: by_id });
         Ok(())
     }
 
@@ -364,7 +422,10 @@ impl Fetcher {
         let Some(p) = resp
             .responses
             .iter()
-            .filter(|t| t.topic.0.as_str() == self.topic)
+            .filter(|t| match f.topic_id {
+                Some(id) => t.topic_id == id,
+                None => t.topic.0.as_str() == self.topic,
+            })
             .flat_map(|t| t.partitions.iter())
             .find(|p| p.partition_index == self.partition)
         else {
@@ -420,7 +481,11 @@ impl Fetcher {
                 Ok(resp) => return Ok(resp),
                 Err(e) if e.retriable() && Instant::now() + backoff < deadline => {
                     // Another broker may lead now, or this one restarted: ask
-                    // again, unless the broker named the new leader.
+                    // again, unless the broker named the new leader. One that
+                    // did not answer at all is asked for metadata last.
+                    if let Some(c) = &self.conn {
+                        self.client.failed_at(&c.broker, &e);
+                    }
                     self.release_after_error(&e);
                     if std::mem::take(&mut self.hinted) {
                         continue;

@@ -55,6 +55,12 @@ pub enum KafkaError {
     /// The TLS handshake failed.
     #[error("{0}")]
     Tls(String),
+    /// The TLS handshake failed on something rustls refuses and OpenSSL may
+    /// accept (a certificate naming the host only in its CN, a protocol
+    /// version or cipher suite rustls does not offer, a signature algorithm
+    /// it does not verify): a reason to restore through confluent-kafka.
+    #[error("{0}")]
+    TlsRefused(String),
     /// SASL authentication failed.
     #[error("{0}")]
     Auth(String),
@@ -97,6 +103,7 @@ impl KafkaError {
             KafkaError::Io(m) => KafkaError::Io(c(m)),
             KafkaError::Timeout(m) => KafkaError::Timeout(c(m)),
             KafkaError::Tls(m) => KafkaError::Tls(c(m)),
+            KafkaError::TlsRefused(m) => KafkaError::TlsRefused(c(m)),
             KafkaError::Auth(m) => KafkaError::Auth(c(m)),
             KafkaError::Protocol(m) => KafkaError::Protocol(c(m)),
             KafkaError::Broker { code, message } => KafkaError::Broker { code, message: c(message) },

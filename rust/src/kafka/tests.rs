@@ -68,6 +68,14 @@ struct Script {
     seen: Vec<(i32, ApiKey, Instant, i32)>,
     /// Connections accepted, by node id.
     accepted: Vec<i32>,
+    /// Fetches received: (version, the topic id asked for).
+    fetches: Vec<(i16, uuid::Uuid)>,
+    /// The topic's id (Metadata v10+ names it, Fetch v13+ is offered and
+    /// answers `UNKNOWN_TOPIC_ID` to another); nil: a broker without ids.
+    topic_id: uuid::Uuid,
+    /// Nodes that read requests and answer none (a SIGSTOPped broker: the
+    /// kernel still accepts its connections).
+    muted: Vec<i32>,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -186,7 +194,13 @@ static ASKED: Mutex<Vec<(u16, i32)>> = Mutex::new(Vec::new());
 
 fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_bytes: usize) {
     let port = script.lock().unwrap().ports[node as usize - 1];
+    // A broker mutes a connection it throttled (KIP-219): nothing more is
+    // read from it until the throttle has passed.
+    let mut muted_until: Option<Instant> = None;
     loop {
+        if let Some(t) = muted_until.take() {
+            thread::sleep(t.saturating_duration_since(Instant::now()));
+        }
         let mut len = [0u8; 4];
         if s.read_exact(&mut len).is_err() {
             return;
@@ -199,7 +213,13 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
         let h = decode_request_header_from_buffer(&mut buf).unwrap();
         let (key, v, corr) = (ApiKey::try_from(h.request_api_key).unwrap(), h.request_api_version, h.correlation_id);
         let mut sc = script.lock().unwrap();
+        if sc.muted.contains(&node) {
+            continue;
+        }
         let (error, throttle) = (sc.error(key), sc.throttle(key));
+        if throttle > 0 {
+            muted_until = Some(Instant::now() + Duration::from_millis(throttle as u64));
+        }
         let (leader, epoch) = (sc.leader(), sc.epoch);
         let brokers: Vec<MetadataResponseBroker> = sc
             .ports
@@ -213,10 +233,12 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
             })
             .collect();
         let hint = sc.hint;
+        let topic_id = sc.topic_id;
         let mut seen = |sent_epoch: i32| sc.seen.push((node, key, Instant::now(), sent_epoch));
         match key {
             ApiKey::ApiVersions => {
-                let keys = [(1, 4, 12), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
+                let fetch_max = if topic_id.is_nil() { 12 } else { 17 };
+                let keys = [(1, 4, fetch_max), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
                     .map(|(k, a, b)| ApiVersion::default().with_api_key(k).with_min_version(a).with_max_version(b));
                 respond(&mut s, key, v, corr, &ApiVersionsResponse::default().with_api_keys(keys.to_vec()));
             }
@@ -226,6 +248,7 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                 let r = MetadataResponse::default().with_throttle_time_ms(throttle).with_brokers(brokers).with_topics(
                     vec![MetadataResponseTopic::default()
                         .with_error_code(error)
+                        .with_topic_id(if v >= 10 { topic_id } else { uuid::Uuid::nil() })
                         .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
                         .with_partitions(vec![MetadataResponsePartition::default()
                             .with_partition_index(0)
@@ -253,7 +276,14 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
             ApiKey::Fetch => {
                 let req = FetchRequest::decode(&mut buf, v).unwrap();
                 seen(req.topics[0].partitions[0].current_leader_epoch);
+                sc.fetches.push((v, req.topics[0].topic_id));
                 drop(sc);
+                // The topic in a response: by id from v13 on, else by name.
+                let topic = || match v {
+                    13.. => FetchableTopicResponse::default().with_topic_id(req.topics[0].topic_id),
+                    _ => FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_static_str("t"))),
+                };
+                let error = if v >= 13 && req.topics[0].topic_id != topic_id { 100 } else { error };
                 let at = req.topics[0].partitions[0].fetch_offset;
                 ASKED.lock().unwrap().push((port, req.topics[0].partitions[0].partition_max_bytes));
                 if throttle > 0 {
@@ -268,9 +298,7 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                         p.current_leader =
                             LeaderIdAndEpoch::default().with_leader_id(BrokerId(leader)).with_leader_epoch(epoch);
                     }
-                    let r = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
-                        .with_topic(TopicName(StrBytes::from_static_str("t")))
-                        .with_partitions(vec![p])]);
+                    let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
                     respond(&mut s, key, v, corr, &r);
                     continue;
                 }
@@ -307,9 +335,7 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                     .with_last_stable_offset(log.end)
                     .with_aborted_transactions(Some(aborted))
                     .with_records(Some(Bytes::from(records)));
-                let r = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
-                    .with_topic(TopicName(StrBytes::from_static_str("t")))
-                    .with_partitions(vec![p])]);
+                let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
                 match mode {
                     Mode::Garbage => {
                         let _ = s.write_all(&[0, 0, 0, 40]);
@@ -715,6 +741,23 @@ fn a_throttled_fetch_waits_the_throttle_and_goes_on() {
 }
 
 #[test]
+fn a_throttle_longer_than_an_attempt_is_waited_out_on_the_same_connection() {
+    // A budget of 3 s (attempts of 1 s) and a Fetch throttled for 2.5 s: a
+    // request sent before the throttle ended would wait on the muted
+    // connection, time out, and cost a reconnect.
+    let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+    script.lock().unwrap().throttles.push_back((ApiKey::Fetch, 2500));
+    let pairs = [("bootstrap.servers", addrs[0].as_str())];
+    let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
+    let mut cur = FetchCursor::new(c, "t", 0, 0);
+    assert_eq!(drain(&mut cur, 37).unwrap(), expected());
+    let sc = script.lock().unwrap();
+    assert_eq!(sc.accepted.len(), 1, "one connection throughout");
+    let fetches = sc.asked(ApiKey::Fetch);
+    assert!(fetches[1].1 - fetches[0].1 >= Duration::from_millis(2490), "{:?}", fetches[1].1 - fetches[0].1);
+}
+
+#[test]
 fn throttled_metadata_and_list_offsets_are_waited_out_before_the_next_request() {
     let (addrs, script) = cluster(1, sample(), Mode::Good, 1 << 20);
     {
@@ -807,6 +850,83 @@ fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refre
         let refreshes = sc.asked(ApiKey::Metadata).len();
         assert_eq!(refreshes, if hint { 1 } else { 2 }, "hint {hint}");
     }
+}
+
+#[test]
+fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
+    // A budget of 3 s, attempts of 1 s: node 1 leads, then is paused (its
+    // connections open, nothing answered); 300 ms later node 2 leads.
+    for read_ahead in [false, true] {
+        let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
+        let pairs = [("bootstrap.servers", addrs[0].as_str())];
+        let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
+        assert_eq!(c.config.attempt_timeout, Duration::from_secs(1));
+        c.offsets("t", 0).unwrap(); // a pooled connection to node 1, which the next call takes
+        let pause = |script: &Shared| {
+            script.lock().unwrap().muted.push(1);
+            let script = script.clone();
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(300));
+                script.lock().unwrap().leader = 2;
+            });
+        };
+        pause(&script);
+        let t = Instant::now();
+        let o = c.offsets("t", 0).unwrap_or_else(|e| panic!("after {:?}: {e}", t.elapsed()));
+        assert_eq!((o.start, o.end), (0, 37));
+        assert!(t.elapsed() < Duration::from_millis(2500), "offsets took {:?}", t.elapsed());
+        assert!(script.lock().unwrap().asked(ApiKey::ListOffsets).iter().any(|a| a.0 == 2));
+
+        // A fetch waiting on a paused leader: the same, within the stall timeout.
+        let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
+        let pairs = [("bootstrap.servers", addrs[0].as_str())];
+        let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
+        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        let mut got = Vec::new();
+        assert!(cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap());
+        pause(&script);
+        let t = Instant::now();
+        while cur.read(37, 1 << 20, &mut |r| got.push(r.offset)).unwrap() {}
+        assert_eq!(got, expected(), "read-ahead {read_ahead}");
+        assert!(t.elapsed() < Duration::from_millis(2500), "read-ahead {read_ahead}: the rest took {:?}", t.elapsed());
+    }
+}
+
+#[test]
+fn a_topic_recreated_under_the_same_name_is_out_of_range_never_read_on() {
+    let (a, b) = (uuid::Uuid::from_u128(0xA), uuid::Uuid::from_u128(0xB));
+    for read_ahead in [false, true] {
+        let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+        script.lock().unwrap().topic_id = a;
+        let c = client(&addrs[0], Duration::from_secs(5));
+        assert_eq!(c.offsets("t", 0).unwrap().end, 37);
+        // A store restored up to offset 20 under id A...
+        let mut cur = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        assert_eq!(drain(&mut cur, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
+        assert!(script.lock().unwrap().fetches.iter().all(|&(v, id)| v == 15 && id == a), "fetched by id, v15");
+        // ... the topic deleted and recreated (id B) ...
+        script.lock().unwrap().topic_id = b;
+        // ... the same reader going on, and a restore going on from the store's offset: both out of range.
+        for (what, r) in [
+            ("the same reader", drain(&mut cur, 37)),
+            ("a new restore", drain(&mut FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead), 37)),
+        ] {
+            let e = r.expect_err(what);
+            assert!(matches!(e, KafkaError::OutOfRange(_)), "{what}: {e}");
+            assert!(e.to_string().contains("recreated") && e.to_string().contains("t-0"), "{what}: {e}");
+        }
+        // The store wiped: a restore from the start reads the new topic, and then goes on under it.
+        let mut fresh = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        assert_eq!(drain(&mut fresh, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
+        let mut on = FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead);
+        assert_eq!(drain(&mut on, 37).unwrap(), (27..37).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        assert_eq!(script.lock().unwrap().fetches.last().unwrap().1, b);
+    }
+    // A broker without topic ids is fetched by name (v12).
+    let (addrs, script) = cluster(1, sample(), Mode::Good, 1 << 20);
+    let mut cur = FetchCursor::new(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0);
+    assert_eq!(drain(&mut cur, 37).unwrap(), expected());
+    assert!(script.lock().unwrap().fetches.iter().all(|&(v, id)| v == 12 && id.is_nil()));
 }
 
 #[test]

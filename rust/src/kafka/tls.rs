@@ -145,8 +145,39 @@ pub fn connect(
         .map_err(|e| config_err(broker, format!("{host} is not a server name: {e}")))?;
     let mut conn = ClientConnection::new(config, name).map_err(|e| config_err(broker, e.to_string()))?;
     while conn.is_handshaking() {
-        conn.complete_io(&mut tcp)
-            .map_err(|e| KafkaError::Tls(format!("broker {broker}: TLS handshake failed: {e}")))?;
+        conn.complete_io(&mut tcp).map_err(|e| handshake_error(&e, host, broker))?;
     }
     Ok(StreamOwned::new(conn, tcp))
+}
+
+/// A failed handshake as [`KafkaError::TlsRefused`] where rustls refused
+/// what OpenSSL (librdkafka) may accept, else as [`KafkaError::Tls`] (a
+/// certificate no client accepts: an unknown CA, expired, a bad signature).
+#[allow(deprecated)] // rustls 0.23 still reports some signature algorithms with the unit variant
+fn handshake_error(e: &std::io::Error, host: &str, broker: &str) -> KafkaError {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    let failed = format!("broker {broker}: TLS handshake failed: {e}");
+    let Some(r) = e.get_ref().and_then(|i| i.downcast_ref::<E>()) else { return KafkaError::Tls(failed) };
+    let why = match r {
+        E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => format!(
+            "the broker's certificate does not name {host} in a subjectAltName (rustls ignores the subject's CN, \
+             which OpenSSL falls back to)"
+        ),
+        E::InvalidCertificate(
+            C::BadEncoding
+            | C::UnsupportedSignatureAlgorithm
+            | C::UnsupportedSignatureAlgorithmContext { .. }
+            | C::UnhandledCriticalExtension
+            | C::Other(_),
+        )
+        | E::UnsupportedNameType
+        | E::PeerIncompatible(_)
+        | E::AlertReceived(A::HandshakeFailure | A::ProtocolVersion | A::InsufficientSecurity | A::IllegalParameter) => {
+            "rustls refused the broker's TLS setup (a protocol version, cipher suite, signature algorithm or \
+             certificate encoding it does not support)"
+                .to_string()
+        }
+        _ => return KafkaError::Tls(failed),
+    };
+    KafkaError::TlsRefused(format!("{failed}: {why}"))
 }

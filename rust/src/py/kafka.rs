@@ -72,6 +72,15 @@ impl PyKafkaClient {
         }
     }
 
+    /// Why the native fetcher cannot talk TLS to this cluster although the
+    /// configuration is one it takes (rustls refused a bootstrap server's
+    /// handshake: a CN-only certificate, an old protocol or cipher suite),
+    /// or None. Connects to one bootstrap server when TLS is on (the
+    /// connection is kept for the first request).
+    fn tls_refused(&self, py: Python<'_>) -> Option<String> {
+        py.detach(|| self.client.tls_refused())
+    }
+
     /// The bootstrap servers.
     #[getter]
     fn bootstrap_servers(&self) -> String {

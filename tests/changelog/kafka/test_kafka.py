@@ -5,6 +5,7 @@ fencing, topics, corruption handling. Aborted data and broker faults: test_kafka
 from __future__ import annotations
 
 import random
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -230,6 +231,46 @@ def test_a_changelog_topic_recreated_behind_the_store_is_detected_and_rebuilt(
     tm.close()
     tm.directory.close()
     second.close()
+
+
+def test_a_topic_recreated_while_its_changelog_client_lives_is_task_corrupted_never_read_on(
+    changelog: KafkaChangelog, tmp_path: Path
+) -> None:
+    # The new topic holds more records than the store's offset, so offsets alone cannot tell: the
+    # topic's id (Metadata v10+, Fetch v13+ by id) does.
+    assert changelog.native is not None
+    topic = _topic("recreated")
+    tp = TopicPartition(topic, 0)
+
+    def write(prefix: bytes, n: int) -> None:
+        with changelog.producer() as p:
+            for i in range(n):
+                p.send(topic, 0, b"%s%d" % (prefix, i % 40), b"%s-%d" % (prefix, i))
+        deadline = time.monotonic() + 20
+        while changelog.end_offset(tp) != n:
+            assert time.monotonic() < deadline, changelog.end_offset(tp)
+            time.sleep(0.05)
+
+    changelog.create_topics({topic: 1})
+    write(b"old", 100)
+    r = restore_store(tmp_path / "s", changelog, tp, end_offset=50)
+    assert r.offset == 49
+    changelog.delete_topics([topic])
+    changelog.create_topics({topic: 1})
+    write(b"new", 300)
+    with pytest.raises(TaskCorruptedError, match="recreated"):
+        restore_store(tmp_path / "s", changelog, tp)
+    # Wiped, the store is restored from the new topic alone.
+    shutil.rmtree(tmp_path / "s")
+    r = restore_store(tmp_path / "s", changelog, tp)
+    assert (r.offset, r.records_applied) == (299, 300)
+    seg = SegmentLog(tmp_path / "log", sync=False)
+    sp = seg.producer()
+    for i in range(300):
+        sp.send(topic, 0, b"new%d" % (i % 40), b"new-%d" % i)
+    sp.close()
+    restore_store(tmp_path / "expected", seg, tp)
+    assert store_difference(tmp_path / "expected", tmp_path / "s") is None
 
 
 def test_exactly_once_commits_record_delivered_offsets_and_restart_replays_nothing(

@@ -7,11 +7,15 @@ SASL_PLAINTEXT and SASL_SSL with PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512
 (credentials made through the admin API). Each restores the same store as a
 PLAINTEXT restore, through the native fetcher, from the same confluent-kafka
 style configuration the rest of the library takes; a wrong password or an
-unknown CA is a clear error naming the broker.
+unknown CA is a clear error naming the broker. A fifth listener, advertised as
+``localhost``, serves a certificate that names its host only in its CN (no
+subjectAltName): OpenSSL accepts it, rustls does not, so the changelog
+restores through confluent-kafka, saying why once.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import uuid
@@ -96,6 +100,41 @@ def _certificates(d: Path) -> None:
         # PKCS#8 keys (what Kafka's PEM key store and rustls both read)
         _openssl("pkcs8", "-topk8", "-nocrypt", "-in", f"{name}.key", "-out", f"{name}.p8", cwd=d)
     (d / "broker.pem").write_text((d / "broker.p8").read_text() + (d / "broker.crt").read_text())
+    # A v3 certificate for localhost with no subjectAltName: the host only in the subject's CN.
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "cn.key",
+        "-out",
+        "cn.csr",
+        "-subj",
+        "/CN=localhost",
+        cwd=d,
+    )
+    (d / "cn.ext").write_text("basicConstraints=CA:FALSE\n")
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "cn.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "cn.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "cn.ext",
+        cwd=d,
+    )
+    _openssl("pkcs8", "-topk8", "-nocrypt", "-in", "cn.key", "-out", "cn.p8", cwd=d)
+    (d / "cn.pem").write_text((d / "cn.p8").read_text() + (d / "cn.crt").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +147,13 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Br
     jaas_scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
     props = [
         "listeners=PLAINTEXT://127.0.0.1:@PORT@,CONTROLLER://127.0.0.1:@CPORT@,SSL://127.0.0.1:@PORT1@,"
-        "SASL_PLAINTEXT://127.0.0.1:@PORT2@,SASL_SSL://127.0.0.1:@PORT3@",
+        "SASL_PLAINTEXT://127.0.0.1:@PORT2@,SASL_SSL://127.0.0.1:@PORT3@,SSL_CN://127.0.0.1:@PORT4@",
         "advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@,SSL://127.0.0.1:@PORT1@,"
-        "SASL_PLAINTEXT://127.0.0.1:@PORT2@,SASL_SSL://127.0.0.1:@PORT3@",
+        "SASL_PLAINTEXT://127.0.0.1:@PORT2@,SASL_SSL://127.0.0.1:@PORT3@,SSL_CN://localhost:@PORT4@",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SSL:SSL,"
-        "SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        "SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,SSL_CN:SSL",
+        "listener.name.ssl_cn.ssl.keystore.type=PEM",
+        f"listener.name.ssl_cn.ssl.keystore.location={certs / 'cn.pem'}",
         "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
         "ssl.keystore.type=PEM",
         f"ssl.keystore.location={certs / 'broker.pem'}",
@@ -243,3 +284,50 @@ def test_ssl_and_sasl_restores_are_native_and_equal_to_plaintext(secure_broker: 
         with pytest.raises(LogError, match=r"TLS handshake failed") as e:
             c.offsets(tp)
         assert ports["SSL"] in str(e.value)
+
+
+def test_a_tls_setup_rustls_refuses_restores_through_confluent_kafka_saying_why_once(
+    secure_broker: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker, ports, certs = secure_broker
+    topic = f"cn-{uuid.uuid4().hex[:8]}"
+    tp = TopicPartition(topic, 0)
+    with KafkaChangelog(broker.bootstrap, request_timeout=20.0) as plain:
+        plain.create_topics({topic: 1})
+        p = plain.producer("cn")
+        for t in range(6):
+            p.begin()
+            for i in range(100):
+                p.send(topic, 0, b"k%03d" % ((t * 31 + i) % 150), b"v%d-%d" % (t, i))
+            if t % 3 == 2:
+                p.abort()
+            else:
+                p.commit()
+        p.close()
+        ref = restore_store(tmp_path / "plain", plain, tp)
+    conf = {"security.protocol": "SSL", "ssl.ca.location": str(certs / "ca.pem")}
+    # The native fetcher alone: rustls refuses the certificate.
+    from statestore import _native
+
+    native = _native.KafkaClient({"bootstrap.servers": ports["SSL_CN"], **conf}, 5.0, 5.0)
+    assert "subjectAltName" in (native.tls_refused() or "")
+    with pytest.raises(LogError, match=r"TLS handshake failed"):
+        native.offsets(topic, 0)
+    # The changelog: confluent-kafka, one log line naming the server and the reason.
+    with caplog.at_level(logging.WARNING, logger="statestore.changelog.kafka.source"):
+        with KafkaChangelog(ports["SSL_CN"], request_timeout=10.0, restore_stall_timeout=10.0, **conf) as c:
+            assert c.native is None
+            assert c.offsets(tp) == (0, ref.end_offset, ref.end_offset)
+            r = restore_store(tmp_path / "cn", c, tp)
+            assert (r.records_applied, r.offset) == (ref.records_applied, ref.offset)
+            _same_store(tmp_path / "plain", tmp_path / "cn")
+    lines = [r.getMessage() for r in caplog.records if "through confluent-kafka" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert ports["SSL_CN"] in lines[0] and "subjectAltName" in lines[0], lines[0]
+    # A CA directory (OpenSSL's hashed directory) is known to be unsupported without a connection.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="statestore.changelog.kafka.source"):
+        with KafkaChangelog(ports["SSL"], **{"security.protocol": "SSL", "ssl.ca.location": str(certs)}) as c:
+            assert c.native is None
+    lines = [r.getMessage() for r in caplog.records if "through confluent-kafka" in r.getMessage()]
+    assert len(lines) == 1 and "ssl.ca.location" in lines[0], lines

@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 #: Where librdkafka's own log lines go.
 CLIENT_LOG = logging.getLogger("statestore.changelog.kafka.client")
 
-#: Default seconds a broker request may take.
+#: Default seconds a broker call may take, retries included (one attempt: a third, or socket.timeout.ms).
 DEFAULT_REQUEST_TIMEOUT = 30.0
 #: Default seconds a restore may see no progress before giving up.
 DEFAULT_STALL_TIMEOUT = 60.0

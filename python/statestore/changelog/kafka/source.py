@@ -8,7 +8,9 @@ client serves the changelog's offsets (ListOffsets) and :func:`read_records`
 (``KafkaChangelog.read``).
 
 A configuration the native fetcher cannot honour (a SASL mechanism other than
-PLAIN or SCRAM, a keystore...) falls back, with one log line saying why, to
+PLAIN or SCRAM, a keystore, a CA directory...) or a TLS handshake rustls
+refuses when the client is made (a certificate naming the host only in its
+CN, an old protocol or suite) falls back, with one log line saying why, to
 :class:`RestoreFeed`: a confluent-kafka read_committed consumer the engine
 pulls through Python (``rust/src/py/feed.rs``).
 """
@@ -51,6 +53,12 @@ def native_client(
     """A native client for ``conf``, or None (logged once, with the reason) when it cannot serve it."""
     props = native_properties(conf)
     why = _native.KafkaClient.unsupported(props)
+    client = None
+    if why is None:
+        client = _native.KafkaClient(props, request_timeout, stall_timeout)
+        # A TLS setup rustls refuses (a certificate naming the host only in its CN, an old protocol or
+        # suite) shows only in a handshake: one connection tells, and is kept for the first request.
+        why = client.tls_refused()
     if why is not None:
         logger.warning(
             "restoring from %s through confluent-kafka, not the native fetcher: %s",
@@ -58,7 +66,7 @@ def native_client(
             why,
         )
         return None
-    return _native.KafkaClient(props, request_timeout, stall_timeout)
+    return client
 
 
 def read_records(client: _native.KafkaClient, tp: TopicPartition, start: int, end: int) -> Iterator[Record]:
