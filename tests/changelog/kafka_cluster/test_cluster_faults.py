@@ -17,8 +17,15 @@ equal its segment-log twin, and the restore must end within the case's bound:
 (c) the cluster is restarted node by node (clean stops: leaders move away
     first), a restore running again and again meanwhile on one long-lived
     changelog;
+(d) the partitions led by that node are reassigned to the other two (its
+    replica removed, so it neither leads nor follows them any more) -- just
+    before the restore or while it runs -- and back afterwards;
 (e) a ``consumer_byte_rate`` client quota throttles the restore;
-(f) the first bootstrap address is a port nobody listens on.
+(f) the first bootstrap address is a port nobody listens on;
+(g) on a cluster of its own whose brokers close connections idle for 3 s
+    (``connections.max.idle.ms``), a long-lived changelog with the client's
+    default restores, sits idle until the brokers have closed its pooled
+    connections, and restores again.
 
 The bounds leave room for the broker's session timeout (4 s), the client's
 request timeout (10 s; one attempt waits a third of it, so a call at a paused
@@ -31,6 +38,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -43,7 +51,7 @@ import pytest
 
 from statestore import SegmentLog, TopicPartition, restore_many, restore_store
 from statestore.restore.engine import RestoreSpec
-from support.kafka_cluster import SESSION_TIMEOUT, Cluster
+from support.kafka_cluster import SCRIPT, SESSION_TIMEOUT, Cluster, ClusterUnavailable, start_cluster
 from support.model import store_difference
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -59,6 +67,11 @@ BOUND_PAUSE = 45.0
 BOUND_DEAD_BOOTSTRAP = 15.0
 BOUND_ROLLING = 30.0
 BOUND_QUOTA = 60.0
+BOUND_REASSIGN = 30.0
+BOUND_IDLE = 15.0
+#: The brokers' connections.max.idle.ms in (g), and how long the client sits idle there: well past it.
+BROKER_IDLE_MS = 3000
+IDLE_SECONDS = 3 * BROKER_IDLE_MS / 1000
 #: How long (b) keeps the leader paused: past the session timeout, so the controller fences it.
 PAUSE_SECONDS = SESSION_TIMEOUT + 3.0
 #: ... and past the client's request timeout too, so a fetch waiting on the paused leader must time out and go to
@@ -317,6 +330,148 @@ def test_c_restores_through_a_rolling_restart(
     assert max(times) < BOUND_ROLLING, f"{len(times)} rounds, slowest {max(times):.1f}s"
 
 
+# -- (d) partition reassignment ------------------------------------------------------------------
+
+
+_REASSIGN_JAVA = """
+import java.io.*;
+import java.util.*;
+import org.apache.kafka.clients.admin.*;
+import org.apache.kafka.common.TopicPartition;
+
+public class Reassign {
+    // Reassign BOOTSTRAP; then a line "TOPIC PARTITION R1,R2,..." per reassignment on stdin, each answered with
+    // "ok" once the controller has no reassignment of that partition in progress any more (or "error ...").
+    public static void main(String[] args) throws Exception {
+        try (Admin admin = Admin.create(Map.of("bootstrap.servers", args[0]))) {
+            System.out.println("ready");
+            System.out.flush();
+            BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+            String line;
+            while ((line = in.readLine()) != null) {
+                try {
+                    String[] f = line.trim().split(" ");
+                    TopicPartition tp = new TopicPartition(f[0], Integer.parseInt(f[1]));
+                    List<Integer> replicas = new ArrayList<>();
+                    for (String r : f[2].split(",")) replicas.add(Integer.valueOf(r));
+                    admin.alterPartitionReassignments(
+                        Map.of(tp, Optional.of(new NewPartitionReassignment(replicas)))).all().get();
+                    long deadline = System.currentTimeMillis() + 60000;
+                    while (!admin.listPartitionReassignments(Set.of(tp)).reassignments().get().isEmpty()) {
+                        if (System.currentTimeMillis() > deadline) throw new Exception("still reassigning " + tp);
+                        Thread.sleep(100);
+                    }
+                    System.out.println("ok");
+                } catch (Exception e) {
+                    System.out.println("error " + e.toString().replace('\\n', ' '));
+                }
+                System.out.flush();
+            }
+        }
+    }
+}
+"""
+
+
+class _Reassigner:
+    """Kafka's own Admin client (confluent-kafka has no AlterPartitionReassignments), started before a test so
+    that a reassignment is one line away rather than a JVM start away."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        src = cluster.dir / "Reassign.java"
+        src.write_text(_REASSIGN_JAVA)
+        cp = subprocess.run(
+            ["bash", str(SCRIPT.parent / "kafka-broker.sh"), "classpath"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        ).stdout.strip()
+        self._proc = subprocess.Popen(
+            ["java", "-Xmx128m", "-cp", cp, str(src), cluster.bootstrap],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._lock = threading.Lock()
+        assert self._read() == "ready"
+
+    def _read(self) -> str:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().strip()
+        assert line, f"the reassignment tool exited ({self._proc.poll()})"
+        return line
+
+    def send(self, topic: str, partition: int, replicas: list[int]) -> None:
+        """Ask for a reassignment and return without waiting for it (:meth:`wait` reads the answer)."""
+        assert self._proc.stdin is not None
+        with self._lock:
+            self._proc.stdin.write(f"{topic} {partition} {','.join(map(str, replicas))}\n")
+            self._proc.stdin.flush()
+
+    def wait(self) -> None:
+        line = self._read()
+        assert line == "ok", line
+
+    def reassign(self, topic: str, partition: int, replicas: list[int]) -> None:
+        self.send(topic, partition, replicas)
+        self.wait()
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_d_restore_survives_a_reassignment_away_from_the_leader(
+    kafka_cluster: Cluster, changelog_data: Changelog, tmp_path: Path, when: str
+) -> None:
+    topic = changelog_data.topic
+    victim = kafka_cluster.busiest_leader([topic])
+    original = {p: replicas for p, (_, replicas, _) in kafka_cluster.describe(topic).items()}
+    moved = {
+        p: [n for n in r if n != victim]
+        for p, r in original.items()
+        if kafka_cluster.leader(topic, p) == victim
+    }
+    assert moved, "the victim leads a partition"
+    tool = _Reassigner(kafka_cluster)
+    kc = _changelog(kafka_cluster.bootstrap)
+    try:
+        _warm(kc, topic)  # the client's metadata names the victim as the leader
+        if when == "before":
+            for p, replicas in moved.items():
+                tool.reassign(topic, p, replicas)
+            took = _restore_all(kc, changelog_data, tmp_path)
+        else:
+
+            def move() -> None:  # the first restore has its offsets from the victim; its fetches come after
+                for p, replicas in moved.items():
+                    tool.reassign(topic, p, replicas)
+
+            listener = _OnFirstStart(move)
+            took = _restore_all(kc, changelog_data, tmp_path, listener)
+            assert listener.fired
+        after = kafka_cluster.describe(topic)
+        for p, replicas in moved.items():  # the reassignment did happen
+            assert sorted(after[p][1]) == sorted(replicas), (p, after[p])
+    finally:
+        kc.close()
+        try:
+            for p in moved:  # back to three replicas in the original order, for the next tests
+                tool.reassign(topic, p, original[p])
+        finally:
+            tool.close()
+    assert took < BOUND_REASSIGN, (
+        f"{took:.1f}s with {sorted(moved)} moved off node {victim} {when} the restore"
+    )
+
+
 # -- (e) client quota ------------------------------------------------------------------------------
 
 
@@ -355,3 +510,101 @@ def test_f_restore_with_a_dead_first_bootstrap_address(
         finally:
             kc.close()
     assert took < BOUND_DEAD_BOOTSTRAP, f"{took:.1f}s with {dead} first"
+
+
+# -- (g) connections idle past the broker's connections.max.idle.ms ---------------------------------
+
+
+def _tcp_states(remote_ports: set[int]) -> dict[int, str]:
+    """``{local port: state}`` of this machine's IPv4 TCP sockets connected to one of ``remote_ports``
+    (state 01 ESTABLISHED, 08 CLOSE_WAIT: the peer closed it)."""
+    out = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        local, remote, state = f[1], f[2], f[3]
+        if int(remote.split(":")[1], 16) in remote_ports:
+            out[int(local.split(":")[1], 16)] = state
+    return out
+
+
+def _own_socket_inodes() -> set[str]:
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _own_connections(remote_ports: set[int]) -> dict[int, str]:
+    """Like :func:`_tcp_states`, for this process's sockets only."""
+    mine = _own_socket_inodes()
+    out = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[9] in mine and int(f[2].split(":")[1], 16) in remote_ports:
+            out[int(f[1].split(":")[1], 16)] = f[3]
+    return out
+
+
+@pytest.fixture(scope="module")
+def idle_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A second 3-node cluster whose brokers close connections idle for ``BROKER_IDLE_MS``."""
+    try:
+        cluster = start_cluster(
+            tmp_path_factory.mktemp("kafka-idle-cluster"), [f"connections.max.idle.ms={BROKER_IDLE_MS}"]
+        )
+    except ClusterUnavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and no Kafka cluster could start: {e}")
+        pytest.skip(f"no Kafka cluster could start: {e}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_g_restore_after_the_brokers_closed_idle_connections(idle_cluster: Cluster, tmp_path: Path) -> None:
+    app = f"idle{uuid.uuid4().hex[:8]}"
+    kc = KafkaChangelog(idle_cluster.bootstrap, request_timeout=30.0)
+    seg = SegmentLog(tmp_path / "log", sync=False)
+    try:
+        (topic,) = kafka.ensure_changelog_topics(kc, app, [STORE], PARTITIONS)
+        idle_cluster.wait_healthy([topic], min_isr=3)
+        records = sum(
+            _write(kc, seg, TopicPartition(topic, p), seed=10 + p, rounds=3) for p in range(PARTITIONS)
+        )
+        deadline = time.monotonic() + 30
+        for p in range(PARTITIONS):
+            tp = TopicPartition(topic, p)
+            while kc.offsets(tp) != seg.offsets(tp):
+                assert time.monotonic() < deadline, (kc.offsets(tp), seg.offsets(tp))
+                time.sleep(0.1)
+    finally:
+        kc.close()
+    expected = {}
+    for p in range(PARTITIONS):
+        expected[p] = tmp_path / f"expected-{p}"
+        restore_store(expected[p], seg, TopicPartition(topic, p))
+    data = Changelog(topic, expected, records)
+    ports = {int(a.rsplit(":", 1)[1]) for a in idle_cluster.addresses}
+    idle_cluster.admin()  # made before the first look at the sockets, so its connections are not counted as ours
+    kc = _changelog(idle_cluster.bootstrap)  # the client's default connections.max.idle.ms (9 minutes)
+    try:
+        first = _restore_all(kc, data, tmp_path / "first")
+        pooled = {port for port, state in _own_connections(ports).items() if state == "01"}
+        assert pooled, "the first restore left no connection open to reuse"
+        print(f"{len(pooled)} connections open after the first restore; idle for {IDLE_SECONDS}s")
+        time.sleep(IDLE_SECONDS)
+        states = _tcp_states(ports)
+        still = {port for port in pooled if states.get(port) == "01"}
+        assert not still, (
+            f"the brokers did not close {len(still)} of {len(pooled)} idle connections: {states}"
+        )
+        second = _restore_all(kc, data, tmp_path / "second")
+    finally:
+        kc.close()
+    assert first < BOUND_IDLE and second < BOUND_IDLE, (first, second)
