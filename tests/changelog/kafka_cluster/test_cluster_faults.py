@@ -25,7 +25,11 @@ equal its segment-log twin, and the restore must end within the case's bound:
 (g) on a cluster of its own whose brokers close connections idle for 3 s
     (``connections.max.idle.ms``), a long-lived changelog with the client's
     default restores, sits idle until the brokers have closed its pooled
-    connections, and restores again.
+    connections, and restores again;
+(h) on a cluster of its own with a TLS listener on every node whose
+    certificate names the host only in its CN (no subjectAltName, which rustls
+    refuses): the changelog falls back to confluent-kafka saying so once, and
+    restores.
 
 The bounds leave room for the broker's session timeout (4 s), the client's
 request timeout (10 s; one attempt waits a third of it, so a call at a paused
@@ -69,6 +73,7 @@ BOUND_ROLLING = 30.0
 BOUND_QUOTA = 60.0
 BOUND_REASSIGN = 30.0
 BOUND_IDLE = 15.0
+BOUND_TLS = 60.0
 #: The brokers' connections.max.idle.ms in (g), and how long the client sits idle there: well past it.
 BROKER_IDLE_MS = 3000
 IDLE_SECONDS = 3 * BROKER_IDLE_MS / 1000
@@ -184,9 +189,10 @@ def _changelog(bootstrap: str) -> Any:
     return KafkaChangelog(bootstrap, request_timeout=REQUEST_TIMEOUT, restore_stall_timeout=30.0)
 
 
-def _restore_all(kc: Any, data: Changelog, into: Path, listener: Any = None) -> float:
+def _restore_all(kc: Any, data: Changelog, into: Path, listener: Any = None, native: bool = True) -> float:
     """restore_many of every partition into ``into``/<p> on 2 threads; every store checked; the seconds taken."""
-    assert kc.native is not None, "the native fetcher serves a PLAINTEXT cluster"
+    if native:
+        assert kc.native is not None, "the native fetcher serves a PLAINTEXT cluster"
     into.mkdir(parents=True, exist_ok=True)
     specs = [
         RestoreSpec(into / str(p), kc, TopicPartition(data.topic, p), listener=listener)
@@ -550,32 +556,16 @@ def _own_connections(remote_ports: set[int]) -> dict[int, str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def idle_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A second 3-node cluster whose brokers close connections idle for ``BROKER_IDLE_MS``."""
-    try:
-        cluster = start_cluster(
-            tmp_path_factory.mktemp("kafka-idle-cluster"), [f"connections.max.idle.ms={BROKER_IDLE_MS}"]
-        )
-    except ClusterUnavailable as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and no Kafka cluster could start: {e}")
-        pytest.skip(f"no Kafka cluster could start: {e}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def test_g_restore_after_the_brokers_closed_idle_connections(idle_cluster: Cluster, tmp_path: Path) -> None:
-    app = f"idle{uuid.uuid4().hex[:8]}"
-    kc = KafkaChangelog(idle_cluster.bootstrap, request_timeout=30.0)
-    seg = SegmentLog(tmp_path / "log", sync=False)
+def _small_changelog(cluster: Cluster, d: Path, prefix: str, seed: int) -> Changelog:
+    """A changelog as the module's, smaller, on ``cluster``, and its segment-log restores in ``d``."""
+    app = f"{prefix}{uuid.uuid4().hex[:8]}"
+    kc = KafkaChangelog(cluster.bootstrap, request_timeout=30.0)
+    seg = SegmentLog(d / "log", sync=False)
     try:
         (topic,) = kafka.ensure_changelog_topics(kc, app, [STORE], PARTITIONS)
-        idle_cluster.wait_healthy([topic], min_isr=3)
+        cluster.wait_healthy([topic], min_isr=3)
         records = sum(
-            _write(kc, seg, TopicPartition(topic, p), seed=10 + p, rounds=3) for p in range(PARTITIONS)
+            _write(kc, seg, TopicPartition(topic, p), seed=seed + p, rounds=3) for p in range(PARTITIONS)
         )
         deadline = time.monotonic() + 30
         for p in range(PARTITIONS):
@@ -587,9 +577,35 @@ def test_g_restore_after_the_brokers_closed_idle_connections(idle_cluster: Clust
         kc.close()
     expected = {}
     for p in range(PARTITIONS):
-        expected[p] = tmp_path / f"expected-{p}"
+        expected[p] = d / f"expected-{p}"
         restore_store(expected[p], seg, TopicPartition(topic, p))
-    data = Changelog(topic, expected, records)
+    return Changelog(topic, expected, records)
+
+
+def _own_cluster(d: Path, properties: list[str]) -> Cluster:
+    """A cluster of the test's own, or a skip (a failure under ``CI=true``) when none can start."""
+    try:
+        return start_cluster(d, properties)
+    except ClusterUnavailable as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and no Kafka cluster could start: {e}")
+        pytest.skip(f"no Kafka cluster could start: {e}")
+
+
+@pytest.fixture
+def idle_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A second 3-node cluster whose brokers close connections idle for ``BROKER_IDLE_MS``, for one test."""
+    cluster = _own_cluster(
+        tmp_path_factory.mktemp("kafka-idle-cluster"), [f"connections.max.idle.ms={BROKER_IDLE_MS}"]
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_g_restore_after_the_brokers_closed_idle_connections(idle_cluster: Cluster, tmp_path: Path) -> None:
+    data = _small_changelog(idle_cluster, tmp_path, "idle", seed=10)
     ports = {int(a.rsplit(":", 1)[1]) for a in idle_cluster.addresses}
     idle_cluster.admin()  # made before the first look at the sockets, so its connections are not counted as ours
     kc = _changelog(idle_cluster.bootstrap)  # the client's default connections.max.idle.ms (9 minutes)
@@ -608,3 +624,92 @@ def test_g_restore_after_the_brokers_closed_idle_connections(idle_cluster: Clust
     finally:
         kc.close()
     assert first < BOUND_IDLE and second < BOUND_IDLE, (first, second)
+
+
+# -- (h) TLS with a CN-only certificate ---------------------------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _cn_only_certificates(d: Path) -> None:
+    """ca.pem, and cn.pem: a key and a v3 certificate for localhost with no subjectAltName (the host in the CN)."""
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=statestore test CA", cwd=d)  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "cn.key", "-out", "cn.csr", "-subj", "/CN=localhost",
+             cwd=d)  # fmt: skip
+    (d / "cn.ext").write_text("basicConstraints=CA:FALSE\n")
+    _openssl("x509", "-req", "-in", "cn.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+             "cn.crt", "-days", "2", "-extfile", "cn.ext", cwd=d)  # fmt: skip
+    _openssl(
+        "pkcs8", "-topk8", "-nocrypt", "-in", "cn.key", "-out", "cn.p8", cwd=d
+    )  # PKCS#8: Kafka's PEM store
+    (d / "cn.pem").write_text((d / "cn.p8").read_text() + (d / "cn.crt").read_text())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, str, Path]]:
+    """A second cluster, for one test, whose every node also has an SSL listener ``SSL_CN`` advertised as localhost:PORT with
+    the CN-only certificate; the bootstrap of those listeners; the directory of ca.pem."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    certs = tmp_path_factory.mktemp("cn-certs")
+    _cn_only_certificates(certs)
+    # The script formats a cluster on its first start and has one substitution (@PORT@) for per-node ports: so
+    # start it, stop it, and give each node its own TLS port before starting it again.
+    cluster = _own_cluster(tmp_path_factory.mktemp("kafka-tls-cluster"), [])
+    try:
+        cluster.stop()
+        tls = []
+        for n in cluster.node_ids:
+            conf = cluster.dir / f"node{n}" / "server.properties"
+            port = _free_port()
+            tls.append(f"localhost:{port}")
+            lines = []
+            for line in conf.read_text().splitlines():
+                if line.startswith("listeners="):
+                    line += f",SSL_CN://127.0.0.1:{port}"
+                elif line.startswith("advertised.listeners="):
+                    line += f",SSL_CN://localhost:{port}"
+                lines.append(line)
+            lines += [
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SSL_CN:SSL",
+                "listener.name.ssl_cn.ssl.keystore.type=PEM",
+                f"listener.name.ssl_cn.ssl.keystore.location={certs / 'cn.pem'}",
+            ]
+            conf.write_text("\n".join(lines) + "\n")
+        cluster.start()
+        cluster.wait_brokers(timeout=60)
+        yield cluster, ",".join(tls), certs
+    finally:
+        cluster.stop()
+
+
+def test_h_restore_from_tls_listeners_with_a_cn_only_certificate(
+    tls_cluster: tuple[Cluster, str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    cluster, bootstrap, certs = tls_cluster
+    data = _small_changelog(cluster, tmp_path, "tls", seed=20)
+    conf = {"security.protocol": "SSL", "ssl.ca.location": str(certs / "ca.pem")}
+    with caplog.at_level(logging.WARNING, logger="statestore.changelog.kafka.source"):
+        kc = KafkaChangelog(bootstrap, request_timeout=REQUEST_TIMEOUT, restore_stall_timeout=30.0, **conf)
+        try:
+            assert kc.native is None, "rustls refuses a certificate without subjectAltName"
+            took = _restore_all(kc, data, tmp_path / "tls", native=False)
+        finally:
+            kc.close()
+    lines = [r.getMessage() for r in caplog.records if "through confluent-kafka" in r.getMessage()]
+    assert len(lines) == 1 and "subjectAltName" in lines[0], lines
+    assert took < BOUND_TLS, f"{took:.1f}s through confluent-kafka over TLS"
