@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -318,3 +319,88 @@ def test_a_restore_too_short_to_report_progress_still_counts(tmp_path: Path) -> 
     )
     (s,) = m.snapshot().stores
     assert s.records_restored == result.records_applied == 2_000 and s.done
+
+
+# -- standby promotions, task states, liveness (what statestore.app publishes) ------------------
+
+
+def app_like_metrics() -> RestoreMetrics:
+    m = RestoreMetrics(APP)
+    m.task_states = lambda: {"0_0": "RUNNING", "0_1": "RESTORING", "0_2": "STANDBY"}
+    m.liveness = lambda: {"state": "RUNNING", "last_poll_at": 1_000.0, "instance_id": None}
+    m.tasks_by_state = lambda: {"active RUNNING": 1, "active RESTORING": 1, "standby RUNNING": 1}
+    # two tasks moved in and found a standby, one did not; the hits replayed 7 records, the miss 500
+    m.promoted("0_0", True)
+    m.promoted("0_1", True)
+    m.promoted("0_3", False)
+    m.restore_started("0_0", TopicPartition(TOPIC, 0), STORE, 10, 17)
+    m.restored("0_0", TopicPartition(TOPIC, 0), STORE, 7, 17)
+    m.restore_ended("0_0", STORE, 7)
+    m.promotion_replayed("0_0", True, m.active_restored("0_0"))
+    m.promotion_replayed("0_3", False, 500)
+    return m
+
+
+def test_standby_promotions_task_states_and_liveness_are_in_the_snapshot() -> None:
+    snap = app_like_metrics().snapshot()
+    assert snap.standby_promotions == {"hit": 2, "miss": 1}
+    assert snap.hit_rate() == pytest.approx(2 / 3)
+    assert snap.promotion_replayed_records == {"hit": 7, "miss": 500}
+    assert snap.task_states == {"0_0": "RUNNING", "0_1": "RESTORING", "0_2": "STANDBY"}
+    assert snap.liveness["state"] == "RUNNING"
+    assert MetricsSnapshot.from_json(snap.to_json()) == snap
+    # a snapshot of an older writer (no such fields) still reads
+    old = json.loads(snap.to_json())
+    for k in ("task_states", "standby_promotions", "promotion_replayed_records", "liveness"):
+        del old[k]
+    back = MetricsSnapshot.from_json(json.dumps(old))
+    assert back.task_states == {} and back.hit_rate() is None and back.liveness == {}
+
+
+def test_the_exporter_serves_promotions_task_states_and_liveness() -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from statestore.ops.exporter import register
+
+    reg = CollectorRegistry()
+    register(app_like_metrics(), reg)
+    text = generate_latest(reg).decode()
+    assert f'statestore_standby_promotions_total{{application_id="{APP}",result="hit"}} 2.0' in text
+    assert f'statestore_standby_promotions_total{{application_id="{APP}",result="miss"}} 1.0' in text
+    assert f'statestore_promotion_replayed_records_total{{application_id="{APP}",result="hit"}} 7.0' in text
+    assert (
+        f'statestore_promotion_replayed_records_total{{application_id="{APP}",result="miss"}} 500.0' in text
+    )
+    for task, state in (("0_0", "RUNNING"), ("0_1", "RESTORING"), ("0_2", "STANDBY")):
+        assert f'statestore_task_state{{application_id="{APP}",state="{state}",task="{task}"}} 1.0' in text
+    assert re.search(
+        rf'statestore_app_last_poll_age_seconds\{{application_id="{APP}",state="RUNNING"\}} \d', text
+    )
+
+
+def test_watch_and_inspect_show_published_task_states_and_liveness(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "log", 3, 1_000)
+    state = tmp_path / "state"
+    for part in range(3):
+        store = state / APP / f"0_{part}" / "rocksdb" / STORE
+        store.parent.mkdir(parents=True)
+        restore_store(store, log, TopicPartition(TOPIC, part))
+    m = app_like_metrics()
+    m.liveness = lambda: {"state": "RUNNING", "last_poll_at": time.time(), "instance_id": None}
+    common = ["--state-dir", str(state), "--app-id", APP]
+    with MetricsPublisher(m, state):
+        out = run_cli("watch", *common, "--iterations", "1")
+        assert out.returncode == 0, out.stderr
+        for task, st in (("0_0", "RUNNING"), ("0_1", "RESTORING"), ("0_2", "STANDBY")):
+            assert re.search(rf"{task} .*{st}", out.stdout), out.stdout
+        assert f"live: pid {os.getpid()}; RUNNING; last poll" in out.stdout
+        assert "standby hits 2/3 (67%), 507 records replayed on promotion" in out.stdout
+        out = run_cli("inspect", *common, "--quick", "--json")
+        assert out.returncode == 0, out.stderr
+        (proc,) = json.loads(out.stdout)["processes"]
+        assert proc["pid"] == os.getpid() and proc["task_states"]["0_2"] == "STANDBY"
+        assert proc["standby_promotions"] == {"hit": 2, "miss": 1}
+    out = run_cli("inspect", *common, "--quick")
+    assert out.returncode == 0, out.stderr
+    assert "live:" not in out.stdout and "RUNNING" not in out.stdout  # closed: no live process

@@ -39,6 +39,7 @@ from statestore.errors import (
     StateStoreError,
 )
 from statestore.ids import TaskId, TopicPartition
+from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
 from statestore.processing.task import ActiveTask, TaskState, TaskStore
 from statestore.processing.task_manager import TaskManager
 from statestore.state.policy import Guarantee
@@ -57,6 +58,8 @@ ALOS_COMMIT_INTERVAL_MS = 30_000
 APP_TRANSACTION_TIMEOUT_MS = 10_000
 #: Seconds between two placements of standby tasks (and after every assignment).
 STANDBY_REFRESH_S = 5.0
+#: Seconds between two metric snapshots the loop publishes for ``statestore inspect``/``watch``.
+PUBLISH_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,10 @@ class App:
       ``consumer_config``: for the group consumer only (``session.timeout.ms``, ...).
     * ``group_protocol``: ``"classic"`` (default; range assignor) or ``"consumer"`` (KIP-848 with
       the server-side range assignor).
+    * ``publish_metrics``: the loop writes a snapshot of :attr:`metrics` (restores, standbys, each
+      task's state, standby hits, liveness) under ``<state_dir>/<application_id>/.metrics/`` every
+      second, for ``statestore inspect``/``watch`` in another process; serve :attr:`metrics` to
+      Prometheus with :func:`statestore.ops.exporter.start_exporter`.
     """
 
     def __init__(
@@ -155,6 +162,7 @@ class App:
         consumer_config: Mapping[str, Any] | None = None,
         max_poll_records: int = 500,
         request_timeout: float = 30.0,
+        publish_metrics: bool = True,
     ) -> None:
         self.application_id = application_id
         self.bootstrap_servers = bootstrap_servers
@@ -218,6 +226,17 @@ class App:
         #: Tasks that moved to this instance and found a standby here (hit) or not (miss).
         self.standby_hits = 0
         self.standby_misses = 0
+        #: Restore and standby metrics, task states, standby hits and liveness of this instance.
+        self.metrics = RestoreMetrics(application_id)
+        self.metrics.task_states = self.task_states
+        self.metrics.liveness = self.liveness
+        self.publish_metrics = publish_metrics
+        self._publisher: MetricsPublisher | None = None
+        self._published = 0.0
+        self._state = "CREATED"
+        self._last_poll: float | None = None
+        # Tasks that moved in and are not RUNNING yet: whether each found a standby here.
+        self._promoting: dict[TaskId, bool] = {}
 
     def __repr__(self) -> str:
         return f"App({self.application_id!r}, {self.bootstrap_servers!r}, inputs={self.input_topics})"
@@ -250,7 +269,12 @@ class App:
                 commit_interval_ms=max(1, int(self.commit_interval * 1000)),
                 transaction_timeout_ms=self.transaction_timeout_ms,
                 client_id=self.instance_id,
+                metrics=self.metrics,
             )
+            self._state = "STARTING"
+            if self.publish_metrics:
+                self._publisher = MetricsPublisher(self.metrics, self.state_dir, interval=PUBLISH_INTERVAL_S)
+                self._publish()
             self.task_manager.start()  # under exactly-once: init_transactions fences our previous incarnation
             conf: dict[str, Any] = {
                 "group.id": self.application_id,
@@ -342,6 +366,7 @@ class App:
         self.start()
         tm, consumer = self._tm(), self._consumer
         msgs = consumer.consume(self.max_poll_records, timeout if not self._paused else min(timeout, 0.01))
+        self._last_poll = time.time()
         self._raise_callback_error()
         tm.poll(commit=False)
         if self._paused:
@@ -360,7 +385,19 @@ class App:
             self.commit()
         if self.num_standby_replicas and time.monotonic() >= self._standby_due and not self._rebalancing:
             self._place_standbys()
+        if self._publisher is not None and time.monotonic() - self._published >= PUBLISH_INTERVAL_S:
+            self._publish()
         return done
+
+    def _publish(self) -> None:
+        """Write a metrics snapshot (from the loop's thread: the task manager is not thread-safe)."""
+        self._published = time.monotonic()
+        if self._publisher is None:
+            return
+        try:
+            self._publisher.publish()
+        except OSError as e:  # the next one tries again
+            logger.debug("%s: publishing metrics: %s", self.application_id, e)
 
     def _handle(self, msg: Any) -> bool:
         tp = TopicPartition(msg.topic(), msg.partition())
@@ -631,6 +668,9 @@ class App:
             hits = moved_in & set(tm.standby_tasks())
             self.standby_hits += len(hits)
             self.standby_misses += len(moved_in - hits)
+            for tid in moved_in:
+                self.metrics.promoted(tid, tid in hits)
+                self._promoting[tid] = tid in hits
             logger.info(
                 "%s: tasks moved here: %s; found a standby: %s",
                 self.application_id,
@@ -639,6 +679,7 @@ class App:
             )
         self._before_rebalance = set()
         self._assignments += 1
+        self._promoting = {t: hit for t, hit in self._promoting.items() if t in tasks}
         tm.assign(active=tasks, standby=self._standbys - tasks)
         self._pause_not_running()
         self._standby_due = 0.0  # the membership changed: place standbys again
@@ -763,6 +804,19 @@ class App:
                     ready.append(tp)
             except KeyError:
                 continue
+        for tid, hit in list(self._promoting.items()):
+            task = tm.active_tasks().get(tid)
+            if task is not None and task.state is TaskState.RUNNING:
+                del self._promoting[tid]
+                replayed = self.metrics.active_restored(tid)
+                self.metrics.promotion_replayed(tid, hit, replayed)
+                logger.info(
+                    "%s: task %s moved here runs after replaying %d records (%s)",
+                    self.application_id,
+                    tid,
+                    replayed,
+                    "from its standby" if hit else "no standby",
+                )
         if not ready:
             return
         for tp in ready:
@@ -788,6 +842,26 @@ class App:
             return {}
         return {tid: t.state.value for tid, t in self.task_manager.active_tasks().items()}
 
+    def task_states(self) -> dict[str, str]:
+        """Each task of this instance and its state: ``RESTORING``/``RUNNING`` (active), ``STANDBY``."""
+        tm = self.task_manager
+        if tm is None or tm._closed:
+            return {}
+        out = {str(tid): "STANDBY" for tid in tm.standby_tasks()}
+        out.update({str(tid): t.state.value for tid, t in tm.active_tasks().items()})
+        return out
+
+    def liveness(self) -> dict[str, Any]:
+        """``state`` (``CREATED``, ``STARTING``, ``RUNNING``, ``REBALANCING``, ``CLOSING``, ``CLOSED``),
+        ``last_poll_at`` (``time.time()`` of the loop's last poll, None before the first) and the
+        instance's ``instance_id``: a loop that hangs stops moving ``last_poll_at``."""
+        state = self._state
+        if state == "STARTING" and self._assignments:
+            state = "RUNNING"
+        if state == "RUNNING" and self._rebalancing:
+            state = "REBALANCING"
+        return {"state": state, "last_poll_at": self._last_poll, "instance_id": self.instance_id}
+
     # -- close ---------------------------------------------------------------------------------
 
     def close(self, clean: bool = True) -> None:
@@ -795,6 +869,7 @@ class App:
         abort what is open, commit nothing more, close everything."""
         if self._closed:
             return
+        self._state = "CLOSING"
         try:
             if self.task_manager is not None and self._consumer is not None:
                 if clean:
@@ -811,6 +886,10 @@ class App:
             self._close_quietly(clean)
 
     def _close_quietly(self, clean: bool = False) -> None:
+        if self._publisher is not None:
+            self._publisher.close()  # removes the snapshot: no live process of this instance
+            self._publisher = None
+        self._state = "CLOSED"
         consumer = self._consumer
         if consumer is not None:
             try:

@@ -16,6 +16,7 @@ from statestore.cli.common import (
     state_options,
 )
 from statestore.ops.inspection import StoreReport, inspect_app, reports_json
+from statestore.ops.metrics import describe_liveness, published_snapshots, task_states_by_process
 
 
 def _num(v: int | None, missing: str = "-") -> str:
@@ -41,7 +42,12 @@ def inspect(
     as_json: bool,
     quick: bool,
 ) -> None:
-    """Show every store of an application: offsets, status, lag, size and lock holder.
+    """Show every store of an application: offsets, status, lag, size, lock holder and task state.
+
+    The task state (RESTORING, RUNNING, STANDBY) and the liveness of the
+    process running the application come from the snapshots a running
+    application publishes (statestore.app does, every second); "-" when no
+    live process publishes one.
 
     Reads only: stores are opened read-only and locks are looked up, never taken,
     so it is safe against a running application. Every block of every store is
@@ -63,8 +69,10 @@ def inspect(
     else:
         holder, reports = inspect_app(state_dir, app_id, log_dir, check_blocks=not quick)
     with_log = log_dir is not None or kafka is not None
+    live = published_snapshots(state_dir, app_id)
+    states = task_states_by_process(live)
     if as_json:
-        click.echo(reports_json(holder, reports))
+        click.echo(reports_json(holder, reports, live))
         return
     table = Table(
         title=f"{app_id} in {state_dir}  (process lock: {'pid ' + str(holder) if holder else 'free'})"
@@ -76,6 +84,7 @@ def inspect(
         "store offset",
         "checkpoint",
         "status",
+        "task state",
         "keys (est.)",
         "size",
         "lock",
@@ -98,6 +107,7 @@ def inspect(
             r.status
             if r.problem is None
             else ("[red]unknown type[/red] (below)" if unknown_type else "[red]damaged[/red] (below)"),
+            f"{states[r.task_id][0]} (pid {states[r.task_id][1]})" if r.task_id in states else "-",
             _num(r.approx_keys),
             human_bytes(r.size_bytes),
             f"pid {r.lock_holder_pid}" if r.lock_holder_pid else "free",
@@ -112,3 +122,5 @@ def inspect(
             console.print(f"[red]{r.task_id} {r.store}:[/red] {r.problem}", soft_wrap=True)
     if not reports:
         console.print("no stores found")
+    for snap in live:
+        console.print(f"live: {describe_liveness(snap)}", soft_wrap=True)

@@ -18,7 +18,13 @@ from statestore.changelog.segment_log import SegmentLog
 from statestore.cli.common import console, kafka_changelog, kafka_options, log_dir_option, state_options
 from statestore.errors import StateStoreError
 from statestore.ops.inspection import StoreReport, inspect_app
-from statestore.ops.metrics import MetricsSnapshot, StoreMetrics, published_snapshots
+from statestore.ops.metrics import (
+    MetricsSnapshot,
+    StoreMetrics,
+    describe_liveness,
+    published_snapshots,
+    task_states_by_process,
+)
 
 UNKNOWN = "unknown"
 
@@ -31,6 +37,8 @@ class WatchRow:
     live: StoreMetrics | None
     lag_rate: float | None
     """Records per second the lag shrank by since the previous refresh (None on the first)."""
+    task_state: str | None = None
+    """``RESTORING``/``RUNNING``/``STANDBY`` as the live process running the task publishes it."""
 
     def rate(self) -> float | None:
         """Restore (or standby update) rate: the publishing process's, else the lag's shrink rate."""
@@ -71,7 +79,9 @@ def watch_rows(
     out; a file that cannot be read shows ``unknown``.
     """
     holder, reports = inspect_app(state_dir, app_id, changelog=log)
-    live = _live_by_store(published_snapshots(state_dir, app_id))
+    snaps = published_snapshots(state_dir, app_id)
+    live = _live_by_store(snaps)
+    states = task_states_by_process(snaps)
     now = time.monotonic()
     samples: dict[tuple[str, str], tuple[float, int]] = {}
     rows = []
@@ -84,7 +94,8 @@ def watch_rows(
                 t0, lag0 = previous[key]
                 if now > t0:
                     lag_rate = max(0.0, (lag0 - r.lag) / (now - t0))
-        rows.append(WatchRow(r, live.get(key), lag_rate))
+        state = states.get(r.task_id)
+        rows.append(WatchRow(r, live.get(key), lag_rate, None if state is None else state[0]))
     return holder, rows, samples
 
 
@@ -101,17 +112,26 @@ def _eta(seconds: float | None) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def render(app_id: str, holder: int | None, rows: list[WatchRow], with_log: bool) -> Table:
-    """The live table of one refresh."""
+def render(
+    app_id: str,
+    holder: int | None,
+    rows: list[WatchRow],
+    with_log: bool,
+    live: list[MetricsSnapshot] | None = None,
+) -> Table:
+    """The live table of one refresh; ``live``: the snapshots of live processes, one caption line each."""
     table = Table(
         title=f"{app_id}  (process lock: {'pid ' + str(holder) if holder else 'free'})  "
         f"{time.strftime('%H:%M:%S')}",
         title_justify="left",
+        caption="\n".join(f"live: {describe_liveness(s)}" for s in live or []) or None,
+        caption_justify="left",
     )
     for col, right in [
         ("task", False),
         ("store", False),
         ("status", False),
+        ("task state", False),
         ("store offset", True),
         ("restoring", False),
         ("restored", True),
@@ -130,6 +150,7 @@ def render(app_id: str, holder: int | None, rows: list[WatchRow], with_log: bool
             r.task_id,
             r.store,
             r.status if r.problem is None else f"[red]{r.problem}[/red]",
+            w.task_state or "-",
             "-" if r.store_offset is None else f"{r.store_offset:,}",
             "-" if w.live is None else "done" if w.live.done else w.live.kind,
             "-" if w.live is None else f"{w.live.records_restored:,}",
@@ -202,7 +223,7 @@ def _loop(
             holder, rows, previous = watch_rows(state_dir, app_id, log, previous)
         except StateStoreError as e:
             return Group(Text(f"{time.strftime('%H:%M:%S')} {e}", style="red"))
-        return render(app_id, holder, rows, log is not None)
+        return render(app_id, holder, rows, log is not None, published_snapshots(state_dir, app_id))
 
     if not out.is_terminal:
         # Not a terminal (a pipe, a test): print each refresh in turn.

@@ -3,22 +3,37 @@
 The exporter registers one collector that takes a snapshot when scraped, so a
 restore pays nothing for it between scrapes. Names and labels are stable:
 
-=============================================  =======  ==========================================
-metric                                         type     labels
-=============================================  =======  ==========================================
-``statestore_restore_records_total``           counter  application_id, task, store
-``statestore_restore_records_per_second``      gauge    application_id, task, store
-``statestore_restore_remaining_records``       gauge    application_id, task, store
-``statestore_restore_seconds``                 gauge    application_id, task, store
-``statestore_standby_records_total``           counter  application_id, task, store
-``statestore_standby_records_per_second``      gauge    application_id, task, store
-``statestore_standby_lag_records``             gauge    application_id, task, store
-``statestore_tasks``                           gauge    application_id, state
-=============================================  =======  ==========================================
+================================================  =======  ==========================================
+metric                                            type     labels
+================================================  =======  ==========================================
+``statestore_restore_records_total``              counter  application_id, task, store
+``statestore_restore_records_per_second``         gauge    application_id, task, store
+``statestore_restore_remaining_records``          gauge    application_id, task, store
+``statestore_restore_seconds``                    gauge    application_id, task, store
+``statestore_standby_records_total``              counter  application_id, task, store
+``statestore_standby_records_per_second``         gauge    application_id, task, store
+``statestore_standby_lag_records``                gauge    application_id, task, store
+``statestore_tasks``                              gauge    application_id, state
+``statestore_task_state``                         gauge    application_id, task, state
+``statestore_standby_promotions_total``           counter  application_id, result
+``statestore_promotion_replayed_records_total``    counter  application_id, result
+``statestore_app_last_poll_age_seconds``          gauge    application_id, state
+================================================  =======  ==========================================
+
+``statestore_task_state`` is 1 for each task of the process with its state
+(``RESTORING``, ``RUNNING``, ``STANDBY``). ``statestore_standby_promotions_total``
+counts the tasks that moved to this process, ``result="hit"`` when it held a
+standby of the task, ``"miss"`` when not: the hit rate is
+``hit / (hit + miss)``; ``statestore_promotion_replayed_records_total`` the
+records those tasks restored before they ran (a hit replays only what its
+standby lacked). ``statestore_app_last_poll_age_seconds`` is an application's
+liveness: seconds since its loop last polled, labelled with its state
+(``STARTING``, ``RUNNING``, ``REBALANCING``, ``CLOSING``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -100,7 +115,41 @@ class RestoreMetricsCollector:
         )
         for state, n in sorted(snap.tasks_by_state.items()):
             tasks.add_metric([snap.application_id, state], n)
-        yield from (restored, rate, remaining, seconds, standby, standby_rate, standby_lag, tasks)
+        task_state = GaugeMetricFamily(
+            "statestore_task_state",
+            "1 for each task of this process, labelled with its state (RESTORING, RUNNING, STANDBY)",
+            labels=["application_id", "task", "state"],
+        )
+        for task, state in sorted(snap.task_states.items()):
+            task_state.add_metric([snap.application_id, task, state], 1)
+        promotions = CounterMetricFamily(
+            "statestore_standby_promotions",
+            "Tasks that moved to this process, by whether they found a standby here (hit) or not (miss)",
+            labels=["application_id", "result"],
+        )
+        replayed = CounterMetricFamily(
+            "statestore_promotion_replayed_records",
+            "Records the tasks that moved here restored before they ran, by hit or miss of a standby",
+            labels=["application_id", "result"],
+        )
+        for result in ("hit", "miss"):
+            promotions.add_metric([snap.application_id, result], snap.standby_promotions.get(result, 0))
+            replayed.add_metric([snap.application_id, result], snap.promotion_replayed_records.get(result, 0))
+        families = [restored, rate, remaining, seconds, standby, standby_rate, standby_lag, tasks, task_state]
+        families += [promotions, replayed]
+        last_poll = snap.liveness.get("last_poll_at")
+        if last_poll is not None:
+            alive = GaugeMetricFamily(
+                "statestore_app_last_poll_age_seconds",
+                "Seconds since the application's loop last polled (its liveness), labelled with its state",
+                labels=["application_id", "state"],
+            )
+            alive.add_metric(
+                [snap.application_id, str(snap.liveness.get("state", "UNKNOWN"))],
+                max(0.0, time.time() - float(last_poll)),
+            )
+            families.append(alive)
+        yield from families
 
 
 def register(metrics: RestoreMetrics, registry: CollectorRegistry | None = None) -> RestoreMetricsCollector:

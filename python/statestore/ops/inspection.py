@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from statestore import _native
 from statestore.changelog.protocol import Changelog
@@ -22,6 +24,9 @@ from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.directory import LOCK_FILE_NAME, STORES_DIR_NAME
 from statestore.state.lag import store_lag
 from statestore.state.store import STATUS_NAMES
+
+if TYPE_CHECKING:
+    from statestore.ops.metrics import MetricsSnapshot
 
 
 @dataclass(frozen=True)
@@ -221,10 +226,30 @@ def inspect_app(
     return lock_holder(root / LOCK_FILE_NAME, holders), reports
 
 
-def reports_json(process_holder: int | None, reports: list[StoreReport]) -> str:
-    """The ``--json`` document of :func:`inspect_app`."""
+def reports_json(
+    process_holder: int | None, reports: list[StoreReport], live: Sequence[MetricsSnapshot] = ()
+) -> str:
+    """The ``--json`` document of :func:`inspect_app`; ``live``: the snapshots live processes published
+    (their pid, liveness, each task's state, standby promotions)."""
+    processes = [
+        {
+            "pid": snap.pid,
+            "taken_at": snap.taken_at,
+            "liveness": snap.liveness,
+            "task_states": snap.task_states,
+            "tasks_by_state": snap.tasks_by_state,
+            "standby_promotions": snap.standby_promotions,
+            "promotion_replayed_records": snap.promotion_replayed_records,
+        }
+        for snap in live
+    ]
     return json.dumps(
-        {"process_lock_holder_pid": process_holder, "stores": [r.to_json() for r in reports]}, indent=2
+        {
+            "process_lock_holder_pid": process_holder,
+            "stores": [r.to_json() for r in reports],
+            "processes": processes,
+        },
+        indent=2,
     )
 
 

@@ -3,7 +3,9 @@
 :class:`RestoreMetrics` collects, per task and store, what an operator asks
 of a restoration -- how many records are restored, how fast, how many remain,
 how long it has run -- and of a standby: how fast it is updated and how far
-it lags; per process, how many tasks are in each state. It has no
+it lags; per process, how many tasks are in each state, each task's state,
+how often a task that moved in found a standby (and how many records it
+replayed before it ran), and an application's liveness. It has no
 dependency: read it with :meth:`RestoreMetrics.snapshot`, hand it to
 :func:`statestore.ops.exporter.start_exporter` (``statestore[metrics]``)
 to serve Prometheus, or let :class:`MetricsPublisher` write snapshots that
@@ -25,10 +27,11 @@ import json
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from statestore import _native
 from statestore.ids import TaskId, TopicPartition
@@ -82,6 +85,22 @@ class MetricsSnapshot:
     """``time.time()`` of the snapshot."""
     stores: list[StoreMetrics]
     tasks_by_state: dict[str, int]
+    task_states: dict[str, str] = field(default_factory=dict)
+    """Each task of this process and its state: ``RESTORING``, ``RUNNING`` (active) or ``STANDBY``."""
+    standby_promotions: dict[str, int] = field(default_factory=dict)
+    """Tasks that moved to this process (promoted to active) by whether they found a standby here:
+    ``{"hit": n, "miss": m}``."""
+    promotion_replayed_records: dict[str, int] = field(default_factory=dict)
+    """Records those tasks restored before they ran, by ``"hit"``/``"miss"``: a hit replays only
+    what its standby had not applied."""
+    liveness: dict[str, Any] = field(default_factory=dict)
+    """What the process says of itself (an application: ``state`` and ``last_poll_at``, a
+    ``time.time()``); empty for a process that does not tell."""
+
+    def hit_rate(self) -> float | None:
+        """Share of promoted tasks that found a standby; None before any promotion."""
+        hits, misses = self.standby_promotions.get("hit", 0), self.standby_promotions.get("miss", 0)
+        return hits / (hits + misses) if hits + misses else None
 
     def to_json(self) -> str:
         """The snapshot as JSON (what :class:`MetricsPublisher` writes)."""
@@ -98,6 +117,12 @@ class MetricsSnapshot:
                 taken_at=float(doc["taken_at"]),
                 stores=[StoreMetrics(**s) for s in doc["stores"]],
                 tasks_by_state={str(k): int(v) for k, v in doc["tasks_by_state"].items()},
+                task_states={str(k): str(v) for k, v in doc.get("task_states", {}).items()},
+                standby_promotions={str(k): int(v) for k, v in doc.get("standby_promotions", {}).items()},
+                promotion_replayed_records={
+                    str(k): int(v) for k, v in doc.get("promotion_replayed_records", {}).items()
+                },
+                liveness=dict(doc.get("liveness", {})),
             )
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"not a metrics snapshot: {e}") from e
@@ -155,7 +180,13 @@ class RestoreMetrics:
         self._clock = clock
         self._lock = threading.Lock()
         self._stores: dict[tuple[str, str], _Progress] = {}
+        self._promotions: Counter[str] = Counter()
+        self._replayed: Counter[str] = Counter()
         self.tasks_by_state: Callable[[], Mapping[str, int]] | None = None
+        #: Asked at snapshot time: each task's state (``RESTORING``/``RUNNING``/``STANDBY``).
+        self.task_states: Callable[[], Mapping[str, str]] | None = None
+        #: Asked at snapshot time: the process's liveness (see :attr:`MetricsSnapshot.liveness`).
+        self.liveness: Callable[[], Mapping[str, Any]] | None = None
 
     # -- recording ------------------------------------------------------------------------
 
@@ -210,6 +241,23 @@ class RestoreMetrics:
             p.end_offset = end
             p.record(self._clock(), records, next_position)
 
+    def promoted(self, task_id: TaskId | str, found_standby: bool) -> None:
+        """A task moved to this process as an active task; it found a standby of itself here or not."""
+        with self._lock:
+            self._promotions["hit" if found_standby else "miss"] += 1
+
+    def promotion_replayed(self, task_id: TaskId | str, found_standby: bool, records: int) -> None:
+        """A promoted task ran after restoring ``records`` records (what its standby lacked, on a hit)."""
+        with self._lock:
+            self._replayed["hit" if found_standby else "miss"] += records
+
+    def active_restored(self, task_id: TaskId | str) -> int:
+        """Records restored so far into the active stores of ``task_id`` (0 when none restored)."""
+        with self._lock:
+            return sum(
+                p.records for (t, _), p in self._stores.items() if t == str(task_id) and p.kind == "active"
+            )
+
     def forget(self, task_id: TaskId | str) -> None:
         """Drop every store of a task (it was closed, wiped or migrated)."""
         with self._lock:
@@ -228,11 +276,25 @@ class RestoreMetrics:
     def snapshot(self) -> MetricsSnapshot:
         """Every store's metrics and the tasks by state, now."""
         states = dict(self.tasks_by_state()) if self.tasks_by_state is not None else {}
+        task_states = dict(self.task_states()) if self.task_states is not None else {}
+        liveness = dict(self.liveness()) if self.liveness is not None else {}
         now = self._clock()
         with self._lock:
             stores = [self._store_metrics(p, now) for p in self._stores.values()]
+            promotions = {"hit": self._promotions["hit"], "miss": self._promotions["miss"]}
+            replayed = {"hit": self._replayed["hit"], "miss": self._replayed["miss"]}
         stores.sort(key=lambda s: (s.task_id, s.store))
-        return MetricsSnapshot(self.application_id, os.getpid(), time.time(), stores, states)
+        return MetricsSnapshot(
+            self.application_id,
+            os.getpid(),
+            time.time(),
+            stores,
+            states,
+            task_states,
+            promotions,
+            replayed,
+            liveness,
+        )
 
     def _store_metrics(self, p: _Progress, now: float) -> StoreMetrics:
         remaining = None
@@ -358,6 +420,47 @@ def published_snapshots(state_dir: str | Path, application_id: str) -> list[Metr
     return out
 
 
+#: A snapshot older than this many seconds says its process stopped polling (its loop hangs).
+STALE_AFTER_SECONDS = 10.0
+
+
+def task_states_by_process(snaps: Iterable[MetricsSnapshot]) -> dict[str, tuple[str, int]]:
+    """``task id -> (state, pid)`` from the snapshots of live processes (``RESTORING``/``RUNNING``/``STANDBY``)."""
+    out: dict[str, tuple[str, int]] = {}
+    for snap in snaps:
+        for task, state in snap.task_states.items():
+            # An active task wins over a standby another process holds of it.
+            if task not in out or out[task][0] == "STANDBY":
+                out[task] = (state, snap.pid)
+    return out
+
+
+def describe_liveness(snap: MetricsSnapshot, now: float | None = None) -> str:
+    """One line on a live process: its state, how long ago its loop polled, its standby hit rate."""
+    now = time.time() if now is None else now
+    parts = [f"pid {snap.pid}"]
+    state = snap.liveness.get("state")
+    age = now - snap.taken_at
+    if age > STALE_AFTER_SECONDS:
+        parts.append(f"NOT RESPONDING (last snapshot {age:.0f} s ago)")
+    elif state is not None:
+        parts.append(str(state))
+    last_poll = snap.liveness.get("last_poll_at")
+    if last_poll is not None:
+        parts.append(f"last poll {max(0.0, now - float(last_poll)):.1f} s ago")
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(snap.tasks_by_state.items()))
+    if counts:
+        parts.append(f"tasks: {counts}")
+    rate = snap.hit_rate()
+    if rate is not None:
+        hits, misses = snap.standby_promotions.get("hit", 0), snap.standby_promotions.get("miss", 0)
+        replayed = sum(snap.promotion_replayed_records.values())
+        parts.append(
+            f"standby hits {hits}/{hits + misses} ({rate:.0%}), {replayed:,} records replayed on promotion"
+        )
+    return "; ".join(parts)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -371,10 +474,13 @@ def _alive(pid: int) -> bool:
 __all__ = [
     "METRICS_DIR_NAME",
     "RATE_WINDOW_SECONDS",
+    "STALE_AFTER_SECONDS",
     "MetricsPublisher",
     "MetricsSnapshot",
     "RestoreMetrics",
     "StoreMetrics",
     "TaskRestoreListener",
+    "describe_liveness",
     "published_snapshots",
+    "task_states_by_process",
 ]
