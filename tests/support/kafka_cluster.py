@@ -180,11 +180,24 @@ class Cluster:
     def describe(
         self, topic: str, timeout: float = 10.0
     ) -> dict[int, tuple[int | None, list[int], list[int]]]:
-        """``{partition: (leader or None, replicas, isr)}`` of ``topic``, as the controller has it now."""
-        from confluent_kafka import TopicCollection
+        """``{partition: (leader or None, replicas, isr)}`` of ``topic``, as the controller has it now.
 
-        futures = self.admin().describe_topics(TopicCollection([topic]), request_timeout=timeout)
-        desc = futures[topic].result(timeout=timeout)
+        A topic just created reaches each node's metadata at its own pace (seconds on a loaded machine):
+        a node that does not know it yet is asked again until ``timeout``.
+        """
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+        deadline = time.monotonic() + timeout
+        while True:
+            futures = self.admin().describe_topics(TopicCollection([topic]), request_timeout=timeout)
+            try:
+                desc = futures[topic].result(timeout=timeout)
+                break
+            except KafkaException as e:
+                unknown = e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                if not unknown or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         return {
             p.id: (
                 p.leader.id if p.leader is not None and p.leader.id >= 0 else None,
