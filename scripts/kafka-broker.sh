@@ -116,11 +116,15 @@ EOF
     sed -i "/^${kv%%=*}=/d" "$dir/server.properties"
     echo "$kv" >>"$dir/server.properties"
   done
-  cat >"$dir/log4j2.properties" <<EOF
+  write_log4j "$dir"
+}
+
+write_log4j() {  # write_log4j DIR: the broker logs warnings (and its start) to DIR/broker.log
+  cat >"$1/log4j2.properties" <<EOF
 status = warn
 appender.file.type = File
 appender.file.name = FILE
-appender.file.fileName = $dir/broker.log
+appender.file.fileName = $1/broker.log
 appender.file.layout.type = PatternLayout
 appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN

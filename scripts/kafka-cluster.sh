@@ -92,18 +92,7 @@ EOF
     sed -i "/^${kv%%=*}=/d" "$nd/server.properties"  # a later line wins
     echo "$kv" >>"$nd/server.properties"
   done
-  cat >"$nd/log4j2.properties" <<EOF
-status = warn
-appender.file.type = File
-appender.file.name = FILE
-appender.file.fileName = $nd/broker.log
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.file.ref = FILE
-logger.started.name = kafka.server.KafkaRaftServer
-logger.started.level = INFO
-EOF
+  write_log4j "$nd"
 }
 
 launch_node() {  # launch_node DIR ID: start the JVM of node ID in the background
