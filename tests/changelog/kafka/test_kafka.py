@@ -18,6 +18,7 @@ from statestore.errors import LogError, ProducerFencedError, TaskCorruptedError
 from statestore.processing.task_manager import TaskManager
 from statestore.restore.engine import RestoreSpec
 from statestore.state.directory import StateDirectory
+from support.kafka_writes import settle
 from support.model import store_difference
 from support.tasks import Events
 
@@ -152,6 +153,7 @@ def test_restore_resumes_after_the_stored_offset_and_steps_over_the_final_marker
         p.send(topic, 0, b"k%d" % i, b"%d" % i)
         p.commit()
     p.close()
+    settle(changelog, tp)
     # offsets: 0 data, 1 marker, 2 data, 3 marker, 4 data, 5 marker
     assert changelog.offsets(tp) == (0, 6, 6)
     r = restore_store(tmp_path / "s", changelog, tp, end_offset=3)

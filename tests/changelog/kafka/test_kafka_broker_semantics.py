@@ -35,6 +35,7 @@ from statestore import TaskId, TopicPartition, restore_store
 from statestore.errors import LogError, StateStoreError, TaskCorruptedError
 from statestore.processing.task_manager import TaskManager
 from support.kafka_broker import Broker, BrokerUnavailable, start_broker
+from support.kafka_writes import settle
 from support.model import apply, store_contents
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -91,6 +92,7 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
     for k, v in open_records:
         p.send(topic, 0, k, v)
     p.flush()
+    settle(changelog, tp, open_records=len(open_records))
     start, end, lso = changelog.offsets(tp)
     assert start == 0 and lso < end, "an open transaction keeps the last stable offset below the end"
     committed = sum(1 for _ in changelog.read(tp))
@@ -109,6 +111,7 @@ def test_restore_applies_exactly_the_committed_records(changelog: Any, tmp_path:
     p.commit()
     apply(model, open_records)
     p.close()
+    settle(changelog, tp)
     r = restore_store(tmp_path / "replay", changelog, tp)
     assert r.mode == "replay" and r.records_applied == len(open_records)
     assert r.end_offset == changelog.end_offset(tp) and r.offset == r.end_offset - 2
@@ -141,6 +144,7 @@ def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_pa
         p.commit()
         apply(model, records)
         written += len(records)
+    settle(changelog, tp)
     uncompacted = tmp_path / "before"
     restore_store(uncompacted, changelog, tp, mode="replay")
     assert store_contents(uncompacted).data == model
@@ -157,6 +161,7 @@ def test_a_compacted_changelog_restores_to_the_same_store(changelog: Any, tmp_pa
         if remaining < written // 2:
             break
     p.close()
+    settle(changelog, tp)
     assert remaining < written // 2, (
         f"the log cleaner did not compact the topic in time ({remaining} of {written})"
     )

@@ -25,6 +25,7 @@ import pytest
 
 from statestore import SegmentLog, TopicPartition, _native, restore_many, restore_store
 from statestore.restore.engine import RestoreSpec
+from support.kafka_writes import write_twins
 from support.model import store_difference
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -52,34 +53,6 @@ def _txn(rng: random.Random, n: int, keys: int, tag: str) -> list[Rec]:
     ]
 
 
-def _write(kc: Any, seg: SegmentLog, tp: TopicPartition, seed: int, rounds: int) -> None:
-    """Committed and aborted transactions, interleaved by two producers, to Kafka and the segment log alike."""
-    rng = random.Random(seed)
-    pairs = [
-        (kc.producer(f"a-{tp}-{seed}"), seg.producer(f"a-{seed}")),
-        (kc.producer(f"b-{tp}-{seed}"), seg.producer(f"b-{seed}")),
-    ]
-    for r in range(rounds):
-        for kp, sp in pairs:
-            kp.begin()
-            sp.begin()
-        for i, (kp, sp) in enumerate(pairs):
-            for k, v in _txn(rng, rng.randrange(1, 400), 500, f"{r}-{i}"):
-                kp.send(tp.topic, tp.partition, k, v)
-                sp.send(tp.topic, tp.partition, k, v)
-            kp.flush()  # the two transactions' records interleave in the log
-        for i, (kp, sp) in enumerate(pairs):
-            if (r + i) % 3 == 0:
-                kp.abort()
-                sp.abort()
-            else:
-                kp.commit()
-                sp.commit()
-    for kp, sp in pairs:
-        kp.close()
-        sp.close()
-
-
 def _same_store(a: Path, b: Path) -> None:
     diff = store_difference(a, b)
     assert diff is None, diff
@@ -93,7 +66,7 @@ def test_native_restore_equals_the_segment_log_with_skip_counts(
     changelog.create_topics({topic: 2})
     seg = SegmentLog(tmp_path / "log", sync=False)
     for p in range(2):
-        _write(changelog, seg, TopicPartition(topic, p), seed=p, rounds=12)
+        write_twins(changelog, seg, TopicPartition(topic, p), seed=p, rounds=12)
     tp = TopicPartition(topic, 0)
     # Offsets come from ListOffsets (earliest, latest, latest under read_committed).
     assert changelog.offsets(tp) == seg.offsets(tp)
@@ -159,7 +132,7 @@ def test_an_aborted_transaction_spanning_many_fetch_responses_is_dropped_whole(
         small.create_topics({topic: 1})
         tp = TopicPartition(topic, 0)
         seg = SegmentLog(tmp_path / "log", sync=False)
-        _write(small, seg, tp, seed=9, rounds=6)
+        write_twins(small, seg, tp, seed=9, rounds=6)
         for mode in ("replay", "bulk"):
             a = restore_store(tmp_path / f"seg-{mode}", seg, tp, mode=mode)
             b = restore_store(tmp_path / f"kafka-{mode}", small, tp, mode=mode)
@@ -217,7 +190,7 @@ def test_restore_on_spark_from_kafka(
     seg = SegmentLog(tmp_path / "log", sync=False)
     for i, s in enumerate(stores):
         for p in range(2):
-            _write(changelog, seg, TopicPartition(f"{app}-{s}-changelog", p), seed=10 * i + p, rounds=3)
+            write_twins(changelog, seg, TopicPartition(f"{app}-{s}-changelog", p), seed=10 * i + p, rounds=3)
     df = restore_on_spark(
         spark,
         kafka={"bootstrap.servers": kafka_bootstrap},

@@ -28,6 +28,7 @@ import pytest
 from statestore import TopicPartition, restore_store
 from statestore.errors import LogError
 from support.kafka_broker import Broker, BrokerUnavailable, start_broker
+from support.kafka_writes import settle
 from support.model import store_difference
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -213,6 +214,7 @@ def test_ssl_and_sasl_restores_are_native_and_equal_to_plaintext(secure_broker: 
             else:
                 p.commit()
         p.close()
+        settle(plain, tp)
         ref = restore_store(tmp_path / "plain", plain, tp)
     ssl = {"ssl.ca.location": str(certs / "ca.pem")}
     client_cert = {
@@ -304,6 +306,7 @@ def test_a_tls_setup_rustls_refuses_restores_through_confluent_kafka_saying_why_
             else:
                 p.commit()
         p.close()
+        settle(plain, tp)
         ref = restore_store(tmp_path / "plain", plain, tp)
     conf = {"security.protocol": "SSL", "ssl.ca.location": str(certs / "ca.pem")}
     # The native fetcher alone: rustls refuses the certificate.

@@ -39,7 +39,6 @@ leader is retried at the new one within it) and a loaded 2-core machine.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -56,6 +55,7 @@ import pytest
 from statestore import SegmentLog, TopicPartition, restore_many, restore_store
 from statestore.restore.engine import RestoreSpec
 from support.kafka_cluster import SCRIPT, SESSION_TIMEOUT, Cluster, ClusterUnavailable, start_cluster
+from support.kafka_writes import write_twins
 from support.model import store_difference
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -93,36 +93,6 @@ class Changelog:
     records: int
 
 
-def _write(kc: Any, seg: SegmentLog, tp: TopicPartition, seed: int, rounds: int) -> int:
-    """Committed and aborted transactions of two interleaved producers, to Kafka and the segment log alike."""
-    rng = random.Random(seed)
-    pairs = [(kc.producer(f"{tp}-{name}-{seed}"), seg.producer(f"{name}-{seed}")) for name in ("a", "b")]
-    written = 0
-    for r in range(rounds):
-        for kp, sp in pairs:
-            kp.begin()
-            sp.begin()
-        for i, (kp, sp) in enumerate(pairs):
-            for j in range(rng.randrange(50, 400)):
-                k = b"k%05d" % rng.randrange(600)
-                v = None if rng.random() < 0.1 else f"{r}-{i}-{j}-{rng.random()}".encode() * 2
-                kp.send(tp.topic, tp.partition, k, v)
-                sp.send(tp.topic, tp.partition, k, v)
-                written += 1
-            kp.flush()  # the two transactions' records interleave in the log
-        for i, (kp, sp) in enumerate(pairs):
-            if (r + i) % 3 == 0:
-                kp.abort()
-                sp.abort()
-            else:
-                kp.commit()
-                sp.commit()
-    for kp, sp in pairs:
-        kp.close()
-        sp.close()
-    return written
-
-
 @pytest.fixture(scope="module")
 def changelog_data(kafka_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Changelog:
     d = tmp_path_factory.mktemp("cluster-changelog")
@@ -134,7 +104,9 @@ def changelog_data(kafka_cluster: Cluster, tmp_path_factory: pytest.TempPathFact
         described = kafka_cluster.describe(topic)
         assert all(len(replicas) == 3 for _, replicas, _ in described.values()), described
         seg = SegmentLog(d / "log", sync=False)
-        records = sum(_write(kc, seg, TopicPartition(topic, p), seed=p, rounds=6) for p in range(PARTITIONS))
+        records = sum(
+            write_twins(kc, seg, TopicPartition(topic, p), seed=p, rounds=6) for p in range(PARTITIONS)
+        )
         # The coordinator writes a transaction's COMMIT marker after commit_transaction returns: wait for the
         # last ones, so that the cluster's offsets are the segment log's.
         deadline = time.monotonic() + 30
@@ -565,7 +537,7 @@ def _small_changelog(cluster: Cluster, d: Path, prefix: str, seed: int) -> Chang
         (topic,) = kafka.ensure_changelog_topics(kc, app, [STORE], PARTITIONS)
         cluster.wait_healthy([topic], min_isr=3)
         records = sum(
-            _write(kc, seg, TopicPartition(topic, p), seed=seed + p, rounds=3) for p in range(PARTITIONS)
+            write_twins(kc, seg, TopicPartition(topic, p), seed=seed + p, rounds=3) for p in range(PARTITIONS)
         )
         deadline = time.monotonic() + 30
         for p in range(PARTITIONS):

@@ -33,6 +33,7 @@ from statestore import SegmentLog, TopicPartition
 from statestore.restore.engine import RestoreSpec, restore_many
 from statestore.restore.staging import STAGING_DIR_NAME
 from support import ROOT
+from support.kafka_writes import settle
 from support.model import store_contents
 from support.restore_data import write_changelog
 
@@ -158,6 +159,8 @@ def write_kafka_changelogs(changelog: Any, app: str, seed: int) -> tuple[dict[st
                 for p, _, _ in records:
                     committed[f"0_{p} {store}"] = committed.get(f"0_{p} {store}", 0) + 1
         producer.close()
+        for p in range(parts):
+            settle(changelog, TopicPartition(topic, p))
     return committed, aborted
 
 
