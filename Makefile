@@ -105,11 +105,16 @@ test: build wheel test-rust test-python ## everything: cargo test, then every py
 
 # The markers of what needs a broker, Spark, a cluster, the installed wheel or a long run: `make test-quick`
 # leaves them out (those of them pyproject.toml registers: pytest rejects an unknown one in -m).
+# The suite mostly waits (on brokers, Spark, children it kills), so it runs on more workers than cores
+# (pytest-xdist); the tests of one server stay on one worker (tests/conftest.py, support/markers.py).
+# TEST_WORKERS=0 runs it in this process, as `make test-one` always does.
+TEST_WORKERS ?= 3
+PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 QUICK_EXCLUDES := kafka kafka_cluster app spark spark_cluster wheel torture scale slow
 QUICK_MARKERS = not ($(shell $(PYTHON) -c 'import tomllib; m = tomllib.load(open("pyproject.toml", "rb"))["tool"]["pytest"]["ini_options"]["markers"]; \
 	names = {x.split(":")[0].strip() for x in m}; print(" or ".join(x for x in "$(QUICK_EXCLUDES)".split() if x in names))'))
 test-quick: build ## pytest without a broker, Spark, the wheel or the long runs (under 3 minutes once built)
-	$(PY) -m pytest -q -m "$(QUICK_MARKERS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PARALLEL) -m "$(QUICK_MARKERS)" $(PYTEST_ARGS)
 
 T ?=
 test-one: build ## one test, file or folder: make test-one T=tests/path/test_x.py::test_name
@@ -119,8 +124,8 @@ test-one: build ## one test, file or folder: make test-one T=tests/path/test_x.p
 test-rust: toolchain ## cargo test (release, the same build as the extension's)
 	cargo test $(CARGO_FLAGS) -q
 
-test-python: build ## every pytest test but the torture runs (starts a broker and Spark)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+test-python: build ## every pytest test but the torture runs (starts brokers and Spark), in parallel
+	$(PY) -m pytest -q $(PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 torture: build ## the long crash, race and I/O-fault runs (pytest -m torture)
 	$(PY) -m pytest -q -m torture $(PYTEST_ARGS)

@@ -39,9 +39,13 @@ resolve() {
   if [ -f "$marker" ] && jars_ok "$dest"; then return 0; fi
   command -v mvn >/dev/null || die "mvn is not installed (apt-get install maven)"
   command -v java >/dev/null || die "java is not installed (a Java 17 JDK)"
-  local parent tmp
+  local parent tmp lock
   parent=$(dirname "$dest")
   mkdir -p "$parent"
+  # One resolver at a time (parallel test workers start brokers at once); the others then find it done.
+  exec {lock}>"$parent/.resolve.lock"
+  flock "$lock"
+  if [ -f "$marker" ] && jars_ok "$dest"; then exec {lock}>&-; return 0; fi
   tmp=$(mktemp -d "$parent/.resolving-XXXXXX")
   echo "kafka-broker.sh: resolving $(basename "$pom_dir") jars into $dest (once)" >&2
   if ! mvn -q -B -f "$pom_dir/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
@@ -56,6 +60,7 @@ resolve() {
   [ -e "$dest" ] && mv "$dest" "$dest.old"
   mv "$tmp/libs" "$dest"
   rm -rf "$tmp" "$dest.old"
+  exec {lock}>&-
 }
 
 # jars_ok DIR: every jar listed in DIR/.complete (or present) exists and has a zip end record.

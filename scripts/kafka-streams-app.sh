@@ -23,12 +23,16 @@ hash_sources() {
 }
 
 build() {
-  local dest tmp
+  local dest tmp lock
   dest=$CACHE/kafka-streams-app/$(hash_sources)
   if [ -f "$dest/.complete" ] && [ -f "$dest/app.jar" ]; then echo "$dest"; return 0; fi
   command -v mvn >/dev/null || die "mvn is not installed (apt-get install maven)"
   command -v javac >/dev/null || die "javac is not installed (a Java 17 JDK)"
   mkdir -p "$CACHE/kafka-streams-app"
+  # One build at a time (parallel test workers may ask at once); the others then find it done.
+  exec {lock}>"$CACHE/kafka-streams-app/.build.lock"
+  flock "$lock"
+  if [ -f "$dest/.complete" ] && [ -f "$dest/app.jar" ]; then echo "$dest"; return 0; fi
   tmp=$(mktemp -d "$CACHE/kafka-streams-app/.building-XXXXXX")
   echo "kafka-streams-app.sh: building $MODULE into $dest (once)" >&2
   cp -r "$MODULE/pom.xml" "$MODULE/src" "$tmp/"

@@ -34,6 +34,20 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the tests of one server on one worker in a parallel run (``support.markers.xdist_group``).
+
+    tryfirst: pytest-xdist reads the marks in its own hook; the folders' hooks (also tryfirst, and
+    registered after this file) have given their marks by then."""
+    from support.markers import xdist_group
+
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Apache Kafka 4.4 broker (``scripts/kafka-broker.sh``) on 127.0.0.1 for the whole run.
