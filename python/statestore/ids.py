@@ -8,6 +8,15 @@ from typing import NamedTuple
 #: Offset recorded for a logged store whose position is not known (Kafka's -4).
 OFFSET_UNKNOWN: int = -4
 
+#: The recorded offsets that are not positions in a changelog, and what each means. Kafka Streams
+#: writes exactly one to disk: ``OFFSET_UNKNOWN`` (its ``OffsetCheckpoint``, and under KIP-1035 the
+#: store's ``offsets`` column family), for a logged store whose task has not committed a changelog
+#: record yet; it reads it back as "no offset", restores such a store from the changelog's start and
+#: never takes it for corruption. Its other negative offsets (-1, ``Task.LATEST_OFFSET`` = -2,
+#: ``UNKNOWN_OFFSET_SUM`` = -3) live only in memory and in rebalance subscriptions: its checkpoint
+#: reader skips them, so a recorded -1, -2 or -3 is not an offset at all.
+SENTINEL_OFFSETS: dict[int, str] = {OFFSET_UNKNOWN: "no offset yet"}
+
 # fullmatch, not match with "$": "$" also matches before a final newline, so
 # a directory named "0_1\n" would pass for task 0_1.
 _TASK_RE = re.compile(r"(0|[1-9][0-9]{0,9})_(0|[1-9][0-9]{0,9})")
@@ -70,9 +79,26 @@ def coerce_tp(tp: PartitionLike) -> TopicPartition:
     return TopicPartition(topic, partition)
 
 
+def committed_offset(recorded: int | None) -> int | None:
+    """The offset of the last applied record that a ``recorded`` value stands for; None when it
+    stands for none (nothing recorded, or a sentinel of :data:`SENTINEL_OFFSETS`)."""
+    if recorded is None or recorded in SENTINEL_OFFSETS:
+        return None
+    return recorded
+
+
 def changelog_topic(application_id: str, store: str) -> str:
     """The changelog topic of ``store``: ``<application_id>-<store>-changelog``."""
     return f"{application_id}-{store}-changelog"
 
 
-__all__ = ["OFFSET_UNKNOWN", "PartitionLike", "TaskId", "TopicPartition", "changelog_topic", "coerce_tp"]
+__all__ = [
+    "OFFSET_UNKNOWN",
+    "SENTINEL_OFFSETS",
+    "PartitionLike",
+    "TaskId",
+    "TopicPartition",
+    "changelog_topic",
+    "coerce_tp",
+    "committed_offset",
+]

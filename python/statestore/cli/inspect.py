@@ -102,8 +102,8 @@ def inspect(
             r.task_id,
             r.store,
             r.format or "?",
-            _num(r.store_offset),
-            _num(r.checkpoint_offset),
+            _num(r.store_offset, r.offset_note or "-"),
+            _num(r.checkpoint_offset, r.checkpoint_note or "-"),
             r.status
             if r.problem is None
             else ("[red]unknown type[/red] (below)" if unknown_type else "[red]damaged[/red] (below)"),

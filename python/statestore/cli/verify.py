@@ -57,7 +57,9 @@ def verify(
     bad = []
     for r in results:
         verdict = (
-            "[green]exact[/green]"
+            f"[yellow]{r.offset_note}[/yellow]"
+            if r.ok and r.offset_note is not None
+            else "[green]exact[/green]"
             if r.ok
             else (
                 "[red]MISMATCH[/red]"
@@ -71,7 +73,7 @@ def verify(
             str(r.store.task_id),
             r.store.store,
             r.format or "?",
-            "-" if r.offset is None else f"{r.offset:,}",
+            (r.offset_note or "-") if r.offset is None else f"{r.offset:,}",
             "-" if r.problem else f"{r.actual_entries:,}",
             r.actual_digest[:16] or "-",
             verdict,
@@ -99,6 +101,14 @@ def verify(
             err_console.print(
                 f"mismatch in {where}: the store claims offset {r.offset} but the changelog's last "
                 f"committed record up to there is at {r.expected_offset}"
+            )
+    for r in results:
+        if r.ok and r.offset_note is not None:
+            err_console.print(
+                f"{r.offset_note}: task {r.store.task_id} store {r.store.store} ({r.store.path}) records "
+                f"no committed changelog offset; it holds {r.actual_entries:,} entries and is restored "
+                "from the changelog's start",
+                soft_wrap=True,
             )
     if not results:
         err_console.print(f"no stores found for {app_id} in {state_dir}")

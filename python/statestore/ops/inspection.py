@@ -19,7 +19,7 @@ from statestore import _native
 from statestore.changelog.protocol import Changelog
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import StateStoreError
-from statestore.ids import TaskId, TopicPartition, changelog_topic
+from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.directory import LOCK_FILE_NAME, STORES_DIR_NAME
 from statestore.state.lag import store_lag
@@ -144,6 +144,12 @@ class StoreReport:
     problem: str | None = None
     #: ``"plain"`` or ``"timestamped"`` (Kafka Streams' timestamped store); None when unreadable.
     format: str | None = None
+    #: What a sentinel the store records in place of an offset means (``"no offset yet"`` for Kafka
+    #: Streams' ``OFFSET_UNKNOWN``: the task committed no changelog record, a restore starts at the
+    #: changelog's start); ``store_offset`` is None then. None: no sentinel.
+    offset_note: str | None = None
+    #: The same for the task's ``.checkpoint`` file and ``checkpoint_offset``.
+    checkpoint_note: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json``."""
@@ -178,19 +184,25 @@ def inspect_app(
         keys: int | None = None
         store_unreadable = False
         fmt: str | None = None
+        note: str | None = None
+        ckpt_note: str | None = None
         try:
             fmt = _native.store_format(ls.path)
             info = _native.store_info(ls.path, check_blocks)
-            offset, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
+            recorded, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
+            offset = committed_offset(recorded)
+            note = SENTINEL_OFFSETS.get(recorded) if recorded is not None else None
             status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"
         except StateStoreError as e:
             problem = str(e)
             store_unreadable = True
         ckpt_offset = None
         try:
-            ckpt_offset = (
+            ckpt_recorded = (
                 OffsetCheckpoint(ls.path.parent.parent / CHECKPOINT_FILE_NAME).read().get(ls.changelog)
             )
+            ckpt_offset = committed_offset(ckpt_recorded)
+            ckpt_note = SENTINEL_OFFSETS.get(ckpt_recorded) if ckpt_recorded is not None else None
         except StateStoreError as e:
             problem = (problem + "; " if problem else "") + str(e)
         start = end = lag = offset_lag = None
@@ -221,6 +233,8 @@ def inspect_app(
                 offset_lag=offset_lag,
                 problem=problem,
                 format=fmt,
+                offset_note=note,
+                checkpoint_note=ckpt_note,
             )
         )
     return lock_holder(root / LOCK_FILE_NAME, holders), reports

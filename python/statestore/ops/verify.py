@@ -9,7 +9,9 @@ at which they differ with both values. Nothing per record runs in Python.
 
 A store whose files RocksDB cannot read (a damaged table file, MANIFEST or
 offsets entry) is reported as damaged with RocksDB's reason, and the other
-stores are still verified.
+stores are still verified. A store recording Kafka Streams' ``OFFSET_UNKNOWN``
+(-4: its task committed no changelog record yet) claims no offset: it is
+reported as having none yet, never as a mismatch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from statestore import _native
 from statestore.changelog.protocol import Changelog
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import StateStoreError, StoreCorruptedError, StoreError
+from statestore.ids import SENTINEL_OFFSETS, committed_offset
 from statestore.ops.inspection import LocalStore, local_stores
 from statestore.restore.engine import LogLike, restore_store
 
@@ -49,11 +52,19 @@ class VerifyResult:
     problem: str | None = None
     #: The store's files are damaged (RocksDB's ``Corruption``; ``problem`` holds its reason).
     damaged: bool = False
+    #: What a sentinel the store records in place of an offset means (``"no offset yet"``: Kafka
+    #: Streams' ``OFFSET_UNKNOWN``, its task committed no changelog record); ``offset`` is None then.
+    #: Kafka Streams restores such a store from its changelog's start, so nothing is a mismatch.
+    offset_note: str | None = None
 
     @property
     def ok(self) -> bool:
-        """True when data and offset match."""
-        return self.problem is None and self.first_difference is None and self.expected_offset == self.offset
+        """True when data and offset match, or the store has no offset yet (nothing to match)."""
+        if self.problem is not None:
+            return False
+        if self.offset_note is not None:
+            return True
+        return self.first_difference is None and self.expected_offset == self.offset
 
 
 def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult:
@@ -69,7 +80,9 @@ def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult
         offsets = _native.store_info(store.path).offsets
     except StateStoreError as e:
         return _unreadable(store, None, None, e)
-    offset = offsets.get(str(store.changelog))
+    recorded = offsets.get(str(store.changelog))
+    offset = committed_offset(recorded)
+    note = SENTINEL_OFFSETS.get(recorded) if recorded is not None else None
     expected = scratch / f"{store.task_id}-{store.store}"
     expected_offset = None
     try:
@@ -97,6 +110,7 @@ def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult
         c.first_difference,
         expected_offset,
         fmt,
+        offset_note=note,
     )
 
 

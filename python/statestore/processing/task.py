@@ -34,7 +34,7 @@ from typing import ClassVar, Protocol
 
 from statestore.changelog.protocol import Changelog
 from statestore.errors import IllegalStateError, StoreError, TaskCorruptedError
-from statestore.ids import TaskId, TopicPartition
+from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition
 from statestore.state.directory import StateDirectory
 from statestore.state.policy import Event, Policy
 from statestore.state.state_manager import StateManager
@@ -224,6 +224,10 @@ class Task:
                     None,
                 )
             start, end, _ = self.changelog.offsets(cs.tp)
+            if store.recorded_offset(cs.tp) in SENTINEL_OFFSETS:
+                # Kafka Streams' "no offset yet": the engine restores from the changelog's start,
+                # which it does for a store recording nothing (it would take -4 for a position).
+                store.clear_offset(cs.tp)
             in_store = store.offset(cs.tp)
             for offset in {offsets.get(cs.tp), in_store} - {None}:
                 assert offset is not None

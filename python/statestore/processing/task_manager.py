@@ -36,7 +36,7 @@ from statestore.errors import (
     StoreError,
     TaskCorruptedError,
 )
-from statestore.ids import TaskId, TopicPartition, changelog_topic
+from statestore.ids import TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.ops.metrics import RestoreMetrics
 from statestore.processing.record_collector import RecordCollector
 from statestore.processing.task import ActiveTask, StandbyTask, Task, TaskState, build_state_manager
@@ -539,7 +539,9 @@ class TaskManager:
         }
         if self.policy.offsets is OffsetsMode.CHECKPOINT:
             loaded = OffsetCheckpoint(self.directory.checkpoint_path(task_id)).read()
-            return {tp: loaded[tp] for tp in wanted.values() if tp in loaded}
+            return {
+                tp: off for tp in wanted.values() if (off := committed_offset(loaded.get(tp))) is not None
+            }
         out: dict[TopicPartition, int] = {}
         for name, tp in wanted.items():
             path = self.directory.store_dir(task_id, name)
@@ -553,8 +555,9 @@ class TaskManager:
                     path=path,
                     task_id=task_id,
                 ) from e
-            if str(tp) in recorded:
-                out[tp] = recorded[str(tp)]
+            offset = committed_offset(recorded.get(str(tp)))
+            if offset is not None:
+                out[tp] = offset
         return out
 
     # -- commit and close ----------------------------------------------------------------------

@@ -47,7 +47,7 @@ from statestore import _native
 from statestore._testing.faults import FAIL_ATTEMPT_ENV, InjectedFailure, failure_injected
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import LockError, StateStoreError
-from statestore.ids import TaskId, TopicPartition
+from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition
 from statestore.restore.engine import DEFAULT_MEMORY_BUDGET, MODES, restore_store
 from statestore.restore.work import PartitionWork, RestoreRow
 from statestore.state.directory import StateDirectory, TaskLock
@@ -75,7 +75,10 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
     Yes when it records an offset for ``tp``. A store holding data without an
     offset is unknown state: exactly-once restores it from nothing (the
     policy's INIT decision); at-least-once replays the changelog from its start
-    over it. A missing, empty or unreadable store: no.
+    over it. A store recording Kafka Streams' ``OFFSET_UNKNOWN`` (its task had
+    committed no changelog record) is restored from the changelog's start, from
+    nothing: the engine resumes only from a position. A missing, empty or
+    unreadable store: no.
     """
     policy = Policy(Guarantee(guarantee))
     if not target.is_dir():
@@ -85,6 +88,8 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
         offsets, keys = info.offsets, info.estimated_keys
     except StateStoreError as e:
         logger.warning("%s cannot be read (%s); restoring it from the changelog's start", target, e)
+        return False
+    if offsets.get(str(tp)) in SENTINEL_OFFSETS:
         return False
     if str(tp) in offsets:
         return True

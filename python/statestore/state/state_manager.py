@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from statestore.errors import IllegalStateError, LockError, StateStoreError, TaskCorruptedError
-from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
+from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.directory import StateDirectory, TaskLock
 from statestore.state.policy import Decision, Event, OffsetAction, OffsetsMode, Policy
@@ -247,8 +247,11 @@ class StateManager:
                 if not (meta.changelog is not None and meta.persistent):
                     continue
                 assert isinstance(meta.store, Store)
-                meta.offset = meta.store.offset(meta.changelog)
-                if meta.offset is None and not meta.store.is_empty():
+                recorded = meta.store.recorded_offset(meta.changelog)
+                meta.offset = committed_offset(recorded)
+                # Kafka Streams' OFFSET_UNKNOWN vouches for the store (its task committed no
+                # changelog record yet): restored from the changelog's start, never corruption.
+                if recorded is None and not meta.store.is_empty():
                     missing.append(f"{meta.name} ({meta.changelog}, store {meta.store.path})")
         else:
             loaded = self.checkpoint_file.read()
@@ -256,8 +259,7 @@ class StateManager:
                 if not (meta.changelog is not None and meta.persistent):
                     continue
                 if meta.changelog in loaded:
-                    offset = loaded.pop(meta.changelog)
-                    meta.offset = None if offset == OFFSET_UNKNOWN else offset
+                    meta.offset = committed_offset(loaded.pop(meta.changelog))
                 else:
                     meta.offset = None
                     if not dir_was_empty:

@@ -38,7 +38,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from statestore import _native
 from statestore.errors import IllegalStateError, StoreCorruptedError, StoreError
-from statestore.ids import TaskId, TopicPartition
+from statestore.ids import TaskId, TopicPartition, committed_offset
 
 logger = logging.getLogger(__name__)
 
@@ -477,10 +477,23 @@ class Store(_StagedWrites):
             out[tp] = offset
         return out
 
-    def offset(self, tp: TopicPartition) -> int | None:
-        """The offset recorded for ``tp``, or None."""
+    def recorded_offset(self, tp: TopicPartition) -> int | None:
+        """The value recorded for ``tp`` as it is on disk (a sentinel such as ``OFFSET_UNKNOWN``
+        included), or None when nothing is recorded."""
         raw = self._get_offsets_entry(str(TopicPartition(*tp)).encode())
         return None if raw is None else self._decode(raw, f"offset of {tp}")
+
+    def offset(self, tp: TopicPartition) -> int | None:
+        """The offset of the last applied record of ``tp``; None when the store records none, or
+        records Kafka Streams' ``OFFSET_UNKNOWN`` (its task had committed no changelog record)."""
+        return committed_offset(self.recorded_offset(tp))
+
+    def clear_offset(self, tp: TopicPartition) -> None:
+        """Remove what the store records for ``tp`` (a sentinel the restore engine must not resume from)."""
+        db = self._open_db()
+        batch = self._batch()
+        batch.delete(str(TopicPartition(*tp)).encode(), db.get_column_family_handle(OFFSETS_CF))
+        self._write(batch)
 
     def _status_now(self) -> int | None:
         raw = self._get_offsets_entry(STATUS_KEY)
