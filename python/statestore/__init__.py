@@ -40,6 +40,7 @@ from statestore.errors import (
     StoreCorruptedError,
     StoreError,
     TaskCorruptedError,
+    TopologyError,
     TransactionStateError,
     UnsupportedCompressionError,
 )
@@ -153,6 +154,7 @@ __all__ = [
     "TaskManager",
     "TaskState",
     "TopicPartition",
+    "TopologyError",
     "TransactionStateError",
     "UnsupportedCompressionError",
     "changelog_topic",

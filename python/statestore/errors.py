@@ -93,6 +93,16 @@ class StoreCorruptedError(StoreError, TaskCorruptedError):
     """
 
 
+class TopologyError(StateStoreError):
+    """A topology description (the text Kafka Streams' ``Topology.describe()`` prints) does not
+    parse, or disagrees with the changelogs or the state directory: ``path`` names the file and
+    ``line`` the line (1-based) where known."""
+
+    def __init__(self, message: str, *, line: int | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.line = line
+
+
 class IllegalStateError(StateStoreError):
     """A lifecycle transition or call that is not legal in the current state."""
 
@@ -128,6 +138,7 @@ __all__ = [
     "StoreCorruptedError",
     "StoreError",
     "TaskCorruptedError",
+    "TopologyError",
     "TransactionStateError",
     "UnsupportedCompressionError",
 ]

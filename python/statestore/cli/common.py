@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -97,7 +97,10 @@ def kafka_changelog(bootstrap: str, config: tuple[str, ...]) -> KafkaChangelog:
 
 
 def kafka_plan(
-    changelog: KafkaChangelog, application_id: str, stores: list[str], partitions: list[int] | None
+    changelog: KafkaChangelog,
+    application_id: str,
+    stores: Sequence[str] | Mapping[str, int],
+    partitions: list[int] | None,
 ) -> list[PartitionWork]:
     """The (store, partition) pairs to restore from Kafka: every partition of each store's changelog topic.
 
@@ -109,7 +112,8 @@ def kafka_plan(
     from statestore.ids import changelog_topic
     from statestore.restore.planning import changelog_stores, plan
 
-    names = stores or changelog_stores(changelog, application_id)
+    subs = dict(stores) if isinstance(stores, Mapping) else dict.fromkeys(stores, 0)
+    names = list(subs) or changelog_stores(changelog, application_id)
     if not names:
         raise click.UsageError(
             f"no changelog topic of application {application_id!r} on "
@@ -129,7 +133,7 @@ def kafka_plan(
                 f"store {name}: changelog topic {topic} has {n} partitions, no partition {bad}"
             )
     try:
-        return plan(changelog, application_id, names, partitions)
+        return plan(changelog, application_id, subs or names, partitions)
     except StateStoreError as e:
         raise click.UsageError(str(e)) from e
 

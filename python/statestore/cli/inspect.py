@@ -15,6 +15,7 @@ from statestore.cli.common import (
     log_dir_option,
     state_options,
 )
+from statestore.cli.stores import check_topology_against_state, load_topology, topology_option
 from statestore.ops.inspection import StoreReport, inspect_app, reports_json
 from statestore.ops.metrics import describe_liveness, published_snapshots, task_states_by_process
 
@@ -27,6 +28,7 @@ def _num(v: int | None, missing: str = "-") -> str:
 @state_options
 @log_dir_option(required=False)
 @kafka_options
+@topology_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
 @click.option(
     "--quick",
@@ -41,6 +43,7 @@ def inspect(
     kafka_config: tuple[str, ...],
     as_json: bool,
     quick: bool,
+    topology_file: Path | None,
 ) -> None:
     """Show every store of an application: offsets, status, lag, size, lock holder and task state.
 
@@ -52,7 +55,10 @@ def inspect(
     Reads only: stores are opened read-only and locks are looked up, never taken,
     so it is safe against a running application. Every block of every store is
     read once with its checksum verified, so a damaged store shows with
-    RocksDB's reason (--quick skips that read).
+    RocksDB's reason (--quick skips that read). With --topology (the text
+    Topology.describe() prints), a state directory that disagrees with it (a
+    store in a task of another sub-topology, a store it does not name) is a
+    usage error naming the line.
 
     \b
     Example:
@@ -61,6 +67,8 @@ def inspect(
     """
     if log_dir is not None and kafka is not None:
         raise click.UsageError("give either --log-dir or --kafka, not both")
+    if topology_file is not None:
+        check_topology_against_state(load_topology(topology_file), state_dir, app_id)
     holder: int | None
     reports: list[StoreReport]
     if kafka is not None:

@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -17,9 +17,18 @@ from rich.table import Table
 from statestore.changelog.protocol import Changelog
 from statestore.changelog.segment_log import SegmentLog
 from statestore.cli.common import BarListener, kafka_changelog, kafka_options, kafka_plan, restore_progress
+from statestore.cli.stores import (
+    found_stores,
+    load_topology,
+    parse_retentions,
+    parse_store_formats,
+    parse_store_names,
+    topology_option,
+)
 from statestore.errors import LockError, StateStoreError
 from statestore.ops.inspection import flock_holders, lock_holder
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
+from statestore.restore.discovery import FoundStore
 from statestore.restore.engine import (
     DEFAULT_MEMORY_BUDGET,
     MODES,
@@ -34,7 +43,7 @@ from statestore.restore.work import PartitionWork, RestoreRow
 from statestore.state.directory import LOCK_FILE_NAME, StateDirectory
 from statestore.state.lag import store_lag
 from statestore.state.policy import Guarantee
-from statestore.state.store import check_format, check_store_format
+from statestore.state.store import check_store_format
 
 
 def restore_local(
@@ -206,9 +215,11 @@ def _table(rows: list[RestoreRow]) -> Table:
     "--store",
     "stores",
     multiple=True,
-    metavar="NAME",
-    help="Store to restore (repeatable; default: every store with a changelog under --log-dir).",
+    metavar="NAME[@SUBTOPOLOGY]",
+    help="Store to restore, e.g. counts or counts@1 (sub-topology 1: task directories 1_<p>; default 0); "
+    "repeatable (default: every store with a changelog, or every store of --topology).",
 )
+@topology_option
 @click.option(
     "--partitions",
     default=None,
@@ -268,7 +279,14 @@ def _table(rows: list[RestoreRow]) -> Table:
     multiple=True,
     metavar="NAME=FORMAT",
     help="A store's format: plain (default) or timestamped (Kafka Streams' DSL stores, e.g. count()); "
-    "repeatable.",
+    "repeatable. With --topology a key-value store's format must be given here or found on disk.",
+)
+@click.option(
+    "--retention",
+    "retentions",
+    multiple=True,
+    metavar="NAME=MS",
+    help="A window or session store's retention in milliseconds (with --topology; repeatable).",
 )
 def restore(
     log_dir: Path | None,
@@ -286,6 +304,8 @@ def restore(
     memory_mib: int,
     metrics_port: int | None,
     store_formats: tuple[str, ...],
+    topology_file: Path | None,
+    retentions: tuple[str, ...],
 ) -> None:
     """Rebuild stores from their changelogs and print one row per (store, partition).
 
@@ -300,14 +320,23 @@ def restore(
           --state-dir /var/lib/app --app-id app --threads 4
       statestore restore --kafka broker1:9092 --state-dir /var/lib/kstreams --app-id my-streams-app \\
           --store-format counts=timestamped
+      statestore restore --kafka broker1:9092 --state-dir /var/lib/kstreams --app-id my-streams-app \\
+          --topology topology.txt --store-format counts=timestamped --store-format latest=plain
     """
     try:
         parts = parse_partitions(partitions) if partitions is not None else None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--partitions") from e
     formats = parse_store_formats(store_formats)
+    named = parse_store_names(stores)
+    retention_ms = parse_retentions(retentions)
     if (log_dir is None) == (kafka is None):
         raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
+    topology = load_topology(topology_file) if topology_file is not None else None
+    if retention_ms and topology is None:
+        raise click.UsageError("--retention applies to the stores --topology finds; give --topology FILE")
+    subs: dict[str, int] = {n: sub or 0 for n, sub in named.items()}
+    refused: list[FoundStore] = []
     budget = memory_mib * 2**20
     metrics = RestoreMetrics(application_id)
     if metrics_port is not None:
@@ -317,11 +346,41 @@ def restore(
         click.echo(f"metrics: http://127.0.0.1:{port}/metrics", err=True)
     t0 = time.perf_counter()
     console = Console() if sys.stdout.isatty() else Console(width=200)
+    if topology is not None:
+        if kafka is not None:
+            with kafka_changelog(kafka, kafka_config) as changelog:
+                found = found_stores(
+                    topology,
+                    application_id,
+                    changelog=changelog,
+                    log_dir=None,
+                    names=named,
+                    formats=formats,
+                    retentions=retention_ms,
+                    state_dir=state_dir,
+                )
+        else:
+            found = found_stores(
+                topology,
+                application_id,
+                changelog=None,
+                log_dir=log_dir,
+                names=named,
+                formats=formats,
+                retentions=retention_ms,
+                state_dir=state_dir,
+            )
+        subs = {f.name: f.subtopology for f in found if f.refusal is None}
+        formats = {f.name: f.format for f in found if f.refusal is None and f.format is not None}
+        refused = [f for f in found if f.refusal is not None]
+        if not subs:
+            _report(console, [], t0, engine, refused)
+            return
     if kafka is not None:
         if engine != "local":
             conf = {"bootstrap.servers": kafka, **dict(kv.partition("=")[::2] for kv in kafka_config)}
             rows = _restore_spark(
-                list(stores),
+                subs,
                 parts,
                 log_dir=None,
                 kafka=conf,
@@ -333,10 +392,10 @@ def restore(
                 master=master,
                 formats=formats,
             )
-            _report(console, rows, t0, f"{engine}, Kafka")
+            _report(console, rows, t0, f"{engine}, Kafka", refused)
             return
         with kafka_changelog(kafka, kafka_config) as changelog:
-            work = kafka_plan(changelog, application_id, list(stores), parts)
+            work = kafka_plan(changelog, application_id, subs, parts)
             with restore_progress(console) as progress:
                 rows = restore_local(
                     work,
@@ -351,16 +410,17 @@ def restore(
                     metrics=metrics,
                     formats=formats,
                 )
-        _report(console, rows, t0, "local, Kafka")
+        _report(console, rows, t0, "local, Kafka", refused)
         return
     assert log_dir is not None
-    names = list(stores) or changelog_stores(log_dir, application_id)
-    if not names:
+    if not subs:
+        subs = dict.fromkeys(changelog_stores(log_dir, application_id), 0)
+    if not subs:
         raise click.UsageError(
             f"no changelog of application {application_id!r} under {log_dir}; "
             "check --app-id or name the stores with --store"
         )
-    work = plan(log_dir, application_id, names, parts)
+    work = plan(log_dir, application_id, subs, parts)
     if engine == "local":
         with restore_progress(console) as progress:
             rows = restore_local(
@@ -378,7 +438,7 @@ def restore(
             )
     else:
         rows = _restore_spark(
-            names,
+            subs,
             parts,
             log_dir=log_dir,
             state_dir=state_dir,
@@ -389,33 +449,30 @@ def restore(
             master=master,
             formats=formats,
         )
-    _report(console, rows, t0, engine)
+    _report(console, rows, t0, engine, refused)
 
 
-def _report(console: Console, rows: list[RestoreRow], t0: float, engine: str) -> None:
-    console.print(_table(rows))
+def _report(
+    console: Console, rows: list[RestoreRow], t0: float, engine: str, refused: Sequence[FoundStore] = ()
+) -> None:
+    """The result table, then each store not restored with why; exit 1 if any failed or was refused."""
+    if rows:
+        console.print(_table(rows))
     failed = sum(1 for r in rows if not r.ok)
-    console.print(f"{len(rows) - failed} ok, {failed} failed in {time.perf_counter() - t0:.1f} s ({engine})")
-    if failed:
+    for f in refused:
+        console.print(
+            f"not restored: store {f.name} (sub-topology {f.subtopology}): {f.refusal}", soft_wrap=True
+        )
+    console.print(
+        f"{len(rows) - failed} ok, {failed} failed, {len(refused)} stores not restored in "
+        f"{time.perf_counter() - t0:.1f} s ({engine})"
+    )
+    if failed or refused:
         sys.exit(1)
 
 
-def parse_store_formats(items: tuple[str, ...]) -> dict[str, str]:
-    """``NAME=FORMAT`` options as a dict; a usage error names a bad one."""
-    out: dict[str, str] = {}
-    for item in items:
-        name, eq, fmt = item.partition("=")
-        try:
-            if not eq or not name:
-                raise ValueError("expected NAME=FORMAT")
-            out[name] = check_format(fmt)
-        except ValueError as e:
-            raise click.BadParameter(f"{e}; got {item!r}", param_hint="--store-format") from None
-    return out
-
-
 def _restore_spark(
-    names: list[str],
+    names: Mapping[str, int],
     parts: list[int] | None,
     *,
     log_dir: Path | None,

@@ -17,6 +17,7 @@ from statestore.cli.common import (
     show_bytes,
     state_options,
 )
+from statestore.cli.stores import check_topology_against_state, load_topology, topology_option
 from statestore.ops.verify import VerifyResult, verify_app
 
 
@@ -25,6 +26,7 @@ from statestore.ops.verify import VerifyResult, verify_app
 @log_dir_option(required=False)
 @kafka_options
 @click.option("--store", "stores", multiple=True, help="Only this store (repeatable).")
+@topology_option
 def verify(
     state_dir: Path,
     app_id: str,
@@ -32,11 +34,14 @@ def verify(
     kafka: str | None,
     kafka_config: tuple[str, ...],
     stores: tuple[str, ...],
+    topology_file: Path | None,
 ) -> None:
     """Recompute each store from its changelog and compare; exit 1 on any mismatch.
 
     The expected state is rebuilt up to the offset the store claims, so a store
     that is behind its log still verifies; one that holds anything else does not.
+    With --topology (the text Topology.describe() prints), a state directory
+    that disagrees with it is a usage error naming the line.
 
     \b
     Example:
@@ -45,6 +50,8 @@ def verify(
     """
     if (log_dir is None) == (kafka is None):
         raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
+    if topology_file is not None:
+        check_topology_against_state(load_topology(topology_file), state_dir, app_id)
     results: list[VerifyResult]
     if kafka is not None:
         with kafka_changelog(kafka, kafka_config) as changelog:

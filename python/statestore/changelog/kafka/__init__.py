@@ -274,6 +274,11 @@ class KafkaChangelog:
         """Every partition of every topic (internal topics excluded), sorted."""
         return self._admin.partitions()
 
+    def topic_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str]]:
+        """Every config of each of ``topics`` by topic (a missing topic is left out): the kind of a
+        Kafka Streams store shows in its changelog's (``statestore.state.store_kinds``)."""
+        return self._admin.topic_configs(topics)
+
     def create_topics(
         self,
         topics: Mapping[str, int],

@@ -115,6 +115,31 @@ class KafkaAdmin:
                     raise LogError(f"deleting topic {topic} on {cl.bootstrap_servers} failed: {e}") from e
         self._wait_for(lambda: all(self.topic_partitions(t) is None for t in names), f"topics {names} to go")
 
+    def topic_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str]]:
+        """Every config of each of ``topics`` (defaults included), by topic; a missing topic is left out."""
+        names = list(topics)
+        if not names:
+            return {}
+        ck = require()
+        from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+        cl = self._changelog
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
+        futures = self.client().describe_configs(resources, request_timeout=cl.request_timeout)
+        out: dict[str, dict[str, str]] = {}
+        for resource, fut in futures.items():
+            try:
+                entries = fut.result(cl.request_timeout)
+            except ck.KafkaException as e:
+                err = kafka_error(e)
+                if err is not None and err.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    continue
+                raise LogError(
+                    f"reading the configs of topic {resource.name} on {cl.bootstrap_servers} failed: {e}"
+                ) from e
+            out[resource.name] = {k: v.value for k, v in entries.items() if v.value is not None}
+        return out
+
     def _wait_for(self, cond: Callable[[], bool], what: str) -> None:
         cl = self._changelog
         deadline = time.monotonic() + cl.request_timeout

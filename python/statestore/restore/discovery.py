@@ -1,0 +1,200 @@
+"""Which stores a Kafka Streams application has, where each lives, and what kind each is.
+
+The topology description (:mod:`statestore.state.topology`) gives every
+store its subtopology; the changelog topics' configs give its kind
+(:mod:`statestore.state.store_kinds`); what neither can tell -- plain or
+timestamped, a window store's retention -- comes from the user's per-store
+flags, else from the store already on disk. A store whose kind or format
+cannot be established is reported, never guessed; a kind statestore does not
+write yet is reported and never opened for writing.
+
+A topology that names a store with no changelog, or that disagrees with the
+state directory (a store on disk in a task of another subtopology, a store
+the topology does not name), is a :class:`~statestore.errors.TopologyError`
+naming the file and the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from statestore import _native
+from statestore.errors import StateStoreError, TopologyError
+from statestore.ids import TaskId, changelog_topic
+from statestore.state.directory import STORES_DIR_NAME
+from statestore.state.store_kinds import KIND_OF_FORMAT, WRITTEN, kind_from_topic_config
+from statestore.state.topology import Topology
+
+
+@dataclass(frozen=True)
+class FoundStore:
+    """One store of the application as discovery established it."""
+
+    name: str
+    subtopology: int
+    #: ``store_kinds.KEY_VALUE``, ``WINDOW_OR_SESSION``, ``VERSIONED``; None: not established.
+    kind: str | None
+    #: The format a key-value store is written in (``plain``/``timestamped``); None: not established.
+    format: str | None
+    #: The retention the user gave (``--retention``), milliseconds; None: not given.
+    retention_ms: int | None
+    #: Why statestore does not restore it (kind or format unknown, a kind it does not write yet);
+    #: None when it restores it.
+    refusal: str | None = None
+
+
+def _on_disk(state_dir: Path | None, application_id: str) -> dict[str, list[TaskId]]:
+    """Store name -> the tasks holding ``rocksdb/<store>`` in the application's state directory."""
+    found: dict[str, list[TaskId]] = {}
+    root = None if state_dir is None else state_dir / application_id
+    if root is None or not root.is_dir():
+        return found
+    for task_dir in sorted(root.iterdir()):
+        try:
+            task = TaskId.parse(task_dir.name)
+        except ValueError:
+            continue
+        stores = task_dir / STORES_DIR_NAME
+        if stores.is_dir():
+            for store in sorted(stores.iterdir()):
+                if store.is_dir():
+                    found.setdefault(store.name, []).append(task)
+    return found
+
+
+def check_state_dir(topology: Topology, state_dir: Path, application_id: str) -> None:
+    """``TopologyError`` when the state directory holds a store the topology does not name, or a
+    store in a task of another subtopology than the topology gives it."""
+    for name, tasks in _on_disk(state_dir, application_id).items():
+        known = topology.task_stores.get(name)
+        if known is None:
+            raise TopologyError(
+                f"{topology.source or '<topology>'}: store {name} in {state_dir / application_id} "
+                f"(task {tasks[0]}) is not in the topology; is it the application's topology?",
+                path=topology.source,
+            )
+        wrong = [t for t in tasks if t.subtopology != known.subtopology]
+        if wrong:
+            raise TopologyError(
+                f"{topology.where(name)}: store {name} is in sub-topology {known.subtopology}, but "
+                f"{state_dir / application_id / str(wrong[0]) / STORES_DIR_NAME / name} is in task {wrong[0]}",
+                path=topology.source,
+                line=known.line,
+            )
+
+
+def discover_stores(
+    topology: Topology,
+    application_id: str,
+    *,
+    changelog_topics: Collection[str],
+    topic_configs: Mapping[str, Mapping[str, str]] | None = None,
+    names: Mapping[str, int | None] | None = None,
+    formats: Mapping[str, str] | None = None,
+    retentions: Mapping[str, int] | None = None,
+    state_dir: Path | None = None,
+) -> list[FoundStore]:
+    """Every store of ``topology`` that lives in tasks (or those ``names`` lists), sorted by name.
+
+    ``changelog_topics`` are the topics the changelog holds; ``topic_configs``
+    their configs where known (Kafka; a segment log has none). ``names`` maps
+    a store to the subtopology the command line gave it (``--store NAME@N``),
+    or None. ``formats`` and ``retentions`` are the per-store flags. With
+    ``state_dir``, it is checked against the topology (:func:`check_state_dir`)
+    and a store found there tells its own format.
+    """
+    fmts, rets = dict(formats or {}), dict(retentions or {})
+    where = topology.source or "<topology>"
+    stores = topology.task_stores
+    wanted = dict(names) if names else dict.fromkeys(stores)
+    for flag in (fmts, rets):
+        for name in flag:
+            if name not in stores:
+                raise TopologyError(f"{where}: no store {name} in the topology", path=topology.source)
+    if state_dir is not None:
+        check_state_dir(topology, state_dir, application_id)
+    disk = _on_disk(state_dir, application_id)
+    found = []
+    for name, sub in sorted(wanted.items()):
+        known = stores.get(name)
+        if known is None:
+            raise TopologyError(f"{where}: no store {name} in the topology", path=topology.source)
+        if sub is not None and sub != known.subtopology:
+            raise TopologyError(
+                f"{topology.where(name)}: store {name} is in sub-topology {known.subtopology}, not {sub}",
+                path=topology.source,
+                line=known.line,
+            )
+        topic = changelog_topic(application_id, name)
+        if topic not in changelog_topics:
+            raise TopologyError(
+                f"{topology.where(name)}: store {name} has no changelog {topic} (logging disabled, or "
+                "another application id?)",
+                path=topology.source,
+                line=known.line,
+            )
+        found.append(
+            _establish(
+                name, known.subtopology, topic, topic_configs, fmts, rets, disk, state_dir, application_id
+            )
+        )
+    return found
+
+
+def _establish(
+    name: str,
+    sub: int,
+    topic: str,
+    topic_configs: Mapping[str, Mapping[str, str]] | None,
+    fmts: Mapping[str, str],
+    rets: Mapping[str, int],
+    disk: Mapping[str, list[TaskId]],
+    state_dir: Path | None,
+    application_id: str,
+) -> FoundStore:
+    """The kind and format of one store, from the changelog's configs, the flags and the disk."""
+    config = None if topic_configs is None else topic_configs.get(topic)
+    by_config = None if config is None else kind_from_topic_config(config)
+    fmt = fmts.get(name)
+    by_flag = None if fmt is None else KIND_OF_FORMAT.get(fmt)
+    if fmt is None and name in disk and state_dir is not None:
+        try:
+            fmt = _native.store_format(
+                state_dir / application_id / str(disk[name][0]) / STORES_DIR_NAME / name
+            )
+        except StateStoreError:
+            fmt = None
+        by_flag = None if fmt is None else KIND_OF_FORMAT.get(fmt)
+    kind = by_config or by_flag
+    retention = rets.get(name)
+
+    def refused(why: str) -> FoundStore:
+        return FoundStore(name, sub, kind, fmt, retention, why)
+
+    if by_config is not None and by_flag is not None and by_config != by_flag:
+        return refused(
+            f"its changelog {topic} is a {by_config} store's (cleanup.policy="
+            f"{config.get('cleanup.policy') if config else '?'}), but its format {fmt} is a {by_flag} store's"
+        )
+    if kind is None:
+        if config is not None:
+            return refused(
+                f"its changelog {topic}'s configs name no store kind ({dict(config)}); not guessed"
+            )
+        return refused(
+            "its kind is unknown (no changelog configs to tell it, no --store-format, no store on disk); "
+            "not guessed"
+        )
+    if kind not in WRITTEN:
+        return refused(f"it is a {kind} store, which statestore does not write yet; never opened for writing")
+    if fmt is None:
+        return refused(
+            f"its format is unknown: give --store-format {name}={'|'.join(WRITTEN[kind])} "
+            "(neither the changelog nor its bytes tell them apart); not guessed"
+        )
+    return FoundStore(name, sub, kind, fmt, retention)
+
+
+__all__ = ["FoundStore", "check_state_dir", "discover_stores"]

@@ -1,0 +1,62 @@
+"""What kind of store a changelog topic's configs say it belongs to, and which kinds statestore writes.
+
+Kafka Streams creates each changelog topic with the configs of its store's
+kind (``UnwindowedUnversionedChangelogTopicConfig``,
+``VersionedChangelogTopicConfig``, ``WindowedChangelogTopicConfig``), so the
+topic tells the kind where the bytes cannot:
+
+============================================  ========================
+changelog topic configs                       kind
+============================================  ========================
+``cleanup.policy=compact,delete``             window or session (``retention.ms`` = the store's retention + ``windowstore.changelog.additional.retention.ms``, 1 day by default)
+``cleanup.policy=compact`` with ``min.compaction.lag.ms`` > 0  versioned (the lag = history retention + 1 day)
+``cleanup.policy=compact``                    key-value
+============================================  ========================
+
+Neither the topic nor the bytes tell a plain key-value store from a
+timestamped one (``--store-format``), nor a window store from a session
+store. A kind statestore does not write yet is reported store by store and
+never opened for writing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+#: A key-value store (``Stores.persistentKeyValueStore``, or the DSL's timestamped one).
+KEY_VALUE = "key-value"
+#: A window or a session store (one RocksDB per time segment).
+WINDOW_OR_SESSION = "window or session"
+#: A versioned key-value store (``Stores.persistentVersionedKeyValueStore``).
+VERSIONED = "versioned"
+
+#: The kinds statestore writes, each with the formats it writes them in.
+WRITTEN: dict[str, tuple[str, ...]] = {KEY_VALUE: ("plain", "timestamped")}
+
+#: The kind each format of ``--store-format`` belongs to.
+KIND_OF_FORMAT: dict[str, str] = {fmt: kind for kind, fmts in WRITTEN.items() for fmt in fmts}
+
+
+def kind_from_topic_config(config: Mapping[str, str]) -> str | None:
+    """The kind of store whose changelog topic has ``config``; None when the configs say none
+    (a policy Kafka Streams never sets on a changelog, such as ``delete`` alone)."""
+    policy = {p.strip() for p in config.get("cleanup.policy", "").split(",") if p.strip()}
+    if policy == {"compact", "delete"}:
+        return WINDOW_OR_SESSION
+    if policy == {"compact"}:
+        try:
+            lag = int(config.get("min.compaction.lag.ms", "0") or "0")
+        except ValueError:
+            return None
+        return VERSIONED if lag > 0 else KEY_VALUE
+    return None
+
+
+__all__ = [
+    "KEY_VALUE",
+    "KIND_OF_FORMAT",
+    "VERSIONED",
+    "WINDOW_OR_SESSION",
+    "WRITTEN",
+    "kind_from_topic_config",
+]
