@@ -109,7 +109,7 @@ def inspect(
         row = [
             r.task_id,
             r.store,
-            r.format or "?",
+            f"{r.format or '?'} ({r.layout})" if r.layout == "checkpoint" else r.format or "?",
             _num(r.store_offset, r.offset_note or "-"),
             _num(r.checkpoint_offset, r.checkpoint_note or "-"),
             r.status

@@ -26,6 +26,7 @@ from statestore.cli.stores import (
     topology_option,
 )
 from statestore.errors import LockError, StateStoreError
+from statestore.ids import TaskId, TopicPartition
 from statestore.ops.inspection import flock_holders, lock_holder
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
 from statestore.restore.discovery import FoundStore
@@ -34,14 +35,17 @@ from statestore.restore.engine import (
     MODES,
     LogLike,
     RestoreListener,
+    RestoreResult,
     RestoreSpec,
     restore_many,
 )
 from statestore.restore.planning import changelog_stores, parse_partitions, plan
 from statestore.restore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from
 from statestore.restore.work import PartitionWork, RestoreRow
+from statestore.state.checkpoint import OffsetCheckpoint
 from statestore.state.directory import LOCK_FILE_NAME, StateDirectory
 from statestore.state.lag import store_lag
+from statestore.state.layout import KIP_1035, VERSION_NAMES, Layout, layout_for, to_checkpoint_layout
 from statestore.state.policy import Guarantee
 from statestore.state.store import check_store_format
 
@@ -59,6 +63,7 @@ def restore_local(
     listener_for: Callable[[PartitionWork], RestoreListener | None] | None = None,
     metrics: RestoreMetrics | None = None,
     formats: Mapping[str, str] | None = None,
+    layout: Layout = KIP_1035,
 ) -> list[RestoreRow]:
     """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
 
@@ -71,7 +76,10 @@ def restore_local(
     ``statestore watch`` while the restore runs. ``formats`` maps store names
     to their format (default ``"plain"``; ``"timestamped"`` for Kafka Streams'
     timestamped stores). A store of another format, or of a type statestore
-    does not know, is left untouched and reported as a failed row.
+    does not know, is left untouched and reported as a failed row. With
+    ``layout=CHECKPOINT`` (Kafka Streams 3.6 - 4.2) each restored store is
+    turned into that layout and its offset recorded in its task's
+    ``.checkpoint``, under the task lock.
     """
     fmts = dict(formats or {})
     refused: dict[int, str] = {}
@@ -125,6 +133,9 @@ def restore_local(
                 done = restore_many(specs, threads=threads)
         else:
             done = restore_many(specs, threads=threads)
+        if not layout.offsets_in_store:
+            for i, message in _to_checkpoint_layout(sd, work, todo, done).items():
+                refused[i] = message
     by_index = dict(zip(todo, done, strict=True))
     # The lag once restored: of the segment log, or of the changelog object (e.g. Kafka) given.
     changelog: Changelog | None = (
@@ -159,6 +170,36 @@ def restore_local(
                 lag = None  # unknown; the restore itself succeeded
         rows.append(RestoreRow.restored(w, r, lag=lag))
     return rows
+
+
+def _to_checkpoint_layout(
+    sd: StateDirectory, work: list[PartitionWork], todo: list[int], done: list[RestoreResult]
+) -> dict[int, str]:
+    """Turn every store restored without error into the ``.checkpoint`` layout and record the offsets
+    in its task's ``.checkpoint`` (other entries kept; one the store no longer vouches for dropped).
+    Returns, by work index, why a store could not be converted."""
+    failed: dict[int, str] = {}
+    by_task: dict[TaskId, dict[TopicPartition, int | None]] = {}
+    for i, r in zip(todo, done, strict=True):
+        if r.error is not None:
+            continue
+        w = work[i]
+        try:
+            offset = to_checkpoint_layout(sd.store_dir(w.task_id, w.store), w.tp)
+        except StateStoreError as e:
+            failed[i] = str(e)
+            continue
+        by_task.setdefault(w.task_id, {})[w.tp] = offset
+    for task_id, offsets in sorted(by_task.items()):
+        checkpoint = OffsetCheckpoint(sd.checkpoint_path(task_id))
+        entries = checkpoint.read()
+        for tp, offset in offsets.items():
+            if offset is None:
+                entries.pop(tp, None)
+            else:
+                entries[tp] = offset
+        checkpoint.write(entries)
+    return failed
 
 
 def _table(rows: list[RestoreRow]) -> Table:
@@ -282,6 +323,15 @@ def _table(rows: list[RestoreRow]) -> Table:
     "repeatable. With --topology a key-value store's format must be given here or found on disk.",
 )
 @click.option(
+    "--kafka-streams-version",
+    "kafka_streams_version",
+    type=click.Choice(VERSION_NAMES),
+    default=VERSION_NAMES[-1],
+    show_default=True,
+    help="The Kafka Streams version that opens the stores: 4.3+ reads offsets in each store's offsets "
+    "column family; 3.6 - 4.2 in the task's .checkpoint file (local engine only).",
+)
+@click.option(
     "--retention",
     "retentions",
     multiple=True,
@@ -306,6 +356,7 @@ def restore(
     store_formats: tuple[str, ...],
     topology_file: Path | None,
     retentions: tuple[str, ...],
+    kafka_streams_version: str,
 ) -> None:
     """Rebuild stores from their changelogs and print one row per (store, partition).
 
@@ -335,6 +386,11 @@ def restore(
     topology = load_topology(topology_file) if topology_file is not None else None
     if retention_ms and topology is None:
         raise click.UsageError("--retention applies to the stores --topology finds; give --topology FILE")
+    layout = layout_for(kafka_streams_version)
+    if not layout.offsets_in_store and engine != "local":
+        raise click.UsageError(
+            f"--kafka-streams-version {kafka_streams_version} (offsets in .checkpoint files) needs --engine local"
+        )
     subs: dict[str, int] = {n: sub or 0 for n, sub in named.items()}
     refused: list[FoundStore] = []
     budget = memory_mib * 2**20
@@ -409,6 +465,7 @@ def restore(
                     listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
                     metrics=metrics,
                     formats=formats,
+                    layout=layout,
                 )
         _report(console, rows, t0, "local, Kafka", refused)
         return
@@ -435,6 +492,7 @@ def restore(
                 listener_for=lambda w: BarListener(progress, f"task {w.task_id} {w.store}"),
                 metrics=metrics,
                 formats=formats,
+                layout=layout,
             )
     else:
         rows = _restore_spark(

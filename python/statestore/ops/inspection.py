@@ -23,6 +23,7 @@ from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition, changelog_t
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.directory import LOCK_FILE_NAME, STORES_DIR_NAME
 from statestore.state.lag import store_lag
+from statestore.state.layout import store_layout
 from statestore.state.store import STATUS_NAMES
 
 if TYPE_CHECKING:
@@ -150,6 +151,9 @@ class StoreReport:
     offset_note: str | None = None
     #: The same for the task's ``.checkpoint`` file and ``checkpoint_offset``.
     checkpoint_note: str | None = None
+    #: Where the store's offsets live: ``"kip-1035"`` (its ``offsets`` column family, Kafka Streams
+    #: 4.3+) or ``"checkpoint"`` (the task's ``.checkpoint``, 3.6 - 4.2); None when unreadable.
+    layout: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json``."""
@@ -186,7 +190,10 @@ def inspect_app(
         fmt: str | None = None
         note: str | None = None
         ckpt_note: str | None = None
+        layout: str | None = None
         try:
+            found_layout = store_layout(ls.path)
+            layout = None if found_layout is None else found_layout.name
             fmt = _native.store_format(ls.path)
             info = _native.store_info(ls.path, check_blocks)
             recorded, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
@@ -235,6 +242,7 @@ def inspect_app(
                 format=fmt,
                 offset_note=note,
                 checkpoint_note=ckpt_note,
+                layout=layout,
             )
         )
     return lock_holder(root / LOCK_FILE_NAME, holders), reports

@@ -11,7 +11,9 @@ A store whose files RocksDB cannot read (a damaged table file, MANIFEST or
 offsets entry) is reported as damaged with RocksDB's reason, and the other
 stores are still verified. A store recording Kafka Streams' ``OFFSET_UNKNOWN``
 (-4: its task committed no changelog record yet) claims no offset: it is
-reported as having none yet, never as a mismatch.
+reported as having none yet, never as a mismatch. A store that records no
+offset is verified at the offset its task's ``.checkpoint`` records (the
+layout of Kafka Streams 3.6 - 4.2).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from statestore.errors import StateStoreError, StoreCorruptedError, StoreError
 from statestore.ids import SENTINEL_OFFSETS, committed_offset
 from statestore.ops.inspection import LocalStore, local_stores
 from statestore.restore.engine import LogLike, restore_store
+from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,14 @@ def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult
     except StateStoreError as e:
         return _unreadable(store, None, None, e)
     recorded = offsets.get(str(store.changelog))
+    if recorded is None:
+        # The .checkpoint layout (Kafka Streams 3.6 - 4.2): the task's file records the offset; Kafka
+        # Streams 4.3+ too reads it there when the store records none.
+        try:
+            checkpoint = OffsetCheckpoint(store.path.parent.parent / CHECKPOINT_FILE_NAME).read()
+        except StateStoreError as e:
+            return _unreadable(store, None, fmt, e)
+        recorded = checkpoint.get(store.changelog)
     offset = committed_offset(recorded)
     note = SENTINEL_OFFSETS.get(recorded) if recorded is not None else None
     expected = scratch / f"{store.task_id}-{store.store}"

@@ -1,0 +1,167 @@
+"""Which on-disk layout each Kafka Streams version reads, and the conversion to the older one.
+
+Kafka Streams 4.3 (KIP-1035) keeps each store's committed offset in the
+store itself, in an ``offsets`` column family; older versions keep the
+offsets of every store of a task in the task's ``.checkpoint`` file and
+cannot open a store that has column families they do not know. Kafka
+Streams 3.6 - 3.9 run rocksdbjni 7.9, which reads SST files up to table
+``format_version`` 5. So:
+
+=====================  ==============================================  ==================
+Kafka Streams          offsets                                         ``format_version``
+=====================  ==============================================  ==================
+3.6 - 4.2              the task's ``.checkpoint`` (no ``offsets`` CF)   5
+4.3, 4.4               the store's ``offsets`` column family           6
+=====================  ==============================================  ==================
+
+Kafka Streams 4.3+ migrates a ``.checkpoint`` into its stores on start, so
+the older layout is read by every version. The restore engine writes the
+4.3+ layout; :func:`to_checkpoint_layout` turns a restored store into the
+older one (drops the ``offsets`` family, rewrites every table file at
+``format_version`` 5) and gives the offset its task's ``.checkpoint`` must
+record.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocksdict import (
+    BlockBasedOptions,
+    BottommostLevelCompaction,
+    CompactOptions,
+    Options,
+    Rdict,
+)
+
+from statestore import _native
+from statestore.errors import StoreError
+from statestore.ids import TopicPartition, committed_offset
+
+#: Column family of the KIP-1035 layout's offsets (and status marker).
+_OFFSETS_CF: str = _native.OFFSETS_CF
+_TIMESTAMPED_CF: str = _native.TIMESTAMPED_CF
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a Kafka Streams version expects a task's stores on disk."""
+
+    #: ``"kip-1035"`` (offsets in each store) or ``"checkpoint"`` (offsets in the task's ``.checkpoint``).
+    name: str
+    #: Whether each store keeps its offset and status in an ``offsets`` column family.
+    offsets_in_store: bool
+    #: The highest table ``format_version`` its RocksDB reads, the one statestore writes.
+    table_format_version: int
+
+
+KIP_1035 = Layout("kip-1035", offsets_in_store=True, table_format_version=6)
+CHECKPOINT = Layout("checkpoint", offsets_in_store=False, table_format_version=5)
+
+#: ``(oldest, newest)`` Kafka Streams version (major, minor) -> the layout it reads: the one table.
+VERSIONS: tuple[tuple[tuple[int, int], tuple[int, int], Layout], ...] = (
+    ((3, 6), (4, 2), CHECKPOINT),
+    ((4, 3), (4, 4), KIP_1035),
+)
+#: The versions ``--kafka-streams-version`` accepts, oldest first.
+VERSION_NAMES: tuple[str, ...] = tuple(
+    f"{major}.{minor}"
+    for lo, hi, _ in VERSIONS
+    for major in range(lo[0], hi[0] + 1)
+    for minor in range(10)
+    if lo <= (major, minor) <= hi
+)
+_VERSION_RE = re.compile(r"(0|[1-9][0-9]?)\.(0|[1-9][0-9]?)(?:\.(0|[1-9][0-9]{0,2}))?")
+
+
+def layout_for(version: str) -> Layout:
+    """The layout Kafka Streams ``version`` (``"3.9"``, ``"4.2.0"``...) reads; ``ValueError`` for a
+    version outside :data:`VERSIONS`, naming the versions there are."""
+    m = _VERSION_RE.fullmatch(version.strip())
+    if m is not None:
+        key = (int(m.group(1)), int(m.group(2)))
+        for lo, hi, layout in VERSIONS:
+            if lo <= key <= hi:
+                return layout
+    raise ValueError(
+        f"Kafka Streams version {version!r} is not one statestore writes for: use one of "
+        f"{VERSION_NAMES[0]} - {VERSION_NAMES[-1]}"
+    )
+
+
+def store_layout(path: Path) -> Layout | None:
+    """The layout of the store at ``path`` as found on disk; None when there is no RocksDB there."""
+    if not (path / "CURRENT").is_file():
+        return None
+    try:
+        families = Rdict.list_cf(str(path))
+    except Exception as e:  # rocksdict raises plain Exception
+        raise StoreError(f"store {path}: cannot list its column families: {e}", path=path) from e
+    return KIP_1035 if _OFFSETS_CF in families else CHECKPOINT
+
+
+def table_format_versions(path: Path) -> set[int]:
+    """The table ``format_version`` of every SST file of the store at ``path`` (from each file's footer:
+    a 4-byte little-endian version before the 8-byte magic number)."""
+    versions = set()
+    for sst in path.glob("*.sst"):
+        with sst.open("rb") as f:
+            f.seek(-12, 2)
+            versions.add(int.from_bytes(f.read(4), "little"))
+    return versions
+
+
+def to_checkpoint_layout(path: Path, tp: TopicPartition) -> int | None:
+    """Turn the closed store at ``path``, restored in the KIP-1035 layout, into the older one.
+
+    Returns the offset the store recorded for ``tp`` (None: none), which the
+    task's ``.checkpoint`` must now record; drops the ``offsets`` family and
+    rewrites every table file at ``format_version`` 5 (one full compaction,
+    bottommost level included). A store already in the older layout is left
+    as it is (None: its offset is the ``.checkpoint``'s).
+    """
+    if store_layout(path) is not KIP_1035:
+        return None
+    families = Rdict.list_cf(str(path))
+    table = BlockBasedOptions()
+    table.set_format_version(CHECKPOINT.table_format_version)
+    opts = Options(raw_mode=True)
+    opts.set_block_based_table_factory(table)
+    column_families = {cf: opts for cf in families if cf != "default"}
+    try:
+        db = Rdict(str(path), opts, column_families=column_families)
+    except Exception as e:  # rocksdict raises plain Exception
+        raise StoreError(
+            f"store {path}: cannot open it to convert to the .checkpoint layout: {e}", path=path
+        ) from e
+    try:
+        raw = db.get_column_family(_OFFSETS_CF).get(str(tp).encode())
+        offset = None if raw is None else _native.decode_offset(raw)
+        db.drop_column_family(_OFFSETS_CF)
+        compact = CompactOptions()
+        compact.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+        db.compact_range(None, None, compact)
+        for cf in families:
+            if cf not in ("default", _OFFSETS_CF):
+                db.get_column_family(cf).compact_range(None, None, compact)
+        db.flush(True)
+    except Exception as e:  # rocksdict raises plain Exception
+        raise StoreError(f"store {path}: converting to the .checkpoint layout failed: {e}", path=path) from e
+    finally:
+        db.close()
+    return committed_offset(offset)
+
+
+__all__ = [
+    "CHECKPOINT",
+    "KIP_1035",
+    "VERSIONS",
+    "VERSION_NAMES",
+    "Layout",
+    "layout_for",
+    "store_layout",
+    "table_format_versions",
+    "to_checkpoint_layout",
+]
