@@ -5,32 +5,25 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient, NewTopic
 
-COUNTING_APP = Path(__file__).resolve().parent / "counting_app.py"
+from support.app_kafka import COUNTING_APP, create_topics, end_offset, produce_fast, unique
 
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(t, n, 1) for t, n in topics.items()]).values():
-        f.result(30)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        md = admin.list_topics(timeout=10).topics
-        if all(t in md and len(md[t].partitions) == n for t, n in topics.items()):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"topics {sorted(topics)} did not appear")
+__all__ = [
+    "COUNTING_APP",
+    "create_topics",
+    "end_offset",
+    "open_transactions",
+    "produce",
+    "produce_fast",
+    "read_committed",
+    "start_counting_app",
+    "unique",
+]
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, bytes, bytes]]) -> None:

@@ -60,6 +60,10 @@ APP_TRANSACTION_TIMEOUT_MS = 10_000
 STANDBY_REFRESH_S = 5.0
 #: Seconds between two metric snapshots the loop publishes for ``statestore inspect``/``watch``.
 PUBLISH_INTERVAL_S = 1.0
+#: Seconds between two updates of the standby tasks while every active task runs: each update asks
+#: the broker for the changelogs' ends and fetches what is new, so updating after every batch of
+#: input would cost the processing a round trip per batch; a standby lags by about this much more.
+STANDBY_UPDATE_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,7 @@ class App:
         # Standby tasks this instance holds for tasks other members own (num_standby_replicas > 0).
         self._standbys: set[TaskId] = set()
         self._standby_due = 0.0
+        self._standby_update_due = 0.0
         self._before_rebalance: set[TaskId] = set()
         self._assignments = 0
         self._rebalancing = False
@@ -368,7 +373,12 @@ class App:
         msgs = consumer.consume(self.max_poll_records, timeout if not self._paused else min(timeout, 0.01))
         self._last_poll = time.time()
         self._raise_callback_error()
-        tm.poll(commit=False)
+        # Restoration (a task not RUNNING) goes on every round; standbys only on their interval.
+        now = time.monotonic()
+        if self._paused or not tm.all_running() or now >= self._standby_update_due:
+            if now >= self._standby_update_due:
+                self._standby_update_due = now + STANDBY_UPDATE_INTERVAL_S
+            tm.poll(commit=False)
         if self._paused:
             self._resume_running()
         done = 0
