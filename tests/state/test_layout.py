@@ -13,13 +13,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rocksdict import Rdict
 
-from statestore import SegmentLog
+from statestore import OffsetCheckpoint, SegmentLog, TopicPartition
 from statestore.ops.inspection import inspect_app
 from statestore.ops.verify import verify_app
+from statestore.restore.spark import restore_on_spark
+from statestore.restore.staging import restore_partition
 from statestore.state.layout import (
     CHECKPOINT,
     KIP_1035,
@@ -150,7 +153,57 @@ def test_a_second_restore_in_the_checkpoint_layout_catches_up(tmp_path: Path) ->
         assert all(store_layout(r.store.path) is CHECKPOINT for r in results)
 
 
-def test_the_checkpoint_layout_needs_the_local_engine(tmp_path: Path) -> None:
-    produce(tmp_path / "log", 10)
-    out = restore(tmp_path, "state", "--kafka-streams-version", "3.9", "--engine", "spark")
-    assert out.returncode == 2 and "--engine local" in out.stderr
+def test_a_staged_restore_records_the_checkpoint_after_the_swap(tmp_path: Path) -> None:
+    """What every Spark task does: restore in a staging directory, convert, swap, record the offset."""
+    produce(tmp_path / "log", 200)
+    state = tmp_path / "state"
+    checkpoint = state / APP / "0_1" / ".checkpoint"
+
+    def staged(store: str) -> None:
+        row = restore_partition(
+            log_dir=tmp_path / "log",
+            state_dir=state,
+            application_id=APP,
+            store=store,
+            partition=1,
+            format=STORES[store],
+            layout="checkpoint",
+        )
+        assert row.ok, row.error
+
+    staged("latest")
+    assert OffsetCheckpoint(checkpoint).read() == {TopicPartition(topic("latest"), 1): 99}
+    staged("counts")
+    produce(tmp_path / "log", 20, first=200)
+    staged("latest")  # again, after the changelog grew: the other store's entry stays
+    assert OffsetCheckpoint(checkpoint).read() == {
+        TopicPartition(topic("counts"), 1): 99,
+        TopicPartition(topic("latest"), 1): 110,
+    }
+    for store in STORES:
+        path = state / APP / "0_1" / "rocksdb" / store
+        assert store_layout(path) is CHECKPOINT and table_format_versions(path) == {5}
+    assert [r.ok for r in verify_app(state, APP, tmp_path / "log")] == [True, True]
+
+
+@pytest.mark.spark
+def test_restore_on_spark_writes_the_checkpoint_layout(spark: Any, tmp_path: Path) -> None:
+    produce(tmp_path / "log", 200)
+    rows = restore_on_spark(
+        spark,
+        log_dir=tmp_path / "log",
+        state_dir=tmp_path / "state",
+        application_id=APP,
+        stores=list(STORES),
+        formats=STORES,
+        kafka_streams_version="3.9",
+    ).collect()
+    assert [r.status for r in rows] == ["ok"] * 4
+    for p in (0, 1):
+        assert (tmp_path / "state" / APP / f"0_{p}" / ".checkpoint").read_bytes() == (
+            f"0\n2\n{topic('counts')} {p} 99\n{topic('latest')} {p} 99\n".encode()
+        )
+    assert all(
+        store_layout(r.store.path) is CHECKPOINT
+        for r in verify_app(tmp_path / "state", APP, tmp_path / "log")
+    )

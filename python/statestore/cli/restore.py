@@ -42,10 +42,16 @@ from statestore.restore.engine import (
 from statestore.restore.planning import changelog_stores, parse_partitions, plan
 from statestore.restore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from
 from statestore.restore.work import PartitionWork, RestoreRow
-from statestore.state.checkpoint import OffsetCheckpoint
 from statestore.state.directory import LOCK_FILE_NAME, StateDirectory
 from statestore.state.lag import store_lag
-from statestore.state.layout import KIP_1035, VERSION_NAMES, Layout, layout_for, to_checkpoint_layout
+from statestore.state.layout import (
+    KIP_1035,
+    VERSION_NAMES,
+    Layout,
+    layout_for,
+    record_in_checkpoint,
+    to_checkpoint_layout,
+)
 from statestore.state.policy import Guarantee
 from statestore.state.store import check_store_format
 
@@ -191,14 +197,7 @@ def _to_checkpoint_layout(
             continue
         by_task.setdefault(w.task_id, {})[w.tp] = offset
     for task_id, offsets in sorted(by_task.items()):
-        checkpoint = OffsetCheckpoint(sd.checkpoint_path(task_id))
-        entries = checkpoint.read()
-        for tp, offset in offsets.items():
-            if offset is None:
-                entries.pop(tp, None)
-            else:
-                entries[tp] = offset
-        checkpoint.write(entries)
+        record_in_checkpoint(sd.checkpoint_path(task_id), offsets)
     return failed
 
 
@@ -329,7 +328,7 @@ def _table(rows: list[RestoreRow]) -> Table:
     default=VERSION_NAMES[-1],
     show_default=True,
     help="The Kafka Streams version that opens the stores: 4.3+ reads offsets in each store's offsets "
-    "column family; 3.6 - 4.2 in the task's .checkpoint file (local engine only).",
+    "column family; 3.6 - 4.2 in the task's .checkpoint file.",
 )
 @click.option(
     "--retention",
@@ -387,10 +386,6 @@ def restore(
     if retention_ms and topology is None:
         raise click.UsageError("--retention applies to the stores --topology finds; give --topology FILE")
     layout = layout_for(kafka_streams_version)
-    if not layout.offsets_in_store and engine != "local":
-        raise click.UsageError(
-            f"--kafka-streams-version {kafka_streams_version} (offsets in .checkpoint files) needs --engine local"
-        )
     subs: dict[str, int] = {n: sub or 0 for n, sub in named.items()}
     refused: list[FoundStore] = []
     budget = memory_mib * 2**20
@@ -447,6 +442,7 @@ def restore(
                 memory_budget_bytes=budget,
                 master=master,
                 formats=formats,
+                kafka_streams_version=kafka_streams_version,
             )
             _report(console, rows, t0, f"{engine}, Kafka", refused)
             return
@@ -506,6 +502,7 @@ def restore(
             memory_budget_bytes=budget,
             master=master,
             formats=formats,
+            kafka_streams_version=kafka_streams_version,
         )
     _report(console, rows, t0, engine, refused)
 
@@ -542,6 +539,7 @@ def _restore_spark(
     master: str,
     formats: Mapping[str, str],
     kafka: dict[str, str] | None = None,
+    kafka_streams_version: str | None = None,
 ) -> list[RestoreRow]:
     try:
         from pyspark.sql import SparkSession
@@ -569,6 +567,7 @@ def _restore_spark(
             memory_budget_bytes=memory_budget_bytes,
             lock_timeout=DEFAULT_LOCK_TIMEOUT,
             formats=formats,
+            kafka_streams_version=kafka_streams_version,
         )
         return [RestoreRow(*r) for r in df.collect()]
     finally:

@@ -39,6 +39,7 @@ from statestore.restore.staging import (
     sweep_staging,
 )
 from statestore.restore.work import RESULT_COLUMNS, PartitionWork, RestoreRow
+from statestore.state.layout import KIP_1035, layout_for
 from statestore.state.policy import Guarantee
 from statestore.state.store import check_format
 
@@ -117,6 +118,7 @@ def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1
             cpus=cpus,
             create_state_dir=payload["create_state_dir"],
             format=payload["format"],
+            layout=payload.get("layout", KIP_1035.name),
         )
     except Exception as e:
         if attempt + 1 < max_attempts:
@@ -333,6 +335,7 @@ def restore_on_spark(
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT,
     formats: Mapping[str, str] | None = None,
+    kafka_streams_version: str | None = None,
 ) -> DataFrame:
     """Restore every (store, changelog partition) in one Spark job and return one row for each.
 
@@ -361,10 +364,14 @@ def restore_on_spark(
     ``executor_timeout`` seconds it raises ``ClusterError``. ``formats`` maps
     store names to their format (``"plain"``, the default, or
     ``"timestamped"`` for Kafka Streams' timestamped stores; see
-    :func:`~statestore.restore.engine.restore_store`).
+    :func:`~statestore.restore.engine.restore_store`). ``kafka_streams_version``
+    (``"3.6"`` ... ``"4.4"``, default the newest) chooses the layout the stores
+    are left in (:mod:`statestore.state.layout`): for 3.6 - 4.2 each task's
+    ``.checkpoint`` records the offsets.
     """
     check_mode(mode)
     g = Guarantee(guarantee)
+    layout = KIP_1035 if kafka_streams_version is None else layout_for(kafka_streams_version)
     fmts = dict(formats or {})
     for name, fmt in fmts.items():
         try:
@@ -397,6 +404,7 @@ def restore_on_spark(
             guarantee=g.value,
             create_state_dir=_is_local(master),
             format=fmts.get(w.store, "plain"),
+            layout=layout.name,
         )
         for i, w in enumerate(work)
     ]

@@ -52,6 +52,7 @@ from statestore.restore.engine import DEFAULT_MEMORY_BUDGET, MODES, restore_stor
 from statestore.restore.work import PartitionWork, RestoreRow
 from statestore.state.directory import StateDirectory, TaskLock
 from statestore.state.lag import Lag, store_lag
+from statestore.state.layout import KIP_1035, LAYOUTS, record_in_checkpoint, to_checkpoint_layout
 from statestore.state.policy import Event, Guarantee, Policy
 from statestore.state.store import check_store_format
 
@@ -200,6 +201,7 @@ def restore_partition(
     cpus: int = 2,
     create_state_dir: bool = True,
     format: str = "plain",
+    layout: str = KIP_1035.name,
 ) -> RestoreRow:
     """Restore one store's changelog partition safely next to concurrent attempts (see the module doc).
 
@@ -219,11 +221,19 @@ def restore_partition(
     filesystem that is not mounted here), never a new directory on the wrong
     disk. ``format`` is the store's format (``"plain"`` or ``"timestamped"``,
     see :func:`~statestore.restore.engine.restore_store`); a store of another format
-    is left untouched and answered with a failed row.
+    is left untouched and answered with a failed row. ``layout`` is the name
+    of the :mod:`~statestore.state.layout` the store is left in: with
+    ``"checkpoint"`` (Kafka Streams 3.6 - 4.2) the staged store is converted
+    before the swap, the task's ``.checkpoint`` entry is removed before the
+    swap and recorded after it, so no entry ever vouches for more than the
+    store in place holds.
     """
     check_mode(mode)
     if (log_dir is None) == (kafka is None):
         raise ValueError("name the changelog: log_dir or kafka")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    in_store = LAYOUTS[layout].offsets_in_store
     changelog: Any = (
         Path(log_dir)
         if log_dir is not None
@@ -275,10 +285,16 @@ def restore_partition(
             raise InjectedFailure(
                 f"task {task_id} store {store}: failure injected into attempt {attempt} by {FAIL_ATTEMPT_ENV}"
             )
+        offset = None if in_store else to_checkpoint_layout(staged, tp)
         sd.ensure_held(token, what=f"move the restored store {store} into place")
         target.parent.mkdir(exist_ok=True)
+        if not in_store:
+            record_in_checkpoint(sd.checkpoint_path(task_id), {tp: None})
         _native.fsync_dir(staged)  # what the restore wrote beside the copy's links
         _native.replace_dir(staged, target, attempt_dir / "previous")
+        if not in_store and offset is not None:
+            sd.ensure_held(token, what=f"record the offset of store {store} in the task's .checkpoint")
+            record_in_checkpoint(sd.checkpoint_path(task_id), {tp: offset})
         return RestoreRow.restored(
             work,
             result,

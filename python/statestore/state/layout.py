@@ -25,6 +25,7 @@ record.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from rocksdict import (
 from statestore import _native
 from statestore.errors import StoreError
 from statestore.ids import TopicPartition, committed_offset
+from statestore.state.checkpoint import OffsetCheckpoint
 
 #: Column family of the KIP-1035 layout's offsets (and status marker).
 _OFFSETS_CF: str = _native.OFFSETS_CF
@@ -59,6 +61,9 @@ class Layout:
 
 KIP_1035 = Layout("kip-1035", offsets_in_store=True, table_format_version=6)
 CHECKPOINT = Layout("checkpoint", offsets_in_store=False, table_format_version=5)
+
+#: Every layout by its name (what a Spark task receives).
+LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (KIP_1035, CHECKPOINT)}
 
 #: ``(oldest, newest)`` Kafka Streams version (major, minor) -> the layout it reads: the one table.
 VERSIONS: tuple[tuple[tuple[int, int], tuple[int, int], Layout], ...] = (
@@ -113,6 +118,20 @@ def table_format_versions(path: Path) -> set[int]:
     return versions
 
 
+def record_in_checkpoint(checkpoint: Path, offsets: Mapping[TopicPartition, int | None]) -> None:
+    """Record ``offsets`` in the ``.checkpoint`` file at ``checkpoint``, keeping its other entries;
+    a None offset removes the entry (nothing vouches for that store any more). The caller holds the
+    task lock."""
+    file = OffsetCheckpoint(checkpoint)
+    entries = file.read()
+    for tp, offset in offsets.items():
+        if offset is None:
+            entries.pop(tp, None)
+        else:
+            entries[tp] = offset
+    file.write(entries)
+
+
 def to_checkpoint_layout(path: Path, tp: TopicPartition) -> int | None:
     """Turn the closed store at ``path``, restored in the KIP-1035 layout, into the older one.
 
@@ -157,10 +176,12 @@ def to_checkpoint_layout(path: Path, tp: TopicPartition) -> int | None:
 __all__ = [
     "CHECKPOINT",
     "KIP_1035",
+    "LAYOUTS",
     "VERSIONS",
     "VERSION_NAMES",
     "Layout",
     "layout_for",
+    "record_in_checkpoint",
     "store_layout",
     "table_format_versions",
     "to_checkpoint_layout",
