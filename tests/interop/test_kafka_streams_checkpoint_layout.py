@@ -1,0 +1,176 @@
+"""Kafka Streams 3.9 and 4.2 and the ``.checkpoint`` layout, on one real broker.
+
+The application of ``interop/kafka-streams`` is built once more against
+Kafka Streams 3.9.0 (rocksdbjni 7.9.2, which reads table ``format_version``
+5 at most) and 4.2.0 (the newest version that keeps offsets in the task's
+``.checkpoint``), each cached outside the clone like the 4.4 build. It runs
+to its end under exactly_once_v2; then
+
+* statestore reads its state directory, written by that Kafka Streams itself:
+  ``inspect`` finds every store's offset in the ``.checkpoint`` file and no
+  lag, ``verify`` finds every store equal to its changelog;
+* ``restore --kafka-streams-version 3.9`` (or 4.2) rebuilds both stores into an empty
+  directory, the application starts there and restores nothing, and its
+  results on new input are exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from statestore import OffsetCheckpoint
+from statestore.state.layout import CHECKPOINT, store_layout
+from support import kstreams_app
+from support.model import store_contents
+
+kafka = pytest.importorskip("statestore.changelog.kafka")
+
+VERSIONS = ["3.9.0", "4.2.0"]
+PARTITIONS = 2
+KEYS = 150
+VALUE_SIZE = 40
+MODULE = kstreams_app.ROOT / "interop" / "kafka-streams"
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def build(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    """``(version, directory holding app.jar and libs/)`` of the application built against that Kafka Streams."""
+    version: str = request.param
+    if shutil.which("mvn") is None or shutil.which("javac") is None:
+        pytest.skip("needs Maven and a JDK 17")
+    digest = hashlib.sha256(version.encode())
+    for path in sorted(p for p in MODULE.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(MODULE)).encode() + path.read_bytes())
+    cache = Path(os.environ.get("STATESTORE_CACHE", Path.home() / ".cache" / "statestore"))
+    dest = cache / f"kafka-streams-app-{version}" / digest.hexdigest()[:16]
+    if (dest / ".complete").is_file():
+        return version, dest
+    tmp = dest.with_name(f".building-{uuid.uuid4().hex[:8]}")
+    shutil.copytree(MODULE, tmp)
+    pom = tmp / "pom.xml"
+    pom.write_text(pom.read_text().replace("<version>4.4.0</version>", f"<version>{version}</version>", 1))
+    for goal in (["package", "-DskipTests"], ["dependency:copy-dependencies", "-DincludeScope=runtime"]):
+        out = subprocess.run(
+            ["mvn", "-q", "-B", *goal, f"-DoutputDirectory={tmp / 'libs'}"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        if out.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            pytest.skip(
+                f"the application does not build against Kafka Streams {version}: {out.stdout[-2000:]}"
+            )
+    shutil.copy(tmp / "target" / "kafka-streams-app-1.jar", tmp / "app.jar")
+    (tmp / ".complete").touch()
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return version, dest
+
+
+def run_app(build: Path, bootstrap: str, app: str, state: Path, **kw: object) -> kstreams_app.AppRun:
+    """One run of an older build (the 4.4 build's command line, another classpath)."""
+    args = kstreams_app.command(
+        bootstrap,
+        app,
+        state,
+        keys=KEYS,
+        value_size=VALUE_SIZE,
+        partitions=PARTITIONS,
+        guarantee="exactly_once_v2",
+        config={"commit.interval.ms": "500"},
+        **kw,  # type: ignore[arg-type]
+    )[3:]
+    cmd = [
+        "java",
+        "-Xmx1g",
+        "-cp",
+        f"{build / 'app.jar'}:{build / 'libs'}/*",
+        "statestore.interop.StreamsApp",
+        *args,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return kstreams_app.parse(out.stdout.splitlines(), out.returncode, out.stderr)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "statestore.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+
+
+def check_results(run: kstreams_app.AppRun, total: int) -> None:
+    latest, counts = kstreams_app.expected(total, KEYS, VALUE_SIZE)
+    assert run.results["latest"] == latest
+    assert {k: int(v) for k, v in run.results["counts"].items()} == counts
+
+
+def test_kafka_streams_3_9_and_4_2_start_on_the_checkpoint_layout(
+    build: tuple[str, Path], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    version, app_dir = build
+    app = f"ks{version.replace('.', '')}{uuid.uuid4().hex[:8]}"
+    first = tmp_path / "first"
+    run = run_app(app_dir, kafka_bootstrap, app, first, mode="process", produce=4000, print_results=True)
+    assert run.closed_clean
+    check_results(run, 4000)
+
+    # statestore reads what that Kafka Streams wrote: offsets in .checkpoint, stores without an offsets family
+    kafka_args = ["--kafka", kafka_bootstrap, "--state-dir"]
+    out = cli("inspect", *kafka_args, str(first), "--app-id", app, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    stores = json.loads(out.stdout)["stores"]
+    assert len(stores) == 2 * PARTITIONS
+    for s in stores:
+        assert s["layout"] == "checkpoint" and s["store_offset"] is None and s["problem"] is None, s
+        assert s["checkpoint_offset"] is not None and s["lag"] == 0, s
+    out = cli("verify", *kafka_args, str(first), "--app-id", app)
+    assert out.returncode == 0 and out.stdout.count("exact") == 2 * PARTITIONS, out.stdout + out.stderr
+
+    # statestore restores for that version into an empty directory; the same data and offsets as Kafka Streams' own
+    restored = tmp_path / "restored"
+    formats = [
+        a for name, fmt in kstreams_app.STORE_FORMATS.items() for a in ("--store-format", f"{name}={fmt}")
+    ]
+    out = cli(
+        "restore",
+        *kafka_args,
+        str(restored),
+        "--app-id",
+        app,
+        "--kafka-streams-version",
+        version.rsplit(".", 1)[0],
+        *formats,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for p in range(PARTITIONS):
+        task = f"0_{p}"
+        # the same entries (Kafka writes them in its HashMap's order, statestore sorted)
+        ours_ckpt = OffsetCheckpoint(restored / app / task / ".checkpoint").read()
+        assert ours_ckpt == OffsetCheckpoint(first / app / task / ".checkpoint").read()
+        for name in kstreams_app.STORE_FORMATS:
+            ours, theirs = restored / app / task / "rocksdb" / name, first / app / task / "rocksdb" / name
+            assert store_layout(ours) is CHECKPOINT
+            assert store_contents(ours).data == store_contents(theirs).data
+
+    # that Kafka Streams starts on it: nothing to restore, then exact results on new input
+    only = run_app(app_dir, kafka_bootstrap, app, restored, mode="restore")
+    assert only.restored_records == 0, only.restores
+    more = run_app(app_dir, kafka_bootstrap, app, restored, mode="process", produce=1000, print_results=True)
+    assert more.restored_records == 0, more.restores
+    check_results(more, 5000)
