@@ -64,6 +64,8 @@ PUBLISH_INTERVAL_S = 1.0
 #: the broker for the changelogs' ends and fetches what is new, so updating after every batch of
 #: input would cost the processing a round trip per batch; a standby lags by about this much more.
 STANDBY_UPDATE_INTERVAL_S = 0.25
+#: Seconds of a round spent restoring while a task restores (its input is paused meanwhile).
+RESTORE_SLICE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,8 @@ class App:
         # Standby tasks this instance holds for tasks other members own (num_standby_replicas > 0).
         self._standbys: set[TaskId] = set()
         self._standby_due = 0.0
+        # The group description a placement of standbys waits for (it never blocks the loop).
+        self._describing: Any = None
         self._standby_update_due = 0.0
         self._before_rebalance: set[TaskId] = set()
         self._assignments = 0
@@ -275,6 +279,9 @@ class App:
                 transaction_timeout_ms=self.transaction_timeout_ms,
                 client_id=self.instance_id,
                 metrics=self.metrics,
+                # Restore and standby chunks run on a thread of their own (the engine releases the
+                # GIL), so a standby update overlaps the processing instead of stopping it.
+                background_restore=True,
             )
             self._state = "STARTING"
             if self.publish_metrics:
@@ -373,12 +380,19 @@ class App:
         msgs = consumer.consume(self.max_poll_records, timeout if not self._paused else min(timeout, 0.01))
         self._last_poll = time.time()
         self._raise_callback_error()
-        # Restoration (a task not RUNNING) goes on every round; standbys only on their interval.
+        # Restoration (a task not RUNNING) goes on every round for a time slice, chunk after chunk;
+        # standbys are updated on their interval, without waiting: their chunk runs on the task
+        # manager's restore thread and a later round collects it.
         now = time.monotonic()
-        if self._paused or not tm.all_running() or now >= self._standby_update_due:
-            if now >= self._standby_update_due:
-                self._standby_update_due = now + STANDBY_UPDATE_INTERVAL_S
-            tm.poll(commit=False)
+        if self._paused or not tm.all_running():
+            deadline = now + RESTORE_SLICE_S
+            while True:
+                tm.poll(max(0.0, deadline - time.monotonic()), commit=False)
+                if tm.all_running() or not tm.updater.made_progress or time.monotonic() >= deadline:
+                    break  # done, blocked (e.g. on an open transaction), or the slice is spent
+        elif now >= self._standby_update_due:
+            self._standby_update_due = now + STANDBY_UPDATE_INTERVAL_S
+            tm.poll(0.0, commit=False)
         if self._paused:
             self._resume_running()
         done = 0
@@ -393,8 +407,11 @@ class App:
                 break  # sought back: the rest of this batch comes again
         if time.monotonic() - self._last_commit >= self.commit_interval:
             self.commit()
-        if self.num_standby_replicas and time.monotonic() >= self._standby_due and not self._rebalancing:
-            self._place_standbys()
+        if self.num_standby_replicas and not self._rebalancing:
+            if self._describing is not None and self._describing.done():
+                self._place_standbys()
+            elif self._describing is None and time.monotonic() >= self._standby_due:
+                self._describe_group()
         if self._publisher is not None and time.monotonic() - self._published >= PUBLISH_INTERVAL_S:
             self._publish()
         return done
@@ -693,6 +710,7 @@ class App:
         tm.assign(active=tasks, standby=self._standbys - tasks)
         self._pause_not_running()
         self._standby_due = 0.0  # the membership changed: place standbys again
+        self._describing = None  # (a description asked for before it is out of date)
 
     def _pause_not_running(self) -> None:
         """Pause every assigned input partition whose task is missing or not RUNNING (restoring)."""
@@ -760,25 +778,33 @@ class App:
             self._committed.pop(tp, None)
             self._dirty.discard(tp)
 
-    def _place_standbys(self) -> None:
-        """Hold standbys for the tasks the group would give this instance if their owner left.
+    def _describe_group(self) -> None:
+        """Ask for the group's membership, to place standbys once it arrives (:meth:`_place_standbys`).
 
-        The consumer-group protocols cannot carry standby placement, so every instance computes it
-        from the group's membership (``describe_consumer_groups``): for task ``p`` owned by member
-        ``o``, the first standby goes to the member the range assignor would give ``p`` to if ``o``
-        left (members sorted by member id), the next ones to the members after it. A wrong guess only
-        costs a restore.
+        The answer is awaited by later rounds of the loop, never by this one: right after an
+        assignment the tasks that moved here must not wait for a round trip to the coordinator.
         """
         self._standby_due = time.monotonic() + STANDBY_REFRESH_S
         assert self.changelog is not None
         try:
-            desc = (
-                self.changelog.admin()
-                .describe_consumer_groups([self.application_id], request_timeout=self.request_timeout)[
-                    self.application_id
-                ]
-                .result(self.request_timeout)
-            )
+            self._describing = self.changelog.admin().describe_consumer_groups(
+                [self.application_id], request_timeout=self.request_timeout
+            )[self.application_id]
+        except Exception as e:  # the next refresh tries again
+            logger.info("%s: cannot describe the group to place standbys: %s", self.application_id, e)
+
+    def _place_standbys(self) -> None:
+        """Hold standbys for the tasks the group would give this instance if their owner left.
+
+        The consumer-group protocols cannot carry standby placement, so every instance computes it
+        from the group's membership (``describe_consumer_groups``, asked for by
+        :meth:`_describe_group`): for task ``p`` owned by member ``o``, the first standby goes to
+        the member the range assignor would give ``p`` to if ``o`` left (members sorted by member
+        id), the next ones to the members after it. A wrong guess only costs a restore.
+        """
+        future, self._describing = self._describing, None
+        try:
+            desc = future.result(0)
             me = self._consumer.memberid()
         except Exception as e:  # the next refresh tries again
             logger.info("%s: cannot describe the group to place standbys: %s", self.application_id, e)
