@@ -46,37 +46,19 @@ from typing import Any
 import pytest
 
 from conftest import scaled
+from peer_envs import PEER_APPS, PEERS, QUIX_VERSION, broker_or_skip, quix_python
 from statestore import TopicPartition
 from statestore.restore.engine import RestoreSpec, restore_many
-from support.kafka_broker import Broker, BrokerUnavailable, start_broker
+from support.kafka_broker import Broker
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
 
 N = scaled(1_000_000, minimum=20_000)
 KEYS = max(1, N // 10)
 PARTITIONS = 4
-QUIX_VERSION = "3.28.1"
-PEERS = Path(os.environ.get("STATESTORE_CACHE", Path.home() / ".cache" / "statestore")) / "peers"
-QUIX_APP = Path(__file__).resolve().parent / "peers" / "quix_app.py"
+QUIX_APP = PEER_APPS / "quix_app.py"
 FAUST_VERSION = "0.15.3"
-FAUST_APP_DIR = Path(__file__).resolve().parent / "peers"
-
-
-def quix_python() -> Path:
-    """The interpreter of Quix Streams' own virtual environment, made on first use."""
-    venv = PEERS / f"quix-{QUIX_VERSION}"
-    py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        out = subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", f"quixstreams=={QUIX_VERSION}"],
-            capture_output=True,
-            text=True,
-        )
-        if out.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            pytest.skip(f"quixstreams {QUIX_VERSION} does not install here: {out.stderr[-500:]}")
-    return py
+FAUST_APP_DIR = PEER_APPS
 
 
 def quix(py: Path, command: str, broker: Broker, **args: Any) -> dict[str, Any]:
@@ -86,14 +68,6 @@ def quix(py: Path, command: str, broker: Broker, **args: Any) -> dict[str, Any]:
     out = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, f"quix {command} failed:\n{out.stderr[-3000:]}"
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
-def broker_or_skip(tmp_path_factory: pytest.TempPathFactory, name: str) -> Broker:
-    """A broker of the benchmark's own, or a skip saying why none could start."""
-    try:
-        return start_broker(tmp_path_factory.mktemp(name))
-    except BrokerUnavailable as e:
-        pytest.skip(f"no Kafka broker could start: {e}")
 
 
 @pytest.fixture(scope="module")
