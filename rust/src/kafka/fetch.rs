@@ -38,6 +38,7 @@ use uuid::Uuid;
 use super::client::{KafkaClient, FIRST_BACKOFF, MAX_BACKOFF};
 use super::conn::{self, Conn};
 use super::frames::FrameLease;
+use super::session::{FetchSession, Member};
 use super::KafkaError;
 use crate::codec::{self, BatchHeader, CodecError, ControlType, RecordRef, HEADER_LEN};
 use crate::source::{recycle, ChangeRecord, ChangeSlices, ChangelogSource, LogError, SkipCounts};
@@ -208,7 +209,7 @@ pub(super) struct Response {
     records: Bytes,
     aborted: Vec<(i64, i64)>,
     /// The offset it was fetched at.
-    offset: i64,
+    pub(super) offset: i64,
     /// The broker it came from.
     broker: String,
     /// Its complete batches, CRC-checked, in order.
@@ -233,7 +234,7 @@ impl Response {
     /// Check the batches (CRC, header, markers) and decide their fates, so
     /// the cursor's thread only decodes. Checking stops at a damaged batch;
     /// the batches before it stay usable.
-    fn check(&mut self) {
+    pub(super) fn check(&mut self) {
         let mut batches = Batches::new(&self.records, self.aborted.iter().copied());
         loop {
             let at = batches.position();
@@ -305,29 +306,32 @@ struct InFlight {
 /// response is decoded. It grows the response size for a batch that does not
 /// fit, retries leader changes and broken connections, and gives up after
 /// the stall timeout without progress.
-struct Fetcher {
+pub(super) struct Fetcher {
     client: Arc<KafkaClient>,
-    topic: String,
-    partition: i32,
+    pub(super) topic: String,
+    pub(super) partition: i32,
     /// Offset of the next response to hand out.
-    offset: i64,
+    pub(super) offset: i64,
     /// No request is sent ahead for this offset or later.
-    end: i64,
+    pub(super) end: i64,
     conn: Option<Conn>,
     inflight: Option<InFlight>,
     /// Bytes asked for per response: [`FIRST_FETCH_BYTES`] at first, so that
     /// a read's first records arrive soon, then twice the last up to
     /// `max.partition.fetch.bytes`; more for a batch that does not fit.
-    fetch_bytes: i32,
+    pub(super) fetch_bytes: i32,
     partition_max_bytes: i32,
     stall_timeout: Duration,
     /// Leader epoch of the connected leader, sent with each fetch (-1: unknown).
-    leader_epoch: i32,
+    pub(super) leader_epoch: i32,
     /// The last error came with the new leader (KIP-951): go there without
     /// a metadata refresh.
-    hinted: bool,
+    pub(super) hinted: bool,
     /// How long the broker took to answer the last request.
-    answered_in: Duration,
+    pub(super) answered_in: Duration,
+    /// Responses in a row that held only batches below the offset (in a
+    /// fetch session; a fetcher of its own counts them in [`Fetcher::next`]).
+    pub(super) stuck: u32,
     /// The topic id the reads are held to: the one the client last read the
     /// partition under (a read going on from a store's offset), else the
     /// first one this fetcher fetched under. A different one in Metadata is
@@ -355,7 +359,7 @@ pub const MAX_STUCK_RESPONSES: u32 = 8;
 const FIRST_FETCH_BYTES: i32 = 1 << 20;
 
 impl Fetcher {
-    fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
+    pub(super) fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
         let (partition_max_bytes, stall_timeout) = (client.config.partition_max_bytes, client.config.stall_timeout);
         let frames = client.frames.activate();
         let topic_id = client.expected_topic_id(topic, partition, offset);
@@ -376,15 +380,16 @@ impl Fetcher {
             leader_epoch: -1,
             hinted: false,
             answered_in: Duration::ZERO,
+            stuck: 0,
             _frames: frames,
         }
     }
 
-    fn tp(&self) -> String {
+    pub(super) fn tp(&self) -> String {
         format!("{}-{}", self.topic, self.partition)
     }
 
-    fn context(&self) -> String {
+    pub(super) fn context(&self) -> String {
         format!("reading {} on {} at offset {}", self.tp(), self.client.servers(), self.offset)
     }
 
@@ -407,7 +412,7 @@ impl Fetcher {
 
     /// The topic id to fetch by, checked against the one the reads are held
     /// to: a topic whose id changed was deleted and recreated.
-    fn check_topic_id(&mut self) -> Result<Option<Uuid>, KafkaError> {
+    pub(super) fn check_topic_id(&mut self) -> Result<Option<Uuid>, KafkaError> {
         let Some(now) = self.client.topic_id(&self.topic) else { return Ok(self.topic_id) };
         match self.topic_id {
             Some(was) if was != now => {
@@ -676,7 +681,7 @@ impl Fetcher {
     }
 
     /// Fetch on from `offset` (requests go out ahead below `end` only).
-    fn seek(&mut self, offset: i64, end: i64) {
+    pub(super) fn seek(&mut self, offset: i64, end: i64) {
         self.offset = offset;
         self.end = end;
     }
@@ -750,6 +755,8 @@ enum Responses {
     Here(Box<Fetcher>),
     /// Fetched ahead on a fetch thread.
     Ahead(Ahead),
+    /// Fetched by the broker threads of a fetch session shared with other reads.
+    Session(Member),
     /// Between the two (only while switching).
     Switching,
 }
@@ -802,6 +809,24 @@ impl FetchCursor {
         }
     }
 
+    /// A cursor whose responses the broker threads of `session` fetch,
+    /// in Fetch requests shared with the session's other partitions.
+    pub fn in_session(session: &Arc<FetchSession>, topic: &str, partition: i32, start: i64) -> Self {
+        FetchCursor {
+            responses: Responses::Session(session.member(topic, partition, start)),
+            client: session.client().clone(),
+            topic: topic.to_string(),
+            partition,
+            read_ahead: true,
+            position: start,
+            skipped: SkipCounts::default(),
+            bytes_read: 0,
+            scratch: Vec::new(),
+            slice_spare: Vec::new(),
+            batch_spare: Vec::new(),
+        }
+    }
+
     pub fn position(&self) -> i64 {
         self.position
     }
@@ -832,6 +857,12 @@ impl FetchCursor {
     /// restarts it; a cursor without read-ahead, or already fetching, is
     /// left as it is.
     pub fn prime(&mut self, end: i64) {
+        if let Responses::Session(m) = &mut self.responses {
+            if self.position < end {
+                m.prime(self.position, end);
+            }
+            return;
+        }
         if !self.read_ahead || self.position >= end || !matches!(self.responses, Responses::Here(_)) {
             return;
         }
@@ -842,6 +873,9 @@ impl FetchCursor {
     /// The response at the position, reading below `end`.
     fn next_response(&mut self, end: i64) -> Result<Response, KafkaError> {
         let position = self.position;
+        if let Responses::Session(m) = &mut self.responses {
+            return m.next(position, end);
+        }
         if !self.read_ahead {
             let f = self.here();
             f.seek(position, end);
@@ -1087,6 +1121,14 @@ impl KafkaSource {
     pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
         KafkaSource {
             cursor: FetchCursor::with_read_ahead(client, topic, partition, start, true),
+            slices: ChangeSlices::default(),
+        }
+    }
+
+    /// A source fetched by the broker threads of `session`.
+    pub fn in_session(session: &Arc<FetchSession>, topic: &str, partition: i32, start: i64) -> Self {
+        KafkaSource {
+            cursor: FetchCursor::in_session(session, topic, partition, start),
             slices: ChangeSlices::default(),
         }
     }

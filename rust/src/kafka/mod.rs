@@ -28,6 +28,7 @@ pub mod conn;
 pub mod fetch;
 pub mod frames;
 pub mod scram;
+pub mod session;
 #[cfg(feature = "tls")]
 pub mod tls;
 

@@ -31,6 +31,7 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 use super::client::KafkaClient;
 use super::config::ClientConfig;
 use super::fetch::{Batches, Fate, FetchCursor, Plan};
+use super::session::FetchSession;
 use super::KafkaError;
 use crate::codec::{self, control_batch, BatchBuilder, BatchMeta, Compression};
 
@@ -76,6 +77,14 @@ struct Script {
     /// Nodes that read requests and answer none (a SIGSTOPped broker: the
     /// kernel still accepts its connections).
     muted: Vec<i32>,
+    /// Partitions of t (0: one).
+    partitions: i32,
+    /// The leader of each partition of t by index, where it is not `leader`.
+    leaders: Vec<i32>,
+    /// Fetches received: (node, connection, the partitions named).
+    fetched: Vec<(i32, usize, Vec<i32>)>,
+    /// How long a Fetch takes to answer (a broker that is the bottleneck).
+    fetch_time: Duration,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -83,6 +92,9 @@ type Shared = Arc<Mutex<Script>>;
 impl Script {
     fn leader(&self) -> i32 {
         self.leader.max(1)
+    }
+    fn leader_of(&self, partition: i32) -> i32 {
+        self.leaders.get(partition as usize).copied().unwrap_or_else(|| self.leader())
     }
     fn take<T: Copy>(q: &mut VecDeque<(ApiKey, T)>, key: ApiKey) -> Option<T> {
         let i = q.iter().position(|(k, _)| *k == key)?;
@@ -192,7 +204,10 @@ fn respond<E: Encodable>(s: &mut TcpStream, key: ApiKey, version: i16, corr: i32
 /// The bytes each Fetch asked for (`partition_max_bytes`), by the port of the fake broker asked.
 static ASKED: Mutex<Vec<(u16, i32)>> = Mutex::new(Vec::new());
 
-fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_bytes: usize) {
+/// Serve one connection (`conn`: its number among the cluster's) of node
+/// `node`; partition p of t holds `logs[p]` (the last one beyond).
+fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log>, mode: Mode, max_bytes: usize) {
+    let log_of = |p: i32| &logs[(p.max(0) as usize).min(logs.len() - 1)];
     let port = script.lock().unwrap().ports[node as usize - 1];
     // A broker mutes a connection it throttled (KIP-219): nothing more is
     // read from it until the throttle has passed.
@@ -221,6 +236,7 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
             muted_until = Some(Instant::now() + Duration::from_millis(throttle as u64));
         }
         let (leader, epoch) = (sc.leader(), sc.epoch);
+        let leaders: Vec<i32> = (0..sc.partitions.max(1)).map(|p| sc.leader_of(p)).collect();
         let brokers: Vec<MetadataResponseBroker> = sc
             .ports
             .iter()
@@ -250,10 +266,18 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                         .with_error_code(error)
                         .with_topic_id(if v >= 10 { topic_id } else { uuid::Uuid::nil() })
                         .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
-                        .with_partitions(vec![MetadataResponsePartition::default()
-                            .with_partition_index(0)
-                            .with_leader_id(BrokerId(leader))
-                            .with_leader_epoch(epoch)])],
+                        .with_partitions(
+                            leaders
+                                .iter()
+                                .enumerate()
+                                .map(|(p, l)| {
+                                    MetadataResponsePartition::default()
+                                        .with_partition_index(p as i32)
+                                        .with_leader_id(BrokerId(*l))
+                                        .with_leader_epoch(epoch)
+                                })
+                                .collect(),
+                        )],
                 );
                 respond(&mut s, key, v, corr, &r);
             }
@@ -261,13 +285,13 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                 let req = ListOffsetsRequest::decode(&mut buf, v).unwrap();
                 seen(req.topics[0].partitions[0].current_leader_epoch);
                 drop(sc);
-                let ts = req.topics[0].partitions[0].timestamp;
-                let off = if ts == -2 { 0 } else { log.end };
+                let asked = &req.topics[0].partitions[0];
+                let off = if asked.timestamp == -2 { 0 } else { log_of(asked.partition_index).end };
                 let r = ListOffsetsResponse::default().with_throttle_time_ms(throttle).with_topics(vec![
                     ListOffsetsTopicResponse::default()
                         .with_name(TopicName(StrBytes::from_static_str("t")))
                         .with_partitions(vec![ListOffsetsPartitionResponse::default()
-                            .with_partition_index(0)
+                            .with_partition_index(asked.partition_index)
                             .with_error_code(error)
                             .with_offset(off)]),
                 ]);
@@ -277,65 +301,74 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                 let req = FetchRequest::decode(&mut buf, v).unwrap();
                 seen(req.topics[0].partitions[0].current_leader_epoch);
                 sc.fetches.push((v, req.topics[0].topic_id));
+                let named = req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| p.partition)).collect();
+                sc.fetched.push((node, conn, named));
+                let fetch_time = sc.fetch_time;
                 drop(sc);
+                thread::sleep(fetch_time);
                 // The topic in a response: by id from v13 on, else by name.
                 let topic = || match v {
                     13.. => FetchableTopicResponse::default().with_topic_id(req.topics[0].topic_id),
                     _ => FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_static_str("t"))),
                 };
                 let error = if v >= 13 && req.topics[0].topic_id != topic_id { 100 } else { error };
-                let at = req.topics[0].partitions[0].fetch_offset;
                 ASKED.lock().unwrap().push((port, req.topics[0].partitions[0].partition_max_bytes));
                 if throttle > 0 {
                     // A broker over a quota: the throttle time and no partitions.
                     respond(&mut s, key, v, corr, &FetchResponse::default().with_throttle_time_ms(throttle));
                     continue;
                 }
-                let error = if node != leader { 6 } else { error };
-                if error != 0 {
-                    let mut p = PartitionData::default().with_partition_index(0).with_error_code(error);
-                    if hint && error == 6 {
-                        p.current_leader =
-                            LeaderIdAndEpoch::default().with_leader_id(BrokerId(leader)).with_leader_epoch(epoch);
+                let mut parts = Vec::new();
+                for asked in &req.topics[0].partitions {
+                    let (partition, at) = (asked.partition, asked.fetch_offset);
+                    let (log, lead) = (log_of(partition), leaders.get(partition as usize).copied().unwrap_or(leader));
+                    let error = if node != lead { 6 } else { error };
+                    if error != 0 {
+                        let mut p = PartitionData::default().with_partition_index(partition).with_error_code(error);
+                        if hint && error == 6 {
+                            p.current_leader =
+                                LeaderIdAndEpoch::default().with_leader_id(BrokerId(lead)).with_leader_epoch(epoch);
+                        }
+                        parts.push(p);
+                        continue;
                     }
-                    let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
-                    respond(&mut s, key, v, corr, &r);
-                    continue;
-                }
-                let at = if mode == Mode::Stale { 0 } else { at };
-                let mut records = Vec::new();
-                for (base, b) in &log.batches {
-                    let next = log.batches.iter().find(|(o, _)| o > base).map_or(log.end, |(o, _)| *o);
-                    if next > at && records.len() < max_bytes {
-                        records.extend_from_slice(b);
+                    let at = if mode == Mode::Stale { 0 } else { at };
+                    let mut records = Vec::new();
+                    for (base, b) in &log.batches {
+                        let next = log.batches.iter().find(|(o, _)| o > base).map_or(log.end, |(o, _)| *o);
+                        if next > at && records.len() < max_bytes {
+                            records.extend_from_slice(b);
+                        }
                     }
+                    // Cut the last batch, as a byte limit does, but always hand out a
+                    // whole first batch (KIP-74).
+                    let first = codec::peek_offset_and_length(&records).map_or(0, |(_, l)| l as usize + 12);
+                    records.truncate(max_bytes.max(first));
+                    if mode == Mode::BadCrc {
+                        let n = records.len();
+                        records[n.min(70) - 1] ^= 0x55;
+                    }
+                    if mode == Mode::Silent {
+                        records.clear();
+                    }
+                    let aborted = log
+                        .aborted
+                        .iter()
+                        .filter(|(_, _, marker)| *marker >= at)
+                        .map(|&(pid, first, _)| {
+                            AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first)
+                        })
+                        .collect();
+                    parts.push(
+                        PartitionData::default()
+                            .with_partition_index(partition)
+                            .with_high_watermark(log.end)
+                            .with_last_stable_offset(log.end)
+                            .with_aborted_transactions(Some(aborted))
+                            .with_records(Some(Bytes::from(records))),
+                    );
                 }
-                // Cut the last batch, as a byte limit does, but always hand out a
-                // whole first batch (KIP-74).
-                let first = codec::peek_offset_and_length(&records).map_or(0, |(_, l)| l as usize + 12);
-                records.truncate(max_bytes.max(first));
-                if mode == Mode::BadCrc {
-                    let n = records.len();
-                    records[n.min(70) - 1] ^= 0x55;
-                }
-                if mode == Mode::Silent {
-                    records.clear();
-                }
-                let aborted = log
-                    .aborted
-                    .iter()
-                    .filter(|(_, _, marker)| *marker >= at)
-                    .map(|&(pid, first, _)| {
-                        AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first)
-                    })
-                    .collect();
-                let p = PartitionData::default()
-                    .with_partition_index(0)
-                    .with_high_watermark(log.end)
-                    .with_last_stable_offset(log.end)
-                    .with_aborted_transactions(Some(aborted))
-                    .with_records(Some(Bytes::from(records)));
-                let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
+                let r = FetchResponse::default().with_responses(vec![topic().with_partitions(parts)]);
                 match mode {
                     Mode::Garbage => {
                         let _ = s.write_all(&[0, 0, 0, 40]);
@@ -367,17 +400,27 @@ fn fake(log: Log, mode: Mode, max_bytes: usize) -> String {
 
 /// `nodes` fake brokers sharing a [`Script`]; their `host:port`s.
 fn cluster(nodes: usize, log: Log, mode: Mode, max_bytes: usize) -> (Vec<String>, Shared) {
+    cluster_of(nodes, vec![log], mode, max_bytes)
+}
+
+/// [`cluster`] with partition p of t holding `logs[p]`.
+fn cluster_of(nodes: usize, logs: Vec<Log>, mode: Mode, max_bytes: usize) -> (Vec<String>, Shared) {
+    let partitions = logs.len() as i32;
     let listeners: Vec<TcpListener> = (0..nodes).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
-    let script = Arc::new(Mutex::new(Script { ports: ports.clone(), ..Script::default() }));
+    let script = Arc::new(Mutex::new(Script { ports: ports.clone(), partitions, ..Script::default() }));
     for (i, l) in listeners.into_iter().enumerate() {
-        let (log, script) = (log.clone(), script.clone());
+        let (logs, script) = (logs.clone(), script.clone());
         thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { return };
-                script.lock().unwrap().accepted.push(i as i32 + 1);
-                let (log, script) = (log.clone(), script.clone());
-                thread::spawn(move || serve(s, i as i32 + 1, script, log, mode, max_bytes));
+                let conn = {
+                    let mut sc = script.lock().unwrap();
+                    sc.accepted.push(i as i32 + 1);
+                    sc.accepted.len()
+                };
+                let (logs, script) = (logs.clone(), script.clone());
+                thread::spawn(move || serve(s, i as i32 + 1, conn, script, logs, mode, max_bytes));
             }
         });
     }
@@ -1023,4 +1066,137 @@ fn a_broker_answering_batches_below_the_offset_ends_the_restore_naming_it() {
         assert!(m.contains(&addr) && m.contains("t-0") && m.contains("offset 10"), "{m}");
         assert!(t.elapsed() < Duration::from_secs(5), "read-ahead {read_ahead}: {:?}", t.elapsed());
     }
+}
+
+/// Partition `p`'s log: [`sample`]'s transactions (10..25 of pid 5 aborted)
+/// then `batches` plain batches of 5 records, every value padded with `p`
+/// bytes, so that a record handed to another partition's restore shows.
+fn partition_log(p: i32, batches: i64) -> Log {
+    let pad = p as usize;
+    let mut log = vec![
+        (0, data_with(0, 10, None, Compression::None, pad)),
+        (10, data_with(10, 5, Some(5), Compression::None, pad)),
+        (15, data_with(15, 5, Some(6), Compression::None, pad)),
+        (20, data_with(20, 5, Some(5), Compression::None, pad)),
+        (25, control_batch(25, 5, 0, false, 2000, 0)),
+        (26, control_batch(26, 6, 0, true, 2000, 0)),
+    ];
+    for i in 0..batches {
+        let base = 27 + 5 * i;
+        log.push((base, data_with(base, 5, None, Compression::None, pad)));
+    }
+    Log { batches: log, aborted: vec![(5, 10, 25)], end: 27 + 5 * batches }
+}
+
+/// The committed records of [`partition_log`]`(p, ..)` below `end`, as a store holds them.
+fn partition_store(p: i32, end: i64) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    (0..10)
+        .chain(15..20)
+        .chain(27..end)
+        .map(|o| (format!("k{o}").into_bytes(), value_of(o, p as usize).into_bytes()))
+        .collect()
+}
+
+/// `restore_many` of `parts` partitions of t with `leaders` (node of each
+/// partition) on `threads` threads: every store holds its own partition's
+/// committed records.
+fn restore_partitions(
+    bootstrap: &str,
+    leaders: &[i32],
+    ends: i64,
+    threads: usize,
+) -> Vec<Result<crate::restore::engine::RestoreOutcome, crate::restore::RestoreError>> {
+    use crate::restore::engine::{restore_many, RestoreSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let specs =
+        (0..leaders.len() as i32).map(|p| (RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p), None)).collect();
+    let out = restore_many(&super::client::KafkaLog(client(bootstrap, Duration::from_secs(5))), specs, threads);
+    for (p, o) in out.iter().enumerate() {
+        let o = o.as_ref().unwrap_or_else(|e| panic!("t-{p}: {e}"));
+        assert_eq!(o.end_offset, ends);
+        let store = crate::store::Store::open(&dir.path().join(format!("s{p}")), false).unwrap();
+        assert_eq!(crate::restore::testing::dump(&store), partition_store(p as i32, ends), "t-{p}");
+    }
+    out
+}
+
+#[test]
+fn restore_many_sends_one_fetch_per_broker_for_all_its_partitions_over_one_connection() {
+    // 4 partitions, 2 led by each of 2 nodes; one batch per response and
+    // 2 ms per Fetch, so that the reads are many fetches long, overlap, and
+    // wait for the brokers.
+    let leaders = [1, 2, 1, 2];
+    let logs: Vec<Log> = (0..4).map(|p| partition_log(p, 100)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(2, logs, Mode::Good, 100);
+    {
+        let mut sc = script.lock().unwrap();
+        sc.leaders = leaders.to_vec();
+        sc.fetch_time = Duration::from_millis(2);
+    }
+    restore_partitions(&addrs.join(","), &leaders, end, 4);
+    let sc = script.lock().unwrap();
+    for node in [1, 2] {
+        let fetches: Vec<&(i32, usize, Vec<i32>)> = sc.fetched.iter().filter(|f| f.0 == node).collect();
+        let conns: std::collections::BTreeSet<usize> = fetches.iter().map(|f| f.1).collect();
+        assert_eq!(conns.len(), 1, "node {node}: Fetches over connections {conns:?}");
+        assert!(
+            fetches.iter().any(|f| f.2.len() == 2),
+            "node {node}: no Fetch named both its partitions ({} Fetches)",
+            fetches.len()
+        );
+        assert!(
+            fetches.iter().all(|f| f.2.iter().all(|&p| leaders[p as usize] == node)),
+            "a partition it does not lead"
+        );
+    }
+}
+
+#[test]
+fn a_leader_change_of_a_job_s_partitions_costs_one_metadata_refresh() {
+    // 4 partitions led by node 1 move to node 2 (a new epoch) after each
+    // read its first response: node 1 answers NOT_LEADER_OR_FOLLOWER, and
+    // one metadata lookup sends all four to node 2.
+    let logs: Vec<Log> = (0..4).map(|p| partition_log(p, 40)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(2, logs, Mode::Good, 100);
+    let c = client(&addrs.join(","), Duration::from_secs(5));
+    let session = FetchSession::new(c);
+    let mut cursors: Vec<FetchCursor> = (0..4).map(|p| FetchCursor::in_session(&session, "t", p, 0)).collect();
+    let mut got: Vec<Vec<(i64, Vec<u8>)>> = vec![Vec::new(); 4];
+    for (p, cur) in cursors.iter_mut().enumerate() {
+        cur.prime(end);
+        cur.read(end, 1, &mut |r| got[p].push((r.offset, r.value.unwrap().to_vec()))).unwrap();
+    }
+    let refreshes = {
+        let mut sc = script.lock().unwrap();
+        (sc.leader, sc.epoch) = (2, 1);
+        sc.asked(ApiKey::Metadata).len()
+    };
+    let handles: Vec<_> = cursors
+        .into_iter()
+        .zip(got)
+        .map(|(mut cur, mut got)| {
+            thread::spawn(move || {
+                while cur.read(end, 1 << 20, &mut |r| got.push((r.offset, r.value.unwrap().to_vec()))).unwrap() {}
+                got
+            })
+        })
+        .collect();
+    for (p, h) in handles.into_iter().enumerate() {
+        let got: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
+            h.join().unwrap().into_iter().map(|(o, v)| (format!("k{o}").into_bytes(), v)).collect();
+        assert_eq!(got, partition_store(p as i32, end), "t-{p}");
+    }
+    let sc = script.lock().unwrap();
+    assert_eq!(sc.asked(ApiKey::Metadata).len() - refreshes, 1, "metadata refreshes after the move");
+    let after: Vec<&(i32, usize, Vec<i32>)> = sc.fetched.iter().filter(|f| f.0 == 2).collect();
+    assert!(after.iter().any(|f| f.2.len() > 1), "node 2 was sent no Fetch of several partitions");
+    assert!(sc.asked(ApiKey::Fetch).iter().filter(|f| f.0 == 2).all(|f| f.2 == 1), "the new epoch is sent");
+    drop(sc);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while session.threads() > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(session.threads(), 0, "the fetch threads end with the partitions they fetched");
 }
