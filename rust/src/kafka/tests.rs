@@ -432,6 +432,29 @@ fn client(addr: &str, stall: Duration) -> Arc<KafkaClient> {
     KafkaClient::new(c)
 }
 
+/// The ways a cursor fetches: on its caller's thread, on a fetch thread of
+/// its own, or through a fetch session (a broker's thread shared with the
+/// other reads of a job).
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Here,
+    Ahead,
+    Session,
+}
+
+impl Via {
+    const ALL: [Via; 3] = [Via::Here, Via::Ahead, Via::Session];
+
+    /// A cursor on t-0 from `start` that fetches this way.
+    fn cursor(self, c: Arc<KafkaClient>, start: i64) -> FetchCursor {
+        match self {
+            Via::Here => FetchCursor::with_read_ahead(c, "t", 0, start, false),
+            Via::Ahead => FetchCursor::with_read_ahead(c, "t", 0, start, true),
+            Via::Session => FetchCursor::in_session(&FetchSession::new(c), "t", 0, start),
+        }
+    }
+}
+
 fn drain(c: &mut FetchCursor, end: i64) -> Result<Vec<i64>, KafkaError> {
     let mut got = Vec::new();
     while c.read(end, 1 << 20, &mut |r| got.push(r.offset))? {}
@@ -539,22 +562,22 @@ fn large_responses_read_into_reused_buffers_hand_over_each_response_s_own_record
     assert!(batches[0].1.len() > 150_000);
     let log = Log { batches, aborted: vec![], end: 480 };
     let addr = fake(log, Mode::Good, 400_000);
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let c = client(&addr, Duration::from_secs(5));
-        let mut cur = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c.clone(), 0);
         let mut got = Vec::new();
         while cur
             .read_slices(480, 1 << 20, &mut |slice| {
                 for r in slice {
                     let (k, v) = (format!("k{}", r.offset), value_of(r.offset, pad));
-                    assert_eq!((r.key, r.value), (Some(k.as_bytes()), Some(v.as_bytes())), "read-ahead {read_ahead}");
+                    assert_eq!((r.key, r.value), (Some(k.as_bytes()), Some(v.as_bytes())), "{via:?}");
                     got.push(r.offset);
                 }
             })
             .unwrap()
         {}
         assert_eq!(got, (0..480).collect::<Vec<_>>());
-        assert!(c.frames.pooled() > 0, "no buffer came back to the pool (read-ahead {read_ahead})");
+        assert!(c.frames.pooled() > 0, "no buffer came back to the pool ({via:?})");
         drop(cur);
         let deadline = Instant::now() + Duration::from_secs(5);
         while c.frames.pooled() > 0 && Instant::now() < deadline {
@@ -566,11 +589,11 @@ fn large_responses_read_into_reused_buffers_hand_over_each_response_s_own_record
 
 #[test]
 fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_in_order() {
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         for max in [400, 1000, 1 << 20] {
             let addr = fake(compressed_sample(), Mode::Good, max);
-            let case = format!("max bytes {max}, read-ahead {read_ahead}");
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+            let case = format!("max bytes {max}, {via:?}");
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
             let mut got = Vec::new();
             while cur
                 .read_slices(37, 1 << 20, &mut |slice| {
@@ -585,7 +608,7 @@ fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_
             {}
             assert_eq!(got, expected(), "{case}");
             assert_eq!((cur.position(), cur.skipped().aborted, cur.skipped().control), (37, 10, 2), "{case}");
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 12, read_ahead);
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 12);
             assert_eq!(drain(&mut cur, 34).unwrap(), (15..20).chain(27..34).collect::<Vec<_>>(), "{case}");
         }
     }
@@ -594,35 +617,35 @@ fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_
 #[test]
 fn restores_through_small_responses_that_cut_batches_and_split_a_transaction() {
     let log = sample();
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         for max in [120, 200, 333, 1 << 20] {
             let addr = fake(log.clone(), Mode::Good, max);
             let c = client(&addr, Duration::from_secs(5));
             let o = c.offsets("t", 0).unwrap();
             assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
-            let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
-            assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "max bytes {max}, read-ahead {read_ahead}");
+            let mut cur = via.cursor(c, 0);
+            assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "max bytes {max}, {via:?}");
             assert_eq!(cur.position(), 37);
             assert_eq!((cur.skipped().aborted, cur.skipped().control), (10, 2));
         }
         // Starting mid-log, inside the aborted transaction, and stopping before the end.
         let addr = fake(log.clone(), Mode::Good, 150);
-        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 12, read_ahead);
+        let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 12);
         assert_eq!(drain(&mut cur, 30).unwrap(), (15..20).chain(27..30).collect::<Vec<_>>());
         // Then on to further ends, the last past a cut: nothing read twice, nothing missed.
-        assert_eq!(drain(&mut cur, 33).unwrap(), (30..33).collect::<Vec<_>>(), "read-ahead {read_ahead}");
-        assert_eq!(drain(&mut cur, 37).unwrap(), (33..37).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        assert_eq!(drain(&mut cur, 33).unwrap(), (30..33).collect::<Vec<_>>(), "{via:?}");
+        assert_eq!(drain(&mut cur, 37).unwrap(), (33..37).collect::<Vec<_>>(), "{via:?}");
         // Small reads of one range hand out each record once.
-        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
         let mut got = Vec::new();
         while cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap() {}
-        assert_eq!(got, expected(), "read-ahead {read_ahead}");
+        assert_eq!(got, expected(), "{via:?}");
         // A cursor dropped halfway does not wait for its fetch thread.
-        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
         assert!(cur.read(37, 1, &mut |_| {}).unwrap());
         let t = Instant::now();
         drop(cur);
-        assert!(t.elapsed() < Duration::from_millis(500), "read-ahead {read_ahead}: {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_millis(500), "{via:?}: {:?}", t.elapsed());
     }
 }
 
@@ -631,9 +654,9 @@ fn restores_through_small_responses_that_cut_batches_and_split_a_transaction() {
 fn failure(mode: Mode) -> (KafkaError, Duration, String) {
     let addr = fake(sample(), mode, 1 << 20);
     let mut seen: Vec<(KafkaError, Duration)> = Vec::new();
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let c = client(&addr, Duration::from_millis(600));
-        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c, 0);
         let t = Instant::now();
         let e = drain(&mut cur, 37).unwrap_err();
         seen.push((e, t.elapsed()));
@@ -743,18 +766,18 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
     assert_eq!(fates[3], (16, Fate::Control));
     assert_eq!(fates[6], (21, Fate::Control));
     assert_eq!(fates[8], (27, Fate::Data), "an empty data batch: no record, as Kafka's consumer sees it");
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         // Small responses put an empty batch first, last and alone in one.
         for max in [60, 100, 200, 1 << 20] {
             let addr = fake(log.clone(), Mode::Good, max);
-            let case = format!("max bytes {max}, read-ahead {read_ahead}");
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+            let case = format!("max bytes {max}, {via:?}");
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
             assert_eq!(drain(&mut cur, 30).unwrap(), want, "{case}");
             assert_eq!(cur.position(), 30, "{case}");
             // Records stepped over: two markers (the empty batches hold none), five aborted.
             assert_eq!((cur.skipped().control, cur.skipped().aborted), (2, 5), "{case}");
             // Starting on an empty batch.
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 21, read_ahead);
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 21);
             assert_eq!(drain(&mut cur, 30).unwrap(), (22..27).chain(28..30).collect::<Vec<_>>(), "{case}");
         }
     }
@@ -763,7 +786,7 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
 #[test]
 fn a_throttled_fetch_waits_the_throttle_and_goes_on() {
     let throttle = Duration::from_millis(300);
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
         {
             let mut sc = script.lock().unwrap();
@@ -772,13 +795,13 @@ fn a_throttled_fetch_waits_the_throttle_and_goes_on() {
             sc.throttles.push_back((ApiKey::Fetch, 0));
             sc.throttles.push_back((ApiKey::Fetch, 300));
         }
-        let mut cur = FetchCursor::with_read_ahead(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0, read_ahead);
-        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "read-ahead {read_ahead}");
+        let mut cur = via.cursor(client(&addrs[0], Duration::from_secs(5)), 0);
+        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "{via:?}");
         let fetches = script.lock().unwrap().asked(ApiKey::Fetch);
         assert!(fetches.len() >= 5, "{}", fetches.len());
         for i in [0, 2] {
             let waited = fetches[i + 1].1 - fetches[i].1;
-            assert!(waited >= throttle - Duration::from_millis(10), "read-ahead {read_ahead}: fetch {i}: {waited:?}");
+            assert!(waited >= throttle - Duration::from_millis(10), "{via:?}: fetch {i}: {waited:?}");
         }
     }
 }
@@ -820,7 +843,7 @@ fn throttled_metadata_and_list_offsets_are_waited_out_before_the_next_request() 
 
 #[test]
 fn errors_of_a_leader_election_are_retried_and_the_leader_epoch_is_sent() {
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
         {
             let mut sc = script.lock().unwrap();
@@ -847,8 +870,8 @@ fn errors_of_a_leader_election_are_retried_and_the_leader_epoch_is_sent() {
         let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(6), Duration::from_secs(10)).unwrap());
         let o = c.offsets("t", 0).unwrap();
         assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
-        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
-        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "read-ahead {read_ahead}");
+        let mut cur = via.cursor(c, 0);
+        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "{via:?}");
         let sc = script.lock().unwrap();
         assert!(sc.errors.is_empty(), "every error was answered");
         // Each error but the first two (Metadata's own) was followed by a metadata refresh.
@@ -899,7 +922,7 @@ fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refre
 fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
     // A budget of 3 s, attempts of 1 s: node 1 leads, then is paused (its
     // connections open, nothing answered); 300 ms later node 2 leads.
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
         let pairs = [("bootstrap.servers", addrs[0].as_str())];
         let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
@@ -924,45 +947,44 @@ fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
         let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
         let pairs = [("bootstrap.servers", addrs[0].as_str())];
         let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
-        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c, 0);
         let mut got = Vec::new();
         assert!(cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap());
         pause(&script);
         let t = Instant::now();
         while cur.read(37, 1 << 20, &mut |r| got.push(r.offset)).unwrap() {}
-        assert_eq!(got, expected(), "read-ahead {read_ahead}");
-        assert!(t.elapsed() < Duration::from_millis(2500), "read-ahead {read_ahead}: the rest took {:?}", t.elapsed());
+        assert_eq!(got, expected(), "{via:?}");
+        assert!(t.elapsed() < Duration::from_millis(2500), "{via:?}: the rest took {:?}", t.elapsed());
     }
 }
 
 #[test]
 fn a_topic_recreated_under_the_same_name_is_out_of_range_never_read_on() {
     let (a, b) = (uuid::Uuid::from_u128(0xA), uuid::Uuid::from_u128(0xB));
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
         script.lock().unwrap().topic_id = a;
         let c = client(&addrs[0], Duration::from_secs(5));
         assert_eq!(c.offsets("t", 0).unwrap().end, 37);
         // A store restored up to offset 20 under id A...
-        let mut cur = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c.clone(), 0);
         assert_eq!(drain(&mut cur, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
         assert!(script.lock().unwrap().fetches.iter().all(|&(v, id)| v == 15 && id == a), "fetched by id, v15");
         // ... the topic deleted and recreated (id B) ...
         script.lock().unwrap().topic_id = b;
         // ... the same reader going on, and a restore going on from the store's offset: both out of range.
-        for (what, r) in [
-            ("the same reader", drain(&mut cur, 37)),
-            ("a new restore", drain(&mut FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead), 37)),
-        ] {
+        for (what, r) in
+            [("the same reader", drain(&mut cur, 37)), ("a new restore", drain(&mut via.cursor(c.clone(), 20), 37))]
+        {
             let e = r.expect_err(what);
             assert!(matches!(e, KafkaError::OutOfRange(_)), "{what}: {e}");
             assert!(e.to_string().contains("recreated") && e.to_string().contains("t-0"), "{what}: {e}");
         }
         // The store wiped: a restore from the start reads the new topic, and then goes on under it.
-        let mut fresh = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        let mut fresh = via.cursor(c.clone(), 0);
         assert_eq!(drain(&mut fresh, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
-        let mut on = FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead);
-        assert_eq!(drain(&mut on, 37).unwrap(), (27..37).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        let mut on = via.cursor(c.clone(), 20);
+        assert_eq!(drain(&mut on, 37).unwrap(), (27..37).collect::<Vec<_>>(), "{via:?}");
         assert_eq!(script.lock().unwrap().fetches.last().unwrap().1, b);
     }
     // A broker without topic ids is fetched by name (v12).
@@ -1051,12 +1073,12 @@ fn bootstrap_servers_are_shuffled_per_client() {
 #[test]
 fn a_broker_answering_batches_below_the_offset_ends_the_restore_naming_it() {
     let addr = fake(sample(), Mode::Stale, 100);
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let c = client(&addr, Duration::from_secs(20));
         let (tx, rx) = std::sync::mpsc::channel();
         let t = Instant::now();
         thread::spawn(move || {
-            let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+            let mut cur = via.cursor(c, 0);
             let _ = tx.send(drain(&mut cur, 37));
         });
         let r = rx.recv_timeout(Duration::from_secs(10)).expect("the restore hangs");
@@ -1064,7 +1086,7 @@ fn a_broker_answering_batches_below_the_offset_ends_the_restore_naming_it() {
         let m = e.to_string();
         assert!(matches!(e, KafkaError::Protocol(_)), "{m}");
         assert!(m.contains(&addr) && m.contains("t-0") && m.contains("offset 10"), "{m}");
-        assert!(t.elapsed() < Duration::from_secs(5), "read-ahead {read_ahead}: {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(5), "{via:?}: {:?}", t.elapsed());
     }
 }
 
