@@ -20,7 +20,10 @@
 //! until the stall timeout. It runs on the cursor's thread or, for the
 //! restore engine's [`KafkaSource`], on a fetch thread of its own, so the
 //! kernel's copy out of the socket, the CRC-32C checks and the waits for the
-//! broker overlap the restore's decoding and writing.
+//! broker overlap the restore's decoding and writing. In a fetch session
+//! ([`super::session`]) a broker's thread drives the fetchers of all the
+//! partitions it leads through the same steps ([`Fetcher::fetch_partition`],
+//! [`Fetcher::take_partition`], [`Fetcher::step`]), one Fetch for them all.
 
 use std::collections::HashSet;
 use std::sync::mpsc::{sync_channel, Receiver};
