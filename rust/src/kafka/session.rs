@@ -471,15 +471,14 @@ impl Member {
         let stall = inner.client.config.stall_timeout;
         let mut st = inner.lock();
         let Some(part) = st.parts.get_mut(&self.id) else { return };
-        if let Some(f) = part.fetcher.as_mut() {
-            if part.queue.is_empty() && (f.offset != position || f.end != end) {
-                f.seek(position, end);
-                part.failed = false;
-                part.progressed(stall);
-            }
+        let Some(f) = part.fetcher.as_mut() else { return };
+        if part.queue.is_empty() && (f.offset != position || f.end != end) {
+            f.seek(position, end);
+            part.failed = false;
+            part.progressed(stall);
+            drop(st);
+            inner.changed.notify_all();
         }
-        drop(st);
-        inner.changed.notify_all();
     }
 
     /// Look the partition's leader up (from the client's cache, or one
