@@ -5,12 +5,15 @@
 //! fetch.
 //!
 //! Each partition keeps its own [`Fetcher`] (offset, response size, leader
-//! epoch, topic id, stall deadline) and a short queue of checked responses
-//! its restore decodes from. A broker's thread takes the fetchers of its
+//! epoch, topic id, stall deadline) and a short queue of responses its
+//! restore decodes from. A broker's thread takes the fetchers of its
 //! partitions whose queue has room, sends them one Fetch, hands each
-//! partition its part of the answer (CRC-checked, the aborted transactions
-//! of its own response) and puts the fetchers back: a partition whose
-//! restore is slow is left out of the next requests, not the others. The
+//! partition its part of the answer (with the aborted transactions of its
+//! own response; where to fetch next decided by the batch headers) and puts
+//! the fetchers back: a partition whose restore is slow is left out of the
+//! next requests, not the others. The restore checks its batches (CRC-32C,
+//! markers) as it takes a response, so the broker's thread only receives,
+//! and sends the next Fetch without waiting for a check. The
 //! thread ends when no partition of the job is led by its broker any more,
 //! giving its connection back to the client's pool.
 //!
@@ -42,9 +45,10 @@ use super::fetch::{
 };
 use super::KafkaError;
 
-/// Checked responses a partition may have waiting to be decoded: one being
-/// decoded and one waiting keep its restore busy while the next is fetched.
-const QUEUED: usize = 2;
+/// Responses a partition may have waiting to be decoded (besides the one
+/// being decoded): as many as a fetcher of its own holds (one handed over,
+/// one checked, one on the wire), so that a restore waits no more often.
+const QUEUED: usize = 3;
 
 /// Longest a waiting thread sleeps before it looks again (it is woken on
 /// every change; this only bounds a missed one).
@@ -298,17 +302,14 @@ impl Inner {
                         },
                     });
                 }
-                // What each response means, then its batches checked: the
-                // part of the work that reads all of them, off the lock.
+                // What each response means, by its batch headers; its
+                // batches are checked by the restore that takes it.
                 for (i, g) in got.iter_mut().enumerate() {
                     if let Some(Got::Response(r, step)) = g {
                         let f = &mut taken[i].1;
                         let mut stuck = f.stuck;
                         *step = f.step(r, &mut stuck, throttled);
                         f.stuck = stuck;
-                        if matches!(step, Step::Deliver) {
-                            r.check();
-                        }
                     }
                 }
             }
@@ -540,7 +541,12 @@ impl Member {
                 }
                 drop(st);
                 inner.changed.notify_all();
-                return r;
+                // Checked here, on the restore's thread: the broker's
+                // thread goes on to its next Fetch meanwhile.
+                return r.map(|mut r| {
+                    r.check();
+                    r
+                });
             }
             let (deadline, needs_leader) = (part.deadline, part.broker.is_none() && !part.failed);
             if needs_leader && now >= part.not_before {
