@@ -85,6 +85,9 @@ struct Script {
     fetched: Vec<(i32, usize, Vec<i32>)>,
     /// How long a Fetch takes to answer (a broker that is the bottleneck).
     fetch_time: Duration,
+    /// Error codes partitions of t answer to every Fetch at or past an
+    /// offset: (partition, code, offset).
+    partition_errors: Vec<(i32, i16, i64)>,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -237,6 +240,7 @@ fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log
         }
         let (leader, epoch) = (sc.leader(), sc.epoch);
         let leaders: Vec<i32> = (0..sc.partitions.max(1)).map(|p| sc.leader_of(p)).collect();
+        let partition_errors = sc.partition_errors.clone();
         let brokers: Vec<MetadataResponseBroker> = sc
             .ports
             .iter()
@@ -323,6 +327,7 @@ fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log
                     let (partition, at) = (asked.partition, asked.fetch_offset);
                     let (log, lead) = (log_of(partition), leaders.get(partition as usize).copied().unwrap_or(leader));
                     let error = if node != lead { 6 } else { error };
+                    let error = partition_errors.iter().find(|e| e.0 == partition && at >= e.2).map_or(error, |e| e.1);
                     if error != 0 {
                         let mut p = PartitionData::default().with_partition_index(partition).with_error_code(error);
                         if hint && error == 6 {
@@ -1221,4 +1226,32 @@ fn a_leader_change_of_a_job_s_partitions_costs_one_metadata_refresh() {
         thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(session.threads(), 0, "the fetch threads end with the partitions they fetched");
+}
+
+#[test]
+fn in_a_shared_fetch_one_partition_s_error_is_its_own() {
+    // Two partitions of one broker in the same Fetches; from offset 200 on
+    // t-1 is out of range (truncated behind its store), t-0 restores in full.
+    use crate::restore::engine::{restore_many, RestoreSpec};
+    use crate::restore::ErrorKind;
+    let logs: Vec<Log> = (0..2).map(|p| partition_log(p, 100)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(1, logs, Mode::Good, 100);
+    {
+        let mut sc = script.lock().unwrap();
+        sc.partition_errors = vec![(1, 1, 200)];
+        sc.fetch_time = Duration::from_millis(2);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let specs = (0..2).map(|p| (RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p), None)).collect::<Vec<_>>();
+    let out = restore_many(&super::client::KafkaLog(client(&addrs[0], Duration::from_secs(5))), specs, 2);
+    let o = out[0].as_ref().unwrap();
+    assert_eq!(o.end_offset, end);
+    let store = crate::store::Store::open(&dir.path().join("s0"), false).unwrap();
+    assert_eq!(crate::restore::testing::dump(&store), partition_store(0, end));
+    let e = out[1].as_ref().unwrap_err();
+    assert_eq!((e.kind, e.topic.as_deref(), e.partition), (ErrorKind::OutOfRange, Some("t"), Some(1)), "{e}");
+    assert!(e.message.contains(&addrs[0]) && e.message.contains("offset 202 of t-1 is out of range"), "{e}");
+    let sc = script.lock().unwrap();
+    assert!(sc.fetched.iter().any(|f| f.2.len() == 2), "t-0 and t-1 were never fetched together");
 }
