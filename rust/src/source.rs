@@ -259,4 +259,12 @@ pub trait Changelog: Sync {
     fn prepares_ahead(&self) -> bool {
         true
     }
+
+    /// The changelog the restores of one job (`restore_many`) read
+    /// through, sharing what reads can share -- the Kafka fetcher's fetch
+    /// session: one Fetch per broker for all the job's partitions it leads;
+    /// `None`: this one, as it is.
+    fn for_job(&self) -> Option<Box<dyn Changelog + Send>> {
+        None
+    }
 }

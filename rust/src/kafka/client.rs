@@ -35,6 +35,7 @@ use super::config::ClientConfig;
 use super::conn::{self, Conn};
 use super::fetch::KafkaSource;
 use super::frames::FramePool;
+use super::session::FetchSession;
 use super::KafkaError;
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError};
 
@@ -359,7 +360,8 @@ impl KafkaClient {
         true
     }
 
-    fn cached_leader(&self, topic: &str, partition: i32) -> Option<Leader> {
+    /// The leader of `topic-partition` as last known, without asking.
+    pub fn cached_leader(&self, topic: &str, partition: i32) -> Option<Leader> {
         let st = self.state();
         let &(id, epoch) = st.leaders.get(&(topic.to_string(), partition))?;
         st.brokers.get(&id).map(|b| Leader { broker: b.clone(), epoch })
@@ -488,5 +490,31 @@ impl Changelog for KafkaLog {
 
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
         Ok(Box::new(KafkaSource::new(self.0.clone(), topic, partition, start)))
+    }
+
+    fn for_job(&self) -> Option<Box<dyn Changelog + Send>> {
+        Some(Box::new(SessionLog::new(self.0.clone())))
+    }
+}
+
+/// A [`KafkaClient`] as the changelog of the restores of one job: they
+/// share one [`FetchSession`] (a fetch thread, a connection and one Fetch
+/// at a time per broker). Clones share the session; it ends with the last.
+#[derive(Clone)]
+pub struct SessionLog(pub Arc<FetchSession>);
+
+impl SessionLog {
+    pub fn new(client: Arc<KafkaClient>) -> Self {
+        SessionLog(FetchSession::new(client))
+    }
+}
+
+impl Changelog for SessionLog {
+    fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
+        Ok(self.0.client().offsets(topic, partition)?)
+    }
+
+    fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
+        Ok(Box::new(KafkaSource::in_session(&self.0, topic, partition, start)))
     }
 }

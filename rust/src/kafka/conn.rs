@@ -229,12 +229,7 @@ impl Conn {
 
     /// A broker error code, named.
     pub fn broker_error(&self, what: &str, code: i16, message: Option<&str>) -> KafkaError {
-        let name = error_name(code);
-        let more = message.map(|m| format!(": {m}")).unwrap_or_default();
-        KafkaError::Broker {
-            code,
-            message: format!("broker {}: {what} failed with {name} ({code}){more}", self.broker),
-        }
+        broker_error(&self.broker, what, code, message)
     }
 
     /// Send `req` as `version`; returns its correlation id. A throttle the
@@ -538,6 +533,13 @@ pub fn check_fetch_body(body: &[u8], version: i16) -> Result<(), String> {
         w.tagged()?;
     }
     Ok(())
+}
+
+/// Error `code` that `broker` answered to `what`, named.
+pub fn broker_error(broker: &str, what: &str, code: i16, message: Option<&str>) -> KafkaError {
+    let name = error_name(code);
+    let more = message.map(|m| format!(": {m}")).unwrap_or_default();
+    KafkaError::Broker { code, message: format!("broker {broker}: {what} failed with {name} ({code}){more}") }
 }
 
 /// Kafka's name of an error code (the ones a restore meets; others by number).

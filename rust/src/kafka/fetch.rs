@@ -20,7 +20,10 @@
 //! until the stall timeout. It runs on the cursor's thread or, for the
 //! restore engine's [`KafkaSource`], on a fetch thread of its own, so the
 //! kernel's copy out of the socket, the CRC-32C checks and the waits for the
-//! broker overlap the restore's decoding and writing.
+//! broker overlap the restore's decoding and writing. In a fetch session
+//! ([`super::session`]) a broker's thread drives the fetchers of all the
+//! partitions it leads through the same steps ([`Fetcher::fetch_partition`],
+//! [`Fetcher::take_partition`], [`Fetcher::step`]), one Fetch for them all.
 
 use std::collections::HashSet;
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -30,13 +33,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
+use kafka_protocol::messages::fetch_response::PartitionData;
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
 use super::client::{KafkaClient, FIRST_BACKOFF, MAX_BACKOFF};
-use super::conn::Conn;
+use super::conn::{self, Conn};
 use super::frames::FrameLease;
+use super::session::{FetchSession, Member};
 use super::KafkaError;
 use crate::codec::{self, BatchHeader, CodecError, ControlType, RecordRef, HEADER_LEN};
 use crate::source::{recycle, ChangeRecord, ChangeSlices, ChangelogSource, LogError, SkipCounts};
@@ -192,12 +197,22 @@ pub enum Plan {
     Unreadable,
 }
 
+/// What a [`Fetcher`] makes of a response at its offset ([`Fetcher::step`]).
+pub(super) enum Step {
+    /// Hand it out; the fetching goes on at the fetcher's offset.
+    Deliver,
+    /// Hand out nothing and fetch the same offset again, after this pause.
+    Again(Duration),
+    /// Give up on the read.
+    Fail(KafkaError),
+}
+
 /// A fetch response's data for one partition.
-struct Response {
+pub(super) struct Response {
     records: Bytes,
     aborted: Vec<(i64, i64)>,
     /// The offset it was fetched at.
-    offset: i64,
+    pub(super) offset: i64,
     /// The broker it came from.
     broker: String,
     /// Its complete batches, CRC-checked, in order.
@@ -222,7 +237,7 @@ impl Response {
     /// Check the batches (CRC, header, markers) and decide their fates, so
     /// the cursor's thread only decodes. Checking stops at a damaged batch;
     /// the batches before it stay usable.
-    fn check(&mut self) {
+    pub(super) fn check(&mut self) {
         let mut batches = Batches::new(&self.records, self.aborted.iter().copied());
         loop {
             let at = batches.position();
@@ -236,6 +251,47 @@ impl Response {
             }
         }
     }
+}
+
+/// A Fetch request's entry for `topic`: by its id when given (v13+), else by name.
+pub(super) fn fetch_topic(topic: &str, topic_id: Option<Uuid>) -> FetchTopic {
+    match topic_id {
+        Some(id) => FetchTopic::default().with_topic_id(id),
+        None => FetchTopic::default().with_topic(TopicName(StrBytes::from_string(topic.to_string()))),
+    }
+}
+
+/// A read_committed Fetch request of `topics`, outside any fetch session
+/// (each request names all it fetches), for at most `max_bytes` in all.
+pub(super) fn fetch_request(client: &KafkaClient, topics: Vec<FetchTopic>, max_bytes: i32) -> FetchRequest {
+    let wait = client.config.fetch_max_wait.as_millis().min(i32::MAX as u128) as i32;
+    FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(wait)
+        .with_min_bytes(1)
+        .with_max_bytes(max_bytes)
+        .with_isolation_level(1)
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(topics)
+}
+
+/// The part of `resp` for `topic-partition` (its topic named by `topic_id`
+/// when the request fetched by id).
+pub(super) fn find_partition<'r>(
+    resp: &'r FetchResponse,
+    topic: &str,
+    topic_id: Option<Uuid>,
+    partition: i32,
+) -> Option<&'r PartitionData> {
+    resp.responses
+        .iter()
+        .filter(|t| match topic_id {
+            Some(id) => t.topic_id == id,
+            None => t.topic.0.as_str() == topic,
+        })
+        .flat_map(|t| t.partitions.iter())
+        .find(|p| p.partition_index == partition)
 }
 
 /// A request on the wire whose response has not been read.
@@ -253,29 +309,32 @@ struct InFlight {
 /// response is decoded. It grows the response size for a batch that does not
 /// fit, retries leader changes and broken connections, and gives up after
 /// the stall timeout without progress.
-struct Fetcher {
+pub(super) struct Fetcher {
     client: Arc<KafkaClient>,
-    topic: String,
-    partition: i32,
+    pub(super) topic: String,
+    pub(super) partition: i32,
     /// Offset of the next response to hand out.
-    offset: i64,
+    pub(super) offset: i64,
     /// No request is sent ahead for this offset or later.
-    end: i64,
+    pub(super) end: i64,
     conn: Option<Conn>,
     inflight: Option<InFlight>,
     /// Bytes asked for per response: [`FIRST_FETCH_BYTES`] at first, so that
     /// a read's first records arrive soon, then twice the last up to
     /// `max.partition.fetch.bytes`; more for a batch that does not fit.
-    fetch_bytes: i32,
+    pub(super) fetch_bytes: i32,
     partition_max_bytes: i32,
     stall_timeout: Duration,
     /// Leader epoch of the connected leader, sent with each fetch (-1: unknown).
-    leader_epoch: i32,
+    pub(super) leader_epoch: i32,
     /// The last error came with the new leader (KIP-951): go there without
     /// a metadata refresh.
-    hinted: bool,
+    pub(super) hinted: bool,
     /// How long the broker took to answer the last request.
-    answered_in: Duration,
+    pub(super) answered_in: Duration,
+    /// Responses in a row that held only batches below the offset (in a
+    /// fetch session; a fetcher of its own counts them in [`Fetcher::next`]).
+    pub(super) stuck: u32,
     /// The topic id the reads are held to: the one the client last read the
     /// partition under (a read going on from a store's offset), else the
     /// first one this fetcher fetched under. A different one in Metadata is
@@ -303,7 +362,7 @@ pub const MAX_STUCK_RESPONSES: u32 = 8;
 const FIRST_FETCH_BYTES: i32 = 1 << 20;
 
 impl Fetcher {
-    fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
+    pub(super) fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
         let (partition_max_bytes, stall_timeout) = (client.config.partition_max_bytes, client.config.stall_timeout);
         let frames = client.frames.activate();
         let topic_id = client.expected_topic_id(topic, partition, offset);
@@ -324,44 +383,39 @@ impl Fetcher {
             leader_epoch: -1,
             hinted: false,
             answered_in: Duration::ZERO,
+            stuck: 0,
             _frames: frames,
         }
     }
 
-    fn tp(&self) -> String {
+    pub(super) fn tp(&self) -> String {
         format!("{}-{}", self.topic, self.partition)
     }
 
-    fn context(&self) -> String {
+    pub(super) fn context(&self) -> String {
         format!("reading {} on {} at offset {}", self.tp(), self.client.servers(), self.offset)
     }
 
     fn request(&self, offset: i64, leader_epoch: i32, topic_id: Option<Uuid>) -> FetchRequest {
-        let wait = self.client.config.fetch_max_wait.as_millis().min(i32::MAX as u128) as i32;
-        let topic = match topic_id {
-            Some(id) => FetchTopic::default().with_topic_id(id),
-            None => FetchTopic::default().with_topic(TopicName(StrBytes::from_string(self.topic.clone()))),
-        };
-        FetchRequest::default()
-            .with_replica_id(BrokerId(-1))
-            .with_max_wait_ms(wait)
-            .with_min_bytes(1)
-            .with_max_bytes(self.fetch_bytes)
-            .with_isolation_level(1)
-            .with_session_id(0)
-            .with_session_epoch(-1)
-            .with_topics(vec![topic.with_partitions(vec![FetchPartition::default()
-                .with_partition(self.partition)
-                .with_current_leader_epoch(leader_epoch)
-                .with_fetch_offset(offset)
-                .with_last_fetched_epoch(-1)
-                .with_log_start_offset(-1)
-                .with_partition_max_bytes(self.fetch_bytes)])])
+        let topic =
+            fetch_topic(&self.topic, topic_id).with_partitions(vec![self.fetch_partition(offset, leader_epoch)]);
+        fetch_request(&self.client, vec![topic], self.fetch_bytes)
+    }
+
+    /// This partition's entry of a Fetch request at `offset`.
+    pub(super) fn fetch_partition(&self, offset: i64, leader_epoch: i32) -> FetchPartition {
+        FetchPartition::default()
+            .with_partition(self.partition)
+            .with_current_leader_epoch(leader_epoch)
+            .with_fetch_offset(offset)
+            .with_last_fetched_epoch(-1)
+            .with_log_start_offset(-1)
+            .with_partition_max_bytes(self.fetch_bytes)
     }
 
     /// The topic id to fetch by, checked against the one the reads are held
     /// to: a topic whose id changed was deleted and recreated.
-    fn check_topic_id(&mut self) -> Result<Option<Uuid>, KafkaError> {
+    pub(super) fn check_topic_id(&mut self) -> Result<Option<Uuid>, KafkaError> {
         let Some(now) = self.client.topic_id(&self.topic) else { return Ok(self.topic_id) };
         match self.topic_id {
             Some(was) if was != now => {
@@ -419,16 +473,7 @@ impl Fetcher {
         if resp.error_code != 0 {
             return Err(conn.broker_error(&format!("Fetch of {tp} at offset {}", f.offset), resp.error_code, None));
         }
-        let Some(p) = resp
-            .responses
-            .iter()
-            .filter(|t| match f.topic_id {
-                Some(id) => t.topic_id == id,
-                None => t.topic.0.as_str() == self.topic,
-            })
-            .flat_map(|t| t.partitions.iter())
-            .find(|p| p.partition_index == self.partition)
-        else {
+        let Some(p) = find_partition(&resp, &self.topic, f.topic_id, self.partition) else {
             if resp.throttle_time_ms > 0 {
                 return Ok(Response::new(Bytes::new(), Vec::new(), f.offset, broker));
             }
@@ -437,13 +482,26 @@ impl Fetcher {
                 f.offset
             )));
         };
+        self.take_partition(p, f.offset, &broker)
+    }
+
+    /// This partition's part of a Fetch response from `broker` to a fetch
+    /// at `offset`: its records, or the error it answered (a new leader the
+    /// broker named is taken, see `hinted`).
+    pub(super) fn take_partition(
+        &mut self,
+        p: &PartitionData,
+        offset: i64,
+        broker: &str,
+    ) -> Result<Response, KafkaError> {
+        let tp = self.tp();
         match p.error_code {
             0 => {}
             1 => {
                 return Err(KafkaError::OutOfRange(format!(
-                    "broker {broker}: offset {} of {} is out of range (the log holds {}..{}): the topic was \
+                    "broker {broker}: offset {offset} of {tp} is out of range (the log holds {}..{}): the topic was \
                      truncated, deleted or recreated behind the store; wipe the store and restore it",
-                    f.offset, tp, p.log_start_offset, p.high_watermark
+                    p.log_start_offset, p.high_watermark
                 )))
             }
             code => {
@@ -454,12 +512,12 @@ impl Fetcher {
                     self.hinted =
                         self.client.hint_leader(&self.topic, self.partition, hint.leader_id.0, hint.leader_epoch);
                 }
-                return Err(conn.broker_error(&format!("Fetch of {tp} at offset {}", f.offset), code, None));
+                return Err(conn::broker_error(broker, &format!("Fetch of {tp} at offset {offset}"), code, None));
             }
         }
         let aborted =
             p.aborted_transactions.iter().flatten().map(|a| (a.producer_id.0, a.first_offset)).collect::<Vec<_>>();
-        Ok(Response::new(p.records.clone().unwrap_or_default(), aborted, f.offset, broker))
+        Ok(Response::new(p.records.clone().unwrap_or_default(), aborted, offset, broker.to_string()))
     }
 
     /// One response at `self.offset`, retrying retriable failures until `deadline`.
@@ -511,79 +569,106 @@ impl Fetcher {
         let mut stuck = 0u32;
         loop {
             let mut resp = self.fetch(deadline).map_err(|e| e.context(&self.context()))?;
-            match Batches::plan(&resp.records) {
-                Plan::Next(next) if next > self.offset => {
-                    self.offset = next;
-                    self.fetch_bytes =
-                        self.fetch_bytes.max(self.partition_max_bytes.min(self.fetch_bytes.saturating_mul(2)));
-                    // Sent ahead unless the broker asked for a pause: then it
-                    // waits on the next fetch, and this response goes first.
-                    let throttled = self.conn.as_ref().is_some_and(|c| !c.throttled_for().is_zero());
-                    if next < self.end && self.inflight.is_none() && !throttled {
-                        let _ = self.send(next); // a failure shows on the next fetch
+            let throttled = self.conn.as_ref().is_some_and(|c| !c.throttled_for().is_zero());
+            match self.step(&resp, &mut stuck, throttled) {
+                Step::Deliver => {
+                    // The next offset is sent for ahead unless the broker asked
+                    // for a pause: then it waits on the next fetch, and this
+                    // response goes first.
+                    if self.offset > resp.offset && self.offset < self.end && self.inflight.is_none() && !throttled {
+                        let _ = self.send(self.offset); // a failure shows on the next fetch
                     }
                     resp.check();
                     return Ok(resp);
                 }
-                Plan::Next(next) => {
-                    // Only batches below the offset asked for: the broker did
-                    // not answer this fetch. Asked again a few times, then an
-                    // error (handing them over would fetch here forever).
-                    stuck += 1;
-                    if stuck >= MAX_STUCK_RESPONSES || Instant::now() >= deadline {
-                        return Err(KafkaError::Protocol(format!(
-                            "broker {}: {}: {stuck} Fetch responses at offset {} held only batches ending at or \
-                             before offset {next}: the broker does not move the fetch forward",
-                            resp.broker,
-                            self.context(),
-                            resp.offset
-                        )));
-                    }
-                    std::thread::sleep(FIRST_BACKOFF);
-                    continue;
-                }
-                Plan::Unreadable => {
-                    resp.check();
-                    return Ok(resp);
-                }
-                Plan::CutOff { need } => {
-                    // The first batch did not fit the response: ask for more bytes.
-                    let grown =
-                        (self.fetch_bytes as i64 * 2).max(need as i64).min(super::conn::MAX_RESPONSE_BYTES as i64 / 2);
-                    if grown as i32 <= self.fetch_bytes {
-                        return Err(KafkaError::Protocol(format!(
-                            "broker {}: {}: a batch of {need} bytes does not fit a response",
-                            resp.broker,
-                            self.context()
-                        )));
-                    }
-                    self.fetch_bytes = grown as i32;
-                    self.partition_max_bytes = self.partition_max_bytes.max(self.fetch_bytes);
-                }
-                Plan::Empty => {
-                    // A broker holds a fetch up to `fetch.max.wait` for data;
-                    // one that answers nothing at once (without asking for a
-                    // throttle, which the next request waits out anyway) is
-                    // not asked again at once either.
-                    let max_wait = self.client.config.fetch_max_wait;
-                    let throttled = self.conn.as_ref().is_some_and(|c| !c.throttled_for().is_zero());
-                    if !throttled && self.answered_in < max_wait / 2 {
-                        std::thread::sleep((max_wait - self.answered_in).min(super::conn::left(deadline)));
+                Step::Again(wait) => {
+                    if !wait.is_zero() {
+                        std::thread::sleep(wait.min(super::conn::left(deadline)));
                     }
                 }
+                Step::Fail(e) => return Err(e),
             }
             if Instant::now() >= deadline {
-                return Err(KafkaError::Timeout(format!(
-                    "broker {}: {}: no progress for {:.1} s (reading up to offset {}); the fetch at offset {} \
-                     brought nothing usable",
-                    resp.broker,
-                    self.context(),
-                    self.stall_timeout.as_secs_f64(),
-                    self.end,
-                    resp.offset
-                )));
+                return Err(self.stalled(&resp));
             }
         }
+    }
+
+    /// What a response at the fetcher's offset means for the fetching, by
+    /// its batch headers: hand it out (the offset moved past its last
+    /// complete batch, or its first batch is damaged and the cursor says
+    /// so), or fetch the same offset again -- with more bytes for a batch
+    /// that did not fit, or after a pause when the broker had nothing and
+    /// answered at once (unless it asked for a throttle, which the next
+    /// request waits out anyway) -- or give up on a broker that keeps
+    /// answering batches below the offset. `stuck` counts those answers in
+    /// a row; `throttled`: the connection waits out a throttle.
+    pub(super) fn step(&mut self, resp: &Response, stuck: &mut u32, throttled: bool) -> Step {
+        match Batches::plan(&resp.records) {
+            Plan::Next(next) if next > self.offset => {
+                self.offset = next;
+                self.fetch_bytes =
+                    self.fetch_bytes.max(self.partition_max_bytes.min(self.fetch_bytes.saturating_mul(2)));
+                *stuck = 0;
+                Step::Deliver
+            }
+            Plan::Next(next) => {
+                // Only batches below the offset asked for: the broker did
+                // not answer this fetch. Asked again a few times, then an
+                // error (handing them over would fetch here forever).
+                *stuck += 1;
+                if *stuck >= MAX_STUCK_RESPONSES {
+                    return Step::Fail(KafkaError::Protocol(format!(
+                        "broker {}: {}: {stuck} Fetch responses at offset {} held only batches ending at or before \
+                         offset {next}: the broker does not move the fetch forward",
+                        resp.broker,
+                        self.context(),
+                        resp.offset
+                    )));
+                }
+                Step::Again(FIRST_BACKOFF)
+            }
+            Plan::Unreadable => Step::Deliver,
+            Plan::CutOff { need } => {
+                // The first batch did not fit the response: ask for more bytes.
+                let grown =
+                    (self.fetch_bytes as i64 * 2).max(need as i64).min(super::conn::MAX_RESPONSE_BYTES as i64 / 2);
+                if grown as i32 <= self.fetch_bytes {
+                    return Step::Fail(KafkaError::Protocol(format!(
+                        "broker {}: {}: a batch of {need} bytes does not fit a response",
+                        resp.broker,
+                        self.context()
+                    )));
+                }
+                self.fetch_bytes = grown as i32;
+                self.partition_max_bytes = self.partition_max_bytes.max(self.fetch_bytes);
+                Step::Again(Duration::ZERO)
+            }
+            Plan::Empty => {
+                // A broker holds a fetch up to `fetch.max.wait` for data;
+                // one that answers nothing at once is not asked again at once.
+                let max_wait = self.client.config.fetch_max_wait;
+                if !throttled && self.answered_in < max_wait / 2 {
+                    Step::Again(max_wait - self.answered_in)
+                } else {
+                    Step::Again(Duration::ZERO)
+                }
+            }
+        }
+    }
+
+    /// The error of a read that made no progress for the stall timeout, the
+    /// last response being `resp`.
+    pub(super) fn stalled(&self, resp: &Response) -> KafkaError {
+        KafkaError::Timeout(format!(
+            "broker {}: {}: no progress for {:.1} s (reading up to offset {}); the fetch at offset {} brought \
+             nothing usable",
+            resp.broker,
+            self.context(),
+            self.stall_timeout.as_secs_f64(),
+            self.end,
+            resp.offset
+        ))
     }
 
     /// Drop the connection after a failed fetch (it may be out of step),
@@ -599,7 +684,7 @@ impl Fetcher {
     }
 
     /// Fetch on from `offset` (requests go out ahead below `end` only).
-    fn seek(&mut self, offset: i64, end: i64) {
+    pub(super) fn seek(&mut self, offset: i64, end: i64) {
         self.offset = offset;
         self.end = end;
     }
@@ -673,6 +758,8 @@ enum Responses {
     Here(Box<Fetcher>),
     /// Fetched ahead on a fetch thread.
     Ahead(Ahead),
+    /// Fetched by the broker threads of a fetch session shared with other reads.
+    Session(Member),
     /// Between the two (only while switching).
     Switching,
 }
@@ -725,6 +812,24 @@ impl FetchCursor {
         }
     }
 
+    /// A cursor whose responses the broker threads of `session` fetch,
+    /// in Fetch requests shared with the session's other partitions.
+    pub fn in_session(session: &Arc<FetchSession>, topic: &str, partition: i32, start: i64) -> Self {
+        FetchCursor {
+            responses: Responses::Session(session.member(topic, partition, start)),
+            client: session.client().clone(),
+            topic: topic.to_string(),
+            partition,
+            read_ahead: true,
+            position: start,
+            skipped: SkipCounts::default(),
+            bytes_read: 0,
+            scratch: Vec::new(),
+            slice_spare: Vec::new(),
+            batch_spare: Vec::new(),
+        }
+    }
+
     pub fn position(&self) -> i64 {
         self.position
     }
@@ -755,6 +860,12 @@ impl FetchCursor {
     /// restarts it; a cursor without read-ahead, or already fetching, is
     /// left as it is.
     pub fn prime(&mut self, end: i64) {
+        if let Responses::Session(m) = &mut self.responses {
+            if self.position < end {
+                m.prime(self.position, end);
+            }
+            return;
+        }
         if !self.read_ahead || self.position >= end || !matches!(self.responses, Responses::Here(_)) {
             return;
         }
@@ -765,6 +876,9 @@ impl FetchCursor {
     /// The response at the position, reading below `end`.
     fn next_response(&mut self, end: i64) -> Result<Response, KafkaError> {
         let position = self.position;
+        if let Responses::Session(m) = &mut self.responses {
+            return m.next(position, end);
+        }
         if !self.read_ahead {
             let f = self.here();
             f.seek(position, end);
@@ -1010,6 +1124,14 @@ impl KafkaSource {
     pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
         KafkaSource {
             cursor: FetchCursor::with_read_ahead(client, topic, partition, start, true),
+            slices: ChangeSlices::default(),
+        }
+    }
+
+    /// A source fetched by the broker threads of `session`.
+    pub fn in_session(session: &Arc<FetchSession>, topic: &str, partition: i32, start: i64) -> Self {
+        KafkaSource {
+            cursor: FetchCursor::in_session(session, topic, partition, start),
             slices: ChangeSlices::default(),
         }
     }

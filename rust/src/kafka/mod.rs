@@ -11,7 +11,9 @@
 //! transactions the broker lists as aborted and the control batches exactly
 //! as Kafka's own consumer does, and feeds committed records to the engine's
 //! sink. A restore's fetches run on a fetch thread per partition (a
-//! client's network thread), ahead of the decoding. So
+//! client's network thread), ahead of the decoding; the restores of a
+//! `restore_many` job share one per broker instead, and one Fetch names all
+//! the job's partitions that broker leads ([`session`]). So
 //! [`client::KafkaClient`] is a [`crate::source::Changelog`]
 //! like the segment log: replay, bulk, the thread pool, the state updater and
 //! Spark tasks all run on it unchanged.
@@ -19,8 +21,9 @@
 //! Module map: [`config`] (confluent-kafka style properties), [`conn`] (one
 //! broker connection: framing, versions, SASL), [`scram`], `tls` (rustls),
 //! [`client`] (metadata, leaders, offsets, connection pool, retries),
-//! [`fetch`] (fetch responses -> committed records), [`frames`] (reused
-//! buffers for large responses).
+//! [`fetch`] (fetch responses -> committed records, one partition's
+//! fetcher), [`session`] (the fetch threads a job's restores share, one per
+//! broker), [`frames`] (reused buffers for large responses).
 
 pub mod client;
 pub mod config;
@@ -28,6 +31,7 @@ pub mod conn;
 pub mod fetch;
 pub mod frames;
 pub mod scram;
+pub mod session;
 #[cfg(feature = "tls")]
 pub mod tls;
 

@@ -31,6 +31,7 @@ use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Enc
 use super::client::KafkaClient;
 use super::config::ClientConfig;
 use super::fetch::{Batches, Fate, FetchCursor, Plan};
+use super::session::FetchSession;
 use super::KafkaError;
 use crate::codec::{self, control_batch, BatchBuilder, BatchMeta, Compression};
 
@@ -76,6 +77,17 @@ struct Script {
     /// Nodes that read requests and answer none (a SIGSTOPped broker: the
     /// kernel still accepts its connections).
     muted: Vec<i32>,
+    /// Partitions of t (0: one).
+    partitions: i32,
+    /// The leader of each partition of t by index, where it is not `leader`.
+    leaders: Vec<i32>,
+    /// Fetches received: (node, connection, the partitions named).
+    fetched: Vec<(i32, usize, Vec<i32>)>,
+    /// How long a Fetch takes to answer (a broker that is the bottleneck).
+    fetch_time: Duration,
+    /// Error codes partitions of t answer to every Fetch at or past an
+    /// offset: (partition, code, offset).
+    partition_errors: Vec<(i32, i16, i64)>,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -83,6 +95,9 @@ type Shared = Arc<Mutex<Script>>;
 impl Script {
     fn leader(&self) -> i32 {
         self.leader.max(1)
+    }
+    fn leader_of(&self, partition: i32) -> i32 {
+        self.leaders.get(partition as usize).copied().unwrap_or_else(|| self.leader())
     }
     fn take<T: Copy>(q: &mut VecDeque<(ApiKey, T)>, key: ApiKey) -> Option<T> {
         let i = q.iter().position(|(k, _)| *k == key)?;
@@ -192,7 +207,10 @@ fn respond<E: Encodable>(s: &mut TcpStream, key: ApiKey, version: i16, corr: i32
 /// The bytes each Fetch asked for (`partition_max_bytes`), by the port of the fake broker asked.
 static ASKED: Mutex<Vec<(u16, i32)>> = Mutex::new(Vec::new());
 
-fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_bytes: usize) {
+/// Serve one connection (`conn`: its number among the cluster's) of node
+/// `node`; partition p of t holds `logs[p]` (the last one beyond).
+fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log>, mode: Mode, max_bytes: usize) {
+    let log_of = |p: i32| &logs[(p.max(0) as usize).min(logs.len() - 1)];
     let port = script.lock().unwrap().ports[node as usize - 1];
     // A broker mutes a connection it throttled (KIP-219): nothing more is
     // read from it until the throttle has passed.
@@ -221,6 +239,8 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
             muted_until = Some(Instant::now() + Duration::from_millis(throttle as u64));
         }
         let (leader, epoch) = (sc.leader(), sc.epoch);
+        let leaders: Vec<i32> = (0..sc.partitions.max(1)).map(|p| sc.leader_of(p)).collect();
+        let partition_errors = sc.partition_errors.clone();
         let brokers: Vec<MetadataResponseBroker> = sc
             .ports
             .iter()
@@ -250,10 +270,18 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                         .with_error_code(error)
                         .with_topic_id(if v >= 10 { topic_id } else { uuid::Uuid::nil() })
                         .with_name(Some(TopicName(StrBytes::from_static_str("t"))))
-                        .with_partitions(vec![MetadataResponsePartition::default()
-                            .with_partition_index(0)
-                            .with_leader_id(BrokerId(leader))
-                            .with_leader_epoch(epoch)])],
+                        .with_partitions(
+                            leaders
+                                .iter()
+                                .enumerate()
+                                .map(|(p, l)| {
+                                    MetadataResponsePartition::default()
+                                        .with_partition_index(p as i32)
+                                        .with_leader_id(BrokerId(*l))
+                                        .with_leader_epoch(epoch)
+                                })
+                                .collect(),
+                        )],
                 );
                 respond(&mut s, key, v, corr, &r);
             }
@@ -261,13 +289,13 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                 let req = ListOffsetsRequest::decode(&mut buf, v).unwrap();
                 seen(req.topics[0].partitions[0].current_leader_epoch);
                 drop(sc);
-                let ts = req.topics[0].partitions[0].timestamp;
-                let off = if ts == -2 { 0 } else { log.end };
+                let asked = &req.topics[0].partitions[0];
+                let off = if asked.timestamp == -2 { 0 } else { log_of(asked.partition_index).end };
                 let r = ListOffsetsResponse::default().with_throttle_time_ms(throttle).with_topics(vec![
                     ListOffsetsTopicResponse::default()
                         .with_name(TopicName(StrBytes::from_static_str("t")))
                         .with_partitions(vec![ListOffsetsPartitionResponse::default()
-                            .with_partition_index(0)
+                            .with_partition_index(asked.partition_index)
                             .with_error_code(error)
                             .with_offset(off)]),
                 ]);
@@ -277,65 +305,75 @@ fn serve(mut s: TcpStream, node: i32, script: Shared, log: Log, mode: Mode, max_
                 let req = FetchRequest::decode(&mut buf, v).unwrap();
                 seen(req.topics[0].partitions[0].current_leader_epoch);
                 sc.fetches.push((v, req.topics[0].topic_id));
+                let named = req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| p.partition)).collect();
+                sc.fetched.push((node, conn, named));
+                let fetch_time = sc.fetch_time;
                 drop(sc);
+                thread::sleep(fetch_time);
                 // The topic in a response: by id from v13 on, else by name.
                 let topic = || match v {
                     13.. => FetchableTopicResponse::default().with_topic_id(req.topics[0].topic_id),
                     _ => FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_static_str("t"))),
                 };
                 let error = if v >= 13 && req.topics[0].topic_id != topic_id { 100 } else { error };
-                let at = req.topics[0].partitions[0].fetch_offset;
                 ASKED.lock().unwrap().push((port, req.topics[0].partitions[0].partition_max_bytes));
                 if throttle > 0 {
                     // A broker over a quota: the throttle time and no partitions.
                     respond(&mut s, key, v, corr, &FetchResponse::default().with_throttle_time_ms(throttle));
                     continue;
                 }
-                let error = if node != leader { 6 } else { error };
-                if error != 0 {
-                    let mut p = PartitionData::default().with_partition_index(0).with_error_code(error);
-                    if hint && error == 6 {
-                        p.current_leader =
-                            LeaderIdAndEpoch::default().with_leader_id(BrokerId(leader)).with_leader_epoch(epoch);
+                let mut parts = Vec::new();
+                for asked in &req.topics[0].partitions {
+                    let (partition, at) = (asked.partition, asked.fetch_offset);
+                    let (log, lead) = (log_of(partition), leaders.get(partition as usize).copied().unwrap_or(leader));
+                    let error = if node != lead { 6 } else { error };
+                    let error = partition_errors.iter().find(|e| e.0 == partition && at >= e.2).map_or(error, |e| e.1);
+                    if error != 0 {
+                        let mut p = PartitionData::default().with_partition_index(partition).with_error_code(error);
+                        if hint && error == 6 {
+                            p.current_leader =
+                                LeaderIdAndEpoch::default().with_leader_id(BrokerId(lead)).with_leader_epoch(epoch);
+                        }
+                        parts.push(p);
+                        continue;
                     }
-                    let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
-                    respond(&mut s, key, v, corr, &r);
-                    continue;
-                }
-                let at = if mode == Mode::Stale { 0 } else { at };
-                let mut records = Vec::new();
-                for (base, b) in &log.batches {
-                    let next = log.batches.iter().find(|(o, _)| o > base).map_or(log.end, |(o, _)| *o);
-                    if next > at && records.len() < max_bytes {
-                        records.extend_from_slice(b);
+                    let at = if mode == Mode::Stale { 0 } else { at };
+                    let mut records = Vec::new();
+                    for (base, b) in &log.batches {
+                        let next = log.batches.iter().find(|(o, _)| o > base).map_or(log.end, |(o, _)| *o);
+                        if next > at && records.len() < max_bytes {
+                            records.extend_from_slice(b);
+                        }
                     }
+                    // Cut the last batch, as a byte limit does, but always hand out a
+                    // whole first batch (KIP-74).
+                    let first = codec::peek_offset_and_length(&records).map_or(0, |(_, l)| l as usize + 12);
+                    records.truncate(max_bytes.max(first));
+                    if mode == Mode::BadCrc {
+                        let n = records.len();
+                        records[n.min(70) - 1] ^= 0x55;
+                    }
+                    if mode == Mode::Silent {
+                        records.clear();
+                    }
+                    let aborted = log
+                        .aborted
+                        .iter()
+                        .filter(|(_, _, marker)| *marker >= at)
+                        .map(|&(pid, first, _)| {
+                            AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first)
+                        })
+                        .collect();
+                    parts.push(
+                        PartitionData::default()
+                            .with_partition_index(partition)
+                            .with_high_watermark(log.end)
+                            .with_last_stable_offset(log.end)
+                            .with_aborted_transactions(Some(aborted))
+                            .with_records(Some(Bytes::from(records))),
+                    );
                 }
-                // Cut the last batch, as a byte limit does, but always hand out a
-                // whole first batch (KIP-74).
-                let first = codec::peek_offset_and_length(&records).map_or(0, |(_, l)| l as usize + 12);
-                records.truncate(max_bytes.max(first));
-                if mode == Mode::BadCrc {
-                    let n = records.len();
-                    records[n.min(70) - 1] ^= 0x55;
-                }
-                if mode == Mode::Silent {
-                    records.clear();
-                }
-                let aborted = log
-                    .aborted
-                    .iter()
-                    .filter(|(_, _, marker)| *marker >= at)
-                    .map(|&(pid, first, _)| {
-                        AbortedTransaction::default().with_producer_id(ProducerId(pid)).with_first_offset(first)
-                    })
-                    .collect();
-                let p = PartitionData::default()
-                    .with_partition_index(0)
-                    .with_high_watermark(log.end)
-                    .with_last_stable_offset(log.end)
-                    .with_aborted_transactions(Some(aborted))
-                    .with_records(Some(Bytes::from(records)));
-                let r = FetchResponse::default().with_responses(vec![topic().with_partitions(vec![p])]);
+                let r = FetchResponse::default().with_responses(vec![topic().with_partitions(parts)]);
                 match mode {
                     Mode::Garbage => {
                         let _ = s.write_all(&[0, 0, 0, 40]);
@@ -367,17 +405,27 @@ fn fake(log: Log, mode: Mode, max_bytes: usize) -> String {
 
 /// `nodes` fake brokers sharing a [`Script`]; their `host:port`s.
 fn cluster(nodes: usize, log: Log, mode: Mode, max_bytes: usize) -> (Vec<String>, Shared) {
+    cluster_of(nodes, vec![log], mode, max_bytes)
+}
+
+/// [`cluster`] with partition p of t holding `logs[p]`.
+fn cluster_of(nodes: usize, logs: Vec<Log>, mode: Mode, max_bytes: usize) -> (Vec<String>, Shared) {
+    let partitions = logs.len() as i32;
     let listeners: Vec<TcpListener> = (0..nodes).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
-    let script = Arc::new(Mutex::new(Script { ports: ports.clone(), ..Script::default() }));
+    let script = Arc::new(Mutex::new(Script { ports: ports.clone(), partitions, ..Script::default() }));
     for (i, l) in listeners.into_iter().enumerate() {
-        let (log, script) = (log.clone(), script.clone());
+        let (logs, script) = (logs.clone(), script.clone());
         thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { return };
-                script.lock().unwrap().accepted.push(i as i32 + 1);
-                let (log, script) = (log.clone(), script.clone());
-                thread::spawn(move || serve(s, i as i32 + 1, script, log, mode, max_bytes));
+                let conn = {
+                    let mut sc = script.lock().unwrap();
+                    sc.accepted.push(i as i32 + 1);
+                    sc.accepted.len()
+                };
+                let (logs, script) = (logs.clone(), script.clone());
+                thread::spawn(move || serve(s, i as i32 + 1, conn, script, logs, mode, max_bytes));
             }
         });
     }
@@ -387,6 +435,29 @@ fn cluster(nodes: usize, log: Log, mode: Mode, max_bytes: usize) -> (Vec<String>
 fn client(addr: &str, stall: Duration) -> Arc<KafkaClient> {
     let c = ClientConfig::parse([("bootstrap.servers", addr)], Duration::from_secs(2), stall).unwrap();
     KafkaClient::new(c)
+}
+
+/// The ways a cursor fetches: on its caller's thread, on a fetch thread of
+/// its own, or through a fetch session (a broker's thread shared with the
+/// other reads of a job).
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Here,
+    Ahead,
+    Session,
+}
+
+impl Via {
+    const ALL: [Via; 3] = [Via::Here, Via::Ahead, Via::Session];
+
+    /// A cursor on t-0 from `start` that fetches this way.
+    fn cursor(self, c: Arc<KafkaClient>, start: i64) -> FetchCursor {
+        match self {
+            Via::Here => FetchCursor::with_read_ahead(c, "t", 0, start, false),
+            Via::Ahead => FetchCursor::with_read_ahead(c, "t", 0, start, true),
+            Via::Session => FetchCursor::in_session(&FetchSession::new(c), "t", 0, start),
+        }
+    }
 }
 
 fn drain(c: &mut FetchCursor, end: i64) -> Result<Vec<i64>, KafkaError> {
@@ -496,22 +567,22 @@ fn large_responses_read_into_reused_buffers_hand_over_each_response_s_own_record
     assert!(batches[0].1.len() > 150_000);
     let log = Log { batches, aborted: vec![], end: 480 };
     let addr = fake(log, Mode::Good, 400_000);
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let c = client(&addr, Duration::from_secs(5));
-        let mut cur = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c.clone(), 0);
         let mut got = Vec::new();
         while cur
             .read_slices(480, 1 << 20, &mut |slice| {
                 for r in slice {
                     let (k, v) = (format!("k{}", r.offset), value_of(r.offset, pad));
-                    assert_eq!((r.key, r.value), (Some(k.as_bytes()), Some(v.as_bytes())), "read-ahead {read_ahead}");
+                    assert_eq!((r.key, r.value), (Some(k.as_bytes()), Some(v.as_bytes())), "{via:?}");
                     got.push(r.offset);
                 }
             })
             .unwrap()
         {}
         assert_eq!(got, (0..480).collect::<Vec<_>>());
-        assert!(c.frames.pooled() > 0, "no buffer came back to the pool (read-ahead {read_ahead})");
+        assert!(c.frames.pooled() > 0, "no buffer came back to the pool ({via:?})");
         drop(cur);
         let deadline = Instant::now() + Duration::from_secs(5);
         while c.frames.pooled() > 0 && Instant::now() < deadline {
@@ -523,11 +594,11 @@ fn large_responses_read_into_reused_buffers_hand_over_each_response_s_own_record
 
 #[test]
 fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_in_order() {
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         for max in [400, 1000, 1 << 20] {
             let addr = fake(compressed_sample(), Mode::Good, max);
-            let case = format!("max bytes {max}, read-ahead {read_ahead}");
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+            let case = format!("max bytes {max}, {via:?}");
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
             let mut got = Vec::new();
             while cur
                 .read_slices(37, 1 << 20, &mut |slice| {
@@ -542,7 +613,7 @@ fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_
             {}
             assert_eq!(got, expected(), "{case}");
             assert_eq!((cur.position(), cur.skipped().aborted, cur.skipped().control), (37, 10, 2), "{case}");
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 12, read_ahead);
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 12);
             assert_eq!(drain(&mut cur, 34).unwrap(), (15..20).chain(27..34).collect::<Vec<_>>(), "{case}");
         }
     }
@@ -551,35 +622,35 @@ fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_
 #[test]
 fn restores_through_small_responses_that_cut_batches_and_split_a_transaction() {
     let log = sample();
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         for max in [120, 200, 333, 1 << 20] {
             let addr = fake(log.clone(), Mode::Good, max);
             let c = client(&addr, Duration::from_secs(5));
             let o = c.offsets("t", 0).unwrap();
             assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
-            let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
-            assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "max bytes {max}, read-ahead {read_ahead}");
+            let mut cur = via.cursor(c, 0);
+            assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "max bytes {max}, {via:?}");
             assert_eq!(cur.position(), 37);
             assert_eq!((cur.skipped().aborted, cur.skipped().control), (10, 2));
         }
         // Starting mid-log, inside the aborted transaction, and stopping before the end.
         let addr = fake(log.clone(), Mode::Good, 150);
-        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 12, read_ahead);
+        let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 12);
         assert_eq!(drain(&mut cur, 30).unwrap(), (15..20).chain(27..30).collect::<Vec<_>>());
         // Then on to further ends, the last past a cut: nothing read twice, nothing missed.
-        assert_eq!(drain(&mut cur, 33).unwrap(), (30..33).collect::<Vec<_>>(), "read-ahead {read_ahead}");
-        assert_eq!(drain(&mut cur, 37).unwrap(), (33..37).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        assert_eq!(drain(&mut cur, 33).unwrap(), (30..33).collect::<Vec<_>>(), "{via:?}");
+        assert_eq!(drain(&mut cur, 37).unwrap(), (33..37).collect::<Vec<_>>(), "{via:?}");
         // Small reads of one range hand out each record once.
-        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
         let mut got = Vec::new();
         while cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap() {}
-        assert_eq!(got, expected(), "read-ahead {read_ahead}");
+        assert_eq!(got, expected(), "{via:?}");
         // A cursor dropped halfway does not wait for its fetch thread.
-        let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
         assert!(cur.read(37, 1, &mut |_| {}).unwrap());
         let t = Instant::now();
         drop(cur);
-        assert!(t.elapsed() < Duration::from_millis(500), "read-ahead {read_ahead}: {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_millis(500), "{via:?}: {:?}", t.elapsed());
     }
 }
 
@@ -588,9 +659,9 @@ fn restores_through_small_responses_that_cut_batches_and_split_a_transaction() {
 fn failure(mode: Mode) -> (KafkaError, Duration, String) {
     let addr = fake(sample(), mode, 1 << 20);
     let mut seen: Vec<(KafkaError, Duration)> = Vec::new();
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let c = client(&addr, Duration::from_millis(600));
-        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c, 0);
         let t = Instant::now();
         let e = drain(&mut cur, 37).unwrap_err();
         seen.push((e, t.elapsed()));
@@ -700,18 +771,18 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
     assert_eq!(fates[3], (16, Fate::Control));
     assert_eq!(fates[6], (21, Fate::Control));
     assert_eq!(fates[8], (27, Fate::Data), "an empty data batch: no record, as Kafka's consumer sees it");
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         // Small responses put an empty batch first, last and alone in one.
         for max in [60, 100, 200, 1 << 20] {
             let addr = fake(log.clone(), Mode::Good, max);
-            let case = format!("max bytes {max}, read-ahead {read_ahead}");
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, read_ahead);
+            let case = format!("max bytes {max}, {via:?}");
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
             assert_eq!(drain(&mut cur, 30).unwrap(), want, "{case}");
             assert_eq!(cur.position(), 30, "{case}");
             // Records stepped over: two markers (the empty batches hold none), five aborted.
             assert_eq!((cur.skipped().control, cur.skipped().aborted), (2, 5), "{case}");
             // Starting on an empty batch.
-            let mut cur = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 21, read_ahead);
+            let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 21);
             assert_eq!(drain(&mut cur, 30).unwrap(), (22..27).chain(28..30).collect::<Vec<_>>(), "{case}");
         }
     }
@@ -720,7 +791,7 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
 #[test]
 fn a_throttled_fetch_waits_the_throttle_and_goes_on() {
     let throttle = Duration::from_millis(300);
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
         {
             let mut sc = script.lock().unwrap();
@@ -729,13 +800,13 @@ fn a_throttled_fetch_waits_the_throttle_and_goes_on() {
             sc.throttles.push_back((ApiKey::Fetch, 0));
             sc.throttles.push_back((ApiKey::Fetch, 300));
         }
-        let mut cur = FetchCursor::with_read_ahead(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0, read_ahead);
-        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "read-ahead {read_ahead}");
+        let mut cur = via.cursor(client(&addrs[0], Duration::from_secs(5)), 0);
+        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "{via:?}");
         let fetches = script.lock().unwrap().asked(ApiKey::Fetch);
         assert!(fetches.len() >= 5, "{}", fetches.len());
         for i in [0, 2] {
             let waited = fetches[i + 1].1 - fetches[i].1;
-            assert!(waited >= throttle - Duration::from_millis(10), "read-ahead {read_ahead}: fetch {i}: {waited:?}");
+            assert!(waited >= throttle - Duration::from_millis(10), "{via:?}: fetch {i}: {waited:?}");
         }
     }
 }
@@ -777,7 +848,7 @@ fn throttled_metadata_and_list_offsets_are_waited_out_before_the_next_request() 
 
 #[test]
 fn errors_of_a_leader_election_are_retried_and_the_leader_epoch_is_sent() {
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
         {
             let mut sc = script.lock().unwrap();
@@ -804,8 +875,8 @@ fn errors_of_a_leader_election_are_retried_and_the_leader_epoch_is_sent() {
         let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(6), Duration::from_secs(10)).unwrap());
         let o = c.offsets("t", 0).unwrap();
         assert_eq!((o.start, o.end, o.last_stable), (0, 37, 37));
-        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
-        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "read-ahead {read_ahead}");
+        let mut cur = via.cursor(c, 0);
+        assert_eq!(drain(&mut cur, 37).unwrap(), expected(), "{via:?}");
         let sc = script.lock().unwrap();
         assert!(sc.errors.is_empty(), "every error was answered");
         // Each error but the first two (Metadata's own) was followed by a metadata refresh.
@@ -856,7 +927,7 @@ fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refre
 fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
     // A budget of 3 s, attempts of 1 s: node 1 leads, then is paused (its
     // connections open, nothing answered); 300 ms later node 2 leads.
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
         let pairs = [("bootstrap.servers", addrs[0].as_str())];
         let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
@@ -881,45 +952,44 @@ fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
         let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
         let pairs = [("bootstrap.servers", addrs[0].as_str())];
         let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
-        let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c, 0);
         let mut got = Vec::new();
         assert!(cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap());
         pause(&script);
         let t = Instant::now();
         while cur.read(37, 1 << 20, &mut |r| got.push(r.offset)).unwrap() {}
-        assert_eq!(got, expected(), "read-ahead {read_ahead}");
-        assert!(t.elapsed() < Duration::from_millis(2500), "read-ahead {read_ahead}: the rest took {:?}", t.elapsed());
+        assert_eq!(got, expected(), "{via:?}");
+        assert!(t.elapsed() < Duration::from_millis(2500), "{via:?}: the rest took {:?}", t.elapsed());
     }
 }
 
 #[test]
 fn a_topic_recreated_under_the_same_name_is_out_of_range_never_read_on() {
     let (a, b) = (uuid::Uuid::from_u128(0xA), uuid::Uuid::from_u128(0xB));
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
         script.lock().unwrap().topic_id = a;
         let c = client(&addrs[0], Duration::from_secs(5));
         assert_eq!(c.offsets("t", 0).unwrap().end, 37);
         // A store restored up to offset 20 under id A...
-        let mut cur = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        let mut cur = via.cursor(c.clone(), 0);
         assert_eq!(drain(&mut cur, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
         assert!(script.lock().unwrap().fetches.iter().all(|&(v, id)| v == 15 && id == a), "fetched by id, v15");
         // ... the topic deleted and recreated (id B) ...
         script.lock().unwrap().topic_id = b;
         // ... the same reader going on, and a restore going on from the store's offset: both out of range.
-        for (what, r) in [
-            ("the same reader", drain(&mut cur, 37)),
-            ("a new restore", drain(&mut FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead), 37)),
-        ] {
+        for (what, r) in
+            [("the same reader", drain(&mut cur, 37)), ("a new restore", drain(&mut via.cursor(c.clone(), 20), 37))]
+        {
             let e = r.expect_err(what);
             assert!(matches!(e, KafkaError::OutOfRange(_)), "{what}: {e}");
             assert!(e.to_string().contains("recreated") && e.to_string().contains("t-0"), "{what}: {e}");
         }
         // The store wiped: a restore from the start reads the new topic, and then goes on under it.
-        let mut fresh = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, read_ahead);
+        let mut fresh = via.cursor(c.clone(), 0);
         assert_eq!(drain(&mut fresh, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
-        let mut on = FetchCursor::with_read_ahead(c.clone(), "t", 0, 20, read_ahead);
-        assert_eq!(drain(&mut on, 37).unwrap(), (27..37).collect::<Vec<_>>(), "read-ahead {read_ahead}");
+        let mut on = via.cursor(c.clone(), 20);
+        assert_eq!(drain(&mut on, 37).unwrap(), (27..37).collect::<Vec<_>>(), "{via:?}");
         assert_eq!(script.lock().unwrap().fetches.last().unwrap().1, b);
     }
     // A broker without topic ids is fetched by name (v12).
@@ -1008,12 +1078,12 @@ fn bootstrap_servers_are_shuffled_per_client() {
 #[test]
 fn a_broker_answering_batches_below_the_offset_ends_the_restore_naming_it() {
     let addr = fake(sample(), Mode::Stale, 100);
-    for read_ahead in [false, true] {
+    for via in Via::ALL {
         let c = client(&addr, Duration::from_secs(20));
         let (tx, rx) = std::sync::mpsc::channel();
         let t = Instant::now();
         thread::spawn(move || {
-            let mut cur = FetchCursor::with_read_ahead(c, "t", 0, 0, read_ahead);
+            let mut cur = via.cursor(c, 0);
             let _ = tx.send(drain(&mut cur, 37));
         });
         let r = rx.recv_timeout(Duration::from_secs(10)).expect("the restore hangs");
@@ -1021,6 +1091,167 @@ fn a_broker_answering_batches_below_the_offset_ends_the_restore_naming_it() {
         let m = e.to_string();
         assert!(matches!(e, KafkaError::Protocol(_)), "{m}");
         assert!(m.contains(&addr) && m.contains("t-0") && m.contains("offset 10"), "{m}");
-        assert!(t.elapsed() < Duration::from_secs(5), "read-ahead {read_ahead}: {:?}", t.elapsed());
+        assert!(t.elapsed() < Duration::from_secs(5), "{via:?}: {:?}", t.elapsed());
     }
+}
+
+/// Partition `p`'s log: [`sample`]'s transactions (10..25 of pid 5 aborted)
+/// then `batches` plain batches of 5 records, every value padded with `p`
+/// bytes, so that a record handed to another partition's restore shows.
+fn partition_log(p: i32, batches: i64) -> Log {
+    let pad = p as usize;
+    let mut log = vec![
+        (0, data_with(0, 10, None, Compression::None, pad)),
+        (10, data_with(10, 5, Some(5), Compression::None, pad)),
+        (15, data_with(15, 5, Some(6), Compression::None, pad)),
+        (20, data_with(20, 5, Some(5), Compression::None, pad)),
+        (25, control_batch(25, 5, 0, false, 2000, 0)),
+        (26, control_batch(26, 6, 0, true, 2000, 0)),
+    ];
+    for i in 0..batches {
+        let base = 27 + 5 * i;
+        log.push((base, data_with(base, 5, None, Compression::None, pad)));
+    }
+    Log { batches: log, aborted: vec![(5, 10, 25)], end: 27 + 5 * batches }
+}
+
+/// The committed records of [`partition_log`]`(p, ..)` below `end`, as a store holds them.
+fn partition_store(p: i32, end: i64) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    (0..10)
+        .chain(15..20)
+        .chain(27..end)
+        .map(|o| (format!("k{o}").into_bytes(), value_of(o, p as usize).into_bytes()))
+        .collect()
+}
+
+/// `restore_many` of `parts` partitions of t with `leaders` (node of each
+/// partition) on `threads` threads: every store holds its own partition's
+/// committed records.
+fn restore_partitions(
+    bootstrap: &str,
+    leaders: &[i32],
+    ends: i64,
+    threads: usize,
+) -> Vec<Result<crate::restore::engine::RestoreOutcome, crate::restore::RestoreError>> {
+    use crate::restore::engine::{restore_many, RestoreSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let specs =
+        (0..leaders.len() as i32).map(|p| (RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p), None)).collect();
+    let out = restore_many(&super::client::KafkaLog(client(bootstrap, Duration::from_secs(5))), specs, threads);
+    for (p, o) in out.iter().enumerate() {
+        let o = o.as_ref().unwrap_or_else(|e| panic!("t-{p}: {e}"));
+        assert_eq!(o.end_offset, ends);
+        let store = crate::store::Store::open(&dir.path().join(format!("s{p}")), false).unwrap();
+        assert_eq!(crate::restore::testing::dump(&store), partition_store(p as i32, ends), "t-{p}");
+    }
+    out
+}
+
+#[test]
+fn restore_many_sends_one_fetch_per_broker_for_all_its_partitions_over_one_connection() {
+    // 4 partitions, 2 led by each of 2 nodes; one batch per response and
+    // 2 ms per Fetch, so that the reads are many fetches long, overlap, and
+    // wait for the brokers.
+    let leaders = [1, 2, 1, 2];
+    let logs: Vec<Log> = (0..4).map(|p| partition_log(p, 100)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(2, logs, Mode::Good, 100);
+    {
+        let mut sc = script.lock().unwrap();
+        sc.leaders = leaders.to_vec();
+        sc.fetch_time = Duration::from_millis(2);
+    }
+    restore_partitions(&addrs.join(","), &leaders, end, 4);
+    let sc = script.lock().unwrap();
+    for node in [1, 2] {
+        let fetches: Vec<&(i32, usize, Vec<i32>)> = sc.fetched.iter().filter(|f| f.0 == node).collect();
+        let conns: std::collections::BTreeSet<usize> = fetches.iter().map(|f| f.1).collect();
+        assert_eq!(conns.len(), 1, "node {node}: Fetches over connections {conns:?}");
+        assert!(
+            fetches.iter().any(|f| f.2.len() == 2),
+            "node {node}: no Fetch named both its partitions ({} Fetches)",
+            fetches.len()
+        );
+        assert!(
+            fetches.iter().all(|f| f.2.iter().all(|&p| leaders[p as usize] == node)),
+            "a partition it does not lead"
+        );
+    }
+}
+
+#[test]
+fn a_leader_change_of_a_job_s_partitions_costs_one_metadata_refresh() {
+    // 4 partitions led by node 1 move to node 2 (a new epoch) after each
+    // read its first response: node 1 answers NOT_LEADER_OR_FOLLOWER, and
+    // one metadata lookup sends all four to node 2.
+    let logs: Vec<Log> = (0..4).map(|p| partition_log(p, 40)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(2, logs, Mode::Good, 100);
+    let c = client(&addrs.join(","), Duration::from_secs(5));
+    let session = FetchSession::new(c);
+    let mut cursors: Vec<FetchCursor> = (0..4).map(|p| FetchCursor::in_session(&session, "t", p, 0)).collect();
+    let mut got: Vec<Vec<(i64, Vec<u8>)>> = vec![Vec::new(); 4];
+    for (p, cur) in cursors.iter_mut().enumerate() {
+        cur.prime(end);
+        cur.read(end, 1, &mut |r| got[p].push((r.offset, r.value.unwrap().to_vec()))).unwrap();
+    }
+    let refreshes = {
+        let mut sc = script.lock().unwrap();
+        (sc.leader, sc.epoch) = (2, 1);
+        sc.asked(ApiKey::Metadata).len()
+    };
+    let handles: Vec<_> = cursors
+        .into_iter()
+        .zip(got)
+        .map(|(mut cur, mut got)| {
+            thread::spawn(move || {
+                while cur.read(end, 1 << 20, &mut |r| got.push((r.offset, r.value.unwrap().to_vec()))).unwrap() {}
+                got
+            })
+        })
+        .collect();
+    for (p, h) in handles.into_iter().enumerate() {
+        let got: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
+            h.join().unwrap().into_iter().map(|(o, v)| (format!("k{o}").into_bytes(), v)).collect();
+        assert_eq!(got, partition_store(p as i32, end), "t-{p}");
+    }
+    let sc = script.lock().unwrap();
+    assert_eq!(sc.asked(ApiKey::Metadata).len() - refreshes, 1, "metadata refreshes after the move");
+    let after: Vec<&(i32, usize, Vec<i32>)> = sc.fetched.iter().filter(|f| f.0 == 2).collect();
+    assert!(after.iter().any(|f| f.2.len() > 1), "node 2 was sent no Fetch of several partitions");
+    assert!(sc.asked(ApiKey::Fetch).iter().filter(|f| f.0 == 2).all(|f| f.2 == 1), "the new epoch is sent");
+    drop(sc);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while session.threads() > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(session.threads(), 0, "the fetch threads end with the partitions they fetched");
+}
+
+#[test]
+fn in_a_shared_fetch_one_partition_s_error_is_its_own() {
+    // Two partitions of one broker in the same Fetches; from offset 200 on
+    // t-1 is out of range (truncated behind its store), t-0 restores in full.
+    use crate::restore::engine::{restore_many, RestoreSpec};
+    use crate::restore::ErrorKind;
+    let logs: Vec<Log> = (0..2).map(|p| partition_log(p, 100)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(1, logs, Mode::Good, 100);
+    {
+        let mut sc = script.lock().unwrap();
+        sc.partition_errors = vec![(1, 1, 200)];
+        sc.fetch_time = Duration::from_millis(2);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let specs = (0..2).map(|p| (RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p), None)).collect::<Vec<_>>();
+    let out = restore_many(&super::client::KafkaLog(client(&addrs[0], Duration::from_secs(5))), specs, 2);
+    let o = out[0].as_ref().unwrap();
+    assert_eq!(o.end_offset, end);
+    let store = crate::store::Store::open(&dir.path().join("s0"), false).unwrap();
+    assert_eq!(crate::restore::testing::dump(&store), partition_store(0, end));
+    let e = out[1].as_ref().unwrap_err();
+    assert_eq!((e.kind, e.topic.as_deref(), e.partition), (ErrorKind::OutOfRange, Some("t"), Some(1)), "{e}");
+    assert!(e.message.contains(&addrs[0]) && e.message.contains("offset 202 of t-1 is out of range"), "{e}");
+    let sc = script.lock().unwrap();
+    assert!(sc.fetched.iter().any(|f| f.2.len() == 2), "t-0 and t-1 were never fetched together");
 }

@@ -16,7 +16,7 @@ use pyo3::types::PyTuple;
 use super::errors::ErrorClass;
 use super::feed::{PyFeedLog, Raised};
 use super::kafka::PyKafkaClient;
-use crate::kafka::client::KafkaLog;
+use crate::kafka::client::{KafkaClient, KafkaLog, SessionLog};
 use crate::log::SegmentLogDir;
 use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec};
 use crate::restore::replay::DEFAULT_CHUNK_BYTES;
@@ -130,6 +130,8 @@ struct Job {
     raised: Arc<Mutex<Option<PyErr>>>,
     /// Where the Python changelog keeps the exception it raised (not for a segment log).
     fed: Option<Raised>,
+    /// The native Kafka client `log` reads through, if it does.
+    kafka: Option<Arc<KafkaClient>>,
 }
 
 /// Seconds a Python changelog may go without handing out anything before a
@@ -138,22 +140,27 @@ const DEFAULT_STALL_SECONDS: f64 = 60.0;
 
 /// A segment log directory (a `str` or `os.PathLike`), an object naming one
 /// in `log_dir` (`statestore.SegmentLog`), or a Python changelog object.
-fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<(Box<dyn Changelog + Send>, Option<Raised>)> {
+/// Which changelog `log` is: the log, where a Python changelog keeps the
+/// exception it raised, and the native Kafka client it reads through.
+type Resolved = (Box<dyn Changelog + Send>, Option<Raised>, Option<Arc<KafkaClient>>);
+
+fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<Resolved> {
     if let Ok(dir) = log.extract::<PathBuf>() {
-        return Ok((Box::new(SegmentLogDir(dir)), None));
+        return Ok((Box::new(SegmentLogDir(dir)), None, None));
     }
     if let Ok(dir) = log.getattr("log_dir").and_then(|d| d.extract::<PathBuf>()) {
-        return Ok((Box::new(SegmentLogDir(dir)), None));
+        return Ok((Box::new(SegmentLogDir(dir)), None, None));
     }
     // A Kafka changelog the native fetcher serves (`KafkaChangelog.native`),
     // or the native client itself; else the Python feed below.
-    if let Ok(k) = log.cast::<PyKafkaClient>() {
-        return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
-    }
-    if let Ok(native) = log.getattr("native") {
-        if let Ok(k) = native.cast::<PyKafkaClient>() {
-            return Ok((Box::new(KafkaLog(k.get().client.clone())), None));
-        }
+    let native = log
+        .cast::<PyKafkaClient>()
+        .ok()
+        .cloned()
+        .or_else(|| log.getattr("native").ok().and_then(|n| n.cast::<PyKafkaClient>().ok().cloned()));
+    if let Some(k) = native {
+        let client = k.get().client.clone();
+        return Ok((Box::new(KafkaLog(client.clone())), None, Some(client)));
     }
     let stall = match log.getattr("restore_stall_timeout") {
         Ok(v) => v.extract::<f64>()?,
@@ -165,7 +172,7 @@ fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<(Box<dyn C
     let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
         .with_timestamps(format == StoreFormat::Timestamped);
     let raised = f.raised();
-    Ok((Box::new(f), Some(raised)))
+    Ok((Box::new(f), Some(raised), None))
 }
 
 /// One restore as Python describes it: the attributes of
@@ -214,8 +221,8 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
     let raised = Arc::new(Mutex::new(None));
     let store_name = spec.store_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let listener = a.listener.map(|obj| PyListener { obj, tp: a.tp.clone_ref(py), store_name, raised: raised.clone() });
-    let (log, fed) = changelog(a.log.bind(py), spec.format)?;
-    Ok(Job { log, spec, listener, raised, fed })
+    let (log, fed, kafka) = changelog(a.log.bind(py), spec.format)?;
+    Ok(Job { log, spec, listener, raised, fed, kafka })
 }
 
 /// Restore the store at `store_path` from partition `tp` (a `TopicPartition`)
@@ -268,7 +275,8 @@ fn restore_store(
 #[pyfunction]
 #[pyo3(signature = (specs, threads))]
 fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResult<Vec<Py<PyAny>>> {
-    let jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
+    let mut jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
+    share_fetch_sessions(&mut jobs);
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
         let ahead = engine::prepares_ahead(threads);
@@ -293,6 +301,25 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
             Err(e) => Ok(to_pyerr(e, &raised, fed.as_ref()).into_value(py).into_any()),
         })
         .collect()
+}
+
+/// The native Kafka restores of one job read through one fetch session per
+/// client: one fetch thread, one connection and one Fetch at a time per
+/// broker for all the partitions it leads ([`SessionLog`]).
+fn share_fetch_sessions(jobs: &mut [Job]) {
+    let mut sessions: Vec<SessionLog> = Vec::new();
+    for j in jobs.iter_mut() {
+        let Some(client) = j.kafka.take() else { continue };
+        let session = match sessions.iter().find(|s| Arc::ptr_eq(s.0.client(), &client)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = SessionLog::new(client);
+                sessions.push(s.clone());
+                s
+            }
+        };
+        j.log = Box::new(session);
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

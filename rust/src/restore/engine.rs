@@ -492,13 +492,19 @@ pub fn prepares_ahead(threads: usize) -> bool {
 
 /// Restore many (store, partition) pairs on `threads` threads, each restore
 /// on one thread (no read-ahead), the next restore prepared ahead
-/// ([`run_pipeline`]). Each pair's result is its own: a failure leaves the
+/// ([`run_pipeline`]), all reading through the log's changelog for one job
+/// ([`Changelog::for_job`]). Each pair's result is its own: a failure leaves the
 /// other restores running.
 pub fn restore_many(
     log: &dyn Changelog,
     specs: Vec<(RestoreSpec, Option<Box<dyn Listener>>)>,
     threads: usize,
 ) -> Vec<Result<RestoreOutcome, RestoreError>> {
+    let job = log.for_job();
+    let log: &dyn Changelog = match &job {
+        Some(j) => &**j,
+        None => log,
+    };
     let ahead = prepares_ahead(threads);
     run_pipeline(
         specs,
