@@ -5,7 +5,7 @@ so every record goes to one partition: the stores of the other task never
 see a changelog record, and Kafka Streams records ``OFFSET_UNKNOWN`` (-4)
 for them. ``inspect`` must show "no offset yet", ``verify`` must not call
 them mismatched, and a restore into that directory must leave Kafka Streams
-nothing to restore.
+nothing to restore -- nor take that task for corrupted.
 """
 
 from __future__ import annotations
@@ -75,16 +75,22 @@ def test_a_task_that_never_committed_a_changelog_record(
             ), s
     out = cli("verify", *args)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("no offset yet") == 4 and out.stdout.count("exact") == 2, (
-        out.stdout
-    )  # column, verdict
+    # "no offset yet" in the offset column and as the verdict of each idle store
+    assert out.stdout.count("no offset yet") == 4 and out.stdout.count("exact") == 2, out.stdout
     assert "claims offset -4" not in out.stderr
 
-    # statestore restores into that directory; Kafka Streams then has nothing to restore
-    formats = [
-        a for name, fmt in kstreams_app.STORE_FORMATS.items() for a in ("--store-format", f"{name}={fmt}")
-    ]
-    out = cli("restore", *args, *formats)
-    assert out.returncode == 0, out.stdout + out.stderr
-    only = kstreams_app.run_app(kafka_bootstrap, app, state, mode="restore", **common)  # type: ignore[arg-type]
-    assert only.restored_records == 0, only.restores
+    # statestore restores into that directory and into an empty one: the stores of the task without a
+    # changelog record get -4 again, so Kafka Streams neither restores anything nor takes the task for
+    # corrupted (a store without any offset in a non-empty task directory, under exactly_once_v2)
+    formats = ["--store-format", "latest=plain", "--store-format", "counts=timestamped"]
+    for target in (state, tmp_path / "empty"):
+        where = ["--kafka", kafka_bootstrap, "--state-dir", str(target), "--app-id", app]
+        out = cli("restore", *where, *formats)
+        assert out.returncode == 0, out.stdout + out.stderr
+        for task, store in idle:
+            assert store_info(target / app / task / "rocksdb" / store).offsets == {
+                f"{app}-{store}-changelog-{task[-1]}": OFFSET_UNKNOWN
+            }
+        only = kstreams_app.run_app(kafka_bootstrap, app, target, mode="restore", **common)  # type: ignore[arg-type]
+        assert only.restored_records == 0, only.restores
+        assert "TaskCorruptedException" not in only.stderr, only.stderr[-3000:]

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from statestore import OFFSET_UNKNOWN, SegmentLog, TaskId
+from statestore import OFFSET_UNKNOWN, OffsetCheckpoint, SegmentLog, TaskId, TopicPartition
 from statestore._native import _testing
 from statestore.ids import SENTINEL_OFFSETS, committed_offset
 from statestore.ops.inspection import inspect_app
 from statestore.ops.verify import verify_app
+from statestore.restore.staging import restore_partition
 from statestore.state.store import STATUS_CLOSED
 from support.model import store_contents
 from support.tasks import STORE, changelog_tp, close_all, manager
@@ -108,8 +109,6 @@ def test_inspect_shows_no_offset_yet_and_the_whole_changelog_as_lag(root: Path) 
 
 
 def test_inspect_reads_a_checkpoint_sentinel_the_same_way(root: Path) -> None:
-    from statestore import OffsetCheckpoint
-
     leave_no_offset_yet(root, [])
     OffsetCheckpoint(store_path(root).parent.parent / ".checkpoint").write({TP: OFFSET_UNKNOWN})
     _, [report] = inspect_app(root / "state", APP, root / "log")
@@ -151,3 +150,54 @@ def test_the_task_manager_trusts_the_store_and_restores_it_from_the_start(root: 
     assert tm.active_task(T).offsets() == {TP: len(RECORDS) - 1}
     close_all(tm)
     assert store_contents(path).offsets == {str(TP): len(RECORDS) - 1}
+
+
+@pytest.mark.parametrize(("version", "layout"), [("4.4", "store"), ("4.2", "checkpoint")])
+def test_a_store_restored_from_no_committed_record_records_no_offset_yet(
+    tmp_path: Path, version: str, layout: str
+) -> None:
+    """Else Kafka Streams, under exactly_once_v2, takes a store without any offset in a task directory
+    that is not empty for corruption and wipes the task."""
+    log = SegmentLog(tmp_path / "log")
+    producer = log.producer("writer")
+    producer.begin()
+    producer.send(TP.topic, 1, b"k", b"aborted")  # partition 1 holds no committed record
+    producer.abort()
+    producer.begin()
+    producer.send(TP.topic, 0, b"k", b"v")
+    producer.commit()
+    producer.close()
+    log.close()
+    args = ["--log-dir", str(tmp_path / "log"), "--state-dir", str(tmp_path / "state"), "--app-id", APP]
+    out = _cli("restore", *args, "--store", STORE, "--kafka-streams-version", version)
+    assert out.returncode == 0, out.stdout + out.stderr
+    empty = tmp_path / "state" / APP / "0_1" / "rocksdb" / STORE
+    ckpt = OffsetCheckpoint(empty.parent.parent / ".checkpoint")
+    if layout == "store":
+        contents = store_contents(empty)
+        assert contents.data == {} and contents.offsets == {f"{TP.topic}-1": OFFSET_UNKNOWN}
+        assert contents.status == STATUS_CLOSED and not ckpt.exists()
+    else:
+        assert ckpt.read() == {TopicPartition(TP.topic, 1): OFFSET_UNKNOWN}
+        assert store_contents(empty).offsets == {}
+    # the Spark task's way (a staged restore swapped into place) records it too
+    row = restore_partition(
+        log_dir=tmp_path / "log",
+        state_dir=tmp_path / "staged",
+        application_id=APP,
+        store=STORE,
+        partition=1,
+        layout="kip-1035" if layout == "store" else "checkpoint",
+    )
+    assert row.ok, row.error
+    staged = tmp_path / "staged" / APP / "0_1" / "rocksdb" / STORE
+    if layout == "store":
+        assert store_contents(staged).offsets == {f"{TP.topic}-1": OFFSET_UNKNOWN}
+    else:
+        assert OffsetCheckpoint(staged.parent.parent / ".checkpoint").read() == {
+            TopicPartition(TP.topic, 1): OFFSET_UNKNOWN
+        }
+    [result] = [
+        r for r in verify_app(tmp_path / "state", APP, tmp_path / "log") if r.store.task_id == TaskId(0, 1)
+    ]
+    assert result.ok and result.offset_note == "no offset yet"

@@ -26,7 +26,7 @@ from statestore.cli.stores import (
     topology_option,
 )
 from statestore.errors import LockError, StateStoreError
-from statestore.ids import TaskId, TopicPartition
+from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition
 from statestore.ops.inspection import flock_holders, lock_holder
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
 from statestore.restore.discovery import FoundStore
@@ -50,6 +50,7 @@ from statestore.state.layout import (
     Layout,
     layout_for,
     record_in_checkpoint,
+    record_no_offset_yet,
     to_checkpoint_layout,
 )
 from statestore.state.policy import Guarantee
@@ -139,9 +140,7 @@ def restore_local(
                 done = restore_many(specs, threads=threads)
         else:
             done = restore_many(specs, threads=threads)
-        if not layout.offsets_in_store:
-            for i, message in _to_checkpoint_layout(sd, work, todo, done).items():
-                refused[i] = message
+        refused.update(_settle(sd, work, todo, done, layout, fmts))
     by_index = dict(zip(todo, done, strict=True))
     # The lag once restored: of the segment log, or of the changelog object (e.g. Kafka) given.
     changelog: Changelog | None = (
@@ -178,24 +177,41 @@ def restore_local(
     return rows
 
 
-def _to_checkpoint_layout(
-    sd: StateDirectory, work: list[PartitionWork], todo: list[int], done: list[RestoreResult]
+def _settle(
+    sd: StateDirectory,
+    work: list[PartitionWork],
+    todo: list[int],
+    done: list[RestoreResult],
+    layout: Layout,
+    formats: Mapping[str, str],
 ) -> dict[int, str]:
-    """Turn every store restored without error into the ``.checkpoint`` layout and record the offsets
-    in its task's ``.checkpoint`` (other entries kept; one the store no longer vouches for dropped).
-    Returns, by work index, why a store could not be converted."""
+    """Leave every store restored without error as ``layout`` wants it, under the task locks.
+
+    In the ``.checkpoint`` layout each store is converted and its offset recorded in its task's
+    ``.checkpoint`` (other entries kept). A store restored from a changelog partition without a
+    committed record gets ``OFFSET_UNKNOWN`` in either layout (``record_no_offset_yet``), or Kafka
+    Streams would wipe its task under exactly_once_v2. Returns, by work index, why a store could
+    not be settled.
+    """
     failed: dict[int, str] = {}
     by_task: dict[TaskId, dict[TopicPartition, int | None]] = {}
     for i, r in zip(todo, done, strict=True):
         if r.error is not None:
             continue
         w = work[i]
+        path = sd.store_dir(w.task_id, w.store)
         try:
-            offset = to_checkpoint_layout(sd.store_dir(w.task_id, w.store), w.tp)
+            if layout.offsets_in_store:
+                if r.offset is None:
+                    record_no_offset_yet(
+                        path, sd.checkpoint_path(w.task_id), w.tp, formats.get(w.store, "plain"), layout
+                    )
+                continue
+            offset = to_checkpoint_layout(path, w.tp)
         except StateStoreError as e:
             failed[i] = str(e)
             continue
-        by_task.setdefault(w.task_id, {})[w.tp] = offset
+        by_task.setdefault(w.task_id, {})[w.tp] = OFFSET_UNKNOWN if offset is None else offset
     for task_id, offsets in sorted(by_task.items()):
         record_in_checkpoint(sd.checkpoint_path(task_id), offsets)
     return failed

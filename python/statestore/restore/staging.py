@@ -47,12 +47,18 @@ from statestore import _native
 from statestore._testing.faults import FAIL_ATTEMPT_ENV, InjectedFailure, failure_injected
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import LockError, StateStoreError
-from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition
+from statestore.ids import OFFSET_UNKNOWN, SENTINEL_OFFSETS, TaskId, TopicPartition
 from statestore.restore.engine import DEFAULT_MEMORY_BUDGET, MODES, restore_store
 from statestore.restore.work import PartitionWork, RestoreRow
 from statestore.state.directory import StateDirectory, TaskLock
 from statestore.state.lag import Lag, store_lag
-from statestore.state.layout import KIP_1035, LAYOUTS, record_in_checkpoint, to_checkpoint_layout
+from statestore.state.layout import (
+    KIP_1035,
+    LAYOUTS,
+    record_in_checkpoint,
+    record_no_offset_yet,
+    to_checkpoint_layout,
+)
 from statestore.state.policy import Event, Guarantee, Policy
 from statestore.state.store import check_store_format
 
@@ -285,6 +291,9 @@ def restore_partition(
             raise InjectedFailure(
                 f"task {task_id} store {store}: failure injected into attempt {attempt} by {FAIL_ATTEMPT_ENV}"
             )
+        if in_store and result.offset is None:
+            # No committed record in the changelog: Kafka Streams' "no offset yet", in the staged store.
+            record_no_offset_yet(staged, sd.checkpoint_path(task_id), tp, format, LAYOUTS[layout])
         offset = None if in_store else to_checkpoint_layout(staged, tp)
         sd.ensure_held(token, what=f"move the restored store {store} into place")
         target.parent.mkdir(exist_ok=True)
@@ -292,9 +301,11 @@ def restore_partition(
             record_in_checkpoint(sd.checkpoint_path(task_id), {tp: None})
         _native.fsync_dir(staged)  # what the restore wrote beside the copy's links
         _native.replace_dir(staged, target, attempt_dir / "previous")
-        if not in_store and offset is not None:
+        if not in_store:
             sd.ensure_held(token, what=f"record the offset of store {store} in the task's .checkpoint")
-            record_in_checkpoint(sd.checkpoint_path(task_id), {tp: offset})
+            record_in_checkpoint(
+                sd.checkpoint_path(task_id), {tp: OFFSET_UNKNOWN if offset is None else offset}
+            )
         return RestoreRow.restored(
             work,
             result,

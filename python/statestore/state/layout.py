@@ -19,7 +19,9 @@ the older layout is read by every version. The restore engine writes the
 4.3+ layout; :func:`to_checkpoint_layout` turns a restored store into the
 older one (drops the ``offsets`` family, rewrites every table file at
 ``format_version`` 5) and gives the offset its task's ``.checkpoint`` must
-record.
+record. A store restored from a changelog partition without a committed
+record gets Kafka Streams' ``OFFSET_UNKNOWN`` in either layout
+(:func:`record_no_offset_yet`).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ from rocksdict import (
 
 from statestore import _native
 from statestore.errors import StoreError
-from statestore.ids import TopicPartition, committed_offset
+from statestore.ids import OFFSET_UNKNOWN, TopicPartition, committed_offset
 from statestore.state.checkpoint import OffsetCheckpoint
+from statestore.state.store import Store
 
 #: Column family of the KIP-1035 layout's offsets (and status marker).
 _OFFSETS_CF: str = _native.OFFSETS_CF
@@ -132,6 +135,23 @@ def record_in_checkpoint(checkpoint: Path, offsets: Mapping[TopicPartition, int 
     file.write(entries)
 
 
+def record_no_offset_yet(path: Path, checkpoint: Path, tp: TopicPartition, fmt: str, layout: Layout) -> None:
+    """Record ``OFFSET_UNKNOWN`` for the store at ``path``, restored from a changelog partition with
+    no committed record (it recorded no offset), as Kafka Streams records it for a store whose
+    task committed none: under exactly_once_v2 Kafka Streams takes a store without any offset in a
+    non-empty task directory for corruption and wipes the whole task, the other stores' restored
+    state with it. In the store's ``offsets`` family (KIP-1035) or in the task's ``.checkpoint``.
+    A store that holds data is left alone. The caller holds the task lock."""
+    if not layout.offsets_in_store:
+        record_in_checkpoint(checkpoint, {tp: OFFSET_UNKNOWN})
+        return
+    if _native.store_info(path).estimated_keys != 0:
+        return
+    with Store(path, format=fmt) as store:
+        if store.is_empty() and store.recorded_offset(tp) is None:
+            store.commit({tp: OFFSET_UNKNOWN})
+
+
 def to_checkpoint_layout(path: Path, tp: TopicPartition) -> int | None:
     """Turn the closed store at ``path``, restored in the KIP-1035 layout, into the older one.
 
@@ -182,6 +202,7 @@ __all__ = [
     "Layout",
     "layout_for",
     "record_in_checkpoint",
+    "record_no_offset_yet",
     "store_layout",
     "table_format_versions",
     "to_checkpoint_layout",

@@ -38,7 +38,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from statestore import _native
 from statestore.errors import IllegalStateError, StoreCorruptedError, StoreError
-from statestore.ids import TaskId, TopicPartition, committed_offset
+from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, committed_offset
 
 logger = logging.getLogger(__name__)
 
@@ -420,7 +420,8 @@ class Store(_StagedWrites):
 
         ``offsets`` maps changelog partitions to the offset of the last record
         the staged writes correspond to; pass None (checkpoint mode) to write
-        data only. Offsets must be >= 0.
+        data only. Offsets must be >= 0, or ``OFFSET_UNKNOWN`` (a store that
+        applied no changelog record: Kafka Streams' "no offset yet").
         """
         db = self._open_db()
         batch = self._batch()
@@ -434,7 +435,7 @@ class Store(_StagedWrites):
         if offsets:
             cf = db.get_column_family_handle(OFFSETS_CF)
             for tp, offset in offsets.items():
-                if offset < 0:
+                if offset < 0 and offset != OFFSET_UNKNOWN:
                     raise ValueError(
                         f"{self._who()}: refusing to store negative offset {offset} for {tp} in {self.path}"
                     )
