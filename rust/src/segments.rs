@@ -16,7 +16,9 @@
 //! The changelog key is the store key, so a restore routes each record by its
 //! key. Stream time is the largest segment timestamp seen; a segment is live
 //! while `segmentId >= segmentId(streamTime - retention)`, and Kafka Streams
-//! drops the others, when restoring as when processing. [`SegmentedStore`]
+//! drops the others, when restoring as when processing. Kafka Streams keeps
+//! stream time in memory only; a restore into existing segments starts from
+//! the newest one's start, a time the store has certainly reached. [`SegmentedStore`]
 //! keeps that bookkeeping: which segments exist, the stream time a restore
 //! observed, creating live segments (CLOSED from birth), dropping expired
 //! ones, and recording an offset in every segment.
@@ -202,6 +204,10 @@ impl SegmentedStore {
         for (id, path) in Self::list(dir, &name, &seg)? {
             segments.insert(id, Store::open_format(&path, opts.clone(), format.db_format())?);
         }
+        // Stream time lives in memory only; the newest segment's start is the
+        // most that is known of it: never past it, so nothing is dropped that
+        // the stream time which created that segment keeps.
+        let known = segments.keys().next_back().map_or(NO_TIME, |&id| id * seg.segment_interval_ms);
         Ok(Self {
             dir: dir.to_path_buf(),
             name,
@@ -209,7 +215,7 @@ impl SegmentedStore {
             schema,
             seg,
             opts,
-            stream_time: AtomicI64::new(NO_TIME),
+            stream_time: AtomicI64::new(known),
             segments: Mutex::new(segments),
         })
     }
@@ -463,6 +469,9 @@ mod tests {
         drop(s);
         let s = SegmentedStore::open(&p, StoreFormat::TimestampedWindow, seg, opts.clone(), false).unwrap();
         assert_eq!(s.offset("t-0").unwrap(), Some(9));
+        assert_eq!(s.stream_time(), Some(400_000), "reopened: at least the newest segment's start");
+        assert_eq!(s.route(&window_key(b"x", 199_999, 0)), Ok(None), "expired: before segmentId(200_000)");
+        assert_eq!(s.route(&window_key(b"x", 200_000, 0)), Ok(Some(2)));
         let seg4 = Store::open_read_only(&p.join("win.400000")).unwrap();
         assert_eq!(seg4.format(), StoreFormat::Timestamped);
         assert_eq!(seg4.status().unwrap(), Some(STATUS_CLOSED));
