@@ -21,8 +21,8 @@ use crate::log::SegmentLogDir;
 use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec};
 use crate::restore::replay::DEFAULT_CHUNK_BYTES;
 use crate::restore::{ErrorKind, Listener, RestoreError, DEFAULT_WRITE_BUFFER_BYTES};
-use crate::source::Changelog;
 use crate::segments::Segmentation;
+use crate::source::Changelog;
 use crate::store::StoreFormat;
 
 /// What one restore did (`statestore.restore.RestoreResult` is built from it).
