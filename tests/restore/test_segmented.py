@@ -18,6 +18,7 @@ import random
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rocksdict import Options, Rdict
@@ -25,6 +26,8 @@ from rocksdict import Options, Rdict
 from statestore import RestoreError, StoreError, TopicPartition, _native
 from statestore.changelog.segment_log import SegmentLog
 from statestore.restore.engine import RestoreSpec, restore_many, restore_store
+from statestore.restore.spark import restore_on_spark
+from statestore.restore.staging import STAGING_DIR_NAME, restore_partition
 
 TP = TopicPartition("app-win-changelog", 2)
 BASE = 1_700_000_000_000
@@ -54,7 +57,7 @@ class Changelog:
         return int(struct.unpack(">q", key[-16:-8])[0])
 
     def segments(
-        self, fmt: str, end: int | None = None, interval: int = INTERVAL
+        self, fmt: str, end: int | None = None, interval: int = INTERVAL, store: str = "win"
     ) -> tuple[dict[str, dict[bytes, bytes]], int | None]:
         """The store Kafka Streams holds after restoring up to ``end``: segment name -> key -> value."""
         below = [r for r in self.records if end is None or r[0] < end]
@@ -69,10 +72,12 @@ class Changelog:
             stream_time = max(self.segment_time(k) for _, k, _, _ in below)
             min_live = (stream_time - RETENTION) // interval
             data = {i: d for i, d in data.items() if i >= min_live}
-        return {f"win.{i * interval}": d for i, d in data.items()}, (below[-1][0] if below else None)
+        return {f"{store}.{i * interval}": d for i, d in data.items()}, (below[-1][0] if below else None)
 
 
-def write_changelog(log_dir: Path, schema: str, n: int, seed: int, start_time: int = BASE) -> Changelog:
+def write_changelog(
+    log_dir: Path, schema: str, n: int, seed: int, start_time: int = BASE, tp: TopicPartition = TP
+) -> Changelog:
     """``n`` transactions of windowed updates marching through time (some aborted), with tombstones."""
     rng = random.Random(seed)
     log = SegmentLog(log_dir, sync=False)
@@ -93,18 +98,20 @@ def write_changelog(log_dir: Path, schema: str, n: int, seed: int, start_time: i
                 key = session_key(user, end_ - rng.randrange(30_000), end_)
             value = None if rng.random() < 0.15 else b"%d" % rng.randrange(10_000)
             ts = now - rng.randrange(1000)
-            sent.append((txn.send(TP.topic, TP.partition, key, value, timestamp=ts), key, value, ts))
+            sent.append((txn.send(tp.topic, tp.partition, key, value, timestamp=ts), key, value, ts))
         txn.flush()
         if rng.random() < 0.15:
             txn.abort()
         else:
             txn.commit()
             model.records.extend(sent)
-    model.end = log.end_offset(TP)
+    model.end = log.end_offset(tp)
     return model
 
 
-def on_disk(store: Path, fmt: str) -> tuple[dict[str, dict[bytes, bytes]], set[int | None], set[int | None]]:
+def on_disk(
+    store: Path, fmt: str, tp: TopicPartition = TP
+) -> tuple[dict[str, dict[bytes, bytes]], set[int | None], set[int | None]]:
     """The segments at ``store``, their offsets of TP and their status, checking each one's column families."""
     families = (
         ["default", "keyValueWithTimestamp", "offsets"]
@@ -116,7 +123,7 @@ def on_disk(store: Path, fmt: str) -> tuple[dict[str, dict[bytes, bytes]], set[i
         assert sorted(Rdict.list_cf(str(seg), Options(raw_mode=True))) == sorted(families), seg
         dump = _native.store_dump(seg)
         data[seg.name] = dict(dump.entries)
-        offsets.add(dump.offsets.get(str(TP)))
+        offsets.add(dump.offsets.get(str(tp)))
         status.add(dump.status)
     return data, offsets, status
 
@@ -202,3 +209,78 @@ def test_formats_and_their_parameters_are_checked(tmp_path: Path) -> None:
     with pytest.raises(RestoreError, match="no session store key") as e:
         restore_store(tmp_path / "s", tmp_path / "plainlog", TP, format="session", retention_ms=RETENTION)
     assert str(TP) in str(e.value) and Path(str(e.value.path)) == tmp_path / "s"
+
+
+# -- the Spark path: a staging attempt per partition, swapped into place ---------------------------------
+
+APP = "app"  # TP is the changelog of store "win" of application "app", task 0_2
+
+
+def test_restore_partition_stages_the_segments_and_resumes_from_them(tmp_path: Path) -> None:
+    fmt = "timestamped-window"
+    first = write_changelog(tmp_path / "log", "window", n=120, seed=11)
+    state = tmp_path / "state"
+    row = restore_partition(
+        log_dir=tmp_path / "log",
+        state_dir=state,
+        application_id=APP,
+        store="win",
+        partition=2,
+        format=fmt,
+        retention_ms=RETENTION,
+    )
+    assert (row.status, row.mode) == ("ok", "bulk"), row.error
+    store = state / APP / "0_2" / "win"
+    want, last = first.segments(fmt)
+    assert on_disk(store, fmt) == (want, {last}, {_native.STATUS_CLOSED})
+    assert not (state / APP / "0_2" / "rocksdb").exists()
+    # later records, some in the newest segments restored first
+    later_start = max(first.segment_time(k) for _, k, _, _ in first.records) - 120_000
+    later = write_changelog(tmp_path / "log", "window", n=40, seed=12, start_time=later_start)
+    later.records = first.records + later.records
+    row = restore_partition(
+        log_dir=tmp_path / "log",
+        state_dir=state,
+        application_id=APP,
+        store="win",
+        partition=2,
+        format=fmt,
+        retention_ms=RETENTION,
+    )
+    assert (row.status, row.mode, row.start_offset) == ("ok", "replay", first.records[-1][0] + 1), row.error
+    want, last = later.segments(fmt)
+    assert on_disk(store, fmt) == (want, {last}, {_native.STATUS_CLOSED})
+    assert not any((state / APP / "0_2" / STAGING_DIR_NAME).glob("*/*")), "no staging left"
+
+
+@pytest.mark.spark
+def test_restore_on_spark_writes_window_and_session_stores(spark: Any, tmp_path: Path) -> None:
+    stores = {"win": ("timestamped-window", "window"), "sess": ("session", "session")}
+    tps = {name: TopicPartition(f"{APP}-{name}-changelog", 2) for name in stores}
+    models = {
+        name: write_changelog(tmp_path / "log", schema, n=80, seed=len(name), tp=tps[name])
+        for name, (_, schema) in stores.items()
+    }
+    with pytest.raises(ValueError, match="needs its retention"):
+        restore_on_spark(
+            spark,
+            log_dir=tmp_path / "log",
+            state_dir=tmp_path / "state",
+            application_id=APP,
+            stores=list(stores),
+            formats={"win": "timestamped-window"},
+        )
+    rows = restore_on_spark(
+        spark,
+        log_dir=tmp_path / "log",
+        state_dir=tmp_path / "state",
+        application_id=APP,
+        stores=list(stores),
+        formats={n: f for n, (f, _) in stores.items()},
+        retentions={n: RETENTION for n in stores},
+    ).collect()
+    assert sorted((r.store, r.status) for r in rows) == [("sess", "ok"), ("win", "ok")], [r.error for r in rows]
+    for name, (fmt, _) in stores.items():
+        want, last = models[name].segments(fmt, store=name)
+        got = on_disk(tmp_path / "state" / APP / "0_2" / name, fmt, tps[name])
+        assert got == (want, {last}, {_native.STATUS_CLOSED}), name
