@@ -11,7 +11,8 @@ sessions open, close and expire as the input goes, and most segments are
 dropped along the way.
 
 Run to completion under exactly_once_v2, then statestore restores both
-stores from the changelog topics into an empty state directory: the segment
+stores into an empty state directory (``restore_many`` from the changelog
+topics, or ``restore_on_spark`` from the broker's log directory): the segment
 directories are Kafka Streams' own, segment for segment, with equal data,
 each CLOSED. Kafka Streams started there restores nothing (its
 StateRestoreListener says so), and after more input its windows and
@@ -78,30 +79,55 @@ def segments(store: Path) -> list[str]:
     return sorted(p.name for p in store.iterdir()) if store.is_dir() else []
 
 
+def restore_with_threads(bootstrap: str, app: str, restored: Path) -> None:
+    """``restore_many`` from the changelog topics, two threads."""
+    specs = []
+    with kafka.KafkaChangelog(bootstrap) as changelog:
+        for p in range(PARTITIONS):
+            (restored / app / f"0_{p}").mkdir(parents=True)
+            for name, (fmt, retention) in kstreams_app.WINDOWED_STORES.items():
+                tp = TopicPartition(f"{app}-{name}-changelog", p)
+                path = restored / app / f"0_{p}" / name
+                specs.append(RestoreSpec(path, changelog, tp, format=fmt, retention_ms=retention))
+        results = restore_many(specs, threads=2)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert all(r.records_applied > 0 for r in results), results
+
+
+def restore_with_spark(spark: Any, log_dir: Path, app: str, restored: Path) -> None:
+    """``restore_on_spark`` from the broker's own partition directories (the segment log reads Kafka's log.dirs)."""
+    from statestore.restore.spark import restore_on_spark
+
+    stores = kstreams_app.WINDOWED_STORES
+    rows = restore_on_spark(
+        spark,
+        log_dir=log_dir,
+        state_dir=restored,
+        application_id=app,
+        stores=list(stores),
+        formats={name: fmt for name, (fmt, _) in stores.items()},
+        retentions={name: retention for name, (_, retention) in stores.items()},
+    ).collect()
+    assert [r.status for r in rows] == ["ok"] * (len(stores) * PARTITIONS), rows
+    assert all(r.records_applied > 0 for r in rows), rows
+
+
+@pytest.mark.parametrize("how", ["threads", pytest.param("spark", marks=pytest.mark.spark)])
 def test_kafka_streams_starts_on_window_and_session_stores_statestore_restored(
-    app_built: Path, kafka_bootstrap: str, tmp_path: Path
+    app_built: Path, kafka_broker: Any, tmp_path: Path, request: pytest.FixtureRequest, how: str
 ) -> None:
+    kafka_bootstrap = str(kafka_broker.bootstrap)
     app = f"ksn{uuid.uuid4().hex[:8]}"
     first = tmp_path / "first"
     ran = run(kafka_bootstrap, app, first, produce=3000)
     assert ran.closed_clean
 
-    # statestore rebuilds both stores from the changelog topics into an empty state directory
+    # statestore rebuilds both stores into an empty state directory
     restored = tmp_path / "restored"
-    specs = []
-    with kafka.KafkaChangelog(kafka_bootstrap) as changelog:
-        for p in range(PARTITIONS):
-            (restored / app / f"0_{p}").mkdir(parents=True)
-            for name, (fmt, retention) in kstreams_app.WINDOWED_STORES.items():
-                tp = TopicPartition(f"{app}-{name}-changelog", p)
-                specs.append(
-                    RestoreSpec(
-                        restored / app / f"0_{p}" / name, changelog, tp, format=fmt, retention_ms=retention
-                    )
-                )
-        results = restore_many(specs, threads=2)
-    assert all(r.ok for r in results), [r.error for r in results]
-    assert all(r.records_applied > 0 for r in results), results
+    if how == "spark":
+        restore_with_spark(request.getfixturevalue("spark"), Path(kafka_broker.log_dir), app, restored)
+    else:
+        restore_with_threads(kafka_bootstrap, app, restored)
 
     # the segments Kafka Streams itself holds, segment for segment, with the same data, each CLOSED
     for p in range(PARTITIONS):
