@@ -279,7 +279,9 @@ def test_restore_on_spark_writes_window_and_session_stores(spark: Any, tmp_path:
         formats={n: f for n, (f, _) in stores.items()},
         retentions={n: RETENTION for n in stores},
     ).collect()
-    assert sorted((r.store, r.status) for r in rows) == [("sess", "ok"), ("win", "ok")], [r.error for r in rows]
+    assert sorted((r.store, r.status) for r in rows) == [("sess", "ok"), ("win", "ok")], [
+        r.error for r in rows
+    ]
     for name, (fmt, _) in stores.items():
         want, last = models[name].segments(fmt, store=name)
         got = on_disk(tmp_path / "state" / APP / "0_2" / name, fmt, tps[name])
