@@ -206,11 +206,13 @@ pub fn replace_dir(staged: &Path, target: &Path, aside: &Path) -> Result<Replace
     Ok(how)
 }
 
-/// Copy the closed RocksDB directory `src` to the new directory `dst`.
+/// Copy the closed RocksDB directory `src` (or a directory of them: a
+/// segmented store) to the new directory `dst`.
 ///
 /// SST and blob files are immutable once written, so they are hard-linked
 /// (copied where linking fails, e.g. across filesystems); every other file is
-/// copied, subdirectories recursively; RocksDB's `LOCK` file is left out.
+/// copied, subdirectories recursively (a RocksDB among them linked alike);
+/// RocksDB's `LOCK` file is left out.
 /// `dst` must not exist; its parent must. The new directory is fsynced, so
 /// the links it holds are durable.
 pub fn link_copy_dir(src: &Path, dst: &Path) -> Result<(), FileIoError> {
@@ -224,7 +226,12 @@ pub fn link_copy_dir(src: &Path, dst: &Path) -> Result<(), FileIoError> {
             continue;
         }
         if kind.is_dir() {
-            copy_tree(&from, &to)?;
+            // a segmented store's segments are RocksDBs of their own: linked alike
+            if from.join("CURRENT").is_file() {
+                link_copy_dir(&from, &to)?;
+            } else {
+                copy_tree(&from, &to)?;
+            }
             continue;
         }
         let immutable = name.to_str().is_some_and(|n| n.ends_with(".sst") || n.ends_with(".blob"));

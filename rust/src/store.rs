@@ -23,6 +23,7 @@ use rocksdb::{
 
 use crate::offsets::{decode_entry, OffsetsEntry};
 pub use crate::offsets::{decode_i64, encode_i64, OFFSETS_CF, STATUS_CLOSED, STATUS_KEY, STATUS_OPEN};
+pub use crate::segments::KeySchema;
 
 /// A store could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +81,10 @@ pub fn is_corruption(e: &rocksdb::Error) -> bool {
 pub const TIMESTAMPED_CF: &str = "keyValueWithTimestamp";
 
 /// How a store lays out its data: which column family holds it and what a
-/// value is. One value is passed down from the caller to every writer.
+/// value is, and for Kafka Streams' window and session stores the key schema
+/// that puts each record into a time segment (one RocksDB per segment, see
+/// [`crate::segments`]). One value is passed down from the caller to every
+/// writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StoreFormat {
     /// `default` holds the changelog value as is (Kafka Streams'
@@ -91,12 +95,30 @@ pub enum StoreFormat {
     /// followed by the value (Kafka Streams' `persistentTimestampedKeyValueStore`,
     /// the store of DSL aggregations such as `count()`).
     Timestamped,
+    /// A window store of plain segments: key `key ‖ window start ‖ seqnum`,
+    /// the changelog value as is in `default` (`Stores.persistentWindowStore`,
+    /// the stores of a stream-stream join, with duplicates).
+    Window,
+    /// A window store of timestamped segments: the value as [`StoreFormat::Timestamped`]
+    /// keeps it (`Stores.persistentTimestampedWindowStore`, the store of
+    /// `windowedBy(...).count()` and the DSL's other windowed aggregations).
+    TimestampedWindow,
+    /// A session store: key `key ‖ session end ‖ session start`, segmented by
+    /// the end, the changelog value as is in `default`
+    /// (`Stores.persistentSessionStore`, the store of session-windowed aggregations).
+    Session,
 }
 
 impl StoreFormat {
     /// Every format, in the order names are listed to users (the one list:
     /// `_native.STORE_FORMATS` and every "use one of" message come from it).
-    pub const ALL: [StoreFormat; 2] = [StoreFormat::Plain, StoreFormat::Timestamped];
+    pub const ALL: [StoreFormat; 5] = [
+        StoreFormat::Plain,
+        StoreFormat::Timestamped,
+        StoreFormat::Window,
+        StoreFormat::TimestampedWindow,
+        StoreFormat::Session,
+    ];
 
     /// The format named `s` (one of [`StoreFormat::ALL`]'s names), else a
     /// message naming the formats there are.
@@ -111,30 +133,58 @@ impl StoreFormat {
         match self {
             StoreFormat::Plain => "plain",
             StoreFormat::Timestamped => "timestamped",
+            StoreFormat::Window => "window",
+            StoreFormat::TimestampedWindow => "timestamped-window",
+            StoreFormat::Session => "session",
         }
     }
 
-    /// Name of the column family that holds the data.
+    /// The key schema of a segmented store (window or session), None for a
+    /// key-value store.
+    pub fn key_schema(self) -> Option<KeySchema> {
+        match self {
+            StoreFormat::Plain | StoreFormat::Timestamped => None,
+            StoreFormat::Window | StoreFormat::TimestampedWindow => Some(KeySchema::Window),
+            StoreFormat::Session => Some(KeySchema::Session),
+        }
+    }
+
+    /// The format of one RocksDB of the store: the store's own for a
+    /// key-value store, a segment's for a segmented one (a segment is a
+    /// plain or timestamped key-value RocksDB).
+    pub fn db_format(self) -> StoreFormat {
+        match self {
+            StoreFormat::Plain | StoreFormat::Window | StoreFormat::Session => StoreFormat::Plain,
+            StoreFormat::Timestamped | StoreFormat::TimestampedWindow => StoreFormat::Timestamped,
+        }
+    }
+
+    /// Whether a stored value starts with the record's timestamp.
+    pub fn is_timestamped(self) -> bool {
+        self.db_format() == StoreFormat::Timestamped
+    }
+
+    /// Name of the column family that holds the data (of each segment).
     pub fn data_cf(self) -> &'static str {
-        match self {
-            StoreFormat::Plain => rocksdb::DEFAULT_COLUMN_FAMILY_NAME,
+        match self.db_format() {
             StoreFormat::Timestamped => TIMESTAMPED_CF,
+            _ => rocksdb::DEFAULT_COLUMN_FAMILY_NAME,
         }
     }
 
-    /// Every column family a store of this format has (exactly those Kafka
-    /// Streams opens for the matching store type).
+    /// Every column family a RocksDB of this format has (exactly those Kafka
+    /// Streams opens for the matching store type, or segment).
     pub fn column_families(self) -> &'static [&'static str] {
-        match self {
-            StoreFormat::Plain => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF],
+        match self.db_format() {
             StoreFormat::Timestamped => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, TIMESTAMPED_CF, OFFSETS_CF],
+            _ => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF],
         }
     }
 
     /// The stored form of a changelog value written at `timestamp`: the value
     /// itself, or the timestamp (8 bytes, big-endian) followed by it.
     pub fn encode_value(self, timestamp: i64, value: &[u8], out: &mut Vec<u8>) {
-        if self == StoreFormat::Timestamped {
+        if self.is_timestamped() {
             out.extend_from_slice(&timestamp.to_be_bytes());
         }
         out.extend_from_slice(value);
@@ -272,7 +322,16 @@ impl Store {
     /// another format, or with column families of no known format, is
     /// refused before anything is written: opening it would add families
     /// (Kafka Streams then refuses the store) or misread its values.
+    /// A segmented format is refused: such a store is a directory of
+    /// RocksDBs ([`crate::segments::SegmentedStore`]), each opened in its
+    /// [`StoreFormat::db_format`].
     pub fn open_format(path: &Path, mut opts: Options, format: StoreFormat) -> Result<Self, StoreError> {
+        if format.key_schema().is_some() {
+            return Err(StoreError::new(
+                path,
+                format!("a {} store is a directory of segments, not one RocksDB", format.name()),
+            ));
+        }
         opts.set_atomic_flush(true);
         opts.create_missing_column_families(true);
         if !path.exists() && !crate::fileio::parent_of(path).is_dir() {
@@ -654,8 +713,8 @@ mod tests {
             assert_eq!(StoreFormat::parse(f.name()), Ok(f));
         }
         assert_eq!(
-            StoreFormat::parse("window").unwrap_err(),
-            "unknown store format \"window\": use one of plain, timestamped"
+            StoreFormat::parse("versioned").unwrap_err(),
+            "unknown store format \"versioned\": use one of plain, timestamped, window, timestamped-window, session"
         );
     }
 

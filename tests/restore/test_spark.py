@@ -359,6 +359,8 @@ def _payload(work: PartitionWork, log_dir: str, state_dir: str, *, max_attempts:
         guarantee="exactly_once_v2",
         create_state_dir=True,
         format="plain",
+        retention_ms=None,
+        segment_interval_ms=None,
     )
 
 

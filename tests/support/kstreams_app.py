@@ -21,6 +21,9 @@ SCRIPT = ROOT / "scripts" / "kafka-streams-app.sh"
 #: The stores of the application and their formats.
 STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
 
+#: The stores of the application with ``stores="windowed"``: format and retention (ms).
+WINDOWED_STORES = {"wcounts": ("timestamped-window", 60_000), "scounts": ("session", 30_000)}
+
 
 def build() -> Path:
     """Build the application if needed; the directory holding ``app.jar`` and ``libs/``."""
@@ -119,6 +122,10 @@ def command(
     config: dict[str, str] | None = None,
     timeout: int = 600,
     stores: str = "both",
+    time_step_ms: int = 0,
+    first_timestamp_ms: int | None = None,
+    input_topic: str | None = None,
+    expect: int | None = None,
 ) -> list[str]:
     """The command line of one run."""
     cmd = [
@@ -152,6 +159,14 @@ def command(
     ]
     if print_results:
         cmd.append("--print-results")
+    if time_step_ms:
+        cmd += ["--time-step-ms", str(time_step_ms)]
+    if first_timestamp_ms is not None:
+        cmd += ["--first-timestamp-ms", str(first_timestamp_ms)]
+    if input_topic is not None:
+        cmd += ["--input-topic", input_topic]
+    if expect is not None:
+        cmd += ["--expect", str(expect)]
     for k, v in (config or {}).items():
         cmd += ["--config", f"{k}={v}"]
     return cmd
@@ -189,6 +204,7 @@ def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], di
 
 __all__ = [
     "STORE_FORMATS",
+    "WINDOWED_STORES",
     "AppRun",
     "Restore",
     "build",

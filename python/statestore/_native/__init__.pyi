@@ -79,6 +79,10 @@ class _RestoreSpec(Protocol):
     def progress_interval(self) -> float: ...
     @property
     def format(self) -> str: ...
+    @property
+    def retention_ms(self) -> int | None: ...
+    @property
+    def segment_interval_ms(self) -> int | None: ...
 
 def restore_store(
     store_path: _Path,
@@ -93,6 +97,8 @@ def restore_store(
     chunk_bytes: int = ...,
     read_ahead: bool = True,
     format: str = "plain",
+    retention_ms: int | None = None,
+    segment_interval_ms: int | None = None,
 ) -> RestoreOutcome: ...
 def restore_many(specs: Sequence[_RestoreSpec], threads: int) -> list[RestoreOutcome | BaseException]: ...
 
@@ -319,11 +325,14 @@ STATUS_OPEN: Final[int]
 STATUS_CLOSED: Final[int]
 #: The store formats (``StoreFormat::ALL``), in the order they are listed to users.
 STORE_FORMATS: Final[tuple[str, ...]]
+#: The formats of segmented stores (Kafka Streams' window and session stores: a RocksDB per time segment).
+SEGMENTED_STORE_FORMATS: Final[tuple[str, ...]]
 #: How RocksDB's status text of damaged files begins.
 CORRUPTION_PREFIX: Final[str]
 
 def encode_offset(value: int) -> bytes: ...
 def decode_offset(data: bytes) -> int | None: ...
+def dsl_segment_interval(retention_ms: int) -> int: ...
 
 #: What the module exports (PyO3 lists every name the bindings register; stubtest compares the two).
 __all__ = [
@@ -331,6 +340,7 @@ __all__ = [
     "MODES",
     "OFFSETS_CF",
     "POSITION_KEY",
+    "SEGMENTED_STORE_FORMATS",
     "STATUS_CLOSED",
     "STATUS_KEY",
     "STATUS_OPEN",
@@ -352,6 +362,7 @@ __all__ = [
     "_testing",
     "atomic_write",
     "decode_offset",
+    "dsl_segment_interval",
     "encode_offset",
     "fsync_dir",
     "link_copy_dir",

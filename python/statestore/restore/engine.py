@@ -156,6 +156,8 @@ class RestoreSpec:
     listener: RestoreListener | None = None
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     format: str = "plain"
+    retention_ms: int | None = None
+    segment_interval_ms: int | None = None
 
     def __init__(
         self,
@@ -169,6 +171,8 @@ class RestoreSpec:
         progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
         format: str = "plain",
         *,
+        retention_ms: int | None = None,
+        segment_interval_ms: int | None = None,
         log: LogLike | None = None,
     ) -> None:
         if tp is None:
@@ -183,6 +187,8 @@ class RestoreSpec:
             "listener": listener,
             "progress_interval": progress_interval,
             "format": format,
+            "retention_ms": retention_ms,
+            "segment_interval_ms": segment_interval_ms,
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -223,6 +229,8 @@ def restore_store(
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
     read_ahead: bool = True,
     format: str = "plain",
+    retention_ms: int | None = None,
+    segment_interval_ms: int | None = None,
     log: LogLike | None = None,
 ) -> RestoreResult:
     """Bring the store at ``store_path`` up to date with partition ``tp`` of ``changelog``.
@@ -248,8 +256,20 @@ def restore_store(
     Streams' ``Stores.persistentKeyValueStore``) or ``"timestamped"``
     (column family ``keyValueWithTimestamp``, each value preceded by its
     record's timestamp, 8 bytes big-endian: the store of Kafka Streams' DSL
-    aggregations). An existing store of the other format, or of a type
-    statestore does not know, is refused untouched (``StoreError``).
+    aggregations). Kafka Streams' window and session stores are
+    ``"window"`` (``Stores.persistentWindowStore``, the stores of a
+    stream-stream join, duplicates included), ``"timestamped-window"``
+    (``windowedBy(...).count()`` and the DSL's other windowed aggregations)
+    and ``"session"`` (session-windowed aggregations): ``store_path`` is then
+    the store's directory in its task directory (``<task>/<store>``, not
+    under ``rocksdb/``), holding one RocksDB per live time segment,
+    ``<store>.<segment start>``, and ``retention_ms`` (the store's retention:
+    the window size plus the grace period for a DSL windowed aggregation,
+    the inactivity gap plus grace for a session one, unless ``Materialized``
+    sets more) is required; ``segment_interval_ms`` defaults to the DSL's,
+    ``max(retention / 2, 60 s)`` (:func:`statestore._native.dsl_segment_interval`).
+    An existing store of another format, or of a type statestore does not
+    know, is refused untouched (``StoreError``).
 
     The store is created if missing (its parent directory must exist). Raises
     :class:`~statestore.errors.RestoreError` (bad range, listener raised),
@@ -273,6 +293,8 @@ def restore_store(
         progress_interval,
         read_ahead=read_ahead,
         format=check_format(format),
+        retention_ms=retention_ms,
+        segment_interval_ms=segment_interval_ms,
     )
     return _result(tp, path, out)
 

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from statestore import _native
 from statestore._testing.faults import FAIL_ATTEMPT_ENV
 from statestore.errors import ClusterError
 from statestore.restore.engine import DEFAULT_MEMORY_BUDGET
@@ -119,6 +120,8 @@ def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1
             create_state_dir=payload["create_state_dir"],
             format=payload["format"],
             layout=payload.get("layout", KIP_1035.name),
+            retention_ms=payload["retention_ms"],
+            segment_interval_ms=payload["segment_interval_ms"],
         )
     except Exception as e:
         if attempt + 1 < max_attempts:
@@ -336,6 +339,8 @@ def restore_on_spark(
     executor_timeout: float = DEFAULT_EXECUTOR_TIMEOUT,
     formats: Mapping[str, str] | None = None,
     kafka_streams_version: str | None = None,
+    retentions: Mapping[str, int] | None = None,
+    segment_intervals: Mapping[str, int] | None = None,
 ) -> DataFrame:
     """Restore every (store, changelog partition) in one Spark job and return one row for each.
 
@@ -363,11 +368,13 @@ def restore_on_spark(
     this interpreter. On a cluster without any executor after
     ``executor_timeout`` seconds it raises ``ClusterError``. ``formats`` maps
     store names to their format (``"plain"``, the default, or
-    ``"timestamped"`` for Kafka Streams' timestamped stores; see
-    :func:`~statestore.restore.engine.restore_store`). ``kafka_streams_version``
-    (``"3.6"`` ... ``"4.4"``, default the newest) chooses the layout the stores
-    are left in (:mod:`statestore.state.layout`): for 3.6 - 4.2 each task's
-    ``.checkpoint`` records the offsets.
+    ``"timestamped"`` for Kafka Streams' timestamped stores, or a window or
+    session store's format; see :func:`~statestore.restore.engine.restore_store`);
+    ``retentions`` maps each window or session store to its retention (ms) and
+    ``segment_intervals`` to its segment interval when it is not the DSL's.
+    ``kafka_streams_version`` (``"3.6"`` ... ``"4.4"``, default the newest)
+    chooses the layout the stores are left in (:mod:`statestore.state.layout`):
+    for 3.6 - 4.2 each task's ``.checkpoint`` records the offsets.
     """
     check_mode(mode)
     g = Guarantee(guarantee)
@@ -378,6 +385,17 @@ def restore_on_spark(
             check_format(fmt)
         except ValueError as e:
             raise ValueError(f"store {name!r}: {e}") from None
+    rets, intervals = dict(retentions or {}), dict(segment_intervals or {})
+    for name in set(rets) | set(intervals):
+        if fmts.get(name, "plain") not in _native.SEGMENTED_STORE_FORMATS:
+            raise ValueError(
+                f"store {name!r}: retention and segment interval belong to window and session stores"
+            )
+    for name, fmt in fmts.items():
+        if fmt in _native.SEGMENTED_STORE_FORMATS and name not in rets:
+            raise ValueError(
+                f"store {name!r}: a {fmt} store needs its retention (retentions={{{name!r}: ms}})"
+            )
     if memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
     if (log_dir is None) == (kafka is None):
@@ -405,6 +423,8 @@ def restore_on_spark(
             create_state_dir=_is_local(master),
             format=fmts.get(w.store, "plain"),
             layout=layout.name,
+            retention_ms=rets.get(w.store),
+            segment_interval_ms=intervals.get(w.store),
         )
         for i, w in enumerate(work)
     ]
@@ -449,7 +469,7 @@ def restore_on_spark(
         time.perf_counter() - t0,
         failed,
     )
-    sweep_staging(state_dir, application_id, work)
+    sweep_staging(state_dir, application_id, work, fmts)
     return rows_frame(spark, rows)
 
 

@@ -13,7 +13,8 @@ attempt
    cannot clean up), and puts a previous store back if an attempt died in the
    middle of replacing it;
 3. restores into a **staging directory named by its attempt**
-   (``<task dir>/.staging/<store>/<attempt>/store``), starting from a copy of
+   (``<task dir>/.staging/<store>/<attempt>/store``; a window or session
+   store's ``.../<attempt>/<store>``, whose segments are named after it), starting from a copy of
    the current store (SST files hard-linked, :func:`statestore._native.link_copy_dir`)
    so only the changelog's tail is replayed -- or from nothing, when the
    current store holds data without an offset under exactly-once (unknown
@@ -76,6 +77,29 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
+def store_location(sd: StateDirectory, task_id: TaskId, store: str, format: str = "plain") -> Path:
+    """Where ``store`` of ``task_id`` lives: ``<task>/rocksdb/<store>``, or a window or session store's
+    directory of segments, ``<task>/<store>`` (as Kafka Streams lays them out)."""
+    if format in _native.SEGMENTED_STORE_FORMATS:
+        return sd.task_dir(task_id) / store
+    return sd.store_dir(task_id, store)
+
+
+def _offsets_and_keys(target: Path) -> tuple[dict[str, int], int]:
+    """The offsets a store records and its estimated keys; a segmented store's over its segments
+    (every segment records the same offsets)."""
+    if (target / "CURRENT").exists():
+        info = _native.store_info(target)
+        return dict(info.offsets), info.estimated_keys
+    offsets: dict[str, int] = {}
+    keys = 0
+    for segment in sorted(p for p in target.iterdir() if (p / "CURRENT").exists()):
+        info = _native.store_info(segment)
+        offsets.update(info.offsets)
+        keys += info.estimated_keys
+    return offsets, keys
+
+
 def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str) -> bool:
     """Whether the closed store at ``target`` may be the start of a restore of ``tp``, else restore from nothing.
 
@@ -91,8 +115,7 @@ def can_resume_from(target: Path, tp: TopicPartition, guarantee: Guarantee | str
     if not target.is_dir():
         return False
     try:
-        info = _native.store_info(target)
-        offsets, keys = info.offsets, info.estimated_keys
+        offsets, keys = _offsets_and_keys(target)
     except StateStoreError as e:
         logger.warning("%s cannot be read (%s); restoring it from the changelog's start", target, e)
         return False
@@ -208,6 +231,8 @@ def restore_partition(
     create_state_dir: bool = True,
     format: str = "plain",
     layout: str = KIP_1035.name,
+    retention_ms: int | None = None,
+    segment_interval_ms: int | None = None,
 ) -> RestoreRow:
     """Restore one store's changelog partition safely next to concurrent attempts (see the module doc).
 
@@ -225,14 +250,15 @@ def restore_partition(
     executor's cores. With ``create_state_dir=False`` a missing ``state_dir``
     is a failed row naming this host and the path (on a cluster, a shared
     filesystem that is not mounted here), never a new directory on the wrong
-    disk. ``format`` is the store's format (``"plain"`` or ``"timestamped"``,
-    see :func:`~statestore.restore.engine.restore_store`); a store of another format
-    is left untouched and answered with a failed row. ``layout`` is the name
-    of the :mod:`~statestore.state.layout` the store is left in: with
-    ``"checkpoint"`` (Kafka Streams 3.6 - 4.2) the staged store is converted
-    before the swap, the task's ``.checkpoint`` entry is removed before the
-    swap and recorded after it, so no entry ever vouches for more than the
-    store in place holds.
+    disk. ``format`` is the store's format (see
+    :func:`~statestore.restore.engine.restore_store`; a window or session store,
+    with its ``retention_ms`` and ``segment_interval_ms``, is the directory
+    ``<task>/<store>`` of its segments); a store of another format is left
+    untouched and answered with a failed row. ``layout`` is the name of the
+    :mod:`~statestore.state.layout` the store is left in: with ``"checkpoint"``
+    (Kafka Streams 3.6 - 4.2) the staged store is converted before the swap,
+    the task's ``.checkpoint`` entry is removed before the swap and recorded
+    after it, so no entry ever vouches for more than the store in place holds.
     """
     check_mode(mode)
     if (log_dir is None) == (kafka is None):
@@ -269,13 +295,21 @@ def restore_partition(
     target: Path | None = None
     try:
         token = _acquire(sd, task_id, lock_timeout)
-        target = sd.store_dir(task_id, store)
-        check_store_format(target, format)
+        target = store_location(sd, task_id, store, format)
+        segmented = format in _native.SEGMENTED_STORE_FORMATS
+        if segmented and not in_store:
+            return failed(
+                f"task {task_id} store {store}: the {layout} layout (Kafka Streams 3.6 - 4.2) of a "
+                f"{format} store is not written yet; restore it for Kafka Streams 4.3+"
+            )
+        if not segmented:  # a segmented store's segments are checked as the engine opens them
+            check_store_format(target, format)
         staging_root = sd.task_dir(task_id) / STAGING_DIR_NAME / store
         _recover_staging(staging_root, target, task_id)
         attempt_dir = staging_root / f"{attempt_label}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         attempt_dir.mkdir(parents=True)
-        staged = attempt_dir / "store"
+        # a segmented store's segments are named after its directory
+        staged = attempt_dir / (store if segmented else "store")
         if can_resume_from(target, tp, policy.guarantee):
             _native.link_copy_dir(target, staged)
         result = restore_store(
@@ -286,13 +320,16 @@ def restore_partition(
             memory_budget_bytes=memory_budget_bytes,
             read_ahead=cpus > 1,
             format=format,
+            retention_ms=retention_ms,
+            segment_interval_ms=segment_interval_ms,
         )
         if failure_injected(store, partition, attempt):
             raise InjectedFailure(
                 f"task {task_id} store {store}: failure injected into attempt {attempt} by {FAIL_ATTEMPT_ENV}"
             )
-        if in_store and result.offset is None:
-            # No committed record in the changelog: Kafka Streams' "no offset yet", in the staged store.
+        if in_store and result.offset is None and not segmented:
+            # No committed record in the changelog: Kafka Streams' "no offset yet", in the staged store
+            # (a segmented store without one has no segment to record it in).
             record_no_offset_yet(staged, sd.checkpoint_path(task_id), tp, format, LAYOUTS[layout])
         offset = None if in_store else to_checkpoint_layout(staged, tp)
         sd.ensure_held(token, what=f"move the restored store {store} into place")
@@ -325,7 +362,10 @@ def restore_partition(
 
 
 def sweep_staging(
-    state_dir: str | os.PathLike[str], application_id: str, work: Iterable[PartitionWork]
+    state_dir: str | os.PathLike[str],
+    application_id: str,
+    work: Iterable[PartitionWork],
+    formats: Mapping[str, str] | None = None,
 ) -> int:
     """Remove what killed attempts left in the staging directories of ``work``'s tasks; best effort.
 
@@ -334,7 +374,8 @@ def sweep_staging(
     is free right now is swept under that lock (an interrupted swap is rolled
     back first); a task locked by someone is skipped, as is a state directory
     this process cannot see (executors' local disks). Never raises; returns
-    how many tasks were swept.
+    how many tasks were swept. ``formats`` names the stores' formats (a
+    window or session store lives elsewhere in its task directory).
     """
     app_dir = Path(state_dir) / application_id
     tasks: dict[TaskId, set[str]] = {}
@@ -351,7 +392,8 @@ def sweep_staging(
                     continue
                 try:
                     for store in sorted(stores):
-                        _recover_staging(staging / store, sd.store_dir(task_id, store), task_id)
+                        target = store_location(sd, task_id, store, (formats or {}).get(store, "plain"))
+                        _recover_staging(staging / store, target, task_id)
                         with contextlib.suppress(OSError):
                             (staging / store).rmdir()
                     with contextlib.suppress(OSError):
@@ -370,5 +412,6 @@ __all__ = [
     "can_resume_from",
     "check_mode",
     "restore_partition",
+    "store_location",
     "sweep_staging",
 ]

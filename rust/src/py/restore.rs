@@ -21,6 +21,7 @@ use crate::log::SegmentLogDir;
 use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec};
 use crate::restore::replay::DEFAULT_CHUNK_BYTES;
 use crate::restore::{ErrorKind, Listener, RestoreError, DEFAULT_WRITE_BUFFER_BYTES};
+use crate::segments::Segmentation;
 use crate::source::Changelog;
 use crate::store::StoreFormat;
 
@@ -169,8 +170,8 @@ fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<Resolved> 
     if !(stall > 0.0 && stall.is_finite()) {
         return Err(ErrorClass::Restore.err(format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
-    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
-        .with_timestamps(format == StoreFormat::Timestamped);
+    let f =
+        PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall)).with_timestamps(format.is_timestamped());
     let raised = f.raised();
     Ok((Box::new(f), Some(raised), None))
 }
@@ -195,9 +196,33 @@ struct SpecArgs {
     listener: Option<Py<PyAny>>,
     #[pyo3(attribute)]
     progress_interval: f64,
-    /// `"plain"` or `"timestamped"`.
+    /// One of `STORE_FORMATS`.
     #[pyo3(attribute)]
     format: String,
+    /// Retention of a window or session store (ms).
+    #[pyo3(attribute)]
+    retention_ms: Option<i64>,
+    /// Segment interval of a window or session store (ms; None: the DSL's).
+    #[pyo3(attribute)]
+    segment_interval_ms: Option<i64>,
+}
+
+/// The segmentation a store of `format` needs: retention (and segment
+/// interval) for a window or session store, nothing for a key-value store.
+fn segmentation(
+    format: StoreFormat,
+    retention_ms: Option<i64>,
+    segment_interval_ms: Option<i64>,
+) -> Result<Option<Segmentation>, String> {
+    match (format.key_schema(), retention_ms) {
+        (Some(_), Some(r)) => Segmentation::new(r, segment_interval_ms).map(Some),
+        (Some(_), None) => Err(format!("a {} store needs its retention (retention_ms)", format.name())),
+        (None, None) if segment_interval_ms.is_none() => Ok(None),
+        (None, _) => Err(format!(
+            "retention and segment interval belong to window and session stores, not to a {} store",
+            format.name()
+        )),
+    }
 }
 
 fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
@@ -212,8 +237,11 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
     }
     let format = StoreFormat::parse(&a.format)
         .map_err(|m| ErrorClass::Restore.err(format!("restoring {topic}-{partition}: {m}")))?;
+    let seg = segmentation(format, a.retention_ms, a.segment_interval_ms)
+        .map_err(|m| ErrorClass::Restore.err(format!("restoring {topic}-{partition}: {m}")))?;
     let mut spec = RestoreSpec::new(a.store_path, &topic, partition);
     spec.format = format;
+    spec.segmentation = seg;
     spec.end_offset = a.end_offset;
     spec.mode = mode;
     spec.memory_budget = a.memory_budget_bytes;
@@ -231,7 +259,7 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
 /// `WriteBatch`) are tuning knobs for tests and tools.
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain"))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -247,6 +275,8 @@ fn restore_store(
     chunk_bytes: usize,
     read_ahead: bool,
     format: &str,
+    retention_ms: Option<i64>,
+    segment_interval_ms: Option<i64>,
 ) -> PyResult<PyRestoreOutcome> {
     let args = SpecArgs {
         store_path,
@@ -258,6 +288,8 @@ fn restore_store(
         listener,
         progress_interval,
         format: format.to_string(),
+        retention_ms,
+        segment_interval_ms,
     };
     let mut j = job(py, args)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
@@ -270,7 +302,7 @@ fn restore_store(
 /// Restore many stores on `threads` native threads. `specs` are objects with
 /// the attributes of `statestore.restore.engine.RestoreSpec` (`store_path`, `log`,
 /// `tp`, `end_offset`, `mode`, `memory_budget_bytes`, `listener`,
-/// `progress_interval`), read by name. Returns, per spec in order, its
+/// `progress_interval`, `format`, `retention_ms`, `segment_interval_ms`), read by name. Returns, per spec in order, its
 /// `RestoreOutcome` or the exception it failed with.
 #[pyfunction]
 #[pyo3(signature = (specs, threads))]

@@ -13,6 +13,7 @@ use rocksdb::{IteratorMode, WriteBatch};
 
 use super::errors::ErrorClass;
 use crate::offsets;
+use crate::segments::Segmentation;
 use crate::store::{self, Store, StoreError, StoreFormat};
 
 /// What a tool shows about a store, read without taking its lock.
@@ -172,6 +173,13 @@ fn decode_offset(data: &[u8]) -> Option<i64> {
     offsets::decode_i64(data)
 }
 
+/// The segment interval (ms) Kafka Streams' DSL gives a window or session
+/// store of retention `retention_ms`: `max(retention / 2, 60_000)`.
+#[pyfunction]
+fn dsl_segment_interval(retention_ms: i64) -> i64 {
+    Segmentation::dsl_segment_interval(retention_ms)
+}
+
 /// Compare the data of two stores (read-only).
 #[pyfunction]
 fn store_compare(py: Python<'_>, expected: PathBuf, actual: PathBuf) -> PyResult<StoreComparison> {
@@ -203,6 +211,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store_format, m)?)?;
     m.add_function(wrap_pyfunction!(encode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(decode_offset, m)?)?;
+    m.add_function(wrap_pyfunction!(dsl_segment_interval, m)?)?;
     // The store layout, so Python keeps no copy of it.
     m.add("OFFSETS_CF", offsets::OFFSETS_CF)?;
     m.add("TIMESTAMPED_CF", store::TIMESTAMPED_CF)?;
@@ -211,6 +220,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STATUS_OPEN", offsets::STATUS_OPEN)?;
     m.add("STATUS_CLOSED", offsets::STATUS_CLOSED)?;
     m.add("STORE_FORMATS", PyTuple::new(m.py(), StoreFormat::ALL.map(StoreFormat::name))?)?;
+    let segmented: Vec<&str> =
+        StoreFormat::ALL.into_iter().filter(|f| f.key_schema().is_some()).map(StoreFormat::name).collect();
+    m.add("SEGMENTED_STORE_FORMATS", PyTuple::new(m.py(), segmented)?)?;
     m.add("CORRUPTION_PREFIX", store::CORRUPTION_PREFIX)?;
     Ok(())
 }

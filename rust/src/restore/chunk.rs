@@ -88,8 +88,8 @@ impl ChunkOps {
     /// Push one changelog record as a store of `format` keeps it (a
     /// timestamped store's value starts with the record's timestamp).
     pub fn push_record(&mut self, format: StoreFormat, key: &[u8], r: &ChangeRecord<'_>) {
-        match (format, r.value) {
-            (StoreFormat::Timestamped, Some(v)) => {
+        match r.value {
+            Some(v) if format.is_timestamped() => {
                 let at = self.data.len();
                 self.data.extend_from_slice(key);
                 format.encode_value(r.timestamp, v, &mut self.data);
@@ -114,12 +114,11 @@ impl ChunkOps {
 
     /// Keep the last operation of each key (found by hashing: a chunk
     /// holds many operations per key when keys repeat, and sorting them all
-    /// cost more than the writes), sort those by key (as the bulk collector
-    /// does, [`sort_by_key`]: a large chunk of unique keys sorts nearly as
-    /// fast per key as a small one), and build the batch of `store`'s data
-    /// column family.
-    pub fn to_batch(&mut self, store: &Store) -> WriteBatch {
-        let cf = store.data_cf();
+    /// cost more than the writes) and sort those by key (as the bulk
+    /// collector does, [`sort_by_key`]: a large chunk of unique keys sorts
+    /// nearly as fast per key as a small one); [`ChunkOps::sorted`] then
+    /// hands them out.
+    pub fn sort_last(&mut self) {
         self.find_last_per_key();
         let Self { data, ops, last, order, .. } = &mut *self;
         sort_by_key(
@@ -130,9 +129,21 @@ impl ChunkOps {
                 &data[at..at + kl as usize]
             },
         );
+    }
+
+    /// The operations [`ChunkOps::sort_last`] kept, in key order.
+    pub fn sorted(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> + '_ {
+        self.order.iter().map(|&(_, i)| self.get(i as usize))
+    }
+
+    /// The batch of the chunk's last operation per key, in key order, for
+    /// `store`'s data column family.
+    pub fn to_batch(&mut self, store: &Store) -> WriteBatch {
+        let cf = store.data_cf();
+        self.sort_last();
         let mut batch = WriteBatch::default();
-        for &(_, i) in &self.order {
-            match self.get(i as usize) {
+        for op in self.sorted() {
+            match op {
                 (k, Some(v)) => batch.put_cf(cf, k, v),
                 (k, None) => batch.delete_cf(cf, k),
             }

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use super::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
 use super::replay::{replay, DEFAULT_CHUNK_BYTES};
 use super::{
-    restore_options_with, Applied, ErrorKind, Listener, Progress, RestoreError, Target, DEFAULT_WRITE_BUFFER_BYTES,
-    READ_BYTES,
+    restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, RestoreError, Target,
+    DEFAULT_WRITE_BUFFER_BYTES, READ_BYTES,
 };
+use crate::segments::Segmentation;
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError, SkipCounts};
-use crate::store::{Store, StoreFormat, STATUS_CLOSED};
+use crate::store::StoreFormat;
 
 /// How to restore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +71,12 @@ pub struct RestoreSpec {
     /// [`restore_many`] turns it off: there the pool's threads are the
     /// parallelism, one per partition.
     pub read_ahead: bool,
-    /// How the store lays out its data (Kafka Streams' plain or timestamped store).
+    /// How the store lays out its data (Kafka Streams' plain or timestamped
+    /// key-value store, window or session store).
     pub format: StoreFormat,
+    /// Retention and segment interval of a window or session store (needed
+    /// by those formats only).
+    pub segmentation: Option<Segmentation>,
 }
 
 impl RestoreSpec {
@@ -88,6 +93,7 @@ impl RestoreSpec {
             write_buffer_bytes: DEFAULT_WRITE_BUFFER_BYTES,
             read_ahead: true,
             format: StoreFormat::Plain,
+            segmentation: None,
         }
     }
 
@@ -143,7 +149,7 @@ pub fn restore_prepared<'a>(
 /// decided, and its changelog cursor open and asked to start fetching.
 /// Nothing of it is applied yet, and the listener has not been called.
 pub struct Prepared {
-    store: Store,
+    store: Dest,
     recorded: Option<i64>,
     start: i64,
     end: i64,
@@ -166,12 +172,12 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let path = &spec.store_path;
     let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
     let open = || {
-        Store::open_format(path, restore_options_with(spec.write_buffer_bytes), spec.format)
+        Dest::open(path, restore_options_with(spec.write_buffer_bytes), spec.format, spec.segmentation)
             .map_err(|e| RestoreError::store(&tp, e))
     };
-    let offset_of = |store: &Store| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
+    let offset_of = |store: &Dest| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
     // A store that does not exist yet records no offset: it is created after its cursor is primed.
-    let existing = if path.join("CURRENT").exists() { Some(open()?) } else { None };
+    let existing = if Dest::exists(path, spec.format) { Some(open()?) } else { None };
     let recorded = existing.as_ref().map(offset_of).transpose()?.flatten();
     let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
     let out_of_range = |msg: String| {
@@ -298,12 +304,7 @@ fn run_one<'a>(
     // reaches disk with the restore's own flush (one flush, not two); a
     // restore that stops on an error leaves a committed state with its
     // offset, which CLOSED describes truly.
-    let unmarked = store.status().map_err(|e| RestoreError::store(&tp, e))?.is_none();
-    if unmarked {
-        let mut b = rocksdb::WriteBatch::default();
-        store.put_status(&mut b, STATUS_CLOSED);
-        store.write(b, false).map_err(|e| RestoreError::store(&tp, e))?;
-    }
+    let unmarked = store.close_unmarked().map_err(|e| RestoreError::store(&tp, e))?;
     if let Some(mut source) = source.filter(|_| start < end) {
         let target = Target { store: &store, tp: &tp, end };
         let applied: Applied = match mode {
@@ -526,6 +527,7 @@ mod tests {
     use super::*;
     use crate::restore::testing::*;
     use crate::source::{Bounds, ChangelogSource};
+    use crate::store::Store;
 
     struct VecLog(HashMap<(String, i32), Vec<Entry>>);
 
@@ -748,5 +750,77 @@ mod tests {
             |_| -1,
         );
         assert_eq!(r, vec![10, -1, 30]);
+    }
+
+    /// Each segment of the segmented store at `dir` (segment id -> contents),
+    /// checking every one records `offset` for `tp` and is CLOSED.
+    fn segments_of(dir: &Path, seg: Segmentation, tp: &str, offset: Option<i64>) -> Segments {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let mut out = Segments::new();
+        for (id, path) in crate::segments::SegmentedStore::list(dir, &name, &seg).unwrap() {
+            assert_eq!(path.file_name().unwrap().to_string_lossy(), format!("{name}.{}", id * seg.segment_interval_ms));
+            let s = Store::open_read_only(&path).unwrap();
+            assert_eq!(s.offset(tp).unwrap(), offset, "{}", path.display());
+            assert_eq!(s.status().unwrap(), Some(crate::store::STATUS_CLOSED), "{}", path.display());
+            out.insert(id, dump(&s));
+        }
+        out
+    }
+
+    #[test]
+    fn window_and_session_stores_restore_into_their_live_segments_in_bulk_and_replay_alike() {
+        use crate::segments::KeySchema;
+        let seg = Segmentation::new(300_000, None).unwrap(); // the DSL's interval: 150 s
+        for (format, schema) in [
+            (StoreFormat::TimestampedWindow, KeySchema::Window),
+            (StoreFormat::Window, KeySchema::Window),
+            (StoreFormat::Session, KeySchema::Session),
+        ] {
+            let log = segmented_log(&random_log(6_000, 400, 5), schema);
+            let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+            let (want, last) = model_segmented(&log, 6_000, format, seg);
+            assert!(
+                want.len() >= 2 && want.len() < 9,
+                "{format:?}: some segments live, some expired: {:?}",
+                want.keys()
+            );
+            let dir = tempfile::tempdir().unwrap();
+            for (name, mode, chunk) in
+                [("bulk", Mode::Bulk, 500), ("replay", Mode::Replay, 700), ("auto", Mode::Auto, 1 << 20)]
+            {
+                let mut spec = RestoreSpec::new(dir.path().join(name), "t", 0);
+                (spec.format, spec.segmentation, spec.mode, spec.chunk_bytes) = (format, Some(seg), mode, chunk);
+                let o = restore(&vl, &spec, None).unwrap();
+                assert_eq!((o.offset, o.records_applied > 0), (last, true), "{format:?} {name}");
+                assert_eq!(segments_of(&spec.store_path, seg, "t-0", last), want, "{format:?} {name}");
+                assert!(!spec.store_path.join("CURRENT").exists(), "no RocksDB at the store's own level");
+            }
+            // resumed: bulk to the middle, then replay the rest: the same store
+            let mut spec = RestoreSpec::new(dir.path().join("resumed"), "t", 0);
+            (spec.format, spec.segmentation, spec.end_offset, spec.chunk_bytes) = (format, Some(seg), Some(2_500), 600);
+            assert_eq!(restore(&vl, &spec, None).unwrap().mode, Mode::Bulk);
+            spec.end_offset = None;
+            assert_eq!(restore(&vl, &spec, None).unwrap().mode, Mode::Replay);
+            assert_eq!(segments_of(&spec.store_path, seg, "t-0", last), want, "{format:?} resumed");
+            assert_eq!(restore(&vl, &spec, None).unwrap().records_applied, 0, "nothing left");
+        }
+    }
+
+    #[test]
+    fn a_segmented_store_needs_its_retention_and_refuses_keys_of_another_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(500, 40, 3); // plain keys of 6 bytes
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log)]));
+        let mut spec = RestoreSpec::new(dir.path().join("w"), "t", 0);
+        spec.format = StoreFormat::Session;
+        let e = restore(&vl, &spec, None).unwrap_err();
+        assert!(e.message.contains("retention"), "{e}");
+        spec.segmentation = Some(Segmentation::new(60_000, None).unwrap());
+        for mode in [Mode::Bulk, Mode::Replay] {
+            spec.mode = mode;
+            let e = restore(&vl, &spec, None).unwrap_err();
+            assert!(e.message.contains("no session store key") && e.message.contains("t-0"), "{mode:?}: {e}");
+            assert_eq!(e.path.as_deref(), Some(spec.store_path.as_path()));
+        }
     }
 }

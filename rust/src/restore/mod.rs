@@ -2,7 +2,9 @@
 //! decides where to start and end and which mode to use, and runs many
 //! restores on a pool of threads; the two modes are [`replay`] (one large
 //! `WriteBatch` per chunk of log, the offset in the same batch) and [`bulk`]
-//! (last value per key, sorted SST files, one ingestion). [`feed`] is a
+//! (last value per key, sorted SST files, one ingestion), both writing
+//! into a [`dest::Dest`]: one RocksDB, or the live time segments of a window
+//! or session store. [`feed`] is a
 //! source over chunks a client hands out (a changelog reached through
 //! Python).
 //!
@@ -16,6 +18,7 @@
 
 pub mod bulk;
 pub mod chunk;
+pub mod dest;
 pub mod engine;
 pub mod feed;
 mod progress;
@@ -32,7 +35,8 @@ use std::sync::mpsc::{channel, sync_channel};
 use rocksdb::{DBCompressionType, Options};
 
 use crate::source::{ChangelogSource, LogError, LogErrorKind};
-use crate::store::{store_options, Store, StoreError};
+use crate::store::{store_options, StoreError};
+pub use dest::Dest;
 
 /// Most bytes of log asked of a source at a time; a replay batch gathers
 /// reads up to its chunk size.
@@ -125,15 +129,15 @@ impl RestoreError {
         r
     }
 
-    /// A source error at `position`, naming the store and the partition.
-    pub fn source(store: &Store, tp: &str, position: i64, e: LogError) -> Self {
+    /// A source error at `position`, naming the store (at `store`) and the partition.
+    pub fn source(store: &Path, tp: &str, position: i64, e: LogError) -> Self {
         let offset = e.offset.unwrap_or(position);
         let mut r = Self::new(
             ErrorKind::of_log(&e),
             format!(
                 "restoring store {} from {tp} stopped at offset {position}: {e}; \
                  the store keeps its last committed state, restore again once the log is repaired",
-                store.path().display()
+                store.display()
             ),
         );
         r.path = e.path;
@@ -155,7 +159,7 @@ impl std::error::Error for RestoreError {}
 /// and the exclusive end offset.
 #[derive(Clone, Copy)]
 pub struct Target<'a> {
-    pub store: &'a Store,
+    pub store: &'a Dest,
     pub tp: &'a str,
     pub end: i64,
 }
@@ -195,7 +199,7 @@ pub const DEFAULT_WRITE_BUFFER_BYTES: usize = 64 << 20;
 
 /// Options a store is opened with for restoring: big memtables so flushes are
 /// few and large, no compression (as Kafka Streams), two background jobs.
-/// `atomic_flush` and the column families are enforced by [`Store::open_with`].
+/// `atomic_flush` and the column families are enforced by [`crate::store::Store::open_with`].
 pub fn restore_options() -> Options {
     restore_options_with(DEFAULT_WRITE_BUFFER_BYTES)
 }
@@ -235,7 +239,7 @@ where
     C: Default + Send,
     E: From<RestoreError>,
 {
-    let Target { store, tp, .. } = target;
+    let (store, tp) = (target.store.path(), target.tp);
     let Some(waiting) = ahead else {
         let mut chunk = C::default();
         loop {

@@ -2,7 +2,8 @@
 //! per read chunk, with the write-ahead log off and the offset of the last
 //! applied record in the same batch, so whatever RocksDB has flushed (both
 //! column families together, `atomic_flush`) is a committed prefix of the log
-//! with its exact offset.
+//! with its exact offset. A window or session store takes a batch per live
+//! segment and its offset once every segment is flushed ([`super::Dest`]).
 //!
 //! [`super::engine`] picks this mode for a store that already holds data (or
 //! when asked); the store's offset then says where the log resumes.
@@ -26,7 +27,8 @@ pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
 /// written without WAL, holding the data and the offset of the last record it
 /// applies. Flushes both column families at the end, and also when stopping
 /// on an error, so the store on disk is always a committed prefix with its
-/// offset (a chunk the error cut short is not written).
+/// offset (a chunk the error cut short is not written); a segmented store
+/// records its offset there, in every live segment ([`super::Dest::record`]).
 ///
 /// With `read_ahead` the next chunk is read, decoded and gathered on a
 /// second thread while this one sorts and writes the current one: two chunks
@@ -42,7 +44,7 @@ pub fn replay(
     let mut applied = Applied::default();
     let result = replay_chunks(target, source, chunk_bytes, read_ahead, progress, &mut applied);
     progress.read_all();
-    let flushed = store.flush().map_err(|e| RestoreError::store(tp, e));
+    let flushed = store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e));
     result?;
     flushed?;
     Ok(applied)
@@ -79,9 +81,7 @@ fn apply(
 ) -> Result<(), RestoreError> {
     let Target { store, tp, .. } = target;
     if let Some(off) = ops.last_offset() {
-        let mut batch = ops.to_batch(store);
-        store.put_offset(&mut batch, tp, off);
-        store.write(batch, false).map_err(|e| RestoreError::store(tp, e))?;
+        store.write_chunk(ops, tp, off).map_err(|e| RestoreError::store(tp, e))?;
         applied.null_keys += ops.null_keys();
     }
     applied.add(ops.last_offset(), ops.len() as u64, progress)
@@ -112,6 +112,7 @@ mod tests {
 
     use super::*;
     use crate::restore::testing::*;
+    use crate::restore::Dest;
     use crate::restore::{restore_options, ErrorKind, Listener};
     use crate::store::Store;
 
@@ -121,7 +122,7 @@ mod tests {
         let (m, last) = model(&log, 3000);
         for read_ahead in [false, true] {
             let dir = tempfile::tempdir().unwrap();
-            let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+            let store = Dest::Store(Store::open_with(&dir.path().join("s"), restore_options()).unwrap());
             let mut src = VecSource::new(log.clone(), 0);
             let mut p = Progress::new(None, Duration::ZERO);
             let a = replay(Target { store: &store, tp: "t-0", end: 3000 }, &mut src, 200, read_ahead, &mut p).unwrap();
@@ -157,7 +158,7 @@ mod tests {
             ("default", DEFAULT_CHUNK_BYTES, 1, false),
             ("gathered-ahead", 5 << 20, 2, true),
         ] {
-            let store = Store::open_with(&dir.path().join(name), restore_options()).unwrap();
+            let store = Dest::Store(Store::open_with(&dir.path().join(name), restore_options()).unwrap());
             let mut src = VecSource::new(log.clone(), 0);
             let mut counted = Batches(0);
             let mut p = Progress::new(Some(&mut counted), Duration::ZERO);
@@ -180,7 +181,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let p = dir.path().join("s");
             {
-                let store = Store::open_with(&p, restore_options()).unwrap();
+                let store = Dest::Store(Store::open_with(&p, restore_options()).unwrap());
                 let mut src = VecSource::new(log.clone(), 0);
                 src.fail_at = Some(1500);
                 let mut pr = Progress::new(None, Duration::ZERO);
@@ -220,7 +221,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
         {
-            let store = Store::open_with(&p, restore_options()).unwrap();
+            let store = Dest::Store(Store::open_with(&p, restore_options()).unwrap());
             let mut src = VecSource::new(log.clone(), 0);
             let mut stop = StopAt(3);
             let mut pr = Progress::new(Some(&mut stop), Duration::ZERO);

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use super::Dest;
+use crate::segments::{KeySchema, Segmentation};
 use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind, SkipCounts};
+use crate::store::{Store, StoreFormat};
 
 /// The timestamp a [`VecSource`] gives the record at `offset`.
 pub fn ts_of(offset: i64) -> i64 {
@@ -154,7 +157,28 @@ pub fn model_timestamped(log: &[Entry], end: i64) -> BTreeMap<Vec<u8>, Vec<u8>> 
 }
 
 /// The data column family of `store`, in key order.
-pub fn dump(store: &crate::store::Store) -> BTreeMap<Vec<u8>, Vec<u8>> {
+/// A key-value store as a test holds it: the store itself or a restore's [`Dest`].
+pub trait AsStore {
+    fn store(&self) -> &Store;
+}
+
+impl AsStore for Store {
+    fn store(&self) -> &Store {
+        self
+    }
+}
+
+impl AsStore for Dest {
+    fn store(&self) -> &Store {
+        match self {
+            Dest::Store(s) => s,
+            Dest::Segmented(s) => panic!("{} is segmented", s.path().display()),
+        }
+    }
+}
+
+pub fn dump(store: &impl AsStore) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let store = store.store();
     store
         .db()
         .iterator_cf(store.data_cf(), rocksdb::IteratorMode::Start)
@@ -163,4 +187,63 @@ pub fn dump(store: &crate::store::Store) -> BTreeMap<Vec<u8>, Vec<u8>> {
             (k.to_vec(), v.to_vec())
         })
         .collect()
+}
+
+/// The contents of a segmented store: segment id -> key -> stored value.
+pub type Segments = BTreeMap<i64, BTreeMap<Vec<u8>, Vec<u8>>>;
+
+/// `log` as a window (or session) store's changelog: each key `k` becomes
+/// `k ‖ window start ‖ seqnum 0` (a session store's `k ‖ end ‖ start`), the
+/// time chosen by the key (one of 40 windows, 30 s apart) so keys repeat.
+pub fn segmented_log(log: &[Entry], schema: KeySchema) -> Vec<Entry> {
+    let time_of = |k: &[u8]| {
+        let n: u64 = std::str::from_utf8(&k[1..]).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+        1_700_000_000_000 + (n % 40) as i64 * 30_000
+    };
+    let rekey = |k: &Vec<u8>| -> Vec<u8> {
+        let t = time_of(k);
+        match schema {
+            KeySchema::Window => [k.as_slice(), &t.to_be_bytes(), &0i32.to_be_bytes()].concat(),
+            KeySchema::Session => [k.as_slice(), &t.to_be_bytes(), &(t - 5_000).to_be_bytes()].concat(),
+        }
+    };
+    log.iter()
+        .map(|e| match e {
+            Entry::Data { key, value } => Entry::Data { key: key.as_ref().map(rekey), value: value.clone() },
+            other => other.clone(),
+        })
+        .collect()
+}
+
+/// The segments a segmented store restored from `[0, end)` of `log` must
+/// hold (segment id -> key -> stored value), and its offset: every operation
+/// applied in log order, then only the segments live at the largest
+/// segment timestamp seen kept.
+pub fn model_segmented(log: &[Entry], end: i64, format: StoreFormat, seg: Segmentation) -> (Segments, Option<i64>) {
+    let schema = format.key_schema().expect("a segmented format");
+    let (mut m, mut last, mut stream_time) = (BTreeMap::new(), None, i64::MIN);
+    for (off, e) in log.iter().enumerate().take(end as usize) {
+        if let Entry::Data { key, value } = e {
+            last = Some(off as i64);
+            let Some(k) = key else { continue };
+            let id = seg.segment_id(schema.segment_timestamp(k).unwrap());
+            stream_time = stream_time.max(schema.segment_timestamp(k).unwrap());
+            let s: &mut BTreeMap<Vec<u8>, Vec<u8>> = m.entry(id).or_default();
+            match value {
+                Some(v) => {
+                    let mut stored = Vec::new();
+                    format.encode_value(ts_of(off as i64), v, &mut stored);
+                    s.insert(k.clone(), stored);
+                }
+                None => {
+                    s.remove(k);
+                }
+            }
+        }
+    }
+    if stream_time != i64::MIN {
+        let min_live = seg.min_live_segment(stream_time);
+        m.retain(|&id, _| id >= min_live);
+    }
+    (m, last)
 }

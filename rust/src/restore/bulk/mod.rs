@@ -1,6 +1,10 @@
 //! Bulk restore: keep only the last operation per key of the changelog range,
 //! sort, write SST files with `SstFileWriter`, ingest them into the store in
 //! one atomic ingestion (files moved, not copied), then record the offset.
+//! A window or session store gets SST files per live segment (the stream
+//! time, the largest segment timestamp of the keys, is known once all is
+//! collected, so records of expired segments are never written), one
+//! ingestion per segment, then its offset in every segment.
 //!
 //! Memory stays within the budget: the [`collect::Collector`] holds the last
 //! operation per key within its share and, when full, compacts itself or
@@ -25,13 +29,15 @@ pub mod collect;
 mod pool;
 pub mod runs;
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
+use rocksdb::{Options, SstFileWriter};
 
 use super::chunk::ChunkOps;
-use super::{for_each_chunk, restore_options, Applied, ErrorKind, Progress, RestoreError, Target};
+use super::{for_each_chunk, restore_options, Applied, Dest, ErrorKind, Progress, RestoreError, Target};
+use crate::segments::KeySchema;
 use crate::source::{ChangelogSource, LogError};
 use crate::store::StoreFormat;
 use collect::{Collector, Full, Stage};
@@ -74,6 +80,8 @@ enum Failure {
     Io(io::Error),
     Rocks(rocksdb::Error),
     Stop(RestoreError),
+    /// A key of a segmented store that is not of its key schema.
+    BadKey(String),
 }
 
 impl From<io::Error> for Failure {
@@ -123,6 +131,7 @@ pub fn bulk(
         Failure::Io(e) => failed(&format!("in scratch directory {}", dir.display()), &e),
         Failure::Rocks(e) => failed("writing SST files", &e),
         Failure::Stop(e) => e,
+        Failure::BadKey(m) => failed("reading a key", &m),
     })
 }
 
@@ -138,9 +147,15 @@ fn run(
     let merge_share = budget / 4;
     let fan_in = (merge_share / (256 << 10)).clamp(2, 64);
     let buffer = (merge_share / fan_in).clamp(4 << 10, 4 << 20);
-    let base_empty = store.is_data_empty();
-
-    let mut into = Collecting { collector: Collector::new(budget * 3 / 5), runs: Vec::new(), seq: 0, dir, buffer };
+    let mut into = Collecting {
+        collector: Collector::new(budget * 3 / 5),
+        runs: Vec::new(),
+        seq: 0,
+        dir,
+        buffer,
+        schema: store.key_schema(),
+        stream_time: None,
+    };
     let mut applied = Applied::default();
     let format = store.format();
     if opts.read_ahead && !source.reads_ahead() {
@@ -166,10 +181,13 @@ fn run(
         add_slices(target, source, opts.chunk_bytes, &mut into, progress, &mut applied)?;
     }
     progress.read_all();
-    let Collecting { mut collector, mut runs, mut seq, .. } = into;
+    let Collecting { mut collector, mut runs, mut seq, stream_time, .. } = into;
+    if let Some(t) = stream_time {
+        store.observe(t); // a segmented store: only segments live at the end are written
+    }
 
     let sst_opts = restore_options();
-    let mut out = SstOut::new(&sst_opts, dir, opts.sst_target_bytes, base_empty);
+    let mut out = SstOut::new(&sst_opts, dir, opts.sst_target_bytes, store);
     if runs.is_empty() {
         collector.drain_sorted(|k, v| out.add(k, v))?;
         drop(collector);
@@ -181,27 +199,19 @@ fn run(
         let runs = runs::reduce(runs, fan_in, buffer, dir, &mut seq)?;
         runs::merge(&runs, buffer, |k, v| out.add(k, v))?;
     }
-    let files = out.finish()?;
-    if !files.is_empty() {
-        let mut io = IngestExternalFileOptions::default();
-        io.set_move_files(true);
-        store.db().ingest_external_file_cf_opts(store.data_cf(), &io, files).map_err(|e| {
+    for (id, files) in out.finish()? {
+        store.ingest(id, files).map_err(|e| {
             RestoreError::new(
-                if crate::store::is_corruption(&e) { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
+                if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
                 format!(
-                    "ingesting SST files into store {} for {tp} failed: {e}; the ingestion is atomic, \
-                     the store keeps its previous state",
-                    store.path().display()
+                    "ingesting SST files for {tp} failed: {e}; each database's ingestion is atomic: \
+                     the store keeps its previous state (a segment ingested before stays ahead of \
+                     the recorded offset, which replays over it)",
                 ),
             )
         })?;
     }
-    if let Some(off) = applied.last_offset {
-        let mut b = WriteBatch::default();
-        store.put_offset(&mut b, tp, off);
-        store.write(b, false).map_err(|e| RestoreError::store(tp, e))?;
-    }
-    store.flush().map_err(|e| RestoreError::store(tp, e))?;
+    store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e))?;
     Ok(applied)
 }
 
@@ -223,12 +233,20 @@ struct Collecting<'a> {
     seq: usize,
     dir: &'a Path,
     buffer: usize,
+    /// The key schema of a segmented store, and the stream time its keys
+    /// reached (the largest segment timestamp).
+    schema: Option<KeySchema>,
+    stream_time: Option<i64>,
 }
 
 impl Collecting<'_> {
     /// Add `key`'s operation (of hash `h`), spilling the collector when full.
     #[inline]
     fn add(&mut self, key: &[u8], value: Option<&[u8]>, h: u64) -> Result<(), Failure> {
+        if let Some(schema) = self.schema {
+            let t = schema.segment_timestamp(key).ok_or_else(|| Failure::BadKey(schema.bad_key(key)))?;
+            self.stream_time = Some(self.stream_time.map_or(t, |s| s.max(t)));
+        }
         if self.collector.add_hashed(key, value, h) == Full::Spill {
             let run = spill(&mut self.collector, self.dir, self.buffer, &mut self.seq)?;
             self.runs.push(run);
@@ -286,13 +304,13 @@ fn add_slices(
                     applied.null_keys += 1;
                     continue;
                 };
-                let value = match (format, r.value) {
-                    (StoreFormat::Timestamped, Some(v)) => {
+                let value = match r.value {
+                    Some(v) if format.is_timestamped() => {
                         stamped.clear();
                         format.encode_value(r.timestamp, v, &mut stamped);
                         Some(stamped.as_slice())
                     }
-                    (_, v) => v,
+                    v => v,
                 };
                 if let Err(e) = into.add(key, value, hashes[i]) {
                     failed = Some(e);
@@ -302,7 +320,7 @@ fn add_slices(
             }
             last_offset = slice.last().map(|r| r.offset).or(last_offset);
         });
-        let more = more.map_err(|e| RestoreError::source(store, tp, source.position(), e))?;
+        let more = more.map_err(|e| RestoreError::source(store.path(), tp, source.position(), e))?;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -346,48 +364,73 @@ impl Chunk {
     }
 }
 
-/// Writes the merged stream into SST files of about `target` bytes each.
+/// Writes the merged stream into SST files of about `target` bytes each,
+/// per database of the store ([`Dest::route`]: one for a key-value store,
+/// one per live segment, expired segments skipped). Tombstones bound for a
+/// database that holds no data are dropped.
 struct SstOut<'a> {
     opts: &'a Options,
     dir: &'a Path,
     target: u64,
+    dest: &'a Dest,
+    outs: BTreeMap<i64, DbOut<'a>>,
+    files: usize,
+}
+
+/// The SST files of one database.
+struct DbOut<'a> {
     drop_tombstones: bool,
     writer: Option<SstFileWriter<'a>>,
     files: Vec<PathBuf>,
 }
 
 impl<'a> SstOut<'a> {
-    fn new(opts: &'a Options, dir: &'a Path, target: u64, drop_tombstones: bool) -> Self {
-        Self { opts, dir, target, drop_tombstones, writer: None, files: Vec::new() }
+    fn new(opts: &'a Options, dir: &'a Path, target: u64, dest: &'a Dest) -> Self {
+        Self { opts, dir, target, dest, outs: BTreeMap::new(), files: 0 }
     }
 
     fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), Failure> {
-        if value.is_none() && self.drop_tombstones {
+        let Some(id) = self.dest.route(key).map_err(Failure::BadKey)? else { return Ok(()) };
+        let dest = self.dest;
+        let out = self.outs.entry(id).or_insert_with(|| DbOut {
+            drop_tombstones: !dest.holds_data(id),
+            writer: None,
+            files: Vec::new(),
+        });
+        if value.is_none() && out.drop_tombstones {
             return Ok(());
         }
-        if self.writer.is_none() {
-            let path = self.dir.join(format!("bulk-{:06}.sst", self.files.len()));
+        if out.writer.is_none() {
+            let path = self.dir.join(format!("bulk-{:06}.sst", self.files));
+            self.files += 1;
             let w = SstFileWriter::create(self.opts);
             w.open(&path)?;
-            self.files.push(path);
-            self.writer = Some(w);
+            out.files.push(path);
+            out.writer = Some(w);
         }
-        let w = self.writer.as_mut().expect("opened above");
+        let w = out.writer.as_mut().expect("opened above");
         match value {
             Some(v) => w.put(key, v)?,
             None => w.delete(key)?,
         }
         if w.file_size() >= self.target {
-            self.writer.take().expect("open").finish()?;
+            out.writer.take().expect("open").finish()?;
         }
         Ok(())
     }
 
-    fn finish(mut self) -> Result<Vec<PathBuf>, Failure> {
-        if let Some(mut w) = self.writer.take() {
-            w.finish()?;
+    /// The files of each database an operation went to (perhaps none: a
+    /// segment that only tombstones reached is created empty, as Kafka
+    /// Streams creates it).
+    fn finish(self) -> Result<BTreeMap<i64, Vec<PathBuf>>, Failure> {
+        let mut all = BTreeMap::new();
+        for (id, mut out) in self.outs {
+            if let Some(mut w) = out.writer.take() {
+                w.finish()?;
+            }
+            all.insert(id, out.files);
         }
-        Ok(self.files)
+        Ok(all)
     }
 }
 
@@ -401,11 +444,12 @@ mod tests {
     use crate::restore::replay::replay;
     use crate::restore::restore_options;
     use crate::restore::testing::*;
+    use crate::restore::Dest;
     use crate::source::{ChangeRecord, SkipCounts};
     use crate::store::Store;
 
     fn restore_bulk(p: &Path, log: &[Entry], start: i64, end: i64, budget: usize, read_ahead: bool) -> Applied {
-        let store = Store::open_with(p, restore_options()).unwrap();
+        let store = Dest::Store(Store::open_with(p, restore_options()).unwrap());
         let mut src = VecSource::new(log.to_vec(), start);
         let mut opts = BulkOptions::new(budget);
         opts.read_ahead = read_ahead;
@@ -452,7 +496,7 @@ mod tests {
         let (m, last) = model(&log, 5_000);
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
-        let store = Store::open_with(&p, restore_options()).unwrap();
+        let store = Dest::Store(Store::open_with(&p, restore_options()).unwrap());
         let mut src = Fetching(VecSource::new(log, 0));
         let mut opts = BulkOptions::new(64 << 20);
         (opts.read_ahead, opts.chunk_bytes) = (true, 300);
@@ -476,7 +520,7 @@ mod tests {
             assert_eq!(a.last_offset, last);
 
             let p2 = dir.path().join("r");
-            let s2 = Store::open_with(&p2, restore_options()).unwrap();
+            let s2 = Dest::Store(Store::open_with(&p2, restore_options()).unwrap());
             let mut src = VecSource::new(log.clone(), 0);
             let r = replay(
                 Target { store: &s2, tp: "t-0", end: 20_000 },
@@ -515,7 +559,7 @@ mod tests {
         for (name, budget, bulk_mode) in [("bulk", 64 << 20, true), ("spill", 64 << 10, true), ("replay", 0, false)] {
             let p = dir.path().join(name);
             {
-                let store = Store::open_format(&p, restore_options(), StoreFormat::Timestamped).unwrap();
+                let store = Dest::Store(Store::open_format(&p, restore_options(), StoreFormat::Timestamped).unwrap());
                 let mut src = VecSource::new(log.clone(), 0);
                 let mut pr = Progress::new(None, Duration::ZERO);
                 if bulk_mode {
@@ -550,7 +594,7 @@ mod tests {
             let before = dump(&Store::open(&p, false).unwrap());
             let off = Store::open(&p, false).unwrap().offset("t-0").unwrap().unwrap();
             {
-                let store = Store::open_with(&p, restore_options()).unwrap();
+                let store = Dest::Store(Store::open_with(&p, restore_options()).unwrap());
                 let mut src = VecSource::new(log.clone(), off + 1);
                 src.fail_at = Some(4_500);
                 let opts =

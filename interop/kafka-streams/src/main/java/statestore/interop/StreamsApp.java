@@ -39,6 +39,9 @@ import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.TimeWindows;
+import org.apache.kafka.streams.kstream.Windowed;
 import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
@@ -47,6 +50,10 @@ import org.apache.kafka.streams.state.KeyValueIterator;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.QueryableStoreTypes;
 import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
+import org.apache.kafka.streams.state.ReadOnlySessionStore;
+import org.apache.kafka.streams.state.ReadOnlyWindowStore;
+import org.apache.kafka.streams.state.SessionStore;
+import org.apache.kafka.streams.state.WindowStore;
 import org.apache.kafka.streams.state.Stores;
 
 /**
@@ -58,6 +65,14 @@ import org.apache.kafka.streams.state.Stores;
  * default timestamped store: {@code keyValueWithTimestamp} + {@code offsets}). Task directories are {@code 0_<p>}.
  *
  * <p>{@code --stores latest} or {@code counts} builds the topology with that store alone (the benchmark).
+ * {@code --stores windowed} builds instead a tumbling windowed count ({@code wcounts}: 1-minute windows, no grace,
+ * a timestamped window store of retention 60 s) and a session-windowed count ({@code scounts}: 30 s inactivity
+ * gap, no grace, a session store of retention 30 s); both segment by the DSL's interval, 60 s. With
+ * {@code --time-step-ms S} input record {@code seq} gets the timestamp {@code F + seq * S} ({@code F}:
+ * {@code --first-timestamp-ms}, default 1700000000000; a recent one keeps the broker's retention from deleting
+ * the input and changelogs), so windows open, close and expire as the input goes. {@code --input-topic T} reads T instead of
+ * {@code <app>-input} (a second application over the same input); a windowed run is done once it processed
+ * {@code --expect N} records (default: those it produced).
  *
  * <p>Modes: {@code process} (optionally produce {@code --produce N} input records first, then run until every input
  * record is counted, print the results and close) and {@code restore} (start, wait until every store is restored,
@@ -81,6 +96,12 @@ public final class StreamsApp {
 
     static final String LATEST = "latest";
     static final String COUNTS = "counts";
+    static final String WINDOWED = "windowed";
+    static final String WCOUNTS = "wcounts";
+    static final String SCOUNTS = "scounts";
+    static final Duration WINDOW_SIZE = Duration.ofMinutes(1);
+    static final Duration SESSION_GAP = Duration.ofSeconds(30);
+    static final long FIRST_TIMESTAMP = 1_700_000_000_000L;
 
     private StreamsApp() {}
 
@@ -100,6 +121,12 @@ public final class StreamsApp {
         boolean printResults = false;
         /** Which stores the topology has: both, latest (plain only) or counts (timestamped only). */
         String stores = "both";
+        /** Input record timestamps: FIRST_TIMESTAMP + seq * timeStepMs (0: the producer's clock). */
+        long timeStepMs = 0;
+        long firstTimestamp = FIRST_TIMESTAMP;
+        /** Windowed: input records this run processes before it is done (-1: those it produces). */
+        long expect = -1;
+        String inputTopic;
         final Map<String, String> config = new TreeMap<>();
 
         static Args parse(String[] argv) {
@@ -127,6 +154,10 @@ public final class StreamsApp {
                     case "--threads" -> a.threads = Integer.parseInt(v);
                     case "--timeout" -> a.timeoutSeconds = Long.parseLong(v);
                     case "--stores" -> a.stores = v;
+                    case "--time-step-ms" -> a.timeStepMs = Long.parseLong(v);
+                    case "--first-timestamp-ms" -> a.firstTimestamp = Long.parseLong(v);
+                    case "--input-topic" -> a.inputTopic = v;
+                    case "--expect" -> a.expect = Long.parseLong(v);
                     case "--config" -> {
                         int eq = v.indexOf('=');
                         if (eq <= 0) {
@@ -140,8 +171,8 @@ public final class StreamsApp {
             if (a.bootstrap == null || a.appId == null || a.stateDir == null) {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
-            if (!List.of("both", LATEST, COUNTS).contains(a.stores)) {
-                throw new IllegalArgumentException("--stores is both, latest or counts, got " + a.stores);
+            if (!List.of("both", LATEST, COUNTS, WINDOWED).contains(a.stores)) {
+                throw new IllegalArgumentException("--stores is both, latest, counts or windowed, got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
@@ -150,7 +181,17 @@ public final class StreamsApp {
         }
 
         String inputTopic() {
-            return appId + "-input";
+            return inputTopic != null ? inputTopic : appId + "-input";
+        }
+
+        /** The stores of the topology. */
+        List<String> storeNames() {
+            return switch (stores) {
+                case LATEST -> List.of(LATEST);
+                case COUNTS -> List.of(COUNTS);
+                case WINDOWED -> List.of(WCOUNTS, SCOUNTS);
+                default -> List.of(LATEST, COUNTS);
+            };
         }
     }
 
@@ -185,6 +226,20 @@ public final class StreamsApp {
     static Topology topology(String input, String stores, AtomicLong processed) {
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
+        if (stores.equals(WINDOWED)) {
+            KStream<String, String> counted = in.peek((k, v) -> processed.incrementAndGet());
+            counted.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
+                    .windowedBy(TimeWindows.ofSizeWithNoGrace(WINDOW_SIZE))
+                    .count(Materialized.<String, Long, WindowStore<Bytes, byte[]>>as(WCOUNTS)
+                            .withKeySerde(Serdes.String())
+                            .withValueSerde(Serdes.Long()));
+            counted.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
+                    .windowedBy(SessionWindows.ofInactivityGapWithNoGrace(SESSION_GAP))
+                    .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as(SCOUNTS)
+                            .withKeySerde(Serdes.String())
+                            .withValueSerde(Serdes.Long()));
+            return b.build();
+        }
         if (!stores.equals(COUNTS)) {
             b.addStateStore(Stores.keyValueStoreBuilder(
                     Stores.persistentKeyValueStore(LATEST), Serdes.String(), Serdes.String()));
@@ -237,7 +292,8 @@ public final class StreamsApp {
                 while (v.length() < a.valueSize) {
                     v.append('x');
                 }
-                prod.send(new ProducerRecord<>(a.inputTopic(), key, v.toString()));
+                Long ts = a.timeStepMs > 0 ? a.firstTimestamp + seq * a.timeStepMs : null;
+                prod.send(new ProducerRecord<>(a.inputTopic(), null, ts, key, v.toString()));
             }
             prod.flush();
         }
@@ -255,6 +311,40 @@ public final class StreamsApp {
                 all.put(kv.key, kv.value);
             }
         }
+        return digest(name, all, print);
+    }
+
+    /** {@link #summarize} of the windowed count: entries {@code key@windowStart}. */
+    static String summarizeWindows(KafkaStreams streams, boolean print) throws Exception {
+        ReadOnlyWindowStore<String, Long> store = streams.store(
+                StoreQueryParameters.fromNameAndType(WCOUNTS, QueryableStoreTypes.<String, Long>windowStore()));
+        TreeMap<String, Long> all = new TreeMap<>();
+        try (KeyValueIterator<Windowed<String>, Long> it = store.all()) {
+            while (it.hasNext()) {
+                KeyValue<Windowed<String>, Long> kv = it.next();
+                all.put(kv.key.key() + "@" + kv.key.window().start(), kv.value);
+            }
+        }
+        return digest(WCOUNTS, all, print);
+    }
+
+    /** {@link #summarize} of the session count, key by key: entries {@code key@start-end}. */
+    static String summarizeSessions(KafkaStreams streams, int keys, boolean print) throws Exception {
+        ReadOnlySessionStore<String, Long> store = streams.store(
+                StoreQueryParameters.fromNameAndType(SCOUNTS, QueryableStoreTypes.<String, Long>sessionStore()));
+        TreeMap<String, Long> all = new TreeMap<>();
+        for (int k = 0; k < keys; k++) {
+            try (KeyValueIterator<Windowed<String>, Long> it = store.fetch(String.format("k%06d", k))) {
+                while (it.hasNext()) {
+                    KeyValue<Windowed<String>, Long> kv = it.next();
+                    all.put(kv.key.key() + "@" + kv.key.window().start() + "-" + kv.key.window().end(), kv.value);
+                }
+            }
+        }
+        return digest(SCOUNTS, all, print);
+    }
+
+    static <V> String digest(String name, TreeMap<String, V> all, boolean print) throws Exception {
         MessageDigest md = MessageDigest.getInstance("SHA-256");
         long sum = 0;
         for (Map.Entry<String, V> e : all.entrySet()) {
@@ -369,7 +459,7 @@ public final class StreamsApp {
 
         streams.start();
         long deadline = System.nanoTime() + a.timeoutSeconds * 1_000_000_000L;
-        int expectedChangelogs = (a.stores.equals("both") ? 2 : 1) * a.partitions;
+        int expectedChangelogs = a.storeNames().size() * a.partitions;
         boolean done = false;
         long lastProgress = 0;
         long quietSince = -1;
@@ -395,7 +485,9 @@ public final class StreamsApp {
                 } else {
                     quietSince = -1;
                 }
-            } else if (running && !restoring && (a.stores.equals(LATEST) ? processed.get() >= a.produce
+            } else if (running && !restoring
+                    && (a.stores.equals(LATEST) ? processed.get() >= a.produce
+                    : a.stores.equals(WINDOWED) ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
                 break;
@@ -416,11 +508,12 @@ public final class StreamsApp {
             out("RESTORE_SUMMARY changelogs=0 restored=0 ms=0");
         }
         if (done && a.mode.equals("process")) {
-            if (!a.stores.equals(COUNTS)) {
-                out(summarize(streams, LATEST, a.printResults));
-            }
-            if (!a.stores.equals(LATEST)) {
-                out(summarize(streams, COUNTS, a.printResults));
+            for (String name : a.storeNames()) {
+                out(switch (name) {
+                    case WCOUNTS -> summarizeWindows(streams, a.printResults);
+                    case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
+                    default -> summarize(streams, name, a.printResults);
+                });
             }
         }
         boolean clean = streams.close(Duration.ofSeconds(120));

@@ -1,0 +1,490 @@
+//! Kafka Streams' segmented stores on disk: window and session stores.
+//!
+//! Such a store is a directory `<task>/<store>/` (not under `rocksdb/`)
+//! holding one RocksDB per time segment, `<store>.<segmentId * segmentInterval>`,
+//! where `segmentId = timestamp / segmentInterval`. Each segment is a plain
+//! or timestamped key-value RocksDB ([`crate::store::Store`]) with its own
+//! `offsets` column family and status (Kafka Streams 4.3+ commits the same
+//! offset into every segment and reads it from the newest segment that has
+//! one). A record's segment is found from its key ([`KeySchema`]):
+//!
+//! - window store: `key ‖ window start (8 bytes BE) ‖ seqnum (4 bytes BE)`,
+//!   segmented by the window start;
+//! - session store: `key ‖ session end (8 bytes BE) ‖ session start (8 bytes BE)`,
+//!   segmented by the end.
+//!
+//! The changelog key is the store key, so a restore routes each record by its
+//! key. Stream time is the largest segment timestamp seen; a segment is live
+//! while `segmentId >= segmentId(streamTime - retention)`, and Kafka Streams
+//! drops the others, when restoring as when processing. Kafka Streams keeps
+//! stream time in memory only; a restore into existing segments starts from
+//! the newest one's start, a time the store has certainly reached. [`SegmentedStore`]
+//! keeps that bookkeeping: which segments exist, the stream time a restore
+//! observed, creating live segments (CLOSED from birth), dropping expired
+//! ones, and recording an offset in every segment.
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+
+use rocksdb::{IngestExternalFileOptions, Options, WriteBatch};
+
+use crate::store::{Store, StoreError, StoreFormat, STATUS_CLOSED};
+
+/// Where the timestamp that chooses a record's segment sits in its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySchema {
+    /// `key ‖ window start ‖ seqnum` (Kafka's `WindowKeySchema`).
+    Window,
+    /// `key ‖ session end ‖ session start` (Kafka's `SessionKeySchema`).
+    Session,
+}
+
+impl KeySchema {
+    pub fn name(self) -> &'static str {
+        match self {
+            KeySchema::Window => "window",
+            KeySchema::Session => "session",
+        }
+    }
+
+    /// Bytes that follow the record's own key in a store key.
+    pub const fn suffix_len(self) -> usize {
+        match self {
+            KeySchema::Window => 12,
+            KeySchema::Session => 16,
+        }
+    }
+
+    /// The timestamp that chooses the segment of `key` (the window start, the
+    /// session end); None for a key too short to be of this schema.
+    #[inline]
+    pub fn segment_timestamp(self, key: &[u8]) -> Option<i64> {
+        let at = key.len().checked_sub(self.suffix_len())?;
+        Some(i64::from_be_bytes(key[at..at + 8].try_into().expect("8 bytes")))
+    }
+
+    /// What a key too short for this schema is, for error messages.
+    pub fn bad_key(self, key: &[u8]) -> String {
+        let what = match self {
+            KeySchema::Window => "key ‖ window start ‖ seqnum",
+            KeySchema::Session => "key ‖ session end ‖ session start",
+        };
+        format!(
+            "a changelog key of {} bytes is no {} store key ({what}: at least {} bytes); \
+             is the store's format right?",
+            key.len(),
+            self.name(),
+            self.suffix_len()
+        )
+    }
+}
+
+/// Least segment interval of Kafka Streams' DSL window and session stores.
+pub const MIN_DSL_SEGMENT_INTERVAL_MS: i64 = 60_000;
+
+/// How a segmented store cuts time: retention and segment interval (ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segmentation {
+    pub retention_ms: i64,
+    pub segment_interval_ms: i64,
+}
+
+impl Segmentation {
+    /// The DSL's segment interval for `retention_ms`:
+    /// `max(retention / 2, 60_000)` (as `Materialized` sets it for windowed
+    /// and session aggregations and `Stores.persistentWindowStore` /
+    /// `persistentSessionStore` do).
+    pub fn dsl_segment_interval(retention_ms: i64) -> i64 {
+        (retention_ms / 2).max(MIN_DSL_SEGMENT_INTERVAL_MS)
+    }
+
+    /// Retention and segment interval (None: the DSL's, from the retention);
+    /// both must be positive.
+    pub fn new(retention_ms: i64, segment_interval_ms: Option<i64>) -> Result<Self, String> {
+        let segment_interval_ms = segment_interval_ms.unwrap_or_else(|| Self::dsl_segment_interval(retention_ms));
+        if retention_ms <= 0 || segment_interval_ms <= 0 {
+            return Err(format!(
+                "retention ({retention_ms} ms) and segment interval ({segment_interval_ms} ms) must be positive"
+            ));
+        }
+        Ok(Self { retention_ms, segment_interval_ms })
+    }
+
+    /// The segment of a record at `timestamp`.
+    #[inline]
+    pub fn segment_id(&self, timestamp: i64) -> i64 {
+        timestamp / self.segment_interval_ms
+    }
+
+    /// The oldest live segment at `stream_time`.
+    #[inline]
+    pub fn min_live_segment(&self, stream_time: i64) -> i64 {
+        self.segment_id(stream_time.saturating_sub(self.retention_ms))
+    }
+
+    /// Directory name of segment `id` of `store`.
+    pub fn segment_name(&self, store: &str, id: i64) -> String {
+        format!("{store}.{}", id * self.segment_interval_ms)
+    }
+
+    /// The segment a directory entry of `store` is, if it is one; an entry
+    /// named as a segment that does not start at a multiple of the segment
+    /// interval was written with another interval: an error.
+    pub fn segment_of_name(&self, store: &str, name: &str) -> Result<Option<i64>, String> {
+        let Some(n) = name.strip_prefix(store).and_then(|r| r.strip_prefix('.')) else { return Ok(None) };
+        let Ok(start) = n.parse::<i64>() else { return Ok(None) };
+        if start % self.segment_interval_ms != 0 {
+            return Err(format!(
+                "segment {name} does not start at a multiple of the segment interval {} ms: the store was \
+                 written with another segment interval",
+                self.segment_interval_ms
+            ));
+        }
+        Ok(Some(start / self.segment_interval_ms))
+    }
+}
+
+/// No stream time observed yet.
+const NO_TIME: i64 = i64::MIN;
+
+/// A window or session store: its directory, its open segments, and the
+/// stream time of the restore that writes it. Methods take `&self` (the
+/// segments sit behind a lock taken once per call), so a restore's read-ahead
+/// thread may hold it too.
+pub struct SegmentedStore {
+    dir: PathBuf,
+    name: String,
+    format: StoreFormat,
+    schema: KeySchema,
+    seg: Segmentation,
+    opts: Options,
+    stream_time: AtomicI64,
+    segments: Mutex<BTreeMap<i64, Store>>,
+}
+
+impl SegmentedStore {
+    /// Open the store at `dir` (of a segmented `format`) and every segment in
+    /// it; with `create`, a missing directory is created (its parent must
+    /// exist). Entries that are no segment of this store are left alone.
+    pub fn open(
+        dir: &Path,
+        format: StoreFormat,
+        seg: Segmentation,
+        opts: Options,
+        create: bool,
+    ) -> Result<Self, StoreError> {
+        let schema = format
+            .key_schema()
+            .ok_or_else(|| StoreError::new(dir, format!("a {} store is not segmented", format.name())))?;
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| StoreError::new(dir, "a segmented store's directory needs a name"))?;
+        if !dir.is_dir() {
+            if !create {
+                return Err(StoreError::new(dir, "no store here (directory missing)"));
+            }
+            if !crate::fileio::parent_of(dir).is_dir() {
+                return Err(StoreError::new(dir, "parent directory does not exist"));
+            }
+            std::fs::create_dir(dir).map_err(|e| StoreError::new(dir, format!("cannot create: {e}")))?;
+        } else if dir.join("CURRENT").exists() {
+            return Err(StoreError::new(
+                dir,
+                format!(
+                    "a key-value store (one RocksDB), not a {} store of segments; statestore leaves it untouched",
+                    format.name()
+                ),
+            ));
+        }
+        let mut segments = BTreeMap::new();
+        for (id, path) in Self::list(dir, &name, &seg)? {
+            segments.insert(id, Store::open_format(&path, opts.clone(), format.db_format())?);
+        }
+        // Stream time lives in memory only; the newest segment's start is the
+        // most that is known of it: never past it, so nothing is dropped that
+        // the stream time which created that segment keeps.
+        let known = segments.keys().next_back().map_or(NO_TIME, |&id| id * seg.segment_interval_ms);
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            name,
+            format,
+            schema,
+            seg,
+            opts,
+            stream_time: AtomicI64::new(known),
+            segments: Mutex::new(segments),
+        })
+    }
+
+    /// The segments in `dir` (id, path), oldest first.
+    pub fn list(dir: &Path, name: &str, seg: &Segmentation) -> Result<Vec<(i64, PathBuf)>, StoreError> {
+        let entries = std::fs::read_dir(dir).map_err(|e| StoreError::new(dir, format!("cannot list: {e}")))?;
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| StoreError::new(dir, format!("cannot list: {e}")))?;
+            let file = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = seg.segment_of_name(name, &file).map_err(|m| StoreError::new(&e.path(), m))? {
+                out.push((id, e.path()));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn format(&self) -> StoreFormat {
+        self.format
+    }
+
+    pub fn key_schema(&self) -> KeySchema {
+        self.schema
+    }
+
+    pub fn segmentation(&self) -> Segmentation {
+        self.seg
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, Store>> {
+        self.segments.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ids of the segments open now, oldest first.
+    pub fn segment_ids(&self) -> Vec<i64> {
+        self.lock().keys().copied().collect()
+    }
+
+    /// Advance stream time to `timestamp` if it is later.
+    pub fn observe(&self, timestamp: i64) {
+        self.stream_time.fetch_max(timestamp, Ordering::Relaxed);
+    }
+
+    /// The largest segment timestamp observed, if any.
+    pub fn stream_time(&self) -> Option<i64> {
+        Some(self.stream_time.load(Ordering::Relaxed)).filter(|&t| t != NO_TIME)
+    }
+
+    /// The segment `key` goes to at the stream time observed so far, None
+    /// when that segment has expired; an error for a key of another schema.
+    #[inline]
+    pub fn route(&self, key: &[u8]) -> Result<Option<i64>, String> {
+        let ts = self.schema.segment_timestamp(key).ok_or_else(|| self.schema.bad_key(key))?;
+        let id = self.seg.segment_id(ts);
+        Ok(match self.stream_time() {
+            Some(t) if id < self.seg.min_live_segment(t) => None,
+            _ => Some(id),
+        })
+    }
+
+    /// The offset Kafka Streams reads for `tp`: that of the newest segment
+    /// that records one.
+    pub fn offset(&self, tp: &str) -> Result<Option<i64>, StoreError> {
+        for s in self.lock().values().rev() {
+            if let Some(o) = s.offset(tp)? {
+                return Ok(Some(o));
+            }
+        }
+        Ok(None)
+    }
+
+    /// True when no segment holds data.
+    pub fn is_data_empty(&self) -> bool {
+        self.lock().values().all(Store::is_data_empty)
+    }
+
+    /// Whether segment `id` exists and holds data.
+    pub fn holds_data(&self, id: i64) -> bool {
+        self.lock().get(&id).is_some_and(|s| !s.is_data_empty())
+    }
+
+    /// Mark CLOSED every segment that has no status yet (a status a
+    /// processor wrote is left alone); whether any was marked.
+    pub fn close_unmarked(&self) -> Result<bool, StoreError> {
+        let mut marked = false;
+        for s in self.lock().values() {
+            if s.status()?.is_none() {
+                let mut b = WriteBatch::default();
+                s.put_status(&mut b, STATUS_CLOSED);
+                s.write(b, false)?;
+                marked = true;
+            }
+        }
+        Ok(marked)
+    }
+
+    /// Segment `id`, created (CLOSED) if missing, in `segments`.
+    fn segment<'m>(&self, segments: &'m mut BTreeMap<i64, Store>, id: i64) -> Result<&'m Store, StoreError> {
+        match segments.entry(id) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let path = self.dir.join(self.seg.segment_name(&self.name, id));
+                let s = Store::open_format(&path, self.opts.clone(), self.format.db_format())?;
+                if s.status()?.is_none() {
+                    let mut b = WriteBatch::default();
+                    s.put_status(&mut b, STATUS_CLOSED);
+                    s.write(b, false)?;
+                }
+                Ok(e.insert(s))
+            }
+        }
+    }
+
+    /// Apply operations (in key order, one per key) to their live segments,
+    /// one `WriteBatch` per segment, without WAL and without offsets (see
+    /// [`SegmentedStore::record`]). Stream time must already cover them.
+    pub fn write<'k>(&self, ops: impl IntoIterator<Item = (&'k [u8], Option<&'k [u8]>)>) -> Result<(), StoreError> {
+        let mut segments = self.lock();
+        let mut batches: BTreeMap<i64, WriteBatch> = BTreeMap::new();
+        for (k, v) in ops {
+            let Some(id) = self.route(k).map_err(|m| StoreError::new(&self.dir, m))? else { continue };
+            let cf = self.segment(&mut segments, id)?.data_cf();
+            let b = batches.entry(id).or_default();
+            match v {
+                Some(v) => b.put_cf(cf, k, v),
+                None => b.delete_cf(cf, k),
+            }
+        }
+        for (id, b) in batches {
+            segments[&id].write(b, false)?;
+        }
+        Ok(())
+    }
+
+    /// Ingest sorted SST files of segment `id`'s data (moved, not copied),
+    /// creating the segment if missing (even with no file to ingest).
+    pub fn ingest(&self, id: i64, files: Vec<PathBuf>) -> Result<(), StoreError> {
+        let mut segments = self.lock();
+        let s = self.segment(&mut segments, id)?;
+        if files.is_empty() {
+            return Ok(());
+        }
+        let mut io = IngestExternalFileOptions::default();
+        io.set_move_files(true);
+        s.db()
+            .ingest_external_file_cf_opts(s.data_cf(), &io, files)
+            .map_err(|e| StoreError::rocksdb(s.path(), "ingesting SST files", &e))
+    }
+
+    /// Drop the segments expired at the observed stream time (their
+    /// directories deleted), as Kafka Streams does when it restores.
+    pub fn drop_expired(&self) -> Result<(), StoreError> {
+        let Some(t) = self.stream_time() else { return Ok(()) };
+        let min_live = self.seg.min_live_segment(t);
+        let mut segments = self.lock();
+        let expired: Vec<i64> = segments.range(..min_live).map(|(&id, _)| id).collect();
+        for id in expired {
+            let s = segments.remove(&id).expect("listed above");
+            let path = s.path().to_path_buf();
+            drop(s);
+            std::fs::remove_dir_all(&path)
+                .map_err(|e| StoreError::new(&path, format!("cannot delete expired segment: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Drop expired segments, make every segment's data durable, then record
+    /// `offset` (if any) for `tp` in every live segment and flush again: an
+    /// offset never reaches disk before the data it covers in all segments.
+    pub fn record(&self, tp: &str, offset: Option<i64>) -> Result<(), StoreError> {
+        self.drop_expired()?;
+        let segments = self.lock();
+        for s in segments.values() {
+            s.flush()?;
+        }
+        if let Some(off) = offset {
+            for s in segments.values() {
+                let mut b = WriteBatch::default();
+                s.put_offset(&mut b, tp, off);
+                s.write(b, false)?;
+                s.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flush every segment.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.lock().values().try_for_each(Store::flush)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window_key(k: &[u8], start: i64, seq: i32) -> Vec<u8> {
+        [k, &start.to_be_bytes(), &seq.to_be_bytes()].concat()
+    }
+
+    #[test]
+    fn segment_timestamps_come_from_the_key_schema() {
+        assert_eq!(KeySchema::Window.segment_timestamp(&window_key(b"abc", 123_456, 7)), Some(123_456));
+        let session = [b"k".as_slice(), &900i64.to_be_bytes(), &100i64.to_be_bytes()].concat();
+        assert_eq!(KeySchema::Session.segment_timestamp(&session), Some(900), "the end, not the start");
+        assert_eq!(KeySchema::Window.segment_timestamp(&[0; 12]), Some(0), "an empty record key is a key");
+        assert_eq!(KeySchema::Window.segment_timestamp(&[0; 11]), None);
+        assert!(KeySchema::Session.bad_key(&[0; 3]).contains("3 bytes"));
+    }
+
+    #[test]
+    fn segmentation_is_kafka_s() {
+        assert_eq!(Segmentation::dsl_segment_interval(86_400_000), 43_200_000);
+        assert_eq!(Segmentation::dsl_segment_interval(60_000), 60_000);
+        let s = Segmentation::new(300_000, None).unwrap();
+        assert_eq!(s.segment_interval_ms, 150_000);
+        assert_eq!(s.segment_id(1_700_000_000_000), 11_333_333);
+        assert_eq!(s.segment_name("counts", 11_333_333), "counts.1699999950000");
+        assert_eq!(s.segment_of_name("counts", "counts.1699999950000"), Ok(Some(11_333_333)));
+        assert_eq!(s.segment_of_name("counts", "counts.position"), Ok(None));
+        assert_eq!(s.segment_of_name("counts", "other.1699999950000"), Ok(None));
+        assert!(s.segment_of_name("counts", "counts.1699999960000").unwrap_err().contains("segment interval"));
+        // live: segmentId >= segmentId(streamTime - retention)
+        assert_eq!(s.min_live_segment(1_000_000), 4);
+        assert!(Segmentation::new(0, None).is_err() && Segmentation::new(1000, Some(0)).is_err());
+    }
+
+    #[test]
+    fn records_go_to_their_live_segments_and_expired_segments_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("win");
+        let seg = Segmentation::new(200_000, Some(100_000)).unwrap();
+        let opts = crate::store::store_options(true);
+        let s = SegmentedStore::open(&p, StoreFormat::TimestampedWindow, seg, opts.clone(), true).unwrap();
+        let (a, b, c) = (window_key(b"a", 50_000, 0), window_key(b"b", 150_000, 0), window_key(b"c", 450_000, 0));
+        s.observe(150_000);
+        s.write([(a.as_slice(), Some(b"1".as_slice())), (b.as_slice(), Some(b"2".as_slice()))]).unwrap();
+        assert_eq!(s.segment_ids(), vec![0, 1]);
+        s.observe(450_000); // live from segmentId(250_000) = 2
+        assert_eq!(s.route(&a), Ok(None));
+        s.write([(c.as_slice(), None)]).unwrap();
+        s.record("t-0", Some(9)).unwrap();
+        assert_eq!(s.segment_ids(), vec![4], "a tombstone's segment exists, expired ones are gone");
+        assert!(!p.join("win.0").exists() && !p.join("win.100000").exists() && p.join("win.400000").exists());
+        drop(s);
+        let s = SegmentedStore::open(&p, StoreFormat::TimestampedWindow, seg, opts.clone(), false).unwrap();
+        assert_eq!(s.offset("t-0").unwrap(), Some(9));
+        assert_eq!(s.stream_time(), Some(400_000), "reopened: at least the newest segment's start");
+        assert_eq!(s.route(&window_key(b"x", 199_999, 0)), Ok(None), "expired: before segmentId(200_000)");
+        assert_eq!(s.route(&window_key(b"x", 200_000, 0)), Ok(Some(2)));
+        let seg4 = Store::open_read_only(&p.join("win.400000")).unwrap();
+        assert_eq!(seg4.format(), StoreFormat::Timestamped);
+        assert_eq!(seg4.status().unwrap(), Some(STATUS_CLOSED));
+        drop((s, seg4));
+        let e = SegmentedStore::open(
+            &p,
+            StoreFormat::Session,
+            Segmentation::new(200_000, Some(30_000)).unwrap(),
+            opts,
+            false,
+        )
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("segment interval"), "{e}");
+    }
+}

@@ -1,0 +1,171 @@
+"""Kafka Streams 4.4 starts on window and session stores statestore restored, and restores nothing.
+
+The application (``interop/kafka-streams``, ``stores="windowed"``) counts its
+input in 1-minute tumbling windows (``wcounts``: a timestamped window store,
+retention 60 s) and in sessions of 30 s inactivity (``scounts``: a session
+store, retention 30 s); both segment by the DSL's 60 s. Input record ``seq``
+carries the timestamp ``first + seq * STEP`` (``first`` an hour ago: the
+broker's retention deletes older records, of the input and of the
+changelogs, whose retention is the store's plus a day), so windows and
+sessions open, close and expire as the input goes, and most segments are
+dropped along the way.
+
+Run to completion under exactly_once_v2, then statestore restores both
+stores into an empty state directory (``restore_many`` from the changelog
+topics, or ``restore_on_spark`` from the broker's log directory): the segment
+directories are Kafka Streams' own, segment for segment, with equal data,
+each CLOSED. Kafka Streams started there restores nothing (its
+StateRestoreListener says so), and after more input its windows and
+sessions equal those of a second application that processed all the input
+from scratch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statestore import TopicPartition, _native
+from statestore.restore.engine import RestoreSpec, restore_many
+from support import kstreams_app
+from support.model import store_difference
+
+kafka = pytest.importorskip("statestore.changelog.kafka")
+
+PARTITIONS = 2
+KEYS = 150
+STEP = 250  # ms between input records: a key every 37.5 s, beyond the session gap
+
+
+@pytest.fixture(scope="module")
+def app_built() -> Path:
+    try:
+        return kstreams_app.build()
+    except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and the Kafka Streams application could not be built: {e}")
+        pytest.skip(f"the Kafka Streams application could not be built (Maven, JDK 17): {e}")
+
+
+#: The timestamp of input record 0: an hour ago, on a minute.
+FIRST = (int(time.time() * 1000) // 60_000 - 60) * 60_000
+
+
+def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
+    return kstreams_app.run_app(
+        bootstrap,
+        app,
+        state,
+        guarantee="exactly_once_v2",
+        stores="windowed",
+        keys=KEYS,
+        value_size=20,
+        partitions=PARTITIONS,
+        time_step_ms=STEP,
+        first_timestamp_ms=FIRST,
+        # no record cache: interactive queries then read the segments alone, as both runs compared keep them
+        config={"commit.interval.ms": "500", "statestore.cache.max.bytes": "0"},
+        **kw,
+    )
+
+
+def segments(store: Path) -> list[str]:
+    return sorted(p.name for p in store.iterdir()) if store.is_dir() else []
+
+
+def restore_with_threads(bootstrap: str, app: str, restored: Path) -> None:
+    """``restore_many`` from the changelog topics, two threads."""
+    specs = []
+    with kafka.KafkaChangelog(bootstrap) as changelog:
+        for p in range(PARTITIONS):
+            (restored / app / f"0_{p}").mkdir(parents=True)
+            for name, (fmt, retention) in kstreams_app.WINDOWED_STORES.items():
+                tp = TopicPartition(f"{app}-{name}-changelog", p)
+                path = restored / app / f"0_{p}" / name
+                specs.append(RestoreSpec(path, changelog, tp, format=fmt, retention_ms=retention))
+        results = restore_many(specs, threads=2)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert all(r.records_applied > 0 for r in results), results
+
+
+def restore_with_spark(spark: Any, log_dir: Path, app: str, restored: Path) -> None:
+    """``restore_on_spark`` from the broker's own partition directories (the segment log reads Kafka's log.dirs)."""
+    from statestore.restore.spark import restore_on_spark
+
+    stores = kstreams_app.WINDOWED_STORES
+    rows = restore_on_spark(
+        spark,
+        log_dir=log_dir,
+        state_dir=restored,
+        application_id=app,
+        stores=list(stores),
+        formats={name: fmt for name, (fmt, _) in stores.items()},
+        retentions={name: retention for name, (_, retention) in stores.items()},
+    ).collect()
+    assert [r.status for r in rows] == ["ok"] * (len(stores) * PARTITIONS), rows
+    assert all(r.records_applied > 0 for r in rows), rows
+
+
+@pytest.mark.parametrize("how", ["threads", pytest.param("spark", marks=pytest.mark.spark)])
+def test_kafka_streams_starts_on_window_and_session_stores_statestore_restored(
+    app_built: Path, kafka_broker: Any, tmp_path: Path, request: pytest.FixtureRequest, how: str
+) -> None:
+    kafka_bootstrap = str(kafka_broker.bootstrap)
+    app = f"ksn{uuid.uuid4().hex[:8]}"
+    first = tmp_path / "first"
+    ran = run(kafka_bootstrap, app, first, produce=3000)
+    assert ran.closed_clean
+
+    # statestore rebuilds both stores into an empty state directory
+    restored = tmp_path / "restored"
+    if how == "spark":
+        restore_with_spark(request.getfixturevalue("spark"), Path(kafka_broker.log_dir), app, restored)
+    else:
+        restore_with_threads(kafka_bootstrap, app, restored)
+
+    # the segments Kafka Streams itself holds, segment for segment, with the same data, each CLOSED
+    for p in range(PARTITIONS):
+        for name in kstreams_app.WINDOWED_STORES:
+            theirs, ours = first / app / f"0_{p}" / name, restored / app / f"0_{p}" / name
+            names = segments(theirs)
+            assert names and segments(ours) == names, (name, p, segments(ours), names)
+            for seg in names:
+                assert store_difference(theirs / seg, ours / seg) is None, (name, p, seg)
+                assert _native.store_info(ours / seg).status == _native.STATUS_CLOSED
+
+    # Kafka Streams, restore only: nothing to restore
+    only = kstreams_app.run_app(
+        kafka_bootstrap,
+        app,
+        restored,
+        guarantee="exactly_once_v2",
+        mode="restore",
+        stores="windowed",
+        partitions=PARTITIONS,
+        keys=KEYS,
+    )
+    assert only.restored_records == 0, only.restores
+    assert all(r.start == r.end or r.restored == 0 for r in only.restores.values()), only.restores
+
+    # then 1,000 more records on that state: nothing restored, and the windows and sessions equal those
+    # of an application that processed all 4,000 from scratch
+    more = run(kafka_bootstrap, app, restored, produce=1000, print_results=True)
+    assert more.restored_records == 0, more.restores
+    ref = run(
+        kafka_bootstrap,
+        f"{app}ref",
+        tmp_path / "ref",
+        input_topic=f"{app}-input",
+        expect=4000,
+        print_results=True,
+    )
+    assert ref.stores.keys() == {"wcounts", "scounts"}
+    assert int(ref.stores["wcounts"]["entries"]) > 0 and int(ref.stores["scounts"]["entries"]) > 0
+    assert more.results == ref.results
+    assert more.stores == ref.stores
