@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from statestore import _native
+
 #: Offset recorded for a logged store whose position is not known (Kafka's -4).
-OFFSET_UNKNOWN: int = -4
+OFFSET_UNKNOWN: int = _native.OFFSET_UNKNOWN
 
 #: The recorded offsets that are not positions in a changelog, and what each means. Kafka Streams
 #: writes exactly one to disk: ``OFFSET_UNKNOWN`` (its ``OffsetCheckpoint``, and under KIP-1035 the

@@ -18,6 +18,10 @@ pub const POSITION_KEY: &[u8] = b"position";
 pub const STATUS_OPEN: i64 = 1;
 /// Status value: the store was closed cleanly.
 pub const STATUS_CLOSED: i64 = 0;
+/// The offset Kafka Streams records for a store whose task has not committed a
+/// changelog record yet (its `OFFSET_UNKNOWN`): "no offset yet", a store to
+/// restore from the changelog's start, never a position.
+pub const OFFSET_UNKNOWN: i64 = -4;
 
 /// Encode an offset or status value as 8-byte big-endian signed.
 pub fn encode_i64(v: i64) -> [u8; 8] {

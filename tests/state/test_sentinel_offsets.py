@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from statestore import OFFSET_UNKNOWN, OffsetCheckpoint, SegmentLog, TaskId, TopicPartition
+from statestore import OFFSET_UNKNOWN, OffsetCheckpoint, SegmentLog, TaskId, TopicPartition, restore_store
 from statestore._native import _testing
 from statestore.ids import SENTINEL_OFFSETS, committed_offset
 from statestore.ops.inspection import inspect_app
@@ -133,6 +133,16 @@ def test_restore_starts_from_the_changelog_s_start(root: Path, guarantee: str) -
         guarantee,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    contents = store_contents(path)
+    assert contents.data == dict(RECORDS)
+    assert contents.offsets == {str(TP): len(RECORDS) - 1}
+
+
+@pytest.mark.parametrize("mode", ["replay", "bulk"])
+def test_restore_store_called_directly_starts_from_the_changelog_s_start(root: Path, mode: str) -> None:
+    path = leave_no_offset_yet(root, [])
+    r = restore_store(path, SegmentLog(root / "log"), TP, mode=mode)
+    assert (r.start_offset, r.records_applied) == (0, len(RECORDS))
     contents = store_contents(path)
     assert contents.data == dict(RECORDS)
     assert contents.offsets == {str(TP): len(RECORDS) - 1}

@@ -323,6 +323,8 @@ POSITION_KEY: Final[bytes]
 STATUS_OPEN: Final[int]
 #: Status value: the store was closed cleanly.
 STATUS_CLOSED: Final[int]
+#: Kafka Streams' "no offset yet" (its ``OFFSET_UNKNOWN``), recorded for a store whose task committed no changelog record.
+OFFSET_UNKNOWN: Final[int]
 #: The store formats (``StoreFormat::ALL``), in the order they are listed to users.
 STORE_FORMATS: Final[tuple[str, ...]]
 #: The formats of segmented stores (Kafka Streams' window and session stores: a RocksDB per time segment).
@@ -339,6 +341,7 @@ __all__ = [
     "CORRUPTION_PREFIX",
     "MODES",
     "OFFSETS_CF",
+    "OFFSET_UNKNOWN",
     "POSITION_KEY",
     "SEGMENTED_STORE_FORMATS",
     "STATUS_CLOSED",

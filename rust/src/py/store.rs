@@ -219,6 +219,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("POSITION_KEY", PyBytes::new(m.py(), offsets::POSITION_KEY))?;
     m.add("STATUS_OPEN", offsets::STATUS_OPEN)?;
     m.add("STATUS_CLOSED", offsets::STATUS_CLOSED)?;
+    m.add("OFFSET_UNKNOWN", offsets::OFFSET_UNKNOWN)?;
     m.add("STORE_FORMATS", PyTuple::new(m.py(), StoreFormat::ALL.map(StoreFormat::name))?)?;
     let segmented: Vec<&str> =
         StoreFormat::ALL.into_iter().filter(|f| f.key_schema().is_some()).map(StoreFormat::name).collect();

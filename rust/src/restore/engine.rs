@@ -15,6 +15,7 @@ use super::{
     restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, RestoreError, Target,
     DEFAULT_WRITE_BUFFER_BYTES, READ_BYTES,
 };
+use crate::offsets::OFFSET_UNKNOWN;
 use crate::segments::Segmentation;
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError, SkipCounts};
 use crate::store::StoreFormat;
@@ -178,7 +179,8 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let offset_of = |store: &Dest| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
     // A store that does not exist yet records no offset: it is created after its cursor is primed.
     let existing = if Dest::exists(path, spec.format) { Some(open()?) } else { None };
-    let recorded = existing.as_ref().map(offset_of).transpose()?.flatten();
+    // Kafka Streams' "no offset yet" is no position: such a store restores from the changelog's start.
+    let recorded = existing.as_ref().map(offset_of).transpose()?.flatten().filter(|&o| o != OFFSET_UNKNOWN);
     let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
     let out_of_range = |msg: String| {
         RestoreError::new(ErrorKind::OutOfRange, format!("restoring store {} from {tp}: {msg}", path.display()))
@@ -564,6 +566,25 @@ mod tests {
         assert_eq!(again.records_applied, 0);
         let store = Store::open(&spec.store_path, false).unwrap();
         let (m, last) = model(&log, 6_000);
+        assert_eq!(dump(&store), m);
+        assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    #[test]
+    fn a_store_recording_kafka_streams_no_offset_yet_restores_from_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(2_000, 300, 5);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let spec = RestoreSpec::new(dir.path().join("s"), "t", 0);
+        {
+            let store = Store::open(&spec.store_path, true).unwrap();
+            let db = store.db();
+            db.put_cf(store.offsets_cf(), b"t-0", crate::offsets::encode_i64(OFFSET_UNKNOWN)).unwrap();
+        }
+        let r = restore(&vl, &spec, None).unwrap();
+        assert_eq!((r.start_offset, r.end_offset), (0, 2_000));
+        let store = Store::open(&spec.store_path, false).unwrap();
+        let (m, last) = model(&log, 2_000);
         assert_eq!(dump(&store), m);
         assert_eq!(store.offset("t-0").unwrap(), last);
     }
