@@ -111,7 +111,7 @@ def test_the_changelog_configs_tell_the_kind(config: dict[str, str], kind: str |
     assert kind_from_topic_config(config) == kind
 
 
-def test_discovery_writes_key_value_stores_and_reports_the_others() -> None:
+def test_discovery_writes_key_value_window_and_session_stores_and_reports_the_others() -> None:
     configs = {topic(n): KV for n in TASK_STORES}
     configs[topic("tumbling")] = configs[topic("sessions")] = WINDOWED
     configs[topic("latest")] = VERSIONED_CONFIG
@@ -122,13 +122,18 @@ def test_discovery_writes_key_value_stores_and_reports_the_others() -> None:
             APP,
             changelog_topics=set(configs),
             topic_configs=configs,
-            formats={"counts": "timestamped", GROUPED: "timestamped"},
+            formats={"counts": "timestamped", GROUPED: "timestamped", "tumbling": "timestamped-window"},
+            retentions={"tumbling": 600_000},
         )
     }
     assert set(found) == set(TASK_STORES), "global stores are never restored"
     assert found[GROUPED].subtopology == 1 and found[GROUPED].refusal is None
     assert found["counts"].format == "timestamped" and found["counts"].refusal is None
-    assert "window or session store" in (found["tumbling"].refusal or "")
+    assert found["tumbling"].kind == WINDOW_OR_SESSION and found["tumbling"].refusal is None
+    assert found["tumbling"].retention_ms == 600_000
+    assert "give --store-format sessions=timestamped-window|window|session" in (
+        found["sessions"].refusal or ""
+    )
     assert "versioned store" in (found["latest"].refusal or "")
 
 
@@ -277,6 +282,7 @@ def test_a_bad_topology_or_a_disagreeing_state_directory_is_a_usage_error_naming
         assert f"topology.txt:{grouped_line}: store {GROUPED} is in sub-topology 1" in out.stderr
 
 
-def test_retention_needs_a_topology(app: Path) -> None:
+def test_retention_needs_a_topology_or_a_window_or_session_format(app: Path) -> None:
     out = cli(*restore_args(app, "--retention", "tumbling=600000"))
     assert out.returncode == 2 and "--topology" in out.stderr
+    assert "--store-format tumbling=window|timestamped-window|session" in out.stderr

@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from statestore import _native
 from statestore.changelog.protocol import Changelog
 from statestore.changelog.segment_log import SegmentLog
 from statestore.cli.common import BarListener, kafka_changelog, kafka_options, kafka_plan, restore_progress
@@ -26,10 +27,10 @@ from statestore.cli.stores import (
     topology_option,
 )
 from statestore.errors import LockError, StateStoreError
-from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition
+from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
 from statestore.ops.inspection import flock_holders, lock_holder
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
-from statestore.restore.discovery import FoundStore
+from statestore.restore.discovery import FoundStore, segmented_refusal
 from statestore.restore.engine import (
     DEFAULT_MEMORY_BUDGET,
     MODES,
@@ -40,7 +41,7 @@ from statestore.restore.engine import (
     restore_many,
 )
 from statestore.restore.planning import changelog_stores, parse_partitions, plan
-from statestore.restore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from
+from statestore.restore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from, store_location
 from statestore.restore.work import PartitionWork, RestoreRow
 from statestore.state.directory import LOCK_FILE_NAME, StateDirectory
 from statestore.state.lag import store_lag
@@ -55,6 +56,7 @@ from statestore.state.layout import (
 )
 from statestore.state.policy import Guarantee
 from statestore.state.store import check_store_format
+from statestore.state.store_kinds import WINDOW_OR_SESSION
 
 
 def restore_local(
@@ -71,6 +73,7 @@ def restore_local(
     metrics: RestoreMetrics | None = None,
     formats: Mapping[str, str] | None = None,
     layout: Layout = KIP_1035,
+    retentions: Mapping[str, int] | None = None,
 ) -> list[RestoreRow]:
     """Restore ``work`` with ``restore_many`` in this process, every task locked for the whole run.
 
@@ -82,13 +85,18 @@ def restore_local(
     every restore records into it, and the snapshots are published for
     ``statestore watch`` while the restore runs. ``formats`` maps store names
     to their format (default ``"plain"``; ``"timestamped"`` for Kafka Streams'
-    timestamped stores). A store of another format, or of a type statestore
-    does not know, is left untouched and reported as a failed row. With
-    ``layout=CHECKPOINT`` (Kafka Streams 3.6 - 4.2) each restored store is
-    turned into that layout and its offset recorded in its task's
-    ``.checkpoint``, under the task lock.
+    timestamped stores; ``"timestamped-window"``, ``"window"`` or
+    ``"session"`` for a window or session store, restored into its directory
+    of segments ``<task>/<store>`` with its retention from ``retentions``
+    (name -> ms)). A key-value store of another format, or of a type
+    statestore does not know, is left untouched and reported as a failed row
+    (a segmented store's segments are checked by the engine as it opens
+    them); so is a segmented store without its retention, or with
+    ``layout=CHECKPOINT``. With ``layout=CHECKPOINT`` (Kafka Streams 3.6 -
+    4.2) each restored key-value store is turned into that layout and its
+    offset recorded in its task's ``.checkpoint``, under the task lock.
     """
-    fmts = dict(formats or {})
+    fmts, rets = dict(formats or {}), dict(retentions or {})
     refused: dict[int, str] = {}
     app_lock = Path(state_dir) / application_id / LOCK_FILE_NAME
     java_holder = lock_holder(app_lock, flock_holders("POSIX"))
@@ -109,12 +117,21 @@ def restore_local(
         specs = []
         todo: list[int] = []
         for i, w in enumerate(work):
-            target = sd.store_dir(w.task_id, w.store)
-            try:
-                check_store_format(target, fmts.get(w.store, "plain"))
-            except StateStoreError as e:
-                refused[i] = str(e)
-                continue
+            fmt = fmts.get(w.store, "plain")
+            target = store_location(sd, w.task_id, w.store, fmt)
+            if fmt in _native.SEGMENTED_STORE_FORMATS:
+                why = segmented_refusal(
+                    w.store, w.tp.topic, fmt, rets.get(w.store), offsets_in_store=layout.offsets_in_store
+                )
+                if why is not None:
+                    refused[i] = f"task {w.task_id} store {w.store}: {why}"
+                    continue
+            else:  # a segmented store's segments are checked as the engine opens them
+                try:
+                    check_store_format(target, fmt)
+                except StateStoreError as e:
+                    refused[i] = str(e)
+                    continue
             todo.append(i)
             if target.exists() and not can_resume_from(target, w.tp, guarantee):
                 shutil.rmtree(target)
@@ -130,7 +147,8 @@ def restore_local(
                     mode=mode,
                     memory_budget_bytes=memory_budget_bytes,
                     listener=listener,
-                    format=fmts.get(w.store, "plain"),
+                    format=fmt,
+                    retention_ms=rets.get(w.store) if fmt in _native.SEGMENTED_STORE_FORMATS else None,
                 )
             )
         if not specs:
@@ -185,9 +203,12 @@ def _settle(
     layout: Layout,
     formats: Mapping[str, str],
 ) -> dict[int, str]:
-    """Leave every store restored without error as ``layout`` wants it, under the task locks.
+    """Leave every key-value store restored without error as ``layout`` wants it, under the task locks.
 
-    In the ``.checkpoint`` layout each store is converted and its offset recorded in its task's
+    A window or session store is left as the engine wrote it: only the
+    KIP-1035 layout writes one (``restore_local`` refuses the other), and
+    without a committed record it has no segment to record ``OFFSET_UNKNOWN``
+    in. In the ``.checkpoint`` layout each store is converted and its offset recorded in its task's
     ``.checkpoint`` (other entries kept). A store restored from a changelog partition without a
     committed record gets ``OFFSET_UNKNOWN`` in either layout (``record_no_offset_yet``), or Kafka
     Streams would wipe its task under exactly_once_v2. Returns, by work index, why a store could
@@ -199,6 +220,8 @@ def _settle(
         if r.error is not None:
             continue
         w = work[i]
+        if formats.get(w.store, "plain") in _native.SEGMENTED_STORE_FORMATS:
+            continue
         path = sd.store_dir(w.task_id, w.store)
         try:
             if layout.offsets_in_store:
@@ -335,7 +358,8 @@ def _table(rows: list[RestoreRow]) -> Table:
     multiple=True,
     metavar="NAME=FORMAT",
     help="A store's format: plain (default) or timestamped (Kafka Streams' DSL stores, e.g. count()); "
-    "repeatable. With --topology a key-value store's format must be given here or found on disk.",
+    "timestamped-window, window or session for a window or session store (with --retention); "
+    "repeatable. With --topology a store's format must be given here or (key-value) found on disk.",
 )
 @click.option(
     "--kafka-streams-version",
@@ -351,7 +375,9 @@ def _table(rows: list[RestoreRow]) -> Table:
     "retentions",
     multiple=True,
     metavar="NAME=MS",
-    help="A window or session store's retention in milliseconds (with --topology; repeatable).",
+    help="A window or session store's retention in milliseconds (window size + grace for the DSL's "
+    "windowed aggregations), required for each; repeatable. Without --topology the store's "
+    "--store-format must name a window or session format.",
 )
 def restore(
     log_dir: Path | None,
@@ -388,6 +414,8 @@ def restore(
           --store-format counts=timestamped
       statestore restore --kafka broker1:9092 --state-dir /var/lib/kstreams --app-id my-streams-app \\
           --topology topology.txt --store-format counts=timestamped --store-format latest=plain
+      statestore restore --log-dir /data/changelog --state-dir /var/lib/kstreams --app-id my-streams-app \\
+          --store tumbling --store-format tumbling=timestamped-window --retention tumbling=86400000
     """
     try:
         parts = parse_partitions(partitions) if partitions is not None else None
@@ -399,8 +427,13 @@ def restore(
     if (log_dir is None) == (kafka is None):
         raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
     topology = load_topology(topology_file) if topology_file is not None else None
-    if retention_ms and topology is None:
-        raise click.UsageError("--retention applies to the stores --topology finds; give --topology FILE")
+    if topology is None:
+        for name, ms in retention_ms.items():
+            if formats.get(name) not in _native.SEGMENTED_STORE_FORMATS:
+                raise click.UsageError(
+                    f"--retention {name}={ms}: a retention is a window or session store's; give "
+                    f"--store-format {name}={'|'.join(_native.SEGMENTED_STORE_FORMATS)}, or --topology FILE"
+                )
     layout = layout_for(kafka_streams_version)
     subs: dict[str, int] = {n: sub or 0 for n, sub in named.items()}
     refused: list[FoundStore] = []
@@ -439,10 +472,19 @@ def restore(
             )
         subs = {f.name: f.subtopology for f in found if f.refusal is None}
         formats = {f.name: f.format for f in found if f.refusal is None and f.format is not None}
+        retention_ms = {
+            f.name: f.retention_ms for f in found if f.refusal is None and f.retention_ms is not None
+        }
         refused = [f for f in found if f.refusal is not None]
-        if not subs:
-            _report(console, [], t0, engine, refused)
-            return
+    asked = bool(subs)
+    refused += _refused_segmented(formats, retention_ms, subs, layout, application_id)
+    blocked = {f.name for f in refused}
+    subs = {n: sub for n, sub in subs.items() if n not in blocked}
+    formats = {n: fmt for n, fmt in formats.items() if n not in blocked}
+    retention_ms = {n: ms for n, ms in retention_ms.items() if n not in blocked}
+    if (asked or topology is not None) and not subs:
+        _report(console, [], t0, engine, refused)
+        return
     if kafka is not None:
         if engine != "local":
             conf = {"bootstrap.servers": kafka, **dict(kv.partition("=")[::2] for kv in kafka_config)}
@@ -459,11 +501,12 @@ def restore(
                 master=master,
                 formats=formats,
                 kafka_streams_version=kafka_streams_version,
+                retentions=retention_ms,
             )
             _report(console, rows, t0, f"{engine}, Kafka", refused)
             return
         with kafka_changelog(kafka, kafka_config) as changelog:
-            work = kafka_plan(changelog, application_id, subs, parts)
+            work = [w for w in kafka_plan(changelog, application_id, subs, parts) if w.store not in blocked]
             with restore_progress(console) as progress:
                 rows = restore_local(
                     work,
@@ -478,17 +521,22 @@ def restore(
                     metrics=metrics,
                     formats=formats,
                     layout=layout,
+                    retentions=retention_ms,
                 )
         _report(console, rows, t0, "local, Kafka", refused)
         return
     assert log_dir is not None
     if not subs:
         subs = dict.fromkeys(changelog_stores(log_dir, application_id), 0)
-    if not subs:
-        raise click.UsageError(
-            f"no changelog of application {application_id!r} under {log_dir}; "
-            "check --app-id or name the stores with --store"
-        )
+        if not subs:
+            raise click.UsageError(
+                f"no changelog of application {application_id!r} under {log_dir}; "
+                "check --app-id or name the stores with --store"
+            )
+        subs = {n: sub for n, sub in subs.items() if n not in blocked}
+        if not subs:
+            _report(console, [], t0, engine, refused)
+            return
     work = plan(log_dir, application_id, subs, parts)
     if engine == "local":
         with restore_progress(console) as progress:
@@ -505,6 +553,7 @@ def restore(
                 metrics=metrics,
                 formats=formats,
                 layout=layout,
+                retentions=retention_ms,
             )
     else:
         rows = _restore_spark(
@@ -519,8 +568,35 @@ def restore(
             master=master,
             formats=formats,
             kafka_streams_version=kafka_streams_version,
+            retentions=retention_ms,
         )
     _report(console, rows, t0, engine, refused)
+
+
+def _refused_segmented(
+    formats: Mapping[str, str],
+    retentions: Mapping[str, int],
+    subs: Mapping[str, int],
+    layout: Layout,
+    application_id: str,
+) -> list[FoundStore]:
+    """The stores ``formats`` makes window or session stores that are not restored, each with why
+    (no ``--retention``, or the ``.checkpoint`` layout): refused before any store is opened, so
+    nothing of them is written."""
+    out = []
+    for name, fmt in sorted(formats.items()):
+        if fmt not in _native.SEGMENTED_STORE_FORMATS:
+            continue
+        why = segmented_refusal(
+            name,
+            changelog_topic(application_id, name),
+            fmt,
+            retentions.get(name),
+            offsets_in_store=layout.offsets_in_store,
+        )
+        if why is not None:
+            out.append(FoundStore(name, subs.get(name, 0), WINDOW_OR_SESSION, fmt, retentions.get(name), why))
+    return out
 
 
 def _report(
@@ -556,6 +632,7 @@ def _restore_spark(
     formats: Mapping[str, str],
     kafka: dict[str, str] | None = None,
     kafka_streams_version: str | None = None,
+    retentions: Mapping[str, int] | None = None,
 ) -> list[RestoreRow]:
     try:
         from pyspark.sql import SparkSession
@@ -584,6 +661,7 @@ def _restore_spark(
             lock_timeout=DEFAULT_LOCK_TIMEOUT,
             formats=formats,
             kafka_streams_version=kafka_streams_version,
+            retentions=retentions,
         )
         return [RestoreRow(*r) for r in df.collect()]
     finally:

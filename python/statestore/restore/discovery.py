@@ -36,7 +36,8 @@ class FoundStore:
     subtopology: int
     #: ``store_kinds.KEY_VALUE``, ``WINDOW_OR_SESSION``, ``VERSIONED``; None: not established.
     kind: str | None
-    #: The format a key-value store is written in (``plain``/``timestamped``); None: not established.
+    #: The format the store is written in (``plain``/``timestamped`` for a key-value store,
+    #: ``timestamped-window``/``window``/``session`` for a segmented one); None: not established.
     format: str | None
     #: The retention the user gave (``--retention``), milliseconds; None: not given.
     retention_ms: int | None
@@ -194,7 +195,62 @@ def _establish(
             f"its format is unknown: give --store-format {name}={'|'.join(WRITTEN[kind])} "
             "(neither the changelog nor its bytes tell them apart); not guessed"
         )
+    why = segmented_refusal(name, topic, fmt, retention, config)
+    if why is not None:
+        return refused(why)
     return FoundStore(name, sub, kind, fmt, retention)
 
 
-__all__ = ["FoundStore", "check_state_dir", "discover_stores"]
+def segmented_refusal(
+    name: str,
+    topic: str,
+    fmt: str,
+    retention_ms: int | None,
+    topic_config: Mapping[str, str] | None = None,
+    *,
+    offsets_in_store: bool = True,
+) -> str | None:
+    """Why store ``name`` (changelog ``topic``, format ``fmt``) is not restored with ``retention_ms``;
+    None when it is.
+
+    A window or session store needs its retention (``--retention``), which
+    neither the changelog's bytes nor a segment log tell: it is never
+    guessed. Kafka Streams sets the changelog's ``retention.ms`` to the
+    store's retention plus ``windowstore.changelog.additional.retention.ms``
+    (>= 0), so a larger retention than the topic's contradicts the changelog.
+    With ``offsets_in_store=False`` (the ``.checkpoint`` layout of Kafka
+    Streams 3.6 - 4.2) a segmented store is not written yet. A retention given
+    for a key-value store is a mistake in the flags, reported too.
+    """
+    if fmt not in _native.SEGMENTED_STORE_FORMATS:
+        if retention_ms is not None:
+            return (
+                f"--retention {name}={retention_ms} is given, but it is a {fmt} key-value store; a "
+                "retention belongs to window and session stores"
+            )
+        return None
+    if not offsets_in_store:
+        return (
+            f"it is a {fmt} store, not written yet for that layout (the .checkpoint layout of Kafka "
+            "Streams 3.6 - 4.2, --kafka-streams-version); restore it for Kafka Streams 4.3+"
+        )
+    if retention_ms is None:
+        return (
+            f"it is a {fmt} store, whose retention neither its changelog's bytes nor its segments tell: "
+            f"give --retention {name}=MS (milliseconds); not guessed"
+        )
+    try:
+        topic_retention = int((topic_config or {}).get("retention.ms", "-1") or "-1")
+    except ValueError:
+        topic_retention = -1
+    if topic_retention >= 0 and retention_ms > topic_retention:
+        return (
+            f"--retention {name}={retention_ms} contradicts its changelog {topic}: retention.ms="
+            f"{topic_retention}, which Kafka Streams sets to the store's retention plus "
+            "windowstore.changelog.additional.retention.ms (>= 0), so the store's retention is at most "
+            f"{topic_retention}"
+        )
+    return None
+
+
+__all__ = ["FoundStore", "check_state_dir", "discover_stores", "segmented_refusal"]

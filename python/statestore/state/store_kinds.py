@@ -31,7 +31,10 @@ WINDOW_OR_SESSION = "window or session"
 VERSIONED = "versioned"
 
 #: The kinds statestore writes, each with the formats it writes them in.
-WRITTEN: dict[str, tuple[str, ...]] = {KEY_VALUE: ("plain", "timestamped")}
+WRITTEN: dict[str, tuple[str, ...]] = {
+    KEY_VALUE: ("plain", "timestamped"),
+    WINDOW_OR_SESSION: ("timestamped-window", "window", "session"),
+}
 
 #: The kind each format of ``--store-format`` belongs to.
 KIND_OF_FORMAT: dict[str, str] = {fmt: kind for kind, fmts in WRITTEN.items() for fmt in fmts}

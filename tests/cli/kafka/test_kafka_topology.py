@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from statestore import _native
 from support.model import store_contents
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -56,6 +59,11 @@ def test_kinds_come_from_the_changelog_configs(kafka_bootstrap: str, tmp_path: P
         for store in ("counts", GROUPED):
             for i in range(30):
                 producer.send(f"{app}-{store}-changelog", i % 2, b"k%d" % (i % 5), b"%d" % i)
+        now = int(time.time() * 1000) // 60_000 * 60_000  # the topic's retention.ms deletes older records
+        for i in range(10):  # window keys: key, window start, seqnum
+            start = now - 60_000 * i
+            key = b"k%d" % (i % 3) + struct.pack(">qi", start, 0)
+            producer.send(f"{app}-tumbling-changelog", i % 2, key, b"%d" % i, timestamp=start)
         producer.commit()
         producer.close()
         configs = changelog.topic_configs([f"{app}-tumbling-changelog", f"{app}-missing-changelog"])
@@ -81,22 +89,38 @@ def test_kinds_come_from_the_changelog_configs(kafka_bootstrap: str, tmp_path: P
             "counts=timestamped",
             "--store-format",
             f"{GROUPED}=plain",
+            "--store-format",
+            "tumbling=timestamped-window",
+            "--retention",
+            "tumbling=600000",
+            "--store-format",
+            "sessions=session",
+            "--retention",
+            "sessions=86700001",
         ],
         capture_output=True,
         text=True,
         timeout=180,
         env={**os.environ, "COLUMNS": "250"},
     )
-    assert out.returncode == 1, out.stdout + out.stderr  # three stores of kinds statestore does not write
-    assert "4 ok, 0 failed, 3 stores not restored" in out.stdout, out.stdout
-    for store in ("tumbling", "sessions"):
-        assert f"not restored: store {store} (sub-topology 0): it is a window or session store" in out.stdout
+    assert out.returncode == 1, (
+        out.stdout + out.stderr
+    )  # a versioned store, a retention the topic contradicts
+    assert "6 ok, 0 failed, 2 stores not restored" in out.stdout, out.stdout
+    assert (
+        f"not restored: store sessions (sub-topology 0): --retention sessions=86700001 contradicts its "
+        f"changelog {app}-sessions-changelog: retention.ms=86700000" in out.stdout
+    )
     assert "not restored: store latest (sub-topology 0): it is a versioned store" in out.stdout
     for p in (0, 1):
         assert store_contents(state / app / f"1_{p}" / "rocksdb" / GROUPED).offsets == {
             f"{app}-{GROUPED}-changelog-{p}": 14
         }
         assert store_contents(state / app / f"0_{p}" / "rocksdb" / "counts").data
-    for store in ("tumbling", "sessions", "latest"):
+    for p in (0, 1):
+        segments = sorted((state / app / f"0_{p}" / "tumbling").iterdir())
+        assert segments and all(s.name.startswith("tumbling.") for s in segments), out.stdout
+        assert sum(len(_native.store_dump(s).entries) for s in segments) == 5
+    for store in ("sessions", "latest"):
         assert not any(state.glob(f"{app}/*/rocksdb/{store}")), "never opened for writing"
         assert not any(state.glob(f"{app}/*/{store}"))
