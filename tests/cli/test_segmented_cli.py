@@ -272,3 +272,13 @@ def test_a_retention_given_for_a_key_value_store_is_reported() -> None:
         retentions={"counts": RETENTION},
     )[0]
     assert found.refusal is not None and "a retention belongs to window and session stores" in found.refusal
+
+
+@pytest.mark.spark
+def test_the_spark_engine_writes_the_segments_with_the_retention_given(app: Path) -> None:
+    pytest.importorskip("pyspark")
+    flags = ["--store", "sess", "--store-format", "sess=session", "--retention", f"sess={RETENTION}"]
+    out = cli(*restore_args(app, "--engine", "spark", "--master", "local[2]", *flags))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 ok, 0 failed, 0 stores not restored" in out.stdout
+    assert on_disk(app / "state" / APP / "0_0" / "sess") == (expected_segments("session", "sess"), {29})
