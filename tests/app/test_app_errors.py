@@ -123,15 +123,18 @@ def test_a_missing_output_topic_is_refused(kafka_bootstrap: str, tmp_path: Path)
 
 
 def test_unsupported_store_formats_and_settings_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="format 'timestamped' is not supported"):
+    with pytest.raises(ValueError, match="format 'session' is not a key-value store's"):
         App(
             "x",
             "127.0.0.1:1",
             input_topics=["i"],
-            stores={"s": "timestamped"},
+            stores={"s": "session"},
             process=count,
             state_dir=tmp_path,
         )
+    assert App(
+        "x", "127.0.0.1:1", input_topics=["i"], stores={"s": "timestamped"}, process=count, state_dir=tmp_path
+    ).stores == {"s": "timestamped"}
     with pytest.raises(ValueError, match="group_protocol"):
         App(
             "x",

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
-from statestore import IllegalStateError, LogError, SegmentLog, TaskId
+from statestore import IllegalStateError, LogError, SegmentLog, TaskId, _native
 from statestore.processing.task import ActiveTask, TaskState
 from statestore.processing.task_manager import TaskManager
-from statestore.state.store import OFFSETS_CF, STATUS_KEY, STATUS_OPEN, encode_i64
+from statestore.state.directory import StateDirectory
+from statestore.state.store import OFFSETS_CF, STATUS_KEY, STATUS_OPEN, encode_i64, encode_timestamped
 from support.model import store_contents
 from support.tasks import STORE, Events, changelog_tp, close_all, manager, produce
 
@@ -384,3 +385,48 @@ def test_offset_before_the_changelog_start_is_corruption(root: Path) -> None:
         "the records between offset 19 and the start are lost"
     )
     close_all(tm)
+
+
+# -- store formats -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("guarantee", ["exactly_once_v2", "at_least_once"])
+def test_a_timestamped_store_is_written_and_restored_in_its_format(root: Path, guarantee: str) -> None:
+    def timestamped_manager(state: str) -> TaskManager:
+        tm = TaskManager(
+            StateDirectory(root / state, "app"),
+            SegmentLog(root / "log", sync=False),
+            {STORE: "timestamped"},
+            guarantee=guarantee,
+        )
+        tm.start()
+        return tm
+
+    values = {b"k%d" % i: encode_timestamped(1_700_000_000_000 + i, b"v%d" % i) for i in range(50)}
+    tm = timestamped_manager("state")
+    tm.assign([T], [])
+    assert tm.restore()
+    task = tm.task(T)
+    assert isinstance(task, ActiveTask)
+    for k, v in values.items():
+        task.store(STORE).put(k, v)
+    tm.commit()
+    close_all(tm)
+    written = root / "state" / "app" / str(T) / "rocksdb" / STORE
+    assert _native.store_format(written) == "timestamped"
+    # The changelog holds what Kafka Streams logs: the plain value, with the timestamp on the record.
+    logged = {r.key: encode_timestamped(r.timestamp, r.value) for r in SegmentLog(root / "log").read(TP)}
+    assert logged == values
+    # Restored elsewhere from the changelog, as an active task and as a standby: the same format.
+    for state, active, standby in (("active", [T], []), ("standby", [], [T])):
+        other = timestamped_manager(state)
+        other.assign(active, standby)
+        for _ in range(200):
+            other.poll()
+            if other.task(T).offsets().get(TP) == len(values) - 1:
+                break
+        assert other.task(T).offsets().get(TP) == len(values) - 1, state
+        close_all(other)
+        restored = root / state / "app" / str(T) / "rocksdb" / STORE
+        assert _native.store_format(restored) == "timestamped", state
+        assert store_contents(restored).data == store_contents(written).data == values, state

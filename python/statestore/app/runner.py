@@ -40,9 +40,10 @@ from statestore.errors import (
 )
 from statestore.ids import TaskId, TopicPartition
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
-from statestore.processing.task import ActiveTask, TaskState, TaskStore
+from statestore.processing.task import ActiveTask, TaskState, TaskStore, store_formats
 from statestore.processing.task_manager import TaskManager
 from statestore.state.policy import Guarantee
+from statestore.state.store import KEY_VALUE_FORMATS
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,9 @@ class App:
     * ``input_topics`` must exist and have the same number of partitions (co-partitioned);
       ``output_topics`` must exist. Changelog topics ``<application_id>-<store>-changelog``
       are created (compacted) with that many partitions.
-    * ``stores`` maps each store name to its format (only ``"plain"`` for now); a list of names
+    * ``stores`` maps each store name to its format: ``"plain"``, or ``"timestamped"`` (Kafka
+      Streams' timestamped key-value store: values are ``encode_timestamped(ts, value)`` bytes,
+      as a Kafka Streams application reading the same changelog expects); a list of names
       means plain stores.
     * ``process(record, ctx)`` runs once per input record, inside the task's transaction under
       exactly-once; if it raises, the transaction is aborted and the application stops with
@@ -272,7 +275,7 @@ class App:
             self.task_manager = TaskManager(
                 self.state_dir,
                 self.changelog,
-                list(self.stores),
+                self.stores,
                 guarantee=self.guarantee,
                 application_id=self.application_id,
                 commit_interval_ms=max(1, int(self.commit_interval * 1000)),
@@ -972,14 +975,14 @@ def standby_members(
 
 
 def _store_formats(stores: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
-    out = dict(stores) if isinstance(stores, Mapping) else {name: "plain" for name in stores}
+    out = store_formats(stores)
     if not out:
         raise ValueError("an application needs at least one store")
     for name, fmt in out.items():
-        if fmt != "plain":
+        if fmt not in KEY_VALUE_FORMATS:
             raise ValueError(
-                f"store {name!r}: format {fmt!r} is not supported by the application runner yet (only 'plain'; "
-                "the task manager does not pass formats to its stores)"
+                f"store {name!r}: format {fmt!r} is not a key-value store's; an application's stores are "
+                f"{' or '.join(KEY_VALUE_FORMATS)}"
             )
     return out
 

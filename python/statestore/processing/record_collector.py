@@ -31,10 +31,12 @@ class RecordCollector:
         if self.transactional and not self.producer.in_transaction:
             self.producer.begin()
 
-    def send(self, tp: TopicPartition, key: bytes, value: bytes | None) -> int:
+    def send(
+        self, tp: TopicPartition, key: bytes, value: bytes | None, *, timestamp: int | None = None
+    ) -> int:
         """Send one change and return its offset (beginning a transaction if needed)."""
         self._begin_if_needed()
-        return self.producer.send(tp.topic, tp.partition, key, value)
+        return self.producer.send(tp.topic, tp.partition, key, value, timestamp=timestamp)
 
     def send_record(
         self,

@@ -38,7 +38,7 @@ from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition
 from statestore.state.directory import StateDirectory
 from statestore.state.policy import Event, Policy
 from statestore.state.state_manager import StateManager
-from statestore.state.store import STATUS_OPEN, Store
+from statestore.state.store import STATUS_OPEN, Store, decode_timestamped
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,9 @@ def unclean_status_is_corruption(policy: Policy) -> bool:
 class ChangelogSender(Protocol):
     """Where a task's store writes go on their way to the changelog (the task manager's producer)."""
 
-    def send(self, tp: TopicPartition, key: bytes, value: bytes | None) -> int:
+    def send(
+        self, tp: TopicPartition, key: bytes, value: bytes | None, *, timestamp: int | None = None
+    ) -> int:
         """Send one change; return its changelog offset."""
         ...
 
@@ -103,16 +105,29 @@ class ChangelogStore:
     name: str
     tp: TopicPartition
     path: Path
+    #: The store's format (``STORE_FORMATS``), which its restores write.
+    format: str = "plain"
 
 
 def build_state_manager(
-    directory: StateDirectory, task_id: TaskId, policy: Policy, stores: Iterable[str], *, standby: bool
+    directory: StateDirectory,
+    task_id: TaskId,
+    policy: Policy,
+    stores: Mapping[str, str] | Iterable[str],
+    *,
+    standby: bool,
 ) -> StateManager:
-    """A state manager for ``task_id`` with the logged persistent stores ``stores`` registered."""
+    """A state manager for ``task_id`` with the logged persistent stores ``stores`` registered
+    (names, or names mapped to their formats; a bare name is a plain store)."""
     sm = StateManager(directory, task_id, policy, standby=standby)
-    for name in stores:
-        sm.register(name)
+    for name, fmt in store_formats(stores).items():
+        sm.register(name, format=fmt)
     return sm
+
+
+def store_formats(stores: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
+    """``stores`` as store name -> format: a mapping as it is, names as plain stores."""
+    return dict(stores) if isinstance(stores, Mapping) else dict.fromkeys(stores, "plain")
 
 
 class Task:
@@ -157,8 +172,9 @@ class Task:
     def changelog_stores(self) -> list[ChangelogStore]:
         """The task's logged stores, in registration order."""
         sd = self.state_manager.directory
+        formats = self.state_manager.store_formats()
         return [
-            ChangelogStore(name, tp, sd.store_dir(self.id, name))
+            ChangelogStore(name, tp, sd.store_dir(self.id, name), formats[name])
             for name, tp in self.state_manager.changelog_partitions().items()
         ]
 
@@ -323,7 +339,7 @@ class Task:
         else:
             sm.close(clean=False)
             self.state_manager = build_state_manager(
-                sm.directory, self.id, sm.policy, sm.store_names(), standby=sm.standby
+                sm.directory, self.id, sm.policy, sm.store_formats(), standby=sm.standby
             )
         self._stores_released = False
         if self._state is not TaskState.CLOSED:
@@ -356,9 +372,21 @@ class TaskStore:
         return self.store.get(key)
 
     def put(self, key: bytes, value: bytes) -> None:
-        """Write ``key -> value``: staged in the store and sent to the changelog."""
-        self.store.put(key, value)
-        self._task._sent(self.tp, self._task._sender_for_write().send(self.tp, key, value))
+        """Write ``key -> value``: staged in the store and sent to the changelog.
+
+        In a timestamped store ``value`` is ``encode_timestamped(ts, v)``; the changelog gets ``v``
+        with the record timestamp ``ts``, as Kafka Streams logs it (a restore puts them together
+        again), so Kafka Streams and statestore read each other's changelogs.
+        """
+        store = self.store
+        if store.format == "timestamped":
+            timestamp, logged = decode_timestamped(value)
+            store.put(key, value)
+            offset = self._task._sender_for_write().send(self.tp, key, logged, timestamp=timestamp)
+        else:
+            store.put(key, value)
+            offset = self._task._sender_for_write().send(self.tp, key, value)
+        self._task._sent(self.tp, offset)
 
     def delete(self, key: bytes) -> None:
         """Delete ``key``: staged in the store and a tombstone sent to the changelog."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from statestore.changelog.protocol import DEFAULT_TRANSACTION_TIMEOUT_MS, Changelog
@@ -39,7 +39,14 @@ from statestore.errors import (
 from statestore.ids import TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.ops.metrics import RestoreMetrics
 from statestore.processing.record_collector import RecordCollector
-from statestore.processing.task import ActiveTask, StandbyTask, Task, TaskState, build_state_manager
+from statestore.processing.task import (
+    ActiveTask,
+    StandbyTask,
+    Task,
+    TaskState,
+    build_state_manager,
+    store_formats,
+)
 from statestore.processing.updater import (
     DEFAULT_CHUNK_OFFSETS,
     DEFAULT_TIME_SLICE_MS,
@@ -70,7 +77,7 @@ class TaskManager:
 
     ``state_dir`` is a :class:`StateDirectory` (or its root path, with
     ``application_id``); ``stores`` names the logged persistent stores every
-    task has. ``guarantee`` is ``"at_least_once"`` or ``"exactly_once_v2"``;
+    task has (or maps each name to its format, ``"plain"`` or ``"timestamped"``). ``guarantee`` is ``"at_least_once"`` or ``"exactly_once_v2"``;
     ``offsets`` is ``"store"`` (offsets inside RocksDB, the default) or
     ``"checkpoint"`` (Kafka's ``.checkpoint`` file).
 
@@ -89,7 +96,7 @@ class TaskManager:
         self,
         state_dir: StateDirectory | str | Path,
         changelog: Changelog,
-        stores: Iterable[str],
+        stores: Mapping[str, str] | Iterable[str],
         *,
         guarantee: Guarantee | str,
         offsets: OffsetsMode | str = "store",
@@ -118,7 +125,8 @@ class TaskManager:
         if max_startup_tasks < 0:
             raise ValueError(f"max_startup_tasks must be >= 0, got {max_startup_tasks}")
         self.changelog = changelog
-        self.store_names = list(stores)
+        self.store_formats = store_formats(stores)
+        self.store_names = list(self.store_formats)
         if not self.store_names:
             raise ValueError("a task manager needs at least one store name")
         self.policy = (
@@ -164,7 +172,7 @@ class TaskManager:
     # -- building tasks ----------------------------------------------------------------------
 
     def _state_manager(self, task_id: TaskId, *, standby: bool) -> StateManager:
-        return build_state_manager(self.directory, task_id, self.policy, self.store_names, standby=standby)
+        return build_state_manager(self.directory, task_id, self.policy, self.store_formats, standby=standby)
 
     @property
     def collector(self) -> RecordCollector:

@@ -318,7 +318,7 @@ class StateUpdater:
 
     def _specs(self, plan: list[tuple[_Updating, _Changelog, int]]) -> list[RestoreSpec]:
         return [
-            RestoreSpec(cl.store.path, self.changelog, cl.store.tp, end_offset=target)
+            RestoreSpec(cl.store.path, self.changelog, cl.store.tp, end_offset=target, format=cl.store.format)
             for _, cl, target in plan
         ]
 

@@ -23,7 +23,7 @@ from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_top
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.directory import StateDirectory, TaskLock
 from statestore.state.policy import Decision, Event, OffsetAction, OffsetsMode, Policy
-from statestore.state.store import InMemoryStore, Store
+from statestore.state.store import InMemoryStore, Store, check_format
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ class _StoreMeta:
     logged: bool
     persistent: bool
     changelog: TopicPartition | None
+    #: The store's format (``STORE_FORMATS``: Kafka Streams' plain or timestamped key-value store).
+    format: str = "plain"
     store: AnyStore | None = None
     offset: int | None = None
     corrupted: bool = False
@@ -86,8 +88,13 @@ class StateManager:
 
     # -- registration -----------------------------------------------------------------
 
-    def register(self, name: str, *, logged: bool = True, persistent: bool = True) -> None:
+    def register(
+        self, name: str, *, logged: bool = True, persistent: bool = True, format: str = "plain"
+    ) -> None:
         """Declare a store. Its changelog is ``<application_id>-<name>-changelog``, task partition.
+
+        ``format`` is the persistent store's format (``"plain"`` or ``"timestamped"``, Kafka
+        Streams' timestamped key-value store, whose values are ``encode_timestamped`` bytes).
 
         A duplicate name, or a store named ``.checkpoint``, raises ``ValueError``.
         Registration does no I/O; stores are opened by :meth:`initialize`.
@@ -107,7 +114,7 @@ class StateManager:
             if logged
             else None
         )
-        self._stores[name] = _StoreMeta(name, logged, persistent, tp)
+        self._stores[name] = _StoreMeta(name, logged, persistent, tp, check_format(format))
 
     def store(self, name: str) -> AnyStore:
         """The open store called ``name``."""
@@ -125,6 +132,10 @@ class StateManager:
     def store_names(self) -> list[str]:
         """Registered store names, in registration order."""
         return list(self._stores)
+
+    def store_formats(self) -> dict[str, str]:
+        """Registered store name -> its format, in registration order."""
+        return {m.name: m.format for m in self._stores.values()}
 
     def changelog_partition(self, name: str) -> TopicPartition | None:
         """The changelog partition of store ``name``, None if it is not logged."""
@@ -232,7 +243,9 @@ class StateManager:
             for meta in self._stores.values():
                 if meta.store is None:
                     meta.store = (
-                        Store(stores_dir / meta.name, name=meta.name, task_id=self.task_id)
+                        Store(
+                            stores_dir / meta.name, name=meta.name, task_id=self.task_id, format=meta.format
+                        )
                         if meta.persistent
                         else InMemoryStore(meta.name)
                     )

@@ -50,8 +50,13 @@ logger = logging.getLogger(__name__)
 OFFSETS_CF: str = _native.OFFSETS_CF
 #: Column family holding the data of a timestamped store.
 TIMESTAMPED_CF: str = _native.TIMESTAMPED_CF
-#: Store formats: Kafka Streams' plain key-value store and its timestamped one.
+#: Store formats: Kafka Streams' plain key-value store and its timestamped one, and its window and
+#: session stores (``SEGMENTED_STORE_FORMATS``: a directory of segments, written by restores only).
 STORE_FORMATS: tuple[str, ...] = tuple(_native.STORE_FORMATS)
+#: The formats of one RocksDB key-value store, which :class:`Store` reads and writes.
+KEY_VALUE_FORMATS: tuple[str, ...] = tuple(
+    f for f in STORE_FORMATS if f not in _native.SEGMENTED_STORE_FORMATS
+)
 #: Key of the status marker in the offsets column family.
 STATUS_KEY: bytes = _native.STATUS_KEY
 #: Kafka Streams' interactive-query position in the offsets column family: not an offset, skipped.
@@ -242,7 +247,11 @@ class Store(_StagedWrites):
         self.path = Path(path)
         self.name = name if name is not None else self.path.name
         self.task_id = task_id
-        check_format(format)
+        if check_format(format) not in KEY_VALUE_FORMATS:
+            raise ValueError(
+                f"store {self.path}: a {format} store is a directory of segments, not one key-value store; "
+                f"a Store is {' or '.join(KEY_VALUE_FORMATS)}"
+            )
         #: ``"plain"`` or ``"timestamped"`` (values are then :func:`encode_timestamped` bytes).
         self.format = format
         self._staging = _Staging()
@@ -656,6 +665,7 @@ class InMemoryStore(_StagedWrites):
 
 
 __all__ = [
+    "KEY_VALUE_FORMATS",
     "OFFSETS_CF",
     "POSITION_KEY",
     "STATUS_CLOSED",
