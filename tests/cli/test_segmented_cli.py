@@ -11,10 +11,7 @@ nothing of it written.
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from statestore.changelog.segment_log import SegmentLog
 from statestore.restore.discovery import discover_stores
 from statestore.state.store_kinds import WINDOW_OR_SESSION
 from statestore.state.topology import parse_topology
+from support.cli import run_cli as cli
 
 APP = "shop"
 RETENTION = 600_000
@@ -44,16 +42,6 @@ TOPOLOGY = """Topologies:
 
 def topic(store: str) -> str:
     return f"{APP}-{store}-changelog"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "250"},
-    )
 
 
 def segment_time(fmt: str, key: bytes) -> int:

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import pytest
 from statestore import OffsetCheckpoint
 from statestore.state.layout import CHECKPOINT, store_layout
 from support import kstreams_app
+from support.cli import run_cli
 from support.model import store_contents
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -105,13 +105,7 @@ def run_app(build: Path, bootstrap: str, app: str, state: Path, **kw: object) ->
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "250"},
-    )
+    return run_cli(*args, timeout=300)
 
 
 def check_results(run: kstreams_app.AppRun, total: int) -> None:

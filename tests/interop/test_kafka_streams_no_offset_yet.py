@@ -11,9 +11,7 @@ nothing to restore -- nor take that task for corrupted.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 from statestore import OFFSET_UNKNOWN
 from statestore._native import store_info
 from support import kstreams_app
+from support.cli import run_cli
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
 
@@ -37,13 +36,7 @@ def app_built() -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "250"},
-    )
+    return run_cli(*args, timeout=300)
 
 
 def test_a_task_that_never_committed_a_changelog_record(

@@ -9,9 +9,7 @@ open: no ``offsets`` column family, every table file at ``format_version`` 5
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from statestore.state.layout import (
     store_layout,
     table_format_versions,
 )
+from support.cli import run_cli
 from support.model import store_contents
 
 APP = "shop"
@@ -42,13 +41,7 @@ def topic(store: str) -> str:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "COLUMNS": "250"},
-    )
+    return run_cli(*args, timeout=180)
 
 
 def produce(log_dir: Path, n: int, first: int = 0) -> None:

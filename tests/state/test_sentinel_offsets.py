@@ -11,9 +11,6 @@ offset, a mismatch or corruption.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,7 @@ from statestore.ops.inspection import inspect_app
 from statestore.ops.verify import verify_app
 from statestore.restore.staging import restore_partition
 from statestore.state.store import STATUS_CLOSED
+from support.cli import run_cli as _cli
 from support.model import store_contents
 from support.tasks import STORE, changelog_tp, close_all, manager
 
@@ -32,16 +30,6 @@ APP = "app"
 T = TaskId(0, 0)
 TP = changelog_tp(T)
 RECORDS = [(b"k%d" % i, b"v%d" % i) for i in range(10)]
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "250"},
-    )
 
 
 @pytest.fixture

@@ -32,8 +32,6 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +45,7 @@ from statestore.processing.updater import RestoreListener
 from statestore.restore.engine import restore_store
 from statestore.state.directory import StateDirectory
 from statestore.state.store import Store
+from support.cli import run_cli as _cli
 
 APP = "app"
 STORE = "kv"
@@ -414,16 +413,6 @@ def test_python_store_names_the_task_of_a_damaged_block(worlds: dict[str, Path],
 
 
 # -- the statestore command --------------------------------------------------------------------------------------
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "250"},
-    )
 
 
 @pytest.mark.parametrize("damage", ["data-block", "index-block", "offsets-table"])

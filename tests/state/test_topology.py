@@ -8,9 +8,6 @@ topic), a tumbling and a session windowed count, and a global table.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from statestore.errors import TopologyError
 from statestore.restore.discovery import discover_stores
 from statestore.state.store_kinds import KEY_VALUE, VERSIONED, WINDOW_OR_SESSION, kind_from_topic_config
 from statestore.state.topology import parse_topology, read_topology
+from support.cli import run_cli as cli
 from support.model import store_contents
 
 DESCRIBED = "Topologies:\n   Sub-topology: 0\n    Source: KSTREAM-SOURCE-0000000000 (topics: [input])\n      --> KSTREAM-KEY-SELECT-0000000003, KSTREAM-AGGREGATE-0000000002, KSTREAM-AGGREGATE-0000000009, KSTREAM-AGGREGATE-0000000010, KSTREAM-PROCESSOR-0000000001\n    Processor: KSTREAM-KEY-SELECT-0000000003 (stores: [])\n      --> KSTREAM-FILTER-0000000007\n      <-- KSTREAM-SOURCE-0000000000\n    Processor: KSTREAM-FILTER-0000000007 (stores: [])\n      --> KSTREAM-SINK-0000000006\n      <-- KSTREAM-KEY-SELECT-0000000003\n    Processor: KSTREAM-AGGREGATE-0000000002 (stores: [counts])\n      --> none\n      <-- KSTREAM-SOURCE-0000000000\n    Processor: KSTREAM-AGGREGATE-0000000009 (stores: [tumbling])\n      --> none\n      <-- KSTREAM-SOURCE-0000000000\n    Processor: KSTREAM-AGGREGATE-0000000010 (stores: [sessions])\n      --> none\n      <-- KSTREAM-SOURCE-0000000000\n    Processor: KSTREAM-PROCESSOR-0000000001 (stores: [latest])\n      --> none\n      <-- KSTREAM-SOURCE-0000000000\n    Sink: KSTREAM-SINK-0000000006 (topic: KSTREAM-AGGREGATE-STATE-STORE-0000000004-repartition)\n      <-- KSTREAM-FILTER-0000000007\n\n  Sub-topology: 1\n    Source: KSTREAM-SOURCE-0000000008 (topics: [KSTREAM-AGGREGATE-STATE-STORE-0000000004-repartition])\n      --> KSTREAM-AGGREGATE-0000000005\n    Processor: KSTREAM-AGGREGATE-0000000005 (stores: [KSTREAM-AGGREGATE-STATE-STORE-0000000004])\n      --> none\n      <-- KSTREAM-SOURCE-0000000008\n\n  Sub-topology: 2 for global store (will not generate tasks)\n    Source: KSTREAM-SOURCE-0000000011 (topics: [global-input])\n      --> KTABLE-SOURCE-0000000012\n    Processor: KTABLE-SOURCE-0000000012 (stores: [global])\n      --> none\n      <-- KSTREAM-SOURCE-0000000011\n"
@@ -35,16 +33,6 @@ VERSIONED_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "86460
 
 def topic(store: str) -> str:
     return f"{APP}-{store}-changelog"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "statestore.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "250"},
-    )
 
 
 # -- the topology description ---------------------------------------------------------------
