@@ -56,12 +56,19 @@ public class OpenStore {
 def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     if shutil.which("mvn") is None or shutil.which("javac") is None:
         pytest.skip("needs Maven and a JDK")
-    got = subprocess.run(
-        ["mvn", "-q", "-B", "dependency:get", f"-Dartifact={ROCKSDBJNI}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+
+    def get() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["mvn", "-q", "-B", "dependency:get", f"-Dartifact={ROCKSDBJNI}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    # Other test workers may be writing the same local Maven repository at this moment: a second try.
+    got = get()
+    if got.returncode != 0:
+        got = get()
     group, artifact, version = ROCKSDBJNI.split(":")
     jar = (
         Path.home()
@@ -73,7 +80,10 @@ def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
         / f"{artifact}-{version}.jar"
     )
     if got.returncode != 0 or not jar.is_file():
-        pytest.skip(f"{ROCKSDBJNI} does not resolve: {got.stdout[-300:]} {got.stderr[-300:]}")
+        pytest.skip(
+            f"{ROCKSDBJNI} does not resolve (mvn exit {got.returncode}, jar at {jar}: {jar.is_file()}): "
+            f"{got.stdout[-300:]} {got.stderr[-300:]}"
+        )
     build = tmp_path_factory.mktemp("open-store")
     (build / "OpenStore.java").write_text(OPEN_STORE)
     subprocess.run(["javac", "-cp", str(jar), "OpenStore.java"], cwd=build, check=True, timeout=300)
