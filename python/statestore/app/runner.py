@@ -824,6 +824,9 @@ class App:
             if owner != me
             and me in standby_members(members, owner, p, self.partitions, self.num_standby_replicas)
         }
+        # A task no member owns is between owners (its owner left, or a rebalance is under way):
+        # a standby held here stays until an assignment gives the task to someone, very likely here.
+        want |= {t for t in self._standbys if t.partition not in owners}
         want -= set(self._tm().active_tasks())
         if want != self._standbys:
             logger.info(
