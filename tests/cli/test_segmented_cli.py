@@ -21,6 +21,7 @@ from statestore.changelog.segment_log import SegmentLog
 from statestore.restore.discovery import discover_stores
 from statestore.state.store_kinds import WINDOW_OR_SESSION
 from statestore.state.topology import parse_topology
+from support.cli import restore_args
 from support.cli import run_cli as cli
 
 APP = "shop"
@@ -98,26 +99,20 @@ def on_disk(store: Path) -> tuple[dict[str, dict[bytes, bytes]], set[int | None]
     return data, offsets
 
 
-def restore_args(root: Path, *extra: str) -> list[str]:
-    return [
-        "restore",
-        "--log-dir",
-        str(root / "log"),
-        "--state-dir",
-        str(root / "state"),
-        "--app-id",
-        APP,
-        *extra,
-    ]
-
-
 @pytest.mark.parametrize(
     ("store", "fmt"), [("win", "timestamped-window"), ("win", "window"), ("sess", "session")]
 )
 def test_restore_writes_the_segments_of_a_window_or_session_store(app: Path, store: str, fmt: str) -> None:
     out = cli(
         *restore_args(
-            app, "--store", store, "--store-format", f"{store}={fmt}", "--retention", f"{store}={RETENTION}"
+            app,
+            APP,
+            "--store",
+            store,
+            "--store-format",
+            f"{store}={fmt}",
+            "--retention",
+            f"{store}={RETENTION}",
         )
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -129,7 +124,14 @@ def test_restore_writes_the_segments_of_a_window_or_session_store(app: Path, sto
     assert not (app / "state" / APP / "0_0" / "rocksdb" / store).exists(), "not a key-value store"
     again = cli(
         *restore_args(
-            app, "--store", store, "--store-format", f"{store}={fmt}", "--retention", f"{store}={RETENTION}"
+            app,
+            APP,
+            "--store",
+            store,
+            "--store-format",
+            f"{store}={fmt}",
+            "--retention",
+            f"{store}={RETENTION}",
         )
     )
     assert again.returncode == 0, again.stdout + again.stderr
@@ -140,6 +142,7 @@ def test_a_topology_finds_the_window_store_beside_a_key_value_store(app: Path) -
     out = cli(
         *restore_args(
             app,
+            APP,
             "--topology",
             str(app / "topology.txt"),
             "--store-format",
@@ -160,7 +163,7 @@ def test_a_topology_finds_the_window_store_beside_a_key_value_store(app: Path) -
 
 
 def test_a_window_store_without_its_retention_is_reported_and_nothing_written(app: Path) -> None:
-    out = cli(*restore_args(app, "--store", "win", "--store", "counts", "--store-format", "win=window"))
+    out = cli(*restore_args(app, APP, "--store", "win", "--store", "counts", "--store-format", "win=window"))
     assert out.returncode == 1, out.stdout + out.stderr
     assert "2 ok, 0 failed, 1 stores not restored" in out.stdout
     assert "not restored: store win (sub-topology 0): it is a window store" in out.stdout
@@ -172,6 +175,7 @@ def test_a_window_store_without_its_retention_is_reported_and_nothing_written(ap
     topo = cli(
         *restore_args(
             app,
+            APP,
             "--topology",
             str(app / "topology.txt"),
             "--store",
@@ -189,6 +193,7 @@ def test_before_kafka_streams_4_3_a_window_store_is_refused(app: Path) -> None:
     out = cli(
         *restore_args(
             app,
+            APP,
             "--store",
             "win",
             "--store-format",
@@ -206,7 +211,7 @@ def test_before_kafka_streams_4_3_a_window_store_is_refused(app: Path) -> None:
 
 def test_a_retention_needs_a_window_or_session_format_or_a_topology(app: Path) -> None:
     for extra in ([], ["--store-format", "counts=plain"]):
-        out = cli(*restore_args(app, "--store", "counts", "--retention", "counts=1000", *extra))
+        out = cli(*restore_args(app, APP, "--store", "counts", "--retention", "counts=1000", *extra))
         assert out.returncode == 2, out.stdout + out.stderr
         assert "--retention counts=1000" in out.stderr and "--store-format counts=" in out.stderr
     assert not (app / "state").exists()
@@ -266,7 +271,7 @@ def test_a_retention_given_for_a_key_value_store_is_reported() -> None:
 def test_the_spark_engine_writes_the_segments_with_the_retention_given(app: Path) -> None:
     pytest.importorskip("pyspark")
     flags = ["--store", "sess", "--store-format", "sess=session", "--retention", f"sess={RETENTION}"]
-    out = cli(*restore_args(app, "--engine", "spark", "--master", "local[2]", *flags))
+    out = cli(*restore_args(app, APP, "--engine", "spark", "--master", "local[2]", *flags))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 ok, 0 failed, 0 stores not restored" in out.stdout
     assert on_disk(app / "state" / APP / "0_0" / "sess") == (expected_segments("session", "sess"), {29})

@@ -1,7 +1,24 @@
 """Kafka Streams itself and statestore on one real broker: every test here is marked ``kafka``."""
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
+from support import kstreams_app
 from support.markers import mark_folder
 
 pytest_collection_modifyitems = mark_folder(__file__, pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session")
+def app_built() -> Path:
+    """The interop Kafka Streams application, built once (``scripts/kafka-streams-app.sh``); a skip
+    when Maven or a JDK 17 is missing, a failure under ``CI=true``."""
+    try:
+        return kstreams_app.build()
+    except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and the Kafka Streams application could not be built: {e}")
+        pytest.skip(f"the Kafka Streams application could not be built (Maven, JDK 17): {e}")

@@ -47,16 +47,6 @@ VALUE_SIZE = 40
 GUARANTEES = ["at_least_once", "exactly_once_v2"]
 
 
-@pytest.fixture(scope="module")
-def app_built() -> Path:
-    try:
-        return kstreams_app.build()
-    except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the Kafka Streams application could not be built: {e}")
-        pytest.skip(f"the Kafka Streams application could not be built (Maven, JDK 17): {e}")
-
-
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250"}
     return subprocess.run(

@@ -27,14 +27,6 @@ kafka = pytest.importorskip("statestore.changelog.kafka")
 PARTITIONS = 2
 
 
-@pytest.fixture(scope="module")
-def app_built() -> Path:
-    try:
-        return kstreams_app.build()
-    except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"the Kafka Streams application could not be built (Maven, JDK 17): {e}")
-
-
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, timeout=300)
 

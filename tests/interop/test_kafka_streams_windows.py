@@ -22,8 +22,6 @@ from scratch.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -41,16 +39,6 @@ kafka = pytest.importorskip("statestore.changelog.kafka")
 PARTITIONS = 2
 KEYS = 150
 STEP = 250  # ms between input records: a key every 37.5 s, beyond the session gap
-
-
-@pytest.fixture(scope="module")
-def app_built() -> Path:
-    try:
-        return kstreams_app.build()
-    except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the Kafka Streams application could not be built: {e}")
-        pytest.skip(f"the Kafka Streams application could not be built (Maven, JDK 17): {e}")
 
 
 #: The timestamp of input record 0: an hour ago, on a minute.

@@ -18,6 +18,7 @@ from statestore.errors import TopologyError
 from statestore.restore.discovery import discover_stores
 from statestore.state.store_kinds import KEY_VALUE, VERSIONED, WINDOW_OR_SESSION, kind_from_topic_config
 from statestore.state.topology import parse_topology, read_topology
+from support.cli import restore_args
 from support.cli import run_cli as cli
 from support.model import store_contents
 
@@ -190,23 +191,11 @@ def app(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def restore_args(root: Path, *extra: str) -> list[str]:
-    return [
-        "restore",
-        "--log-dir",
-        str(root / "log"),
-        "--state-dir",
-        str(root / "state"),
-        "--app-id",
-        APP,
-        *extra,
-    ]
-
-
 def test_restore_with_a_topology_puts_each_store_in_its_subtopology(app: Path) -> None:
     out = cli(
         *restore_args(
             app,
+            APP,
             "--topology",
             str(app / "topology.txt"),
             "--store",
@@ -230,7 +219,7 @@ def test_restore_with_a_topology_puts_each_store_in_its_subtopology(app: Path) -
 
 def test_restore_reports_a_store_whose_format_is_unknown_and_restores_the_rest(app: Path) -> None:
     named = ["--store", "counts", "--store", GROUPED, "--store-format", "counts=plain"]
-    out = cli(*restore_args(app, "--topology", str(app / "topology.txt"), *named))
+    out = cli(*restore_args(app, APP, "--topology", str(app / "topology.txt"), *named))
     assert out.returncode == 1, out.stdout + out.stderr
     assert "2 ok, 0 failed, 1 stores not restored" in out.stdout
     assert f"not restored: store {GROUPED} (sub-topology 1): its kind is unknown" in out.stdout
@@ -238,11 +227,11 @@ def test_restore_reports_a_store_whose_format_is_unknown_and_restores_the_rest(a
 
 
 def test_the_command_line_names_a_subtopology_without_a_topology_file(app: Path) -> None:
-    out = cli(*restore_args(app, "--store", f"{GROUPED}@1", "--store", "counts"))
+    out = cli(*restore_args(app, APP, "--store", f"{GROUPED}@1", "--store", "counts"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert (app / "state" / APP / "1_1" / "rocksdb" / GROUPED).is_dir()
     assert (app / "state" / APP / "0_1" / "rocksdb" / "counts").is_dir()
-    bad = cli(*restore_args(app, "--store", "counts@x"))
+    bad = cli(*restore_args(app, APP, "--store", "counts@x"))
     assert bad.returncode == 2 and "NAME@SUBTOPOLOGY" in bad.stderr
 
 
@@ -250,9 +239,9 @@ def test_a_bad_topology_or_a_disagreeing_state_directory_is_a_usage_error_naming
     bad = app / "bad.txt"
     bad.write_text(DESCRIBED.replace("Sink:", "Sunk:", 1))
     line = next(i for i, text in enumerate(DESCRIBED.splitlines(), start=1) if "Sink:" in text)
-    out = cli(*restore_args(app, "--topology", str(bad), "--store-format", "counts=plain"))
+    out = cli(*restore_args(app, APP, "--topology", str(bad), "--store-format", "counts=plain"))
     assert out.returncode == 2 and f"{bad}:{line}:" in out.stderr, out.stderr
-    assert cli(*restore_args(app, "--store", f"{GROUPED}@0")).returncode == 0  # the old way: in task 0_p
+    assert cli(*restore_args(app, APP, "--store", f"{GROUPED}@0")).returncode == 0  # the old way: in task 0_p
     for command in ("inspect", "verify"):
         out = cli(
             command,
@@ -271,6 +260,6 @@ def test_a_bad_topology_or_a_disagreeing_state_directory_is_a_usage_error_naming
 
 
 def test_retention_needs_a_topology_or_a_window_or_session_format(app: Path) -> None:
-    out = cli(*restore_args(app, "--retention", "tumbling=600000"))
+    out = cli(*restore_args(app, APP, "--retention", "tumbling=600000"))
     assert out.returncode == 2 and "--topology" in out.stderr
     assert "--store-format tumbling=window|timestamped-window|session" in out.stderr
