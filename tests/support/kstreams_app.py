@@ -126,6 +126,7 @@ def command(
     first_timestamp_ms: int | None = None,
     input_topic: str | None = None,
     expect: int | None = None,
+    retention_ms: int | None = None,
 ) -> list[str]:
     """The command line of one run."""
     cmd = [
@@ -167,6 +168,8 @@ def command(
         cmd += ["--input-topic", input_topic]
     if expect is not None:
         cmd += ["--expect", str(expect)]
+    if retention_ms is not None:
+        cmd += ["--retention-ms", str(retention_ms)]
     for k, v in (config or {}).items():
         cmd += ["--config", f"{k}={v}"]
     return cmd

@@ -67,7 +67,9 @@ import org.apache.kafka.streams.state.Stores;
  * <p>{@code --stores latest} or {@code counts} builds the topology with that store alone (the benchmark).
  * {@code --stores windowed} builds instead a tumbling windowed count ({@code wcounts}: 1-minute windows, no grace,
  * a timestamped window store of retention 60 s) and a session-windowed count ({@code scounts}: 30 s inactivity
- * gap, no grace, a session store of retention 30 s); both segment by the DSL's interval, 60 s. With
+ * gap, no grace, a session store of retention 30 s); both segment by the DSL's interval, 60 s. {@code --stores wcounts}
+ * builds the tumbling windowed count alone, its retention {@code --retention-ms R} if given (the DSL's segment
+ * interval is then {@code max(R / 2, 60 s)}): the windowed benchmark. With
  * {@code --time-step-ms S} input record {@code seq} gets the timestamp {@code F + seq * S} ({@code F}:
  * {@code --first-timestamp-ms}, default 1700000000000; a recent one keeps the broker's retention from deleting
  * the input and changelogs), so windows open, close and expire as the input goes. {@code --input-topic T} reads T instead of
@@ -126,6 +128,8 @@ public final class StreamsApp {
         long firstTimestamp = FIRST_TIMESTAMP;
         /** Windowed: input records this run processes before it is done (-1: those it produces). */
         long expect = -1;
+        /** Retention of the windowed count, ms (0: the DSL's, window size + grace). */
+        long retentionMs = 0;
         String inputTopic;
         final Map<String, String> config = new TreeMap<>();
 
@@ -158,6 +162,7 @@ public final class StreamsApp {
                     case "--first-timestamp-ms" -> a.firstTimestamp = Long.parseLong(v);
                     case "--input-topic" -> a.inputTopic = v;
                     case "--expect" -> a.expect = Long.parseLong(v);
+                    case "--retention-ms" -> a.retentionMs = Long.parseLong(v);
                     case "--config" -> {
                         int eq = v.indexOf('=');
                         if (eq <= 0) {
@@ -171,13 +176,19 @@ public final class StreamsApp {
             if (a.bootstrap == null || a.appId == null || a.stateDir == null) {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
-            if (!List.of("both", LATEST, COUNTS, WINDOWED).contains(a.stores)) {
-                throw new IllegalArgumentException("--stores is both, latest, counts or windowed, got " + a.stores);
+            if (!List.of("both", LATEST, COUNTS, WINDOWED, WCOUNTS).contains(a.stores)) {
+                throw new IllegalArgumentException(
+                        "--stores is both, latest, counts, windowed or wcounts, got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
             }
             return a;
+        }
+
+        /** Whether the topology is windowed (done once {@code --expect} records are processed). */
+        boolean windowed() {
+            return stores.equals(WINDOWED) || stores.equals(WCOUNTS);
         }
 
         String inputTopic() {
@@ -190,6 +201,7 @@ public final class StreamsApp {
                 case LATEST -> List.of(LATEST);
                 case COUNTS -> List.of(COUNTS);
                 case WINDOWED -> List.of(WCOUNTS, SCOUNTS);
+                case WCOUNTS -> List.of(WCOUNTS);
                 default -> List.of(LATEST, COUNTS);
             };
         }
@@ -223,16 +235,21 @@ public final class StreamsApp {
         }
     }
 
-    static Topology topology(String input, String stores, AtomicLong processed) {
+    static Topology topology(String input, String stores, long retentionMs, AtomicLong processed) {
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
-        if (stores.equals(WINDOWED)) {
+        if (stores.equals(WINDOWED) || stores.equals(WCOUNTS)) {
             KStream<String, String> counted = in.peek((k, v) -> processed.incrementAndGet());
+            Materialized<String, Long, WindowStore<Bytes, byte[]>> wstore =
+                    Materialized.<String, Long, WindowStore<Bytes, byte[]>>as(WCOUNTS)
+                            .withKeySerde(Serdes.String())
+                            .withValueSerde(Serdes.Long());
             counted.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
                     .windowedBy(TimeWindows.ofSizeWithNoGrace(WINDOW_SIZE))
-                    .count(Materialized.<String, Long, WindowStore<Bytes, byte[]>>as(WCOUNTS)
-                            .withKeySerde(Serdes.String())
-                            .withValueSerde(Serdes.Long()));
+                    .count(retentionMs > 0 ? wstore.withRetention(Duration.ofMillis(retentionMs)) : wstore);
+            if (stores.equals(WCOUNTS)) {
+                return b.build();
+            }
             counted.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
                     .windowedBy(SessionWindows.ofInactivityGapWithNoGrace(SESSION_GAP))
                     .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as(SCOUNTS)
@@ -400,7 +417,7 @@ public final class StreamsApp {
         p.putAll(a.config);
 
         AtomicLong processed = new AtomicLong();
-        Topology topology = topology(a.inputTopic(), a.stores, processed);
+        Topology topology = topology(a.inputTopic(), a.stores, a.retentionMs, processed);
         System.err.println(topology.describe());
         KafkaStreams streams = new KafkaStreams(topology, p);
 
@@ -487,7 +504,7 @@ public final class StreamsApp {
                 }
             } else if (running && !restoring
                     && (a.stores.equals(LATEST) ? processed.get() >= a.produce
-                    : a.stores.equals(WINDOWED) ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
+                    : a.windowed() ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
                 break;
