@@ -40,6 +40,10 @@ default fetch settings (Kafka Streams' restore consumer: ``max.poll.records``
 statestore's native fetcher: ``max.partition.fetch.bytes`` 8 MiB, reached from a
 first response of 1 MiB that doubles with each response, 100 ms fetch wait),
 the same store format (plain).
+
+How both sides are run, timed and recorded is shared with the windowed
+count's benchmark (``test_bench_kstreams_windowed.py``) in
+``kstreams_bench.py``.
 """
 
 from __future__ import annotations
