@@ -332,17 +332,21 @@ impl SegmentedStore {
     fn segment<'m>(&self, segments: &'m mut BTreeMap<i64, Store>, id: i64) -> Result<&'m Store, StoreError> {
         match segments.entry(id) {
             Entry::Occupied(e) => Ok(e.into_mut()),
-            Entry::Vacant(e) => {
-                let path = self.dir.join(self.seg.segment_name(&self.name, id));
-                let s = Store::open_format(&path, self.opts.clone(), self.format.db_format())?;
-                if s.status()?.is_none() {
-                    let mut b = WriteBatch::default();
-                    s.put_status(&mut b, STATUS_CLOSED);
-                    s.write(b, false)?;
-                }
-                Ok(e.insert(s))
-            }
+            Entry::Vacant(e) => Ok(e.insert(self.create(id)?)),
         }
+    }
+
+    /// Open segment `id`'s database, creating it (CLOSED) if missing; the
+    /// caller puts it in the map.
+    fn create(&self, id: i64) -> Result<Store, StoreError> {
+        let path = self.dir.join(self.seg.segment_name(&self.name, id));
+        let s = Store::open_format(&path, self.opts.clone(), self.format.db_format())?;
+        if s.status()?.is_none() {
+            let mut b = WriteBatch::default();
+            s.put_status(&mut b, STATUS_CLOSED);
+            s.write(b, false)?;
+        }
+        Ok(s)
     }
 
     /// Apply operations (in key order, one per key) to their live segments,
@@ -373,6 +377,27 @@ impl SegmentedStore {
     pub fn ingest(&self, id: i64, files: Vec<PathBuf>) -> Result<(), StoreError> {
         let mut segments = self.lock();
         let s = self.segment(&mut segments, id)?;
+        Self::ingest_into(s, files)
+    }
+
+    /// [`SegmentedStore::ingest`] of several segments (id -> files), side by
+    /// side: creating a segment's RocksDB costs a dozen syncs and ingesting
+    /// into it a few more, and the disk serves those of several segments at
+    /// once (the threads wait on the disk, not on a core). One segment's
+    /// ingestion failing leaves the others' done, as one after another would.
+    pub fn ingest_all(&self, files: BTreeMap<i64, Vec<PathBuf>>) -> Result<(), StoreError> {
+        let mut segments = self.lock();
+        let missing: Vec<i64> = files.keys().copied().filter(|id| !segments.contains_key(id)).collect();
+        let created = side_by_side(missing, |id| self.create(id).map(|s| (id, s)));
+        for r in created {
+            let (id, s) = r?;
+            segments.insert(id, s);
+        }
+        let segments = &*segments;
+        side_by_side(files, |(id, files)| Self::ingest_into(&segments[&id], files)).into_iter().collect()
+    }
+
+    fn ingest_into(s: &Store, files: Vec<PathBuf>) -> Result<(), StoreError> {
         if files.is_empty() {
             return Ok(());
         }
@@ -411,18 +436,17 @@ impl SegmentedStore {
         self.drop_expired()?;
         let segments = self.lock();
         let unflushed = self.take_unflushed();
-        for (id, s) in segments.iter() {
-            if offset.is_none() || unflushed.contains(id) {
-                s.flush()?;
-            }
-        }
+        let first = segments.iter().filter(|(id, _)| offset.is_none() || unflushed.contains(id));
+        side_by_side(first, |(_, s)| s.flush()).into_iter().collect::<Result<(), _>>()?;
         if let Some(off) = offset {
-            for s in segments.values() {
+            side_by_side(segments.values(), |s| {
                 let mut b = WriteBatch::default();
                 s.put_offset(&mut b, tp, off);
                 s.write(b, false)?;
-                s.flush()?;
-            }
+                s.flush()
+            })
+            .into_iter()
+            .collect::<Result<(), _>>()?;
         }
         Ok(())
     }
@@ -433,6 +457,26 @@ impl SegmentedStore {
         self.take_unflushed();
         segments.values().try_for_each(Store::flush)
     }
+}
+
+/// `f` of every item, each but the first on a thread of its own (the
+/// first on this one), in the items' order: for work that waits on the
+/// disk (syncs), which it then serves together.
+fn side_by_side<I, T, R>(items: I, f: impl Fn(T) -> R + Sync) -> Vec<R>
+where
+    I: IntoIterator<Item = T>,
+    T: Send,
+    R: Send,
+{
+    let mut items = items.into_iter();
+    let Some(first) = items.next() else { return Vec::new() };
+    let f = &f;
+    std::thread::scope(|sc| {
+        let others: Vec<_> = items.map(|t| sc.spawn(move || f(t))).collect();
+        let mut out = vec![f(first)];
+        out.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+        out
+    })
 }
 
 #[cfg(test)]

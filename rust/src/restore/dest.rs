@@ -12,6 +12,7 @@
 //! recorded offset, never an offset ahead of data, and replaying from it
 //! converges to the same store.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{IngestExternalFileOptions, Options, WriteBatch};
@@ -201,6 +202,16 @@ impl Dest {
                     .map_err(|e| StoreError::rocksdb(s.path(), "ingesting SST files", &e))
             }
             Dest::Segmented(s) => s.ingest(id, files),
+        }
+    }
+
+    /// [`Dest::ingest`] of several databases (id -> files); a segmented
+    /// store ingests into its segments side by side
+    /// ([`SegmentedStore::ingest_all`]).
+    pub fn ingest_all(&self, files: BTreeMap<i64, Vec<PathBuf>>) -> Result<(), StoreError> {
+        match self {
+            Dest::Store(_) => files.into_iter().try_for_each(|(id, files)| self.ingest(id, files)),
+            Dest::Segmented(s) => s.ingest_all(files),
         }
     }
 }

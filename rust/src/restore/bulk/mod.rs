@@ -199,18 +199,16 @@ fn run(
         let runs = runs::reduce(runs, fan_in, buffer, dir, &mut seq)?;
         runs::merge(&runs, buffer, |k, v| out.add(k, v))?;
     }
-    for (id, files) in out.finish()? {
-        store.ingest(id, files).map_err(|e| {
-            RestoreError::new(
-                if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
-                format!(
-                    "ingesting SST files for {tp} failed: {e}; each database's ingestion is atomic: \
-                     the store keeps its previous state (a segment ingested before stays ahead of \
-                     the recorded offset, which replays over it)",
-                ),
-            )
-        })?;
-    }
+    store.ingest_all(out.finish()?).map_err(|e| {
+        RestoreError::new(
+            if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
+            format!(
+                "ingesting SST files for {tp} failed: {e}; each database's ingestion is atomic: \
+                 the store keeps its previous state (a segment ingested before stays ahead of \
+                 the recorded offset, which replays over it)",
+            ),
+        )
+    })?;
     store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e))?;
     Ok(applied)
 }
