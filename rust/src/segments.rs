@@ -568,8 +568,7 @@ mod tests {
         assert_eq!(view.db_format().unwrap(), Some(StoreFormat::Plain));
         assert_eq!(view.offsets().unwrap(), BTreeMap::from([("t-0".to_string(), 5), ("t-1".to_string(), 7)]));
         drop(view);
-        Store::open_format(&p.join("win.240000"), crate::store::store_options(true), StoreFormat::Timestamped)
-            .unwrap();
+        Store::open_format(&p.join("win.240000"), crate::store::store_options(true), StoreFormat::Timestamped).unwrap();
         let e = SegmentsReadOnly::open(&p).err().unwrap().to_string();
         assert!(e.contains("different formats") && e.contains("win.240000"), "{e}");
     }
