@@ -439,10 +439,19 @@ def test_a_retention_given_for_a_key_value_store_is_reported() -> None:
 
 
 @pytest.mark.spark
-def test_the_spark_engine_writes_the_segments_with_the_retention_given(app: Path) -> None:
+@pytest.mark.parametrize("version", ["4.4", "4.2"])
+def test_the_spark_engine_writes_the_segments_with_the_retention_given(app: Path, version: str) -> None:
     pytest.importorskip("pyspark")
     flags = ["--store", "sess", "--store-format", "sess=session", "--retention", f"sess={RETENTION}"]
+    flags += ["--kafka-streams-version", version]
     out = cli(*restore_args(app, APP, "--engine", "spark", "--master", "local[2]", *flags))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 ok, 0 failed, 0 stores not restored" in out.stdout
-    assert on_disk(app / "state" / APP / "0_0" / "sess") == (expected_segments("session", "sess"), {29})
+    legacy = version == "4.2"
+    store = app / "state" / APP / "0_0" / "sess"
+    assert on_disk(store) == (expected_segments("session", "sess"), {None} if legacy else {29})
+    # the .checkpoint layout: each segment without its offsets family, the offset in the task's .checkpoint
+    assert all((store_layout(seg) is CHECKPOINT) == legacy for seg in store.iterdir())
+    assert OffsetCheckpoint(store.parent / ".checkpoint").read() == (
+        {TopicPartition(topic("sess"), 0): 29} if legacy else {}
+    )
