@@ -281,9 +281,15 @@ def test_inspect_and_verify_report_a_window_or_session_store(
                 assert r["format"] is None and f"--store-format {store}=window|session" in r["format_note"], r
 
     # verify needs what the bytes do not tell, and says so
-    out = verify(app)
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert f"give --retention {store}=MS" in out.stderr or "--store-format" in out.stderr, out.stderr
+    out = verify(app, *given)
+    assert out.returncode == 1 and out.stdout.count("NOT VERIFIED") == 2, out.stdout + out.stderr
+    assert f"give --retention {store}=MS" in out.stderr and "2 of 2 stores not verified" in out.stderr, (
+        out.stderr
+    )
+    if given:
+        out = verify(app, "--retention", f"{store}={RETENTION}")
+        assert out.returncode == 1 and out.stdout.count("NOT VERIFIED") == 2, out.stdout + out.stderr
+        assert f"give --store-format {store}=window|session" in out.stderr, out.stderr
     out = verify(app, *given, "--retention", f"{store}={RETENTION}")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("exact") == 2, out.stdout

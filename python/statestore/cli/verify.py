@@ -97,6 +97,8 @@ def verify(
             else (
                 "[red]MISMATCH[/red]"
                 if r.problem is None
+                else "[yellow]NOT VERIFIED[/yellow]"
+                if r.unverified
                 else "[red]DAMAGED[/red]"
                 if r.damaged
                 else "[red]UNREADABLE[/red]"
@@ -121,6 +123,10 @@ def verify(
                 f"damaged: task {r.store.task_id} store {r.store.store} ({r.store.path}) cannot be read: "
                 f"{r.problem}",
                 soft_wrap=True,
+            )
+        elif r.unverified:
+            err_console.print(
+                f"not verified: task {r.store.task_id} store {r.store.store}: {r.problem}", soft_wrap=True
             )
         elif r.problem is not None:
             err_console.print(f"cannot verify task {r.store.task_id} store {r.store.store}: {r.problem}")
@@ -147,8 +153,15 @@ def verify(
             )
     if not results:
         err_console.print(f"no stores found for {app_id} in {state_dir}")
-    if bad:
+    unverified = [r for r in bad if r.unverified]
+    if unverified:
         err_console.print(
-            f"{len(bad)} of {len(results)} stores differ from their changelog; wipe them to restore"
+            f"{len(unverified)} of {len(results)} stores not verified: give what the messages above name"
         )
+    if len(bad) > len(unverified):
+        err_console.print(
+            f"{len(bad) - len(unverified)} of {len(results)} stores differ from their changelog; wipe them to "
+            "restore"
+        )
+    if bad:
         sys.exit(1)

@@ -75,6 +75,9 @@ class VerifyResult:
     segment: str | None = None
     #: A window or session store: how many segments were compared (those holding data on either side).
     segments: int | None = None
+    #: Not verified for want of what the store's bytes do not tell (its retention, window or session):
+    #: ``problem`` names the flag; nothing is known to be wrong with the store.
+    unverified: bool = False
 
     @property
     def ok(self) -> bool:
@@ -158,10 +161,26 @@ def _checkpointed(store: LocalStore) -> int | None:
 
 
 def _unreadable(
-    store: LocalStore, offset: int | None, fmt: str | None, e: StateStoreError | str
+    store: LocalStore,
+    offset: int | None,
+    fmt: str | None,
+    e: StateStoreError | str,
+    *,
+    unverified: bool = False,
 ) -> VerifyResult:
     return VerifyResult(
-        store, offset, "", "", 0, 0, None, None, fmt, str(e), damaged=isinstance(e, StoreCorruptedError)
+        store,
+        offset,
+        "",
+        "",
+        0,
+        0,
+        None,
+        None,
+        fmt,
+        str(e),
+        damaged=isinstance(e, StoreCorruptedError),
+        unverified=unverified,
     )
 
 
@@ -182,7 +201,9 @@ def _verify_segmented(
     try:
         fmt = view.format_for(format, store.store)
     except ValueError as e:
-        return _unreadable(store, None, None, f"cannot tell how to rebuild it: {e}")
+        return _unreadable(
+            store, None, None, f"cannot tell how to rebuild it: {e}", unverified=format is None
+        )
     if retention_ms is None:
         return _unreadable(
             store,
@@ -190,6 +211,7 @@ def _verify_segmented(
             fmt,
             f"a {fmt} store, whose retention neither its bytes nor its changelog tell: give --retention "
             f"{store.store}=MS to verify it",
+            unverified=True,
         )
     try:
         _native.segments_check(store.path, retention_ms, segment_interval_ms)
