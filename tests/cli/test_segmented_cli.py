@@ -168,6 +168,21 @@ def test_a_topology_finds_the_window_store_beside_a_key_value_store(app: Path) -
     assert (app / "state" / APP / "0_1" / "rocksdb" / "counts").is_dir()
 
 
+def test_a_topology_meets_the_segments_on_disk(app: Path) -> None:
+    """With ``--topology``, a window store already on disk tells its format (timestamped segments), and a
+    topology that does not name it disagrees with the state directory."""
+    restore_window(app, "win", "timestamped-window")
+    topology = ["--topology", str(app / "topology.txt")]
+    out = cli(*restore_args(app, APP, *topology, "--store", "win", "--retention", f"win={RETENTION}"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 ok, 0 failed, 0 stores not restored" in out.stdout, out.stdout
+    (app / "other.txt").write_text(TOPOLOGY.replace("(stores: [win])", "(stores: [other])"))
+    state = ["--state-dir", str(app / "state"), "--app-id", APP, "--log-dir", str(app / "log")]
+    out = cli("inspect", *state, "--topology", str(app / "other.txt"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "store win in" in out.stderr and "is not in the topology" in out.stderr, out.stderr
+
+
 def test_a_window_store_without_its_retention_is_reported_and_nothing_written(app: Path) -> None:
     out = cli(*restore_args(app, APP, "--store", "win", "--store", "counts", "--store-format", "win=window"))
     assert out.returncode == 1, out.stdout + out.stderr
