@@ -134,8 +134,7 @@ impl Segmentation {
     /// named as a segment that does not start at a multiple of the segment
     /// interval was written with another interval: an error.
     pub fn segment_of_name(&self, store: &str, name: &str) -> Result<Option<i64>, String> {
-        let Some(n) = name.strip_prefix(store).and_then(|r| r.strip_prefix('.')) else { return Ok(None) };
-        let Ok(start) = n.parse::<i64>() else { return Ok(None) };
+        let Some(start) = segment_start(store, name) else { return Ok(None) };
         if start % self.segment_interval_ms != 0 {
             return Err(format!(
                 "segment {name} does not start at a multiple of the segment interval {} ms: the store was \
@@ -144,6 +143,92 @@ impl Segmentation {
             ));
         }
         Ok(Some(start / self.segment_interval_ms))
+    }
+}
+
+/// The start (ms) of the segment the directory entry `name` of `store`
+/// names (`<store>.<start>`, start >= 0), None when it names none (Kafka
+/// Streams' `<store>.position` file, anything else).
+pub fn segment_start(store: &str, name: &str) -> Option<i64> {
+    let n = name.strip_prefix(store)?.strip_prefix('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse::<i64>().ok()
+}
+
+/// A segmented store read without writing anything (tools: `inspect`,
+/// `verify`): its segments, oldest first, each opened read-only in the
+/// format its column families say. The segment interval is not needed: the
+/// segments are named by their start.
+pub struct SegmentsReadOnly {
+    pub dir: PathBuf,
+    /// `(start, segment)`, oldest first.
+    pub segments: Vec<(i64, Store)>,
+}
+
+impl SegmentsReadOnly {
+    /// Open every segment of the store at `dir` read-only; entries that name
+    /// no segment are left alone. Segments of different formats (plain and
+    /// timestamped) are an error: no store type mixes them.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        if !dir.is_dir() {
+            return Err(StoreError::new(dir, "no store here (directory missing)"));
+        }
+        if dir.join("CURRENT").exists() {
+            return Err(StoreError::new(dir, "a key-value store (one RocksDB), not a store of segments"));
+        }
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let entries = std::fs::read_dir(dir).map_err(|e| StoreError::new(dir, format!("cannot list: {e}")))?;
+        let mut found = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| StoreError::new(dir, format!("cannot list: {e}")))?;
+            if let Some(start) = segment_start(&name, &e.file_name().to_string_lossy()) {
+                if e.path().is_dir() {
+                    found.push((start, e.path()));
+                }
+            }
+        }
+        found.sort();
+        let mut segments = Vec::with_capacity(found.len());
+        for (start, path) in found {
+            segments.push((start, Store::open_read_only(&path)?));
+        }
+        let view = Self { dir: dir.to_path_buf(), segments };
+        view.db_format()?;
+        Ok(view)
+    }
+
+    /// The format of the segments (`Plain` or `Timestamped`), None without
+    /// segments; an error when they differ.
+    pub fn db_format(&self) -> Result<Option<StoreFormat>, StoreError> {
+        let mut formats = self.segments.iter().map(|(_, s)| (s.format(), s.path()));
+        let Some((first, first_path)) = formats.next() else { return Ok(None) };
+        if let Some((other, path)) = formats.find(|(f, _)| *f != first) {
+            return Err(StoreError::new(
+                &self.dir,
+                format!(
+                    "segments of different formats: {} is {}, {} is {}; no store type mixes them",
+                    first_path.display(),
+                    first.name(),
+                    path.display(),
+                    other.name()
+                ),
+            ));
+        }
+        Ok(Some(first))
+    }
+
+    /// The offset of every topic partition as Kafka Streams 4.3+ reads it:
+    /// that of the newest segment that records one.
+    pub fn offsets(&self) -> Result<BTreeMap<String, i64>, StoreError> {
+        let mut out = BTreeMap::new();
+        for (_, s) in self.segments.iter().rev() {
+            for (tp, off) in s.offsets()? {
+                out.entry(tp).or_insert(off);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -512,6 +597,45 @@ mod tests {
         // live: segmentId >= segmentId(streamTime - retention)
         assert_eq!(s.min_live_segment(1_000_000), 4);
         assert!(Segmentation::new(0, None).is_err() && Segmentation::new(1000, Some(0)).is_err());
+    }
+
+    #[test]
+    fn segments_are_named_by_their_start() {
+        assert_eq!(segment_start("counts", "counts.1699999950000"), Some(1_699_999_950_000));
+        assert_eq!(segment_start("counts", "counts.0"), Some(0));
+        for other in ["counts.position", "counts.", "counts.-60000", "counts.+1", "other.60000", "counts:60000"] {
+            assert_eq!(segment_start("counts", other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_read_only_view_reads_offsets_from_the_newest_segment_that_has_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("win");
+        let seg = Segmentation::new(600_000, Some(60_000)).unwrap();
+        let opts = crate::store::store_options(true);
+        let s = SegmentedStore::open(&p, StoreFormat::Window, seg, opts, true).unwrap();
+        let (a, b) = (window_key(b"a", 60_000, 0), window_key(b"b", 180_000, 0));
+        s.observe(180_000);
+        s.write([(a.as_slice(), Some(b"1".as_slice())), (b.as_slice(), Some(b"2".as_slice()))]).unwrap();
+        s.record("t-0", Some(5)).unwrap();
+        drop(s);
+        std::fs::write(p.join("win.position"), b"not a segment").unwrap();
+        // an older segment records a later offset of another partition: only the newest counts per partition
+        let old = Store::open(&p.join("win.60000"), false).unwrap();
+        let mut batch = WriteBatch::default();
+        old.put_offset(&mut batch, "t-0", 99);
+        old.put_offset(&mut batch, "t-1", 7);
+        old.write(batch, true).unwrap();
+        drop(old);
+        let view = SegmentsReadOnly::open(&p).unwrap();
+        assert_eq!(view.segments.iter().map(|(start, _)| *start).collect::<Vec<_>>(), vec![60_000, 180_000]);
+        assert_eq!(view.db_format().unwrap(), Some(StoreFormat::Plain));
+        assert_eq!(view.offsets().unwrap(), BTreeMap::from([("t-0".to_string(), 5), ("t-1".to_string(), 7)]));
+        drop(view);
+        Store::open_format(&p.join("win.240000"), crate::store::store_options(true), StoreFormat::Timestamped).unwrap();
+        let e = SegmentsReadOnly::open(&p).err().unwrap().to_string();
+        assert!(e.contains("different formats") && e.contains("win.240000"), "{e}");
     }
 
     #[test]

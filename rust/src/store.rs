@@ -159,6 +159,14 @@ impl StoreFormat {
         }
     }
 
+    /// The segmented formats whose segments are RocksDBs of `db_format`: what
+    /// a segmented store's bytes say it may be (timestamped segments: a
+    /// timestamped window store; plain ones: a window or a session store,
+    /// which the bytes do not tell apart).
+    pub fn segmented_of(db_format: StoreFormat) -> Vec<StoreFormat> {
+        Self::ALL.into_iter().filter(|f| f.key_schema().is_some() && f.db_format() == db_format).collect()
+    }
+
     /// Whether a stored value starts with the record's timestamp.
     pub fn is_timestamped(self) -> bool {
         self.db_format() == StoreFormat::Timestamped
@@ -397,6 +405,12 @@ impl Store {
 
     fn err(&self, what: &str, e: rocksdb::Error) -> StoreError {
         StoreError::rocksdb(&self.path, what, &e)
+    }
+
+    /// Whether the store has an `offsets` column family (Kafka Streams 4.3+'s
+    /// layout; 3.6 - 4.2 keep offsets in the task's `.checkpoint`).
+    pub fn has_offsets_family(&self) -> bool {
+        self.db.cf_handle(OFFSETS_CF).is_some()
     }
 
     /// Every entry of the offsets column family except the status marker.
@@ -705,6 +719,12 @@ mod tests {
         let mut out = Vec::new();
         StoreFormat::Timestamped.encode_value(0x0102, b"v", &mut out);
         assert_eq!(out, [0, 0, 0, 0, 0, 0, 1, 2, b'v']);
+    }
+
+    #[test]
+    fn segments_say_which_segmented_formats_a_store_may_be() {
+        assert_eq!(StoreFormat::segmented_of(StoreFormat::Timestamped), vec![StoreFormat::TimestampedWindow]);
+        assert_eq!(StoreFormat::segmented_of(StoreFormat::Plain), vec![StoreFormat::Window, StoreFormat::Session]);
     }
 
     #[test]

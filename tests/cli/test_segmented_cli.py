@@ -11,14 +11,20 @@ nothing of it written.
 
 from __future__ import annotations
 
+import json
+import re
 import struct
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rocksdict import Options, Rdict
 
-from statestore import _native
+from statestore import OffsetCheckpoint, TopicPartition, _native
 from statestore.changelog.segment_log import SegmentLog
 from statestore.restore.discovery import discover_stores
+from statestore.state.layout import CHECKPOINT, store_layout, table_format_versions
 from statestore.state.store_kinds import WINDOW_OR_SESSION
 from statestore.state.topology import parse_topology
 from support.cli import restore_args
@@ -162,6 +168,21 @@ def test_a_topology_finds_the_window_store_beside_a_key_value_store(app: Path) -
     assert (app / "state" / APP / "0_1" / "rocksdb" / "counts").is_dir()
 
 
+def test_a_topology_meets_the_segments_on_disk(app: Path) -> None:
+    """With ``--topology``, a window store already on disk tells its format (timestamped segments), and a
+    topology that does not name it disagrees with the state directory."""
+    restore_window(app, "win", "timestamped-window")
+    topology = ["--topology", str(app / "topology.txt")]
+    out = cli(*restore_args(app, APP, *topology, "--store", "win", "--retention", f"win={RETENTION}"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 ok, 0 failed, 0 stores not restored" in out.stdout, out.stdout
+    (app / "other.txt").write_text(TOPOLOGY.replace("(stores: [win])", "(stores: [other])"))
+    state = ["--state-dir", str(app / "state"), "--app-id", APP, "--log-dir", str(app / "log")]
+    out = cli("inspect", *state, "--topology", str(app / "other.txt"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "store win in" in out.stderr and "is not in the topology" in out.stderr, out.stderr
+
+
 def test_a_window_store_without_its_retention_is_reported_and_nothing_written(app: Path) -> None:
     out = cli(*restore_args(app, APP, "--store", "win", "--store", "counts", "--store-format", "win=window"))
     assert out.returncode == 1, out.stdout + out.stderr
@@ -189,7 +210,160 @@ def test_a_window_store_without_its_retention_is_reported_and_nothing_written(ap
     assert not any((app / "state").glob(f"{APP}/*/win"))
 
 
-def test_before_kafka_streams_4_3_a_window_store_is_refused(app: Path) -> None:
+def unwrapped(table: str) -> str:
+    """The text of a rich table with its cells' line breaks undone (empty cells and borders dropped)."""
+    return re.sub(r"[│\s]+", " ", table)
+
+
+def restore_window(app: Path, store: str, fmt: str, *extra: str, retention: int = RETENTION) -> None:
+    """``statestore restore`` of the window or session store ``store`` in ``fmt``; it must succeed."""
+    out = cli(
+        *restore_args(
+            app,
+            APP,
+            "--store",
+            store,
+            "--store-format",
+            f"{store}={fmt}",
+            "--retention",
+            f"{store}={retention}",
+            *extra,
+        )
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def inspect_json(app: Path, *extra: str) -> list[dict[str, Any]]:
+    out = cli(
+        "inspect",
+        "--state-dir",
+        str(app / "state"),
+        "--app-id",
+        APP,
+        "--log-dir",
+        str(app / "log"),
+        "--json",
+        *extra,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    stores: list[dict[str, Any]] = json.loads(out.stdout)["stores"]
+    return stores
+
+
+def verify(app: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return cli(
+        "verify", "--state-dir", str(app / "state"), "--app-id", APP, "--log-dir", str(app / "log"), *extra
+    )
+
+
+@pytest.mark.parametrize(
+    ("store", "fmt"), [("win", "timestamped-window"), ("win", "window"), ("sess", "session")]
+)
+@pytest.mark.parametrize("version", ["4.4", "4.2"])
+def test_inspect_and_verify_report_a_window_or_session_store(
+    app: Path, store: str, fmt: str, version: str
+) -> None:
+    restore_window(app, store, fmt, "--kafka-streams-version", version)
+    want = expected_segments(fmt, store)
+    legacy = version == "4.2"
+    for p in (0, 1):
+        task = app / "state" / APP / f"0_{p}"
+        segs = sorted(d.name for d in (task / store).iterdir())
+        assert segs == sorted(want)
+        for seg in segs:
+            assert {k: v for k, v in _native.store_dump(task / store / seg).entries} == want[seg]
+            # the .checkpoint layout: no offsets family (Kafka Streams 3.6 - 4.2 cannot open one), format_version 5
+            assert (store_layout(task / store / seg) is CHECKPOINT) == legacy
+            if legacy:
+                assert table_format_versions(task / store / seg) == {5}
+        checkpoint = OffsetCheckpoint(task / ".checkpoint")
+        assert checkpoint.read() == ({TopicPartition(topic(store), p): 29} if legacy else {})
+
+    given = [] if fmt == "timestamped-window" else ["--store-format", f"{store}={fmt}"]
+    for flags in ([], given):
+        reports = inspect_json(app, *flags)
+        assert [(r["task_id"], r["store"]) for r in reports] == [("0_0", store), ("0_1", store)]
+        for r in reports:
+            assert r["problem"] is None and r["kind"] == WINDOW_OR_SESSION, r
+            assert r["layout"] == ("checkpoint" if legacy else "kip-1035"), r
+            assert (r["store_offset"], r["checkpoint_offset"]) == ((None, 29) if legacy else (29, None)), r
+            assert r["lag"] == 0 and r["status"] == ("none" if legacy else "closed"), r
+            assert [s["directory"] for s in r["segments"]] == sorted(want), r
+            assert {s["store_offset"] for s in r["segments"]} == ({None} if legacy else {29}), r
+            if fmt == "timestamped-window" or flags:
+                assert (r["format"], r["format_note"]) == (fmt, None), r
+            else:  # plain segments: a window or a session store, the bytes do not tell which
+                assert r["format"] is None and f"--store-format {store}=window|session" in r["format_note"], r
+
+    # verify needs what the bytes do not tell, and says so
+    out = verify(app, *given)
+    assert out.returncode == 1 and out.stdout.count("NOT VERIFIED") == 2, out.stdout + out.stderr
+    assert f"give --retention {store}=MS" in out.stderr and "2 of 2 stores not verified" in out.stderr, (
+        out.stderr
+    )
+    if given:
+        out = verify(app, "--retention", f"{store}={RETENTION}")
+        assert out.returncode == 1 and out.stdout.count("NOT VERIFIED") == 2, out.stdout + out.stderr
+        assert f"give --store-format {store}=window|session" in out.stderr, out.stderr
+    out = verify(app, *given, "--retention", f"{store}={RETENTION}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("exact") == 2, out.stdout
+
+    # a changed value in one segment is a mismatch naming the segment
+    seg = sorted(want)[-1]
+    key = next(iter(want[seg]))
+    _native._testing.store_write_batch(app / "state" / APP / "0_1" / store / seg, [(key, b"changed")], {})
+    out = verify(app, *given, "--retention", f"{store}={RETENTION}")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.count("exact") == 1 and "MISMATCH" in out.stdout, out.stdout
+    assert f"segment {seg}" in out.stderr and "0_1" in out.stderr, out.stderr
+
+
+def test_segments_written_with_another_interval_are_a_usage_error_naming_one(app: Path) -> None:
+    restore_window(app, "win", "timestamped-window")
+    store = app / "state" / APP / "0_0" / "win"
+    before = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+    # retention 140 s: the DSL's interval is 70 s, which the 300 s segments on disk do not start on
+    out = cli(
+        *restore_args(
+            app,
+            APP,
+            "--store",
+            "win",
+            "--store-format",
+            "win=timestamped-window",
+            "--retention",
+            "win=140000",
+        )
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--retention win=140000" in out.stderr and "segment interval" in out.stderr, out.stderr
+    assert any(str(store / name) in out.stderr for name in before), out.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in store.iterdir()} == before, "nothing written"
+    # inspect with that retention reports it as the store's problem
+    reports = inspect_json(app, "--retention", "win=140000")
+    assert "segment interval" in (reports[0]["problem"] or ""), reports[0]
+
+
+def test_a_segment_of_a_type_statestore_does_not_know_is_reported_and_never_written(app: Path) -> None:
+    """A window store with headers (``dsl.store.format=headers``) keeps its segments in another column
+    family: inspect and verify name it, and restore leaves it as it is."""
+    seg = app / "state" / APP / "0_0" / "win" / f"win.{BASE // INTERVAL * INTERVAL}"
+    seg.parent.mkdir(parents=True)
+    opts = Options(raw_mode=True)
+    opts.create_missing_column_families(True)
+    db = Rdict(str(seg), opts, column_families={"windowKeyValueWithHeaders": Options(raw_mode=True)})
+    db.get_column_family("windowKeyValueWithHeaders")[b"k"] = b"v"
+    db.close()
+    families = Rdict.list_cf(str(seg))
+    reports = inspect_json(app)
+    assert [r["store"] for r in reports] == ["win"]
+    assert (
+        "statestore does not know" in reports[0]["problem"]
+        and "windowKeyValueWithHeaders" in reports[0]["problem"]
+    )
+    out = verify(app, "--retention", f"win={RETENTION}")
+    assert out.returncode == 1 and "UNREADABLE" in out.stdout, out.stdout + out.stderr
     out = cli(
         *restore_args(
             app,
@@ -200,13 +374,31 @@ def test_before_kafka_streams_4_3_a_window_store_is_refused(app: Path) -> None:
             "win=timestamped-window",
             "--retention",
             f"win={RETENTION}",
-            "--kafka-streams-version",
-            "4.2",
         )
     )
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "not written yet for that layout" in out.stdout
-    assert not any((app / "state").glob(f"{APP}/*/win"))
+    assert "1 ok, 1 failed" in out.stdout and "statestore does not know" in unwrapped(out.stdout), out.stdout
+    assert Rdict.list_cf(str(seg)) == families and sorted(p.name for p in seg.parent.iterdir()) == [seg.name]
+    # and plain segments are never taken for a timestamped window store's
+    out = cli(
+        *restore_args(
+            app, APP, "--store", "sess", "--store-format", "sess=session", "--retention", f"sess={RETENTION}"
+        )
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = cli(
+        *restore_args(
+            app,
+            APP,
+            "--store",
+            "sess",
+            "--store-format",
+            "sess=timestamped-window",
+            "--retention",
+            f"sess={RETENTION}",
+        )
+    )
+    assert out.returncode == 1 and "does not fit its segments" in unwrapped(out.stdout), out.stdout
 
 
 def test_a_retention_needs_a_window_or_session_format_or_a_topology(app: Path) -> None:
@@ -268,10 +460,19 @@ def test_a_retention_given_for_a_key_value_store_is_reported() -> None:
 
 
 @pytest.mark.spark
-def test_the_spark_engine_writes_the_segments_with_the_retention_given(app: Path) -> None:
+@pytest.mark.parametrize("version", ["4.4", "4.2"])
+def test_the_spark_engine_writes_the_segments_with_the_retention_given(app: Path, version: str) -> None:
     pytest.importorskip("pyspark")
     flags = ["--store", "sess", "--store-format", "sess=session", "--retention", f"sess={RETENTION}"]
+    flags += ["--kafka-streams-version", version]
     out = cli(*restore_args(app, APP, "--engine", "spark", "--master", "local[2]", *flags))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 ok, 0 failed, 0 stores not restored" in out.stdout
-    assert on_disk(app / "state" / APP / "0_0" / "sess") == (expected_segments("session", "sess"), {29})
+    legacy = version == "4.2"
+    store = app / "state" / APP / "0_0" / "sess"
+    assert on_disk(store) == (expected_segments("session", "sess"), {None} if legacy else {29})
+    # the .checkpoint layout: each segment without its offsets family, the offset in the task's .checkpoint
+    assert all((store_layout(seg) is CHECKPOINT) == legacy for seg in store.iterdir())
+    assert OffsetCheckpoint(store.parent / ".checkpoint").read() == (
+        {TopicPartition(topic("sess"), 0): 29} if legacy else {}
+    )

@@ -12,6 +12,10 @@ to its end under exactly_once_v2; then
 * ``restore --kafka-streams-version 3.9`` (or 4.2) rebuilds both stores into an empty
   directory, the application starts there and restores nothing, and its
   results on new input are exact.
+
+The same for the windowed application (a tumbling windowed count and a
+session-windowed count): window and session stores in the ``.checkpoint``
+layout, segment by segment.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from pathlib import Path
 import pytest
 
 from statestore import OffsetCheckpoint
-from statestore.state.layout import CHECKPOINT, store_layout
+from statestore.state.layout import CHECKPOINT, store_layout, table_format_versions
 from support import kstreams_app
 from support.cli import run_cli
+from support.kstreams_checks import check_own_state
 from support.model import store_contents
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -78,7 +83,9 @@ def build(request: pytest.FixtureRequest) -> tuple[str, Path]:
     return version, dest
 
 
-def run_app(build: Path, bootstrap: str, app: str, state: Path, **kw: object) -> kstreams_app.AppRun:
+def run_app(
+    build: Path, bootstrap: str, app: str, state: Path, config: dict[str, str] | None = None, **kw: object
+) -> kstreams_app.AppRun:
     """One run of an older build (the 4.4 build's command line, another classpath)."""
     args = kstreams_app.command(
         bootstrap,
@@ -88,7 +95,7 @@ def run_app(build: Path, bootstrap: str, app: str, state: Path, **kw: object) ->
         value_size=VALUE_SIZE,
         partitions=PARTITIONS,
         guarantee="exactly_once_v2",
-        config={"commit.interval.ms": "500"},
+        config={"commit.interval.ms": "500", **(config or {})},
         **kw,  # type: ignore[arg-type]
     )[3:]
     cmd = [
@@ -168,3 +175,72 @@ def test_kafka_streams_3_9_and_4_2_start_on_the_checkpoint_layout(
     more = run_app(app_dir, kafka_bootstrap, app, restored, mode="process", produce=1000, print_results=True)
     assert more.restored_records == 0, more.restores
     check_results(more, 5000)
+
+
+def test_kafka_streams_3_9_and_4_2_start_on_window_and_session_stores_in_the_checkpoint_layout(
+    build: tuple[str, Path], kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The windowed application (a tumbling windowed count, a session-windowed count) on that version:
+    inspect and verify read its own segments and .checkpoint; statestore restores both stores for that
+    version into an empty directory (segments without the offsets family, format_version 5, offsets in
+    the task's .checkpoint), and that Kafka Streams starts there, restores nothing, and its windows and
+    sessions after new input equal those of an application that processed all the input."""
+    version, app_dir = build
+    app = f"kw{version.replace('.', '')}{uuid.uuid4().hex[:8]}"
+    stores = kstreams_app.WINDOWED_STORES
+    windowed: dict[str, object] = {
+        "stores": "windowed",
+        "time_step_ms": kstreams_app.WINDOWED_STEP_MS,
+        "first_timestamp_ms": kstreams_app.windowed_first_timestamp(),
+        "config": kstreams_app.WINDOWED_CONFIG,
+    }
+    first = tmp_path / "first"
+    ran = run_app(app_dir, kafka_bootstrap, app, first, mode="process", produce=3000, **windowed)
+    assert ran.closed_clean
+    check_own_state(kafka_bootstrap, first, app, stores, PARTITIONS, "checkpoint")
+
+    restored = tmp_path / "restored"
+    out = cli(
+        "restore",
+        "--kafka",
+        kafka_bootstrap,
+        "--state-dir",
+        str(restored),
+        "--app-id",
+        app,
+        *[a for name in stores for a in ("--store", name)],
+        "--kafka-streams-version",
+        version.rsplit(".", 1)[0],
+        *kstreams_app.store_flags(stores),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for task in (f"0_{p}" for p in range(PARTITIONS)):
+        ours_ckpt = OffsetCheckpoint(restored / app / task / ".checkpoint").read()
+        assert ours_ckpt == OffsetCheckpoint(first / app / task / ".checkpoint").read()
+        for name in stores:
+            theirs, ours = first / app / task / name, restored / app / task / name
+            names = sorted(p.name for p in theirs.iterdir() if p.is_dir())
+            assert names and sorted(p.name for p in ours.iterdir()) == names, (task, name)
+            for seg in names:
+                assert store_layout(ours / seg) is CHECKPOINT and table_format_versions(ours / seg) <= {5}
+                assert store_contents(ours / seg).data == store_contents(theirs / seg).data, (task, seg)
+
+    only = run_app(app_dir, kafka_bootstrap, app, restored, mode="restore", **windowed)
+    assert only.restored_records == 0, only.restores
+    more = run_app(
+        app_dir, kafka_bootstrap, app, restored, mode="process", produce=1000, print_results=True, **windowed
+    )
+    assert more.restored_records == 0, more.restores
+    ref = run_app(
+        app_dir,
+        kafka_bootstrap,
+        f"{app}ref",
+        tmp_path / "ref",
+        mode="process",
+        input_topic=f"{app}-input",
+        expect=4000,
+        print_results=True,
+        **windowed,
+    )
+    assert int(ref.stores["wcounts"]["entries"]) > 0 and int(ref.stores["scounts"]["entries"]) > 0
+    assert more.results == ref.results and more.stores == ref.stores

@@ -10,7 +10,8 @@ changelogs, whose retention is the store's plus a day), so windows and
 sessions open, close and expire as the input goes, and most segments are
 dropped along the way.
 
-Run to completion under exactly_once_v2, then statestore restores both
+Run to completion under exactly_once_v2, ``inspect`` and ``verify`` report both stores of its own
+state directory (every segment, the offset, no lag, data equal to the changelogs); then statestore restores both
 stores into an empty state directory (``restore_many`` from the changelog
 topics, or ``restore_on_spark`` from the broker's log directory): the segment
 directories are Kafka Streams' own, segment for segment, with equal data,
@@ -22,7 +23,6 @@ from scratch.
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,17 +32,15 @@ import pytest
 from statestore import TopicPartition, _native
 from statestore.restore.engine import RestoreSpec, restore_many
 from support import kstreams_app
+from support.kstreams_checks import check_own_state
 from support.model import store_difference
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
 
 PARTITIONS = 2
 KEYS = 150
-STEP = 250  # ms between input records: a key every 37.5 s, beyond the session gap
-
-
 #: The timestamp of input record 0: an hour ago, on a minute.
-FIRST = (int(time.time() * 1000) // 60_000 - 60) * 60_000
+FIRST = kstreams_app.windowed_first_timestamp()
 
 
 def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
@@ -55,10 +53,9 @@ def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun
         keys=KEYS,
         value_size=20,
         partitions=PARTITIONS,
-        time_step_ms=STEP,
+        time_step_ms=kstreams_app.WINDOWED_STEP_MS,
         first_timestamp_ms=FIRST,
-        # no record cache: interactive queries then read the segments alone, as both runs compared keep them
-        config={"commit.interval.ms": "500", "statestore.cache.max.bytes": "0"},
+        config=kstreams_app.WINDOWED_CONFIG,
         **kw,
     )
 
@@ -109,6 +106,8 @@ def test_kafka_streams_starts_on_window_and_session_stores_statestore_restored(
     first = tmp_path / "first"
     ran = run(kafka_bootstrap, app, first, produce=3000)
     assert ran.closed_clean
+    # inspect and verify report Kafka Streams' own stores: segments, offsets, no lag, equal to the changelogs
+    check_own_state(kafka_bootstrap, first, app, kstreams_app.WINDOWED_STORES, PARTITIONS, "kip-1035")
 
     # statestore rebuilds both stores into an empty state directory
     restored = tmp_path / "restored"

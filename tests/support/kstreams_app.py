@@ -11,7 +11,9 @@ key ``k%06d % (seq % keys)`` and value ``v<seq>-`` padded with ``x`` to
 from __future__ import annotations
 
 import subprocess
+import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,31 @@ STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
 
 #: The stores of the application with ``stores="windowed"``: format and retention (ms).
 WINDOWED_STORES = {"wcounts": ("timestamped-window", 60_000), "scounts": ("session", 30_000)}
+#: Input timestamps of a windowed run march this many ms a record (a key every 37.5 s with 150 keys,
+#: beyond the 30 s session gap), so windows and sessions close and expire as the input goes.
+WINDOWED_STEP_MS = 250
+#: A windowed run's settings: no record cache, so interactive queries read the segments alone, as
+#: both runs a test compares keep them.
+WINDOWED_CONFIG = {"commit.interval.ms": "500", "statestore.cache.max.bytes": "0"}
+
+
+def windowed_first_timestamp() -> int:
+    """The timestamp of a windowed run's input record 0: an hour ago, on a minute (the broker's
+    retention deletes older records, of the input and of the changelogs, whose retention is the
+    store's plus a day)."""
+    return (int(time.time() * 1000) // 60_000 - 60) * 60_000
+
+
+def store_flags(stores: Mapping[str, tuple[str, int | None]]) -> list[str]:
+    """``--store-format NAME=FORMAT`` (and ``--retention NAME=MS`` where a retention is given: a window
+    or session store) for each store of ``stores`` (name -> (format, retention)), as ``restore``,
+    ``inspect`` and ``verify`` take them."""
+    flags = []
+    for name, (fmt, retention) in stores.items():
+        flags += ["--store-format", f"{name}={fmt}"]
+        if retention is not None:
+            flags += ["--retention", f"{name}={retention}"]
+    return flags
 
 
 def build() -> Path:
@@ -188,6 +215,14 @@ def run_app(bootstrap: str, app_id: str, state_dir: Path, **kw: object) -> AppRu
     return run
 
 
+def described_topology(run: AppRun) -> str:
+    """What ``Topology.describe()`` printed (the application prints it to stderr before it starts)."""
+    lines = run.stderr.splitlines()
+    start = lines.index("Topologies:")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    return "\n".join(lines[start:end]) + "\n"
+
+
 def value_of(seq: int, value_size: int) -> str:
     """The input value of record ``seq``."""
     v = f"v{seq}-"
@@ -207,13 +242,18 @@ def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], di
 
 __all__ = [
     "STORE_FORMATS",
+    "WINDOWED_CONFIG",
+    "WINDOWED_STEP_MS",
     "WINDOWED_STORES",
     "AppRun",
     "Restore",
     "build",
     "command",
+    "described_topology",
     "expected",
     "parse",
     "run_app",
+    "store_flags",
     "value_of",
+    "windowed_first_timestamp",
 ]

@@ -303,7 +303,39 @@ class StoreDump:
     @property
     def status(self) -> int | None: ...
 
+@final
+class SegmentInfo:
+    """One segment of a window or session store, read without taking its lock."""
+
+    @property
+    def start(self) -> int: ...
+    @property
+    def path(self) -> _Path: ...
+    @property
+    def offsets(self) -> dict[str, int]: ...
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def estimated_keys(self) -> int: ...
+    @property
+    def offsets_family(self) -> bool: ...
+
+@final
+class SegmentedStoreInfo:
+    """A window or session store (a directory of segments), read without taking a lock."""
+
+    @property
+    def segment_format(self) -> str | None: ...
+    @property
+    def formats(self) -> list[str]: ...
+    @property
+    def offsets(self) -> dict[str, int]: ...
+    @property
+    def segments(self) -> list[SegmentInfo]: ...
+
 def store_info(path: _Path, check_blocks: bool = False) -> StoreInfo: ...
+def segmented_info(path: _Path, check_blocks: bool = False) -> SegmentedStoreInfo: ...
+def segments_check(path: _Path, retention_ms: int, segment_interval_ms: int | None = None) -> list[int]: ...
 def store_compare(expected: _Path, actual: _Path) -> StoreComparison: ...
 def store_create(path: _Path, format: str = "plain") -> None: ...
 def store_dump(path: _Path) -> StoreDump: ...
@@ -357,7 +389,9 @@ __all__ = [
     "PartitionBounds",
     "ProducerCore",
     "RestoreOutcome",
+    "SegmentInfo",
     "SegmentLogCore",
+    "SegmentedStoreInfo",
     "StoreComparison",
     "StoreDump",
     "StoreInfo",
@@ -375,6 +409,8 @@ __all__ = [
     "replace_dir",
     "restore_many",
     "restore_store",
+    "segmented_info",
+    "segments_check",
     "store_compare",
     "store_create",
     "store_dump",

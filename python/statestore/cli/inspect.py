@@ -15,7 +15,14 @@ from statestore.cli.common import (
     log_dir_option,
     state_options,
 )
-from statestore.cli.stores import check_topology_against_state, load_topology, topology_option
+from statestore.cli.stores import (
+    check_topology_against_state,
+    load_topology,
+    parse_retentions,
+    parse_store_formats,
+    segmented_options,
+    topology_option,
+)
 from statestore.ops.inspection import StoreReport, inspect_app, reports_json
 from statestore.ops.metrics import describe_liveness, published_snapshots, task_states_by_process
 
@@ -24,11 +31,18 @@ def _num(v: int | None, missing: str = "-") -> str:
     return missing if v is None else f"{v:,}"
 
 
+def _format(r: StoreReport) -> str:
+    """The format column: the format, what the bytes fit when they do not tell it, and the layout."""
+    fmt = r.format or ("window|session" if r.format_note is not None else "?")
+    return f"{fmt} ({r.layout})" if r.layout == "checkpoint" else fmt
+
+
 @click.command()
 @state_options
 @log_dir_option(required=False)
 @kafka_options
 @topology_option
+@segmented_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
 @click.option(
     "--quick",
@@ -44,6 +58,8 @@ def inspect(
     as_json: bool,
     quick: bool,
     topology_file: Path | None,
+    store_formats: tuple[str, ...],
+    retentions: tuple[str, ...],
 ) -> None:
     """Show every store of an application: offsets, status, lag, size, lock holder and task state.
 
@@ -60,6 +76,14 @@ def inspect(
     store in a task of another sub-topology, a store it does not name) is a
     usage error naming the line.
 
+    A window or session store (a directory of segments) shows as one row with
+    the offset Kafka Streams reads (the newest segment's) and a row per
+    segment below it. Timestamped segments are a timestamped-window store;
+    plain ones a window or session store, which the bytes do not tell apart
+    (--store-format NAME=window|session). With --retention NAME=MS its
+    segments are checked against the segment interval that retention gives
+    (the DSL's, max(retention / 2, 60 s)).
+
     \b
     Example:
       statestore inspect --state-dir /var/lib/app/state --app-id counts --log-dir /var/lib/app/log
@@ -67,15 +91,26 @@ def inspect(
     """
     if log_dir is not None and kafka is not None:
         raise click.UsageError("give either --log-dir or --kafka, not both")
+    formats = parse_store_formats(store_formats)
+    retention_ms = parse_retentions(retentions)
     if topology_file is not None:
         check_topology_against_state(load_topology(topology_file), state_dir, app_id)
     holder: int | None
     reports: list[StoreReport]
     if kafka is not None:
         with kafka_changelog(kafka, kafka_config) as changelog:
-            holder, reports = inspect_app(state_dir, app_id, changelog=changelog, check_blocks=not quick)
+            holder, reports = inspect_app(
+                state_dir,
+                app_id,
+                changelog=changelog,
+                check_blocks=not quick,
+                formats=formats,
+                retentions=retention_ms,
+            )
     else:
-        holder, reports = inspect_app(state_dir, app_id, log_dir, check_blocks=not quick)
+        holder, reports = inspect_app(
+            state_dir, app_id, log_dir, check_blocks=not quick, formats=formats, retentions=retention_ms
+        )
     with_log = log_dir is not None or kafka is not None
     live = published_snapshots(state_dir, app_id)
     states = task_states_by_process(live)
@@ -109,7 +144,7 @@ def inspect(
         row = [
             r.task_id,
             r.store,
-            f"{r.format or '?'} ({r.layout})" if r.layout == "checkpoint" else r.format or "?",
+            _format(r),
             _num(r.store_offset, r.offset_note or "-"),
             _num(r.checkpoint_offset, r.checkpoint_note or "-"),
             r.status
@@ -123,8 +158,24 @@ def inspect(
         if with_log:
             row += [_num(r.log_end), _num(r.lag, "unknown"), _num(r.offset_lag, "unknown")]
         table.add_row(*row)
+        for seg in r.segments:
+            seg_row = [
+                "",
+                f"  {seg.directory}",
+                "segment",
+                _num(seg.store_offset, seg.offset_note or "-"),
+                "",
+                seg.status,
+                "",
+                _num(seg.approx_keys),
+                "",
+                "",
+            ]
+            table.add_row(*([*seg_row, "", "", ""] if with_log else seg_row))
     console.print(table)
     for r in reports:
+        if r.format_note is not None:
+            console.print(f"{r.task_id} {r.store}: {r.format_note}", soft_wrap=True)
         if r.problem is not None:
             # Below the table, whole: a path or a RocksDB message is unreadable folded into a column.
             console.print(f"[red]{r.task_id} {r.store}:[/red] {r.problem}", soft_wrap=True)

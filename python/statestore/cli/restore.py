@@ -55,6 +55,7 @@ from statestore.state.layout import (
     to_checkpoint_layout,
 )
 from statestore.state.policy import Guarantee
+from statestore.state.segmented import check_segmented_format
 from statestore.state.store import check_store_format
 from statestore.state.store_kinds import WINDOW_OR_SESSION
 
@@ -90,11 +91,11 @@ def restore_local(
     of segments ``<task>/<store>`` with its retention from ``retentions``
     (name -> ms)). A key-value store of another format, or of a type
     statestore does not know, is left untouched and reported as a failed row
-    (a segmented store's segments are checked by the engine as it opens
-    them); so is a segmented store without its retention, or with
-    ``layout=CHECKPOINT``. With ``layout=CHECKPOINT`` (Kafka Streams 3.6 -
-    4.2) each restored key-value store is turned into that layout and its
-    offset recorded in its task's ``.checkpoint``, under the task lock.
+    (a segmented store: segments of a type statestore does not know, or that
+    do not fit its format); so is a segmented store without its retention. With
+    ``layout=CHECKPOINT`` (Kafka Streams 3.6 - 4.2) each restored store (a
+    window or session store: each of its segments) is turned into that layout
+    and its offset recorded in its task's ``.checkpoint``, under the task lock.
     """
     fmts, rets = dict(formats or {}), dict(retentions or {})
     refused: dict[int, str] = {}
@@ -120,18 +121,18 @@ def restore_local(
             fmt = fmts.get(w.store, "plain")
             target = store_location(sd, w.task_id, w.store, fmt)
             if fmt in _native.SEGMENTED_STORE_FORMATS:
-                why = segmented_refusal(
-                    w.store, w.tp.topic, fmt, rets.get(w.store), offsets_in_store=layout.offsets_in_store
-                )
+                why = segmented_refusal(w.store, w.tp.topic, fmt, rets.get(w.store))
                 if why is not None:
                     refused[i] = f"task {w.task_id} store {w.store}: {why}"
                     continue
-            else:  # a segmented store's segments are checked as the engine opens them
-                try:
+            try:
+                if fmt in _native.SEGMENTED_STORE_FORMATS:
+                    check_segmented_format(target, fmt, who=f"task {w.task_id} store {w.store}")
+                else:
                     check_store_format(target, fmt)
-                except StateStoreError as e:
-                    refused[i] = str(e)
-                    continue
+            except StateStoreError as e:
+                refused[i] = str(e)
+                continue
             todo.append(i)
             if target.exists() and not can_resume_from(target, w.tp, guarantee):
                 shutil.rmtree(target)
@@ -203,12 +204,12 @@ def _settle(
     layout: Layout,
     formats: Mapping[str, str],
 ) -> dict[int, str]:
-    """Leave every key-value store restored without error as ``layout`` wants it, under the task locks.
+    """Leave every store restored without error as ``layout`` wants it, under the task locks.
 
-    A window or session store is left as the engine wrote it: only the
-    KIP-1035 layout writes one (``restore_local`` refuses the other), and
-    without a committed record it has no segment to record ``OFFSET_UNKNOWN``
-    in. In the ``.checkpoint`` layout each store is converted and its offset recorded in its task's
+    In the KIP-1035 layout a window or session store is left as the engine
+    wrote it (without a committed record it has no segment to record
+    ``OFFSET_UNKNOWN`` in). In the ``.checkpoint`` layout each store -- a
+    window or session store segment by segment -- is converted and its offset recorded in its task's
     ``.checkpoint`` (other entries kept). A store restored from a changelog partition without a
     committed record gets ``OFFSET_UNKNOWN`` in either layout (``record_no_offset_yet``), or Kafka
     Streams would wipe its task under exactly_once_v2. Returns, by work index, why a store could
@@ -220,9 +221,11 @@ def _settle(
         if r.error is not None:
             continue
         w = work[i]
-        if formats.get(w.store, "plain") in _native.SEGMENTED_STORE_FORMATS:
+        fmt = formats.get(w.store, "plain")
+        segmented = fmt in _native.SEGMENTED_STORE_FORMATS
+        if segmented and layout.offsets_in_store:
             continue
-        path = sd.store_dir(w.task_id, w.store)
+        path = store_location(sd, w.task_id, w.store, fmt)
         try:
             if layout.offsets_in_store:
                 if r.offset is None:
@@ -477,8 +480,17 @@ def restore(
         }
         refused = [f for f in found if f.refusal is not None]
     asked = bool(subs)
-    refused += _refused_segmented(formats, retention_ms, subs, layout, application_id)
+    configs = None
+    segmented = [n for n, fmt in formats.items() if fmt in _native.SEGMENTED_STORE_FORMATS]
+    if kafka is not None and topology is None and segmented:
+        # the changelog topics' configs (retention.ms) may contradict a --retention given
+        with kafka_changelog(kafka, kafka_config) as changelog:
+            topics = set(changelog.topics())
+            wanted = [t for t in (changelog_topic(application_id, n) for n in segmented) if t in topics]
+            configs = changelog.topic_configs(wanted)
+    refused += _refused_segmented(formats, retention_ms, subs, application_id, configs)
     blocked = {f.name for f in refused}
+    _check_segments(state_dir, application_id, formats, retention_ms, blocked)
     subs = {n: sub for n, sub in subs.items() if n not in blocked}
     formats = {n: fmt for n, fmt in formats.items() if n not in blocked}
     retention_ms = {n: ms for n, ms in retention_ms.items() if n not in blocked}
@@ -577,26 +589,57 @@ def _refused_segmented(
     formats: Mapping[str, str],
     retentions: Mapping[str, int],
     subs: Mapping[str, int],
-    layout: Layout,
     application_id: str,
+    topic_configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[FoundStore]:
     """The stores ``formats`` makes window or session stores that are not restored, each with why
-    (no ``--retention``, or the ``.checkpoint`` layout): refused before any store is opened, so
-    nothing of them is written."""
+    (no ``--retention``, or one its changelog topic's configs contradict, where ``topic_configs``
+    gives them): refused before any store is opened, so nothing of them is written."""
     out = []
     for name, fmt in sorted(formats.items()):
         if fmt not in _native.SEGMENTED_STORE_FORMATS:
             continue
+        topic = changelog_topic(application_id, name)
         why = segmented_refusal(
             name,
-            changelog_topic(application_id, name),
+            topic,
             fmt,
             retentions.get(name),
-            offsets_in_store=layout.offsets_in_store,
+            None if topic_configs is None else topic_configs.get(topic),
         )
         if why is not None:
             out.append(FoundStore(name, subs.get(name, 0), WINDOW_OR_SESSION, fmt, retentions.get(name), why))
     return out
+
+
+def _check_segments(
+    state_dir: Path,
+    application_id: str,
+    formats: Mapping[str, str],
+    retentions: Mapping[str, int],
+    blocked: set[str],
+) -> None:
+    """A usage error naming the segment directory when a window or session store already in the
+    state directory holds a segment that does not start at a multiple of the segment interval its
+    ``--retention`` gives (the DSL's, ``max(retention / 2, 60 s)``): it was written with another
+    retention or interval, and nothing is written before this is settled."""
+    root = state_dir / application_id
+    if not root.is_dir():
+        return
+    for name, fmt in sorted(formats.items()):
+        if fmt not in _native.SEGMENTED_STORE_FORMATS or name in blocked or name not in retentions:
+            continue
+        for task_dir in sorted(root.iterdir()):
+            store = task_dir / name
+            if not store.is_dir() or task_dir.name.startswith("."):
+                continue
+            try:
+                _native.segments_check(store, retentions[name])
+            except StateStoreError as e:
+                raise click.UsageError(
+                    f"--retention {name}={retentions[name]} (segment interval "
+                    f"{_native.dsl_segment_interval(retentions[name])} ms) does not fit the store on disk: {e}"
+                ) from e
 
 
 def _report(

@@ -45,6 +45,27 @@ def topology_option(func: F) -> F:
     )(func)
 
 
+def segmented_options(func: F) -> F:
+    """``--store-format NAME=FORMAT`` and ``--retention NAME=MS`` for the tools that read stores
+    (``inspect``, ``verify``): what a window or session store's bytes do not tell."""
+    func = click.option(
+        "--retention",
+        "retentions",
+        multiple=True,
+        metavar="NAME=MS",
+        help="A window or session store's retention in milliseconds (its segments do not tell it; "
+        "verify rebuilds the store with it); repeatable.",
+    )(func)
+    return click.option(
+        "--store-format",
+        "store_formats",
+        multiple=True,
+        metavar="NAME=FORMAT",
+        help="A store's format where its bytes do not tell it: window or session for a store of plain "
+        "segments (timestamped segments are a timestamped-window store); repeatable.",
+    )(func)
+
+
 def parse_store_names(items: tuple[str, ...]) -> dict[str, int | None]:
     """``--store NAME`` or ``NAME@SUBTOPOLOGY`` options: name -> subtopology (None: not given)."""
     out: dict[str, int | None] = {}
@@ -144,5 +165,6 @@ __all__ = [
     "parse_retentions",
     "parse_store_formats",
     "parse_store_names",
+    "segmented_options",
     "topology_option",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,10 +21,12 @@ from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import StateStoreError
 from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
-from statestore.state.directory import LOCK_FILE_NAME, STORES_DIR_NAME
+from statestore.state.directory import LOCK_FILE_NAME
 from statestore.state.lag import store_lag
 from statestore.state.layout import store_layout
+from statestore.state.segmented import read_segmented, task_store_dirs
 from statestore.state.store import STATUS_NAMES
+from statestore.state.store_kinds import KEY_VALUE, WINDOW_OR_SESSION
 
 if TYPE_CHECKING:
     from statestore.ops.metrics import MetricsSnapshot
@@ -32,12 +34,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LocalStore:
-    """One store found on disk: ``<state_dir>/<app>/<task>/rocksdb/<store>``."""
+    """One store found on disk: ``<state_dir>/<app>/<task>/rocksdb/<store>``, or a window or session
+    store's directory of segments ``<state_dir>/<app>/<task>/<store>`` (``segmented``)."""
 
     task_id: TaskId
     store: str
     path: Path
     changelog: TopicPartition
+    segmented: bool = False
+
+    @property
+    def task_dir(self) -> Path:
+        """The store's task directory (that of its ``.checkpoint`` and ``.lock``)."""
+        return self.path.parent if self.segmented else self.path.parent.parent
 
 
 def app_dir(state_dir: str | Path, application_id: str) -> Path:
@@ -63,14 +72,13 @@ def local_stores(
             task_id = TaskId.parse(task_dir.name)
         except ValueError:
             continue
-        sdir = task_dir / STORES_DIR_NAME
-        if not sdir.is_dir():
+        if not task_dir.is_dir():
             continue
-        for store_dir in sorted(sdir.iterdir()):
-            if store_dir.is_dir() and (stores is None or store_dir.name in stores):
-                tp = TopicPartition(changelog_topic(application_id, store_dir.name), task_id.partition)
-                found.append(LocalStore(task_id, store_dir.name, store_dir, tp))
-    return sorted(found, key=lambda s: (s.task_id, s.store))
+        for name, store_dir, segmented in task_store_dirs(task_dir):
+            if stores is None or name in stores:
+                tp = TopicPartition(changelog_topic(application_id, name), task_id.partition)
+                found.append(LocalStore(task_id, name, store_dir, tp, segmented))
+    return sorted(found, key=lambda s: (s.task_id, s.store, s.segmented))
 
 
 def flock_holders(kind: str = "FLOCK") -> dict[tuple[int, int], int]:
@@ -122,6 +130,20 @@ def disk_size(path: Path) -> int:
 
 
 @dataclass(frozen=True)
+class SegmentReport:
+    """One segment of a window or session store, as ``statestore inspect`` shows it."""
+
+    #: Its start (ms); its directory is ``<store>.<start>``.
+    start: int
+    directory: str
+    #: The offset it records for the store's changelog partition (None: none, or a sentinel).
+    store_offset: int | None
+    offset_note: str | None
+    status: str
+    approx_keys: int
+
+
+@dataclass(frozen=True)
 class StoreReport:
     """What ``statestore inspect`` shows for one store."""
 
@@ -152,8 +174,17 @@ class StoreReport:
     #: The same for the task's ``.checkpoint`` file and ``checkpoint_offset``.
     checkpoint_note: str | None = None
     #: Where the store's offsets live: ``"kip-1035"`` (its ``offsets`` column family, Kafka Streams
-    #: 4.3+) or ``"checkpoint"`` (the task's ``.checkpoint``, 3.6 - 4.2); None when unreadable.
+    #: 4.3+) or ``"checkpoint"`` (the task's ``.checkpoint``, 3.6 - 4.2); None when unreadable (or a
+    #: window or session store without segments).
     layout: str | None = None
+    #: ``"key-value"`` or ``"window or session"`` (a directory of segments); None when unreadable.
+    kind: str | None = None
+    #: A window or session store's segments, oldest first (offset and status each, as Kafka
+    #: Streams 4.3+ records them in every segment); empty for a key-value store.
+    segments: tuple[SegmentReport, ...] = ()
+    #: What settling the format needs when the bytes do not tell it (plain segments: a window or a
+    #: session store, ``--store-format``).
+    format_note: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json``."""
@@ -167,8 +198,19 @@ def inspect_app(
     *,
     changelog: Changelog | None = None,
     check_blocks: bool = False,
+    formats: Mapping[str, str] | None = None,
+    retentions: Mapping[str, int] | None = None,
 ) -> tuple[int | None, list[StoreReport]]:
     """The process-lock holder's pid and one report per store of the application.
+
+    A window or session store (a directory of segments) is reported with
+    its segments, each with the offset and status it records; the store's
+    offset is the one Kafka Streams 4.3+ reads (the newest segment's), and
+    its format the one its bytes tell (timestamped segments) or ``formats``
+    gives (name -> ``window`` or ``session``: plain segments fit both).
+    With ``retentions`` (name -> ms) its segments are checked against the
+    segment interval the DSL gives that retention: a segment that does not
+    start at a multiple of it is the store's problem.
 
     Log offsets and lag come from the segment log in ``log_dir``, or from
     ``changelog`` (e.g. a :class:`~statestore.changelog.kafka.KafkaChangelog`). With
@@ -191,23 +233,45 @@ def inspect_app(
         note: str | None = None
         ckpt_note: str | None = None
         layout: str | None = None
+        kind: str | None = None
+        segments: tuple[SegmentReport, ...] = ()
+        format_note: str | None = None
         try:
-            found_layout = store_layout(ls.path)
-            layout = None if found_layout is None else found_layout.name
-            fmt = _native.store_format(ls.path)
-            info = _native.store_info(ls.path, check_blocks)
-            recorded, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
+            if ls.segmented:
+                view = read_segmented(ls.path, check_blocks)
+                kind = WINDOW_OR_SESSION
+                layout = None if view.layout is None else view.layout.name
+                try:
+                    fmt = view.format_for((formats or {}).get(ls.store), ls.store)
+                except ValueError as e:
+                    if (formats or {}).get(ls.store) is not None:
+                        problem = str(e)
+                    else:
+                        format_note = str(e)
+                recorded, status, keys = (
+                    view.info.offsets.get(str(ls.changelog)),
+                    view.status,
+                    view.estimated_keys,
+                )
+                segments = tuple(_segment_report(s, ls.changelog) for s in view.info.segments)
+                if ls.store in (retentions or {}):
+                    _native.segments_check(ls.path, (retentions or {})[ls.store])
+            else:
+                found_layout = store_layout(ls.path)
+                layout = None if found_layout is None else found_layout.name
+                fmt = _native.store_format(ls.path)
+                kind = KEY_VALUE
+                info = _native.store_info(ls.path, check_blocks)
+                recorded, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
+                status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"
             offset = committed_offset(recorded)
             note = SENTINEL_OFFSETS.get(recorded) if recorded is not None else None
-            status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"
         except StateStoreError as e:
             problem = str(e)
             store_unreadable = True
         ckpt_offset = None
         try:
-            ckpt_recorded = (
-                OffsetCheckpoint(ls.path.parent.parent / CHECKPOINT_FILE_NAME).read().get(ls.changelog)
-            )
+            ckpt_recorded = OffsetCheckpoint(ls.task_dir / CHECKPOINT_FILE_NAME).read().get(ls.changelog)
             ckpt_offset = committed_offset(ckpt_recorded)
             ckpt_note = SENTINEL_OFFSETS.get(ckpt_recorded) if ckpt_recorded is not None else None
         except StateStoreError as e:
@@ -233,7 +297,7 @@ def inspect_app(
                 status=status,
                 approx_keys=keys,
                 size_bytes=disk_size(ls.path),
-                lock_holder_pid=lock_holder(ls.path.parent.parent / LOCK_FILE_NAME, holders),
+                lock_holder_pid=lock_holder(ls.task_dir / LOCK_FILE_NAME, holders),
                 log_start=start,
                 log_end=end,
                 lag=lag,
@@ -243,9 +307,24 @@ def inspect_app(
                 offset_note=note,
                 checkpoint_note=ckpt_note,
                 layout=layout,
+                kind=kind,
+                segments=segments,
+                format_note=format_note,
             )
         )
     return lock_holder(root / LOCK_FILE_NAME, holders), reports
+
+
+def _segment_report(s: _native.SegmentInfo, tp: TopicPartition) -> SegmentReport:
+    recorded = s.offsets.get(str(tp))
+    return SegmentReport(
+        start=s.start,
+        directory=Path(s.path).name,
+        store_offset=committed_offset(recorded),
+        offset_note=SENTINEL_OFFSETS.get(recorded) if recorded is not None else None,
+        status=STATUS_NAMES.get(s.status, f"unknown ({s.status})") if s.status is not None else "none",
+        approx_keys=s.estimated_keys,
+    )
 
 
 def reports_json(
@@ -277,6 +356,7 @@ def reports_json(
 
 __all__ = [
     "LocalStore",
+    "SegmentReport",
     "StoreReport",
     "app_dir",
     "inspect_app",

@@ -23,8 +23,8 @@ from pathlib import Path
 from statestore import _native
 from statestore.errors import StateStoreError, TopologyError
 from statestore.ids import TaskId, changelog_topic
-from statestore.state.directory import STORES_DIR_NAME
-from statestore.state.store_kinds import KIND_OF_FORMAT, WRITTEN, kind_from_topic_config
+from statestore.state.segmented import read_segmented, task_store_dirs
+from statestore.state.store_kinds import KIND_OF_FORMAT, WINDOW_OR_SESSION, WRITTEN, kind_from_topic_config
 from statestore.state.topology import Topology
 
 
@@ -46,9 +46,10 @@ class FoundStore:
     refusal: str | None = None
 
 
-def _on_disk(state_dir: Path | None, application_id: str) -> dict[str, list[TaskId]]:
-    """Store name -> the tasks holding ``rocksdb/<store>`` in the application's state directory."""
-    found: dict[str, list[TaskId]] = {}
+def _on_disk(state_dir: Path | None, application_id: str) -> dict[str, list[tuple[TaskId, Path, bool]]]:
+    """Store name -> ``(task, directory, segmented)`` of each task holding it in the application's
+    state directory (``rocksdb/<store>``, or a window or session store's ``<store>`` of segments)."""
+    found: dict[str, list[tuple[TaskId, Path, bool]]] = {}
     root = None if state_dir is None else state_dir / application_id
     if root is None or not root.is_dir():
         return found
@@ -57,18 +58,17 @@ def _on_disk(state_dir: Path | None, application_id: str) -> dict[str, list[Task
             task = TaskId.parse(task_dir.name)
         except ValueError:
             continue
-        stores = task_dir / STORES_DIR_NAME
-        if stores.is_dir():
-            for store in sorted(stores.iterdir()):
-                if store.is_dir():
-                    found.setdefault(store.name, []).append(task)
+        if task_dir.is_dir():
+            for name, path, segmented in task_store_dirs(task_dir):
+                found.setdefault(name, []).append((task, path, segmented))
     return found
 
 
 def check_state_dir(topology: Topology, state_dir: Path, application_id: str) -> None:
     """``TopologyError`` when the state directory holds a store the topology does not name, or a
     store in a task of another subtopology than the topology gives it."""
-    for name, tasks in _on_disk(state_dir, application_id).items():
+    for name, where in _on_disk(state_dir, application_id).items():
+        tasks = [t for t, _, _ in where]
         known = topology.task_stores.get(name)
         if known is None:
             raise TopologyError(
@@ -80,7 +80,7 @@ def check_state_dir(topology: Topology, state_dir: Path, application_id: str) ->
         if wrong:
             raise TopologyError(
                 f"{topology.where(name)}: store {name} is in sub-topology {known.subtopology}, but "
-                f"{state_dir / application_id / str(wrong[0]) / STORES_DIR_NAME / name} is in task {wrong[0]}",
+                f"{next(p for t, p, _ in where if t == wrong[0])} is in task {wrong[0]}",
                 path=topology.source,
                 line=known.line,
             )
@@ -136,11 +136,7 @@ def discover_stores(
                 path=topology.source,
                 line=known.line,
             )
-        found.append(
-            _establish(
-                name, known.subtopology, topic, topic_configs, fmts, rets, disk, state_dir, application_id
-            )
-        )
+        found.append(_establish(name, known.subtopology, topic, topic_configs, fmts, rets, disk))
     return found
 
 
@@ -151,23 +147,25 @@ def _establish(
     topic_configs: Mapping[str, Mapping[str, str]] | None,
     fmts: Mapping[str, str],
     rets: Mapping[str, int],
-    disk: Mapping[str, list[TaskId]],
-    state_dir: Path | None,
-    application_id: str,
+    disk: Mapping[str, list[tuple[TaskId, Path, bool]]],
 ) -> FoundStore:
     """The kind and format of one store, from the changelog's configs, the flags and the disk."""
     config = None if topic_configs is None else topic_configs.get(topic)
     by_config = None if config is None else kind_from_topic_config(config)
     fmt = fmts.get(name)
     by_flag = None if fmt is None else KIND_OF_FORMAT.get(fmt)
-    if fmt is None and name in disk and state_dir is not None:
+    if fmt is None and name in disk:
+        _task, path, segmented = disk[name][0]
         try:
-            fmt = _native.store_format(
-                state_dir / application_id / str(disk[name][0]) / STORES_DIR_NAME / name
-            )
+            if segmented:
+                # its segments tell a timestamped window store; plain ones a window or session store
+                fmt = read_segmented(path).format
+                by_flag = WINDOW_OR_SESSION
+            else:
+                fmt = _native.store_format(path)
+                by_flag = None if fmt is None else KIND_OF_FORMAT.get(fmt)
         except StateStoreError:
-            fmt = None
-        by_flag = None if fmt is None else KIND_OF_FORMAT.get(fmt)
+            fmt = by_flag = None
     kind = by_config or by_flag
     retention = rets.get(name)
 
@@ -207,8 +205,6 @@ def segmented_refusal(
     fmt: str,
     retention_ms: int | None,
     topic_config: Mapping[str, str] | None = None,
-    *,
-    offsets_in_store: bool = True,
 ) -> str | None:
     """Why store ``name`` (changelog ``topic``, format ``fmt``) is not restored with ``retention_ms``;
     None when it is.
@@ -218,9 +214,8 @@ def segmented_refusal(
     guessed. Kafka Streams sets the changelog's ``retention.ms`` to the
     store's retention plus ``windowstore.changelog.additional.retention.ms``
     (>= 0), so a larger retention than the topic's contradicts the changelog.
-    With ``offsets_in_store=False`` (the ``.checkpoint`` layout of Kafka
-    Streams 3.6 - 4.2) a segmented store is not written yet. A retention given
-    for a key-value store is a mistake in the flags, reported too.
+    A retention given for a key-value store is a mistake in the flags,
+    reported too.
     """
     if fmt not in _native.SEGMENTED_STORE_FORMATS:
         if retention_ms is not None:
@@ -229,11 +224,6 @@ def segmented_refusal(
                 "retention belongs to window and session stores"
             )
         return None
-    if not offsets_in_store:
-        return (
-            f"it is a {fmt} store, not written yet for that layout (the .checkpoint layout of Kafka "
-            "Streams 3.6 - 4.2, --kafka-streams-version); restore it for Kafka Streams 4.3+"
-        )
     if retention_ms is None:
         return (
             f"it is a {fmt} store, whose retention neither its changelog's bytes nor its segments tell: "

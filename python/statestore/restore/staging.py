@@ -61,6 +61,7 @@ from statestore.state.layout import (
     to_checkpoint_layout,
 )
 from statestore.state.policy import Event, Guarantee, Policy
+from statestore.state.segmented import check_segmented_format
 from statestore.state.store import check_store_format
 
 logger = logging.getLogger(__name__)
@@ -297,12 +298,9 @@ def restore_partition(
         token = _acquire(sd, task_id, lock_timeout)
         target = store_location(sd, task_id, store, format)
         segmented = format in _native.SEGMENTED_STORE_FORMATS
-        if segmented and not in_store:
-            return failed(
-                f"task {task_id} store {store}: the {layout} layout (Kafka Streams 3.6 - 4.2) of a "
-                f"{format} store is not written yet; restore it for Kafka Streams 4.3+"
-            )
-        if not segmented:  # a segmented store's segments are checked as the engine opens them
+        if segmented:
+            check_segmented_format(target, format, who=f"task {task_id} store {store}")
+        else:
             check_store_format(target, format)
         staging_root = sd.task_dir(task_id) / STAGING_DIR_NAME / store
         _recover_staging(staging_root, target, task_id)

@@ -160,7 +160,19 @@ def to_checkpoint_layout(path: Path, tp: TopicPartition) -> int | None:
     rewrites every table file at ``format_version`` 5 (one full compaction,
     bottommost level included). A store already in the older layout is left
     as it is (None: its offset is the ``.checkpoint``'s).
+
+    A window or session store (a directory of segments, no RocksDB of its
+    own) has every segment converted; its offset is the one Kafka Streams
+    4.3+ would read, the newest segment's. Kafka Streams 3.6 - 4.2 checkpoint
+    a segmented store's changelog offset in the task's ``.checkpoint`` like
+    any persistent store's (``ProcessorStateManager.checkpoint``) and open
+    each segment with its store type's column families alone.
     """
+    if not (path / "CURRENT").is_file() and path.is_dir():
+        info = _native.segmented_info(path)
+        for segment in info.segments:
+            to_checkpoint_layout(Path(segment.path), tp)
+        return committed_offset(info.offsets.get(str(tp)))
     if store_layout(path) is not KIP_1035:
         return None
     families = Rdict.list_cf(str(path))

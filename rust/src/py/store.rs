@@ -13,7 +13,7 @@ use rocksdb::{IteratorMode, WriteBatch};
 
 use super::errors::ErrorClass;
 use crate::offsets;
-use crate::segments::Segmentation;
+use crate::segments::{Segmentation, SegmentedStore, SegmentsReadOnly};
 use crate::store::{self, Store, StoreError, StoreFormat};
 
 /// What a tool shows about a store, read without taking its lock.
@@ -26,6 +26,52 @@ pub struct StoreInfo {
     status: Option<i64>,
     /// RocksDB's estimate of the number of keys.
     estimated_keys: u64,
+}
+
+/// One segment of a window or session store, read without taking its lock.
+#[pyclass(module = "statestore._native", name = "SegmentInfo", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub struct SegmentInfo {
+    /// The segment's start (ms): its directory is `<store>.<start>`.
+    start: i64,
+    path: PathBuf,
+    /// `"<topic>-<partition>"` -> offset, from the segment's `offsets` family.
+    offsets: BTreeMap<String, i64>,
+    /// 1 open, 0 closed cleanly, `None` when never written.
+    status: Option<i64>,
+    estimated_keys: u64,
+    /// Whether the segment has an `offsets` column family (4.3+; not in the `.checkpoint` layout).
+    offsets_family: bool,
+}
+
+/// A window or session store (a directory of segments), read without
+/// taking a lock or writing anything.
+#[pyclass(module = "statestore._native", name = "SegmentedStoreInfo", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub struct SegmentedStoreInfo {
+    /// The segments' own format (`"plain"` or `"timestamped"`); None without segments.
+    segment_format: Option<&'static str>,
+    /// The store formats those segments fit (`("timestamped-window",)`, or
+    /// `("window", "session")`, which the bytes do not tell apart); every
+    /// segmented format without segments.
+    formats: Vec<&'static str>,
+    /// Offsets as Kafka Streams 4.3+ reads them: each from the newest segment recording one.
+    offsets: BTreeMap<String, i64>,
+    /// The segments, oldest first.
+    segments: Vec<SegmentInfo>,
+}
+
+#[pymethods]
+impl SegmentedStoreInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "SegmentedStoreInfo(segment_format={:?}, formats={:?}, offsets={:?}, segments={})",
+            self.segment_format,
+            self.formats,
+            self.offsets,
+            self.segments.len()
+        )
+    }
 }
 
 /// `(key, expected value, actual value)`; a missing side is `None`.
@@ -150,6 +196,63 @@ fn store_info(py: Python<'_>, path: PathBuf, check_blocks: bool) -> PyResult<Sto
     })?)
 }
 
+/// What a tool shows about the window or session store at `path` (a
+/// directory of segments `<store>.<start>`), read without taking a lock;
+/// with `check_blocks` every block of every segment is read first with its
+/// checksum verified. A segment of a type statestore does not know raises
+/// `StoreError` naming it.
+#[pyfunction]
+#[pyo3(signature = (path, check_blocks=false))]
+fn segmented_info(py: Python<'_>, path: PathBuf, check_blocks: bool) -> PyResult<SegmentedStoreInfo> {
+    Ok(py.detach(|| {
+        let view = SegmentsReadOnly::open(&path)?;
+        let mut segments = Vec::with_capacity(view.segments.len());
+        for (start, s) in &view.segments {
+            if check_blocks {
+                s.check_blocks()?;
+            }
+            let keys = s
+                .db()
+                .property_int_value_cf(s.data_cf(), "rocksdb.estimate-num-keys")
+                .map_err(|e| StoreError::rocksdb(s.path(), "reading key estimate", &e))?
+                .unwrap_or(0);
+            segments.push(SegmentInfo {
+                start: *start,
+                path: s.path().to_path_buf(),
+                offsets: s.offsets()?,
+                status: s.status()?,
+                estimated_keys: keys,
+                offsets_family: s.has_offsets_family(),
+            });
+        }
+        let db_format = view.db_format()?;
+        let formats = match db_format {
+            Some(f) => StoreFormat::segmented_of(f),
+            None => StoreFormat::ALL.into_iter().filter(|f| f.key_schema().is_some()).collect(),
+        };
+        Ok::<_, StoreError>(SegmentedStoreInfo {
+            segment_format: db_format.map(StoreFormat::name),
+            formats: formats.into_iter().map(StoreFormat::name).collect(),
+            offsets: view.offsets()?,
+            segments,
+        })
+    })?)
+}
+
+/// The starts of the segments of the store at `path` (a directory of
+/// segments), oldest first, checked against a store of `retention_ms` and
+/// `segment_interval_ms` (None: the DSL's): a segment that does not start at
+/// a multiple of the interval raises `StoreError` naming its directory.
+/// Nothing is opened.
+#[pyfunction]
+#[pyo3(signature = (path, retention_ms, segment_interval_ms=None))]
+fn segments_check(path: PathBuf, retention_ms: i64, segment_interval_ms: Option<i64>) -> PyResult<Vec<i64>> {
+    let seg = Segmentation::new(retention_ms, segment_interval_ms).map_err(|m| ErrorClass::Store.err(m))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let found = SegmentedStore::list(&path, &name, &seg)?;
+    Ok(found.into_iter().map(|(id, _)| id * seg.segment_interval_ms).collect())
+}
+
 /// The format of the store at `path` as found on disk (`"plain"` or
 /// `"timestamped"`), None where there is no RocksDB yet. A store of a type
 /// statestore does not know (windowed, session, versioned, headers, extra
@@ -209,6 +312,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store_create, m)?)?;
     m.add_function(wrap_pyfunction!(store_dump, m)?)?;
     m.add_function(wrap_pyfunction!(store_format, m)?)?;
+    m.add_class::<SegmentInfo>()?;
+    m.add_class::<SegmentedStoreInfo>()?;
+    m.add_function(wrap_pyfunction!(segmented_info, m)?)?;
+    m.add_function(wrap_pyfunction!(segments_check, m)?)?;
     m.add_function(wrap_pyfunction!(encode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(decode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(dsl_segment_interval, m)?)?;

@@ -124,3 +124,45 @@ def test_kinds_come_from_the_changelog_configs(kafka_bootstrap: str, tmp_path: P
     for store in ("sessions", "latest"):
         assert not any(state.glob(f"{app}/*/rocksdb/{store}")), "never opened for writing"
         assert not any(state.glob(f"{app}/*/{store}"))
+
+
+def test_without_a_topology_the_changelogs_retention_ms_still_contradicts_a_retention(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """``--store-format`` and ``--retention`` alone, from Kafka: the topic's ``retention.ms`` is read all
+    the same, and a retention larger than it is reported before anything is written."""
+    app = f"nota{uuid.uuid4().hex[:8]}"
+    with kafka.KafkaChangelog(kafka_bootstrap) as changelog:
+        changelog.create_topics({f"{app}-sessions-changelog": 2}, config=CONFIGS["sessions"])
+    state = tmp_path / "state"
+    args = [sys.executable, "-m", "statestore.cli", "restore", "--kafka", kafka_bootstrap]
+    args += [
+        "--state-dir",
+        str(state),
+        "--app-id",
+        app,
+        "--store",
+        "sessions",
+        "--store-format",
+        "sessions=session",
+    ]
+
+    def restore(retention: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*args, "--retention", f"sessions={retention}"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "COLUMNS": "250"},
+        )
+
+    out = restore(86_700_001)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert (
+        f"not restored: store sessions (sub-topology 0): --retention sessions=86700001 contradicts its "
+        f"changelog {app}-sessions-changelog: retention.ms=86700000" in out.stdout
+    ), out.stdout
+    assert not any(state.glob(f"{app}/*/sessions")), "never opened for writing"
+    out = restore(300_000)  # within the topic's retention: restored (an empty changelog, no segment)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 ok, 0 failed, 0 stores not restored" in out.stdout, out.stdout

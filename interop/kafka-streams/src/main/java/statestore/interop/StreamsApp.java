@@ -76,6 +76,9 @@ import org.apache.kafka.streams.state.Stores;
  * {@code <app>-input} (a second application over the same input); a windowed run is done once it processed
  * {@code --expect N} records (default: those it produced).
  *
+ * <p>{@code --stores more-windows} builds {@link WindowTopologies}' application instead: a hopping-window count, a
+ * stream-stream join whose results are counted, and a {@code groupBy} count in sub-topology 1.
+ *
  * <p>Modes: {@code process} (optionally produce {@code --produce N} input records first, then run until every input
  * record is counted, print the results and close) and {@code restore} (start, wait until every store is restored,
  * close). Both print one line per event, space separated, for tests to parse:
@@ -176,9 +179,10 @@ public final class StreamsApp {
             if (a.bootstrap == null || a.appId == null || a.stateDir == null) {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
-            if (!List.of("both", LATEST, COUNTS, WINDOWED, WCOUNTS).contains(a.stores)) {
-                throw new IllegalArgumentException(
-                        "--stores is both, latest, counts, windowed or wcounts, got " + a.stores);
+            if (!List.of("both", LATEST, COUNTS, WINDOWED, WCOUNTS).contains(a.stores)
+                    && !WindowTopologies.choices().contains(a.stores)) {
+                throw new IllegalArgumentException("--stores is both, latest, counts, windowed, wcounts or one of "
+                        + WindowTopologies.choices() + ", got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
@@ -236,6 +240,9 @@ public final class StreamsApp {
     }
 
     static Topology topology(String input, String stores, long retentionMs, AtomicLong processed) {
+        if (WindowTopologies.choices().contains(stores)) {
+            return WindowTopologies.build(input, processed);
+        }
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
         if (stores.equals(WINDOWED) || stores.equals(WCOUNTS)) {
@@ -476,7 +483,9 @@ public final class StreamsApp {
 
         streams.start();
         long deadline = System.nanoTime() + a.timeoutSeconds * 1_000_000_000L;
-        int expectedChangelogs = a.storeNames().size() * a.partitions;
+        boolean more = WindowTopologies.choices().contains(a.stores);
+        List<String> storeNames = more ? WindowTopologies.storeNames(topology) : a.storeNames();
+        int expectedChangelogs = (more ? WindowTopologies.changelogs(topology) : storeNames.size()) * a.partitions;
         boolean done = false;
         long lastProgress = 0;
         long quietSince = -1;
@@ -503,7 +512,9 @@ public final class StreamsApp {
                     quietSince = -1;
                 }
             } else if (running && !restoring
-                    && (a.stores.equals(LATEST) ? processed.get() >= a.produce
+                    && (more ? WindowTopologies.done(streams, topology, a.expect >= 0 ? a.expect : a.produce,
+                            total, processed.get())
+                    : a.stores.equals(LATEST) ? processed.get() >= a.produce
                     : a.windowed() ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
@@ -525,8 +536,8 @@ public final class StreamsApp {
             out("RESTORE_SUMMARY changelogs=0 restored=0 ms=0");
         }
         if (done && a.mode.equals("process")) {
-            for (String name : a.storeNames()) {
-                out(switch (name) {
+            for (String name : storeNames) {
+                out(more ? WindowTopologies.summarize(streams, name, a.printResults) : switch (name) {
                     case WCOUNTS -> summarizeWindows(streams, a.printResults);
                     case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
                     default -> summarize(streams, name, a.printResults);

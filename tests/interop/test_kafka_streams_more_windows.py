@@ -1,0 +1,134 @@
+"""Kafka Streams 4.4 starts on a hopping-window count, stream-stream join stores and a ``groupBy`` count
+statestore pre-warmed from ``Topology.describe()``, and restores nothing.
+
+The application (``interop/kafka-streams``, ``stores="more-windows"``: ``WindowTopologies.java``) has,
+over one input topic whose timestamps march 250 ms a record from an hour ago:
+
+* ``hcounts``: a hopping-window count (1-minute windows advancing by 20 s, no grace): a timestamped
+  window store of retention 60 s;
+* ``jn-this-join-store`` and ``jn-other-join-store``: the window stores of a stream-stream inner join
+  (``JoinWindows`` of 60 s, no grace: retention 120 s, with duplicates), whose results ``jcounts``
+  counts per key (a timestamped key-value store);
+* a ``groupBy(...).count()``: its store in sub-topology 1 under the name the DSL generates.
+
+Run to completion under exactly_once_v2; ``inspect`` and ``verify`` report every store of its own
+state directory correctly; ``restore --topology`` (the description the application printed) rebuilds
+them all into an empty directory, equal to Kafka Streams' own; Kafka Streams started there restores
+nothing, and after more input its results equal those of an application that processed all the input.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statestore.state.topology import parse_topology
+from support import kstreams_app
+from support.cli import run_cli
+from support.kstreams_checks import check_own_state
+from support.model import store_difference
+
+pytest.importorskip("statestore.changelog.kafka")
+
+PARTITIONS = 2
+KEYS = 150
+FIRST = kstreams_app.windowed_first_timestamp()
+#: The stores the DSL gives a name to, with their format and retention (ms; None: a key-value store).
+NAMED = {
+    "hcounts": ("timestamped-window", 60_000),
+    "jn-this-join-store": ("window", 120_000),
+    "jn-other-join-store": ("window", 120_000),
+    "jcounts": ("timestamped", None),
+}
+
+
+def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
+    return kstreams_app.run_app(
+        bootstrap,
+        app,
+        state,
+        guarantee="exactly_once_v2",
+        stores="more-windows",
+        keys=KEYS,
+        value_size=20,
+        partitions=PARTITIONS,
+        time_step_ms=kstreams_app.WINDOWED_STEP_MS,
+        first_timestamp_ms=FIRST,
+        config=kstreams_app.WINDOWED_CONFIG,
+        **kw,
+    )
+
+
+def databases(store: Path) -> list[Path]:
+    """The RocksDBs of a store: itself, or its segments."""
+    if (store / "CURRENT").exists():
+        return [store]
+    return sorted(p for p in store.iterdir() if p.is_dir())
+
+
+def test_kafka_streams_starts_on_hopping_join_and_grouped_stores_statestore_restored(
+    app_built: Path, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    app = f"ksm{uuid.uuid4().hex[:8]}"
+    first = tmp_path / "first"
+    ran = run(kafka_bootstrap, app, first, produce=3000)
+    assert ran.closed_clean
+    described = kstreams_app.described_topology(ran)
+    (tmp_path / "topology.txt").write_text(described)
+    topology = parse_topology(described)
+    grouped = [n for n in topology.task_stores if n.startswith("KSTREAM-AGGREGATE-STATE-STORE-")]
+    assert len(grouped) == 1 and topology.task_stores[grouped[0]].subtopology == 1, described
+    stores = {**NAMED, grouped[0]: ("timestamped", None)}
+    assert set(topology.task_stores) == set(stores), described
+    subs = {name: s.subtopology for name, s in topology.task_stores.items()}
+
+    # statestore reads what Kafka Streams wrote: every store, its segments, no lag, equal to its changelog
+    check_own_state(kafka_bootstrap, first, app, stores, PARTITIONS, "kip-1035", subs)
+
+    # statestore rebuilds every store of the topology into an empty directory, as Kafka Streams holds them
+    restored = tmp_path / "restored"
+    out = run_cli(
+        "restore",
+        "--kafka",
+        kafka_bootstrap,
+        "--state-dir",
+        str(restored),
+        "--app-id",
+        app,
+        "--topology",
+        str(tmp_path / "topology.txt"),
+        *kstreams_app.store_flags(stores),
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(stores) * PARTITIONS} ok, 0 failed, 0 stores not restored" in out.stdout, out.stdout
+    for name, (_fmt, retention) in stores.items():
+        for p in range(PARTITIONS):
+            task = f"{subs[name]}_{p}"
+            where = Path(task) / name if retention is not None else Path(task) / "rocksdb" / name
+            theirs, ours = databases(first / app / where), databases(restored / app / where)
+            assert theirs and [d.name for d in ours] == [d.name for d in theirs], (name, p, ours, theirs)
+            for t, o in zip(theirs, ours, strict=True):
+                assert store_difference(t, o) is None, (name, p, t.name)
+
+    # Kafka Streams restores nothing there, and after 1,000 more records its results equal those of an
+    # application that processed all 4,000 from scratch
+    only = run(kafka_bootstrap, app, restored, mode="restore")
+    assert only.restored_records == 0, only.restores
+    more = run(kafka_bootstrap, app, restored, produce=1000, print_results=True)
+    assert more.restored_records == 0, more.restores
+    ref = run(
+        kafka_bootstrap,
+        f"{app}ref",
+        tmp_path / "ref",
+        input_topic=f"{app}-input",
+        expect=4000,
+        print_results=True,
+    )
+    assert ref.stores.keys() == {"hcounts", "jcounts", grouped[0]}, ref.stores
+    assert all(int(s["entries"]) > 0 for s in ref.stores.values()), ref.stores
+    assert more.results == ref.results
+    assert more.stores == ref.stores
