@@ -56,7 +56,7 @@ from statestore.state.layout import (
 )
 from statestore.state.policy import Guarantee
 from statestore.state.store import check_store_format
-from statestore.state.store_kinds import WINDOW_OR_SESSION
+from statestore.state.store_kinds import VERSIONED, WINDOW_OR_SESSION
 
 
 def restore_local(
@@ -119,7 +119,7 @@ def restore_local(
         for i, w in enumerate(work):
             fmt = fmts.get(w.store, "plain")
             target = store_location(sd, w.task_id, w.store, fmt)
-            if fmt in _native.SEGMENTED_STORE_FORMATS:
+            if fmt in _native.RETAINED_STORE_FORMATS:
                 why = segmented_refusal(
                     w.store, w.tp.topic, fmt, rets.get(w.store), offsets_in_store=layout.offsets_in_store
                 )
@@ -148,7 +148,7 @@ def restore_local(
                     memory_budget_bytes=memory_budget_bytes,
                     listener=listener,
                     format=fmt,
-                    retention_ms=rets.get(w.store) if fmt in _native.SEGMENTED_STORE_FORMATS else None,
+                    retention_ms=rets.get(w.store) if fmt in _native.RETAINED_STORE_FORMATS else None,
                 )
             )
         if not specs:
@@ -359,6 +359,7 @@ def _table(rows: list[RestoreRow]) -> Table:
     metavar="NAME=FORMAT",
     help="A store's format: plain (default) or timestamped (Kafka Streams' DSL stores, e.g. count()); "
     "timestamped-window, window or session for a window or session store (with --retention); "
+    "versioned for Stores.persistentVersionedKeyValueStore (with --retention: its history retention); "
     "repeatable. With --topology a store's format must be given here or (key-value) found on disk.",
 )
 @click.option(
@@ -376,8 +377,9 @@ def _table(rows: list[RestoreRow]) -> Table:
     multiple=True,
     metavar="NAME=MS",
     help="A window or session store's retention in milliseconds (window size + grace for the DSL's "
-    "windowed aggregations), required for each; repeatable. Without --topology the store's "
-    "--store-format must name a window or session format.",
+    "windowed aggregations), required for each; a versioned store's history retention (with --kafka "
+    "and --topology, min.compaction.lag.ms - 1 day of its changelog unless given); repeatable. Without "
+    "--topology the store's --store-format must name a window, session or versioned format.",
 )
 def restore(
     log_dir: Path | None,
@@ -429,10 +431,10 @@ def restore(
     topology = load_topology(topology_file) if topology_file is not None else None
     if topology is None:
         for name, ms in retention_ms.items():
-            if formats.get(name) not in _native.SEGMENTED_STORE_FORMATS:
+            if formats.get(name) not in _native.RETAINED_STORE_FORMATS:
                 raise click.UsageError(
-                    f"--retention {name}={ms}: a retention is a window or session store's; give "
-                    f"--store-format {name}={'|'.join(_native.SEGMENTED_STORE_FORMATS)}, or --topology FILE"
+                    f"--retention {name}={ms}: a retention is a window, session or versioned store's; give "
+                    f"--store-format {name}={'|'.join(_native.RETAINED_STORE_FORMATS)}, or --topology FILE"
                 )
     layout = layout_for(kafka_streams_version)
     subs: dict[str, int] = {n: sub or 0 for n, sub in named.items()}
@@ -585,7 +587,7 @@ def _refused_segmented(
     nothing of them is written."""
     out = []
     for name, fmt in sorted(formats.items()):
-        if fmt not in _native.SEGMENTED_STORE_FORMATS:
+        if fmt not in _native.RETAINED_STORE_FORMATS:
             continue
         why = segmented_refusal(
             name,
@@ -595,7 +597,8 @@ def _refused_segmented(
             offsets_in_store=layout.offsets_in_store,
         )
         if why is not None:
-            out.append(FoundStore(name, subs.get(name, 0), WINDOW_OR_SESSION, fmt, retentions.get(name), why))
+            kind = VERSIONED if fmt in _native.VERSIONED_STORE_FORMATS else WINDOW_OR_SESSION
+            out.append(FoundStore(name, subs.get(name, 0), kind, fmt, retentions.get(name), why))
     return out
 
 

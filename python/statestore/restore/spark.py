@@ -387,12 +387,13 @@ def restore_on_spark(
             raise ValueError(f"store {name!r}: {e}") from None
     rets, intervals = dict(retentions or {}), dict(segment_intervals or {})
     for name in set(rets) | set(intervals):
-        if fmts.get(name, "plain") not in _native.SEGMENTED_STORE_FORMATS:
+        if fmts.get(name, "plain") not in _native.RETAINED_STORE_FORMATS:
             raise ValueError(
-                f"store {name!r}: retention and segment interval belong to window and session stores"
+                f"store {name!r}: retention and segment interval belong to window, session and versioned "
+                "stores"
             )
     for name, fmt in fmts.items():
-        if fmt in _native.SEGMENTED_STORE_FORMATS and name not in rets:
+        if fmt in _native.RETAINED_STORE_FORMATS and name not in rets:
             raise ValueError(
                 f"store {name!r}: a {fmt} store needs its retention (retentions={{{name!r}: ms}})"
             )
