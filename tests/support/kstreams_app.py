@@ -24,6 +24,10 @@ STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
 #: The stores of the application with ``stores="windowed"``: format and retention (ms).
 WINDOWED_STORES = {"wcounts": ("timestamped-window", 60_000), "scounts": ("session", 30_000)}
 
+#: The store of the application with ``stores="versioned"`` (``VersionedTopology.java``): format and
+#: history retention (ms); its segment interval is Kafka's default for it, 10 s.
+VERSIONED_STORES = {"vtable": ("versioned", 30_000)}
+
 
 def build() -> Path:
     """Build the application if needed; the directory holding ``app.jar`` and ``libs/``."""

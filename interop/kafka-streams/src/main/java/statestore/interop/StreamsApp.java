@@ -72,7 +72,8 @@ import org.apache.kafka.streams.state.Stores;
  * {@code --first-timestamp-ms}, default 1700000000000; a recent one keeps the broker's retention from deleting
  * the input and changelogs), so windows open, close and expire as the input goes. {@code --input-topic T} reads T instead of
  * {@code <app>-input} (a second application over the same input); a windowed run is done once it processed
- * {@code --expect N} records (default: those it produced).
+ * {@code --expect N} records (default: those it produced). {@code --stores versioned} builds instead the topology
+ * of {@link VersionedTopology}: a versioned key-value store fed out-of-order timestamps and tombstones.
  *
  * <p>Modes: {@code process} (optionally produce {@code --produce N} input records first, then run until every input
  * record is counted, print the results and close) and {@code restore} (start, wait until every store is restored,
@@ -97,6 +98,7 @@ public final class StreamsApp {
     static final String LATEST = "latest";
     static final String COUNTS = "counts";
     static final String WINDOWED = "windowed";
+    static final String VERSIONED = "versioned";
     static final String WCOUNTS = "wcounts";
     static final String SCOUNTS = "scounts";
     static final Duration WINDOW_SIZE = Duration.ofMinutes(1);
@@ -171,8 +173,9 @@ public final class StreamsApp {
             if (a.bootstrap == null || a.appId == null || a.stateDir == null) {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
-            if (!List.of("both", LATEST, COUNTS, WINDOWED).contains(a.stores)) {
-                throw new IllegalArgumentException("--stores is both, latest, counts or windowed, got " + a.stores);
+            if (!List.of("both", LATEST, COUNTS, WINDOWED, VERSIONED).contains(a.stores)) {
+                throw new IllegalArgumentException(
+                        "--stores is both, latest, counts, windowed or versioned, got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
@@ -190,6 +193,7 @@ public final class StreamsApp {
                 case LATEST -> List.of(LATEST);
                 case COUNTS -> List.of(COUNTS);
                 case WINDOWED -> List.of(WCOUNTS, SCOUNTS);
+                case VERSIONED -> List.of(VersionedTopology.STORE);
                 default -> List.of(LATEST, COUNTS);
             };
         }
@@ -224,6 +228,9 @@ public final class StreamsApp {
     }
 
     static Topology topology(String input, String stores, AtomicLong processed) {
+        if (stores.equals(VERSIONED)) {
+            return VersionedTopology.topology(input, processed);
+        }
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
         if (stores.equals(WINDOWED)) {
@@ -384,7 +391,9 @@ public final class StreamsApp {
         try (Admin admin = Admin.create(ap)) {
             ensureTopic(admin, a.inputTopic(), a.partitions);
             long before = inputRecords(admin, a.inputTopic(), a.partitions);
-            if (a.produce > 0) {
+            if (a.produce > 0 && a.stores.equals(VERSIONED)) {
+                VersionedTopology.produce(a, before);
+            } else if (a.produce > 0) {
                 produce(a, before);
             }
             total = inputRecords(admin, a.inputTopic(), a.partitions);
@@ -487,7 +496,7 @@ public final class StreamsApp {
                 }
             } else if (running && !restoring
                     && (a.stores.equals(LATEST) ? processed.get() >= a.produce
-                    : a.stores.equals(WINDOWED) ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
+                    : a.stores.equals(WINDOWED) || a.stores.equals(VERSIONED) ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
                 break;
@@ -512,6 +521,8 @@ public final class StreamsApp {
                 out(switch (name) {
                     case WCOUNTS -> summarizeWindows(streams, a.printResults);
                     case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
+                    case VersionedTopology.STORE -> VersionedTopology.summarize(
+                            streams, a.keys, a.firstTimestamp + (total - 1) * a.timeStepMs, a.printResults);
                     default -> summarize(streams, name, a.printResults);
                 });
             }
