@@ -46,6 +46,9 @@ pub trait Backing {
     fn drop_segment(&mut self, id: i64);
 }
 
+/// A changelog record of a versioned store: key, value (None: a tombstone), timestamp.
+pub type Record<'a> = (&'a [u8], Option<&'a [u8]>, i64);
+
 /// What a put did with its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Put {
@@ -103,11 +106,7 @@ impl Versioned {
     /// every put of the batch, the drop of a late record uses stream time as
     /// it advances record by record. A batch of one record is exactly what
     /// the store's own `put` wrote while processing.
-    pub fn restore_batch<'a>(
-        &mut self,
-        b: &mut dyn Backing,
-        records: &[(&'a [u8], Option<&'a [u8]>, i64)],
-    ) -> Result<Vec<Put>, String> {
+    pub fn restore_batch(&mut self, b: &mut dyn Backing, records: &[Record<'_>]) -> Result<Vec<Put>, String> {
         let end_of_batch = records.iter().fold(self.stream_time, |t, r| t.max(r.2));
         let mut out = Vec::with_capacity(records.len());
         for &(key, value, ts) in records {
@@ -328,33 +327,36 @@ fn header(raw: &[u8]) -> Result<(i64, i64), String> {
     }
 }
 
+/// A versioned store's rows in a map (the tests' and the fuzz target's store).
+#[cfg(any(test, feature = "fuzzing"))]
+#[derive(Default, Clone, PartialEq, Eq, Debug)]
+pub struct MemoryBacking(pub std::collections::BTreeMap<Vec<u8>, Vec<u8>>);
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Backing for MemoryBacking {
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        Ok(self.0.get(key).cloned())
+    }
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.0.insert(key, value);
+    }
+    fn delete(&mut self, key: Vec<u8>) {
+        self.0.remove(&key);
+    }
+    fn drop_segment(&mut self, id: i64) {
+        let prefix = id.to_be_bytes();
+        self.0.retain(|k, _| !k.starts_with(&prefix));
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
-    /// A store in a map, with what a query sees.
-    #[derive(Default, Clone, PartialEq, Eq, Debug)]
-    struct Map(BTreeMap<Vec<u8>, Vec<u8>>);
+    type Map = MemoryBacking;
 
-    impl Backing for Map {
-        fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-            Ok(self.0.get(key).cloned())
-        }
-        fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-            self.0.insert(key, value);
-        }
-        fn delete(&mut self, key: Vec<u8>) {
-            self.0.remove(&key);
-        }
-        fn drop_segment(&mut self, id: i64) {
-            let (lo, hi) = (id.to_be_bytes().to_vec(), (id + 1).to_be_bytes().to_vec());
-            self.0.retain(|k, _| !(k.as_slice() >= lo.as_slice() && k.as_slice() < hi.as_slice()));
-        }
-    }
-
-    impl Map {
+    /// What a query sees.
+    impl MemoryBacking {
         fn latest(&self, key: &[u8]) -> Option<(i64, Vec<u8>)> {
             self.0
                 .get(&physical_key(LATEST_SEGMENT, key))
@@ -502,7 +504,7 @@ mod tests {
                 (format!("k{}", i % 9).into_bytes(), val, ts.max(0))
             })
             .collect();
-        let view: Vec<(&[u8], Option<&[u8]>, i64)> = recs.iter().map(|(k, v, t)| (&k[..], v.as_deref(), *t)).collect();
+        let view: Vec<Record<'_>> = recs.iter().map(|(k, v, t)| (&k[..], v.as_deref(), *t)).collect();
         let (mut one, mut by_one) = (Map::default(), Versioned::new(2_500, 800));
         for r in &view {
             by_one.restore_batch(&mut one, std::slice::from_ref(r)).unwrap();
@@ -526,7 +528,7 @@ mod tests {
 
     #[test]
     fn a_batch_leaves_out_a_version_that_is_expired_at_its_end() {
-        let recs: [(&[u8], Option<&[u8]>, i64); 4] =
+        let recs: [Record<'_>; 4] =
             [(b"k", v("a"), 1_500), (b"k", v("b"), 1_800), (b"k", v("x"), 1_200), (b"j", v("z"), 2_600)];
         let (mut one, mut by_one) = (Map::default(), Versioned::new(1_000, 1_000));
         for r in &recs {
