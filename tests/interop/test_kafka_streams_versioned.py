@@ -13,7 +13,8 @@ the way.
 Run to completion under exactly_once_v2, then statestore restores the store
 with ``restore_many`` from the changelog topic into an empty state directory:
 the RocksDB holds exactly Kafka Streams' own rows, key for key and byte for
-byte (latest values and segment values), CLOSED. Kafka Streams started there
+byte (latest values and segment values), CLOSED, and ``statestore verify
+--kafka`` finds both directories exact. Kafka Streams started there
 restores nothing (its StateRestoreListener says so), and its interactive
 queries (``VersionedKeyQuery``: each key's latest version and its versions as
 of 7 times) answer as they do on Kafka Streams' own state directory. Kafka
@@ -38,6 +39,7 @@ import pytest
 from statestore import TopicPartition, _native
 from statestore.restore.engine import RestoreSpec, restore_many
 from support import kstreams_app
+from support.cli import run_cli
 from support.model import store_difference
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -105,6 +107,14 @@ def test_kafka_streams_starts_on_a_versioned_store_statestore_restored(
             assert store_difference(theirs, ours) is None
             assert _native.store_info(ours).status == _native.STATUS_CLOSED
             assert len(_native.store_dump(ours).entries) > KEYS // PARTITIONS, "latest values and history"
+
+    # statestore verify --kafka tells the versioned store from its changelog's configs and rebuilds it
+    for state in (first, restored):
+        out = run_cli("verify", "--state-dir", str(state), "--app-id", app, "--kafka", bootstrap)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.count("versioned") == PARTITIONS and out.stdout.count("exact") == PARTITIONS, (
+            out.stdout
+        )
 
     # Kafka Streams on it: nothing restored, and the same answers as on its own state directory
     on_ours = run(bootstrap, app, restored, print_results=True)

@@ -7,7 +7,8 @@ itself in ``tests/interop/test_kafka_streams_versioned.py`` and rule by rule
 in the Rust unit tests (``rust/src/versioned/``); here: the store's rows
 follow the layout (latest values under segment -1, older versions under
 their validTo's segment), a versioned store is always replayed, its history
-retention is required, and the CLI writes it with ``--retention``.
+retention is required, the CLI writes it with ``--retention`` (locally and on
+Spark, never for the ``.checkpoint`` layout), and ``verify`` rebuilds it.
 """
 
 from __future__ import annotations
@@ -131,12 +132,45 @@ def test_statestore_restore_writes_a_versioned_store_with_its_history_retention(
     )
     assert not any((log_root / "state").glob(f"{APP}/*/rocksdb/{STORE}")), "never opened for writing"
 
+    out = cli(
+        *restore_args(
+            log_root, APP, *flags, "--retention", f"{STORE}={HISTORY}", "--kafka-streams-version", "4.2"
+        )
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "it is a versioned store, not written yet for that layout" in out.stdout
+    assert not any((log_root / "state").glob(f"{APP}/*/rocksdb/{STORE}")), "never opened for writing"
+
     out = cli(*restore_args(log_root, APP, *flags, "--retention", f"{STORE}={HISTORY}"))
     assert out.returncode == 0, out.stdout + out.stderr
     for p in (0, 1):
         c = store_contents(log_root / "state" / APP / f"0_{p}" / "rocksdb" / STORE)
         assert c.data == expected_rows()
         assert c.offsets == {f"{TOPIC}-{p}": 5}
+
+
+def test_statestore_verify_rebuilds_a_versioned_store_by_its_put_logic(log_root: Path) -> None:
+    flags = ["--store", STORE, "--store-format", f"{STORE}=versioned", "--retention", f"{STORE}={HISTORY}"]
+    assert cli(*restore_args(log_root, APP, *flags)).returncode == 0
+    verify = [
+        "verify",
+        "--state-dir",
+        str(log_root / "state"),
+        "--app-id",
+        APP,
+        "--log-dir",
+        str(log_root / "log"),
+    ]
+    out = cli(*verify, *flags[2:])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("exact") == 2 and "versioned" in out.stdout, out.stdout
+    # its bytes look like a plain store's: taken for one, it is no such store
+    out = cli(*verify)
+    assert out.returncode == 1 and "MISMATCH" in out.stdout, out.stdout
+    out = cli(*verify, "--store-format", f"{STORE}=versioned")
+    assert out.returncode == 1 and f"give its history retention to verify it (--retention {STORE}=MS)" in (
+        out.stdout + out.stderr
+    )
 
 
 @pytest.mark.spark

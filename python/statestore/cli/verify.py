@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from statestore import _native
 from statestore.cli.common import (
     console,
     err_console,
@@ -17,7 +18,13 @@ from statestore.cli.common import (
     show_bytes,
     state_options,
 )
-from statestore.cli.stores import check_topology_against_state, load_topology, topology_option
+from statestore.cli.stores import (
+    check_topology_against_state,
+    load_topology,
+    parse_retentions,
+    parse_store_formats,
+    topology_option,
+)
 from statestore.ops.verify import VerifyResult, verify_app
 
 
@@ -26,6 +33,22 @@ from statestore.ops.verify import VerifyResult, verify_app
 @log_dir_option(required=False)
 @kafka_options
 @click.option("--store", "stores", multiple=True, help="Only this store (repeatable).")
+@click.option(
+    "--store-format",
+    "store_formats",
+    multiple=True,
+    metavar="NAME=versioned",
+    help="A versioned store (its bytes look like a plain store's; with --kafka its changelog tells it); "
+    "repeatable, with --retention NAME=MS.",
+)
+@click.option(
+    "--retention",
+    "retentions",
+    multiple=True,
+    metavar="NAME=MS",
+    help="A versioned store's history retention in milliseconds (with --kafka: its changelog's "
+    "min.compaction.lag.ms less a day unless given); repeatable.",
+)
 @topology_option
 def verify(
     state_dir: Path,
@@ -34,6 +57,8 @@ def verify(
     kafka: str | None,
     kafka_config: tuple[str, ...],
     stores: tuple[str, ...],
+    store_formats: tuple[str, ...],
+    retentions: tuple[str, ...],
     topology_file: Path | None,
 ) -> None:
     """Recompute each store from its changelog and compare; exit 1 on any mismatch.
@@ -52,12 +77,29 @@ def verify(
         raise click.UsageError("name the changelog: either --log-dir DIR or --kafka BOOTSTRAP")
     if topology_file is not None:
         check_topology_against_state(load_topology(topology_file), state_dir, app_id)
+    formats, history = parse_store_formats(store_formats), parse_retentions(retentions)
+    for name, fmt in formats.items():
+        if fmt not in _native.VERSIONED_STORE_FORMATS:
+            raise click.BadParameter(
+                f"{name}={fmt}: verify takes the format of a versioned store only (others are read from "
+                "the store)",
+                param_hint="--store-format",
+            )
     results: list[VerifyResult]
     if kafka is not None:
         with kafka_changelog(kafka, kafka_config) as changelog:
-            results = verify_app(state_dir, app_id, stores=list(stores) or None, changelog=changelog)
+            results = verify_app(
+                state_dir,
+                app_id,
+                stores=list(stores) or None,
+                changelog=changelog,
+                formats=formats,
+                retentions=history,
+            )
     else:
-        results = verify_app(state_dir, app_id, log_dir, list(stores) or None)
+        results = verify_app(
+            state_dir, app_id, log_dir, list(stores) or None, formats=formats, retentions=history
+        )
     table = Table(title=f"verify {app_id}")
     for col in ("task", "store", "format", "offset", "entries", "digest", "result"):
         table.add_column(col, justify="right" if col in ("offset", "entries") else "left")

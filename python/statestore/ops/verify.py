@@ -14,12 +14,23 @@ stores are still verified. A store recording Kafka Streams' ``OFFSET_UNKNOWN``
 reported as having none yet, never as a mismatch. A store that records no
 offset is verified at the offset its task's ``.checkpoint`` records (the
 layout of Kafka Streams 3.6 - 4.2).
+
+A versioned store's bytes look like a plain store's, so it is verified as one
+only when its format is given (``formats``, ``--store-format NAME=versioned``)
+or its changelog's configs say so (``--kafka``), with its history retention:
+it is then rebuilt by replaying Kafka Streams' put logic record by record,
+which gives exactly the rows a store statestore restored holds, and those of
+a store Kafka Streams wrote while processing without a restart. A store Kafka
+Streams restored in large batches, or kept writing after a restart, may
+differ in expired history or in segments it no longer tracks (see
+docs/kafka-streams.md), which such a rebuild reports as a mismatch.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -32,6 +43,12 @@ from statestore.ids import SENTINEL_OFFSETS, committed_offset
 from statestore.ops.inspection import LocalStore, local_stores
 from statestore.restore.engine import LogLike, restore_store
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
+from statestore.state.store import check_store_format
+from statestore.state.store_kinds import (
+    VERSIONED,
+    history_retention_from_topic_config,
+    kind_from_topic_config,
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +66,8 @@ class VerifyResult:
     first_difference: tuple[bytes, bytes | None, bytes | None] | None
     #: Offset the rebuilt store records (equal to ``offset`` when the log has that record).
     expected_offset: int | None
-    #: ``"plain"`` or ``"timestamped"`` (as found on disk); None when the store could not be read.
+    #: ``"plain"`` or ``"timestamped"`` (as found on disk), or ``"versioned"`` (as given or as its
+    #: changelog says); None when the store could not be read.
     format: str | None = None
     #: Why the store could not be verified (a type statestore does not know, a store RocksDB cannot open).
     problem: str | None = None
@@ -70,19 +88,36 @@ class VerifyResult:
         return self.first_difference is None and self.expected_offset == self.offset
 
 
-def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult:
+def verify_store(
+    store: LocalStore,
+    log: LogLike,
+    scratch: Path,
+    *,
+    format: str | None = None,
+    retention_ms: int | None = None,
+) -> VerifyResult:
     """Rebuild ``store`` from ``log`` into ``scratch`` in the store's own format and compare.
 
     ``log`` is a segment log (a directory or :class:`SegmentLog`) or a changelog
     object such as :class:`~statestore.changelog.kafka.KafkaChangelog`. A store that
     cannot be read (a type statestore does not know, RocksDB's refusal) gives
-    a result with ``problem`` set; it is only ever opened read-only.
+    a result with ``problem`` set; it is only ever opened read-only. ``format``
+    names a format its bytes cannot tell (``"versioned"``, with its history
+    retention in ``retention_ms``); by default the format found on disk.
     """
     try:
         fmt = _native.store_format(store.path) or "plain"
         offsets = _native.store_info(store.path).offsets
+        if format is not None:
+            check_store_format(store.path, format)
+            fmt = format
+            if fmt in _native.VERSIONED_STORE_FORMATS and retention_ms is None:
+                raise StateStoreError(
+                    f"{store.path} is a {fmt} store: give its history retention to verify it "
+                    f"(--retention {store.store}=MS)"
+                )
     except StateStoreError as e:
-        return _unreadable(store, None, None, e)
+        return _unreadable(store, None, None if format is None else format, e)
     recorded = offsets.get(str(store.changelog))
     if recorded is None:
         # The .checkpoint layout (Kafka Streams 3.6 - 4.2): the task's file records the offset; Kafka
@@ -101,7 +136,13 @@ def verify_store(store: LocalStore, log: LogLike, scratch: Path) -> VerifyResult
             _native.store_create(expected, fmt)
         else:
             result = restore_store(
-                expected, log, store.changelog, end_offset=offset + 1, mode="replay", format=fmt
+                expected,
+                log,
+                store.changelog,
+                end_offset=offset + 1,
+                mode="replay",
+                format=fmt,
+                retention_ms=retention_ms if fmt in _native.VERSIONED_STORE_FORMATS else None,
             )
             expected_offset = result.offset
         try:
@@ -138,14 +179,35 @@ def verify_app(
     stores: list[str] | None = None,
     *,
     changelog: Changelog | None = None,
+    formats: Mapping[str, str] | None = None,
+    retentions: Mapping[str, int] | None = None,
 ) -> list[VerifyResult]:
     """Verify every store of the application (or those named) against the segment log in
-    ``log_dir`` or against ``changelog`` (e.g. a :class:`~statestore.changelog.kafka.KafkaChangelog`)."""
+    ``log_dir`` or against ``changelog`` (e.g. a :class:`~statestore.changelog.kafka.KafkaChangelog`).
+
+    ``formats`` and ``retentions`` name, per store, a format its bytes cannot tell and its
+    history retention (a versioned store); a changelog that reports topic configs (Kafka) tells
+    a versioned store and its history retention itself (``min.compaction.lag.ms`` less a day)."""
     if (log_dir is None) == (changelog is None):
         raise ValueError("verify_app: give either log_dir or changelog")
     log: LogLike = SegmentLog(log_dir) if log_dir is not None else cast(LogLike, changelog)
+    found = local_stores(state_dir, application_id, stores)
+    fmts, rets = dict(formats or {}), dict(retentions or {})
+    topic_configs = getattr(changelog, "topic_configs", None)
+    if callable(topic_configs):
+        configs: Mapping[str, Mapping[str, str]] = topic_configs(sorted({s.changelog.topic for s in found}))
+        for s in found:
+            config = configs.get(s.changelog.topic)
+            if config is not None and kind_from_topic_config(config) == VERSIONED:
+                fmts.setdefault(s.store, _native.VERSIONED_STORE_FORMATS[0])
+                history = history_retention_from_topic_config(config)
+                if history is not None:
+                    rets.setdefault(s.store, history)
     with tempfile.TemporaryDirectory(prefix="statestore-verify-") as tmp:
-        return [verify_store(s, log, Path(tmp)) for s in local_stores(state_dir, application_id, stores)]
+        return [
+            verify_store(s, log, Path(tmp), format=fmts.get(s.store), retention_ms=rets.get(s.store))
+            for s in found
+        ]
 
 
 __all__ = ["VerifyResult", "verify_app", "verify_store"]
