@@ -410,6 +410,41 @@ pub fn fetch_response_seed(version: i16, records: &[u8], aborted: &[(i64, i64)])
     out
 }
 
+// ------------------------------------------------------ versioned segment values
+
+/// Target `versioned_segment`: one row of a versioned store's segment, as a
+/// restore reads it from a store on disk. A value that decodes re-encodes to
+/// the same bytes (the layout is canonical: nothing made up, nothing lost);
+/// the formatter's operations and the put logic over a store holding the
+/// value (as a segment row and, from its first bytes, as a latest value)
+/// either work or refuse with a message, never panic.
+pub fn versioned_segment(data: &[u8]) {
+    use crate::versioned::put::{physical_key, MemoryBacking, LATEST_SEGMENT};
+    use crate::versioned::segment_value::SegmentValue;
+    use crate::versioned::Versioned;
+
+    if let Ok(sv) = SegmentValue::decode(data) {
+        assert_eq!(sv.encode(), data, "a decoded segment value re-encodes to its bytes");
+        let (next, min) = (sv.next_ts(), sv.min_ts());
+        let _ = sv.find(min);
+        let _ = sv.clone().insert_as_latest(next, next.saturating_add(1), Some(b"x"));
+        let _ = sv.clone().insert_as_latest(min, next.saturating_add(1), None);
+        let _ = sv.clone().insert_as_earliest(min.saturating_sub(1), Some(b""));
+        let _ = sv.clone().update(min, None, sv.versions().len().saturating_sub(1));
+    }
+    // the put logic over a store holding these bytes, in segment 0 and as the latest value
+    let mut rows = MemoryBacking::default();
+    rows.0.insert(physical_key(0, b"k"), data.to_vec());
+    rows.0.insert(physical_key(LATEST_SEGMENT, b"k"), data.iter().take(12).copied().collect());
+    let mut logic = Versioned::new(1_000, 100);
+    let ts = |i: usize| i64::from(*data.get(i).unwrap_or(&0)) * 7;
+    for (i, value) in [Some(&b"a"[..]), None, Some(b"b"), None].into_iter().enumerate() {
+        if logic.put(&mut rows, b"k", value, ts(i)).is_err() {
+            break;
+        }
+    }
+}
+
 // ------------------------------------------------------------- seed corpus
 
 /// The seed corpus: `(target, file name, bytes)`. Written to
@@ -486,6 +521,14 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     out.push(("offsets", "status".into(), [&[6u8][..], b"status", &encode_i64(1)].concat()));
     out.push(("offsets", "short".into(), [&[3u8][..], b"t-0", b"xyz"].concat()));
 
+    {
+        use crate::versioned::segment_value::SegmentValue;
+        let mut three = SegmentValue::with_record(Some(b"a"), 10, 20);
+        three.insert_as_latest(25, 30, Some(b"bb")).expect("a gap, then a version");
+        out.push(("versioned_segment", "three".into(), three.encode()));
+        out.push(("versioned_segment", "degenerate".into(), SegmentValue::with_record(None, 50, 50).encode()));
+        out.push(("versioned_segment", "empty-value".into(), SegmentValue::with_record(Some(b""), 1, 2).encode()));
+    }
     out.push(("txn_state", "empty".into(), b"statestore-transactions 1\nnext-producer-id 0\n".to_vec()));
     out.push((
         "txn_state",
@@ -580,12 +623,13 @@ mod tests {
     /// Every fuzz target of `../fuzz` (the one list the tests below go
     /// through): its name, its harness, and how many blind mutations
     /// [`mutated_corpus_runs_cleanly`] sends through it per round.
-    const TARGETS: [Target; 5] = [
+    const TARGETS: [Target; 6] = [
         ("batch", batch, 20_000),
         ("offsets", offsets, 20_000),
         ("txn_state", txn_state, 10_000),
         ("segment", segment, 1_500),
         ("fetch_response", fetch_response, 20_000),
+        ("versioned_segment", versioned_segment, 20_000),
     ];
 
     fn target(name: &str) -> fn(&[u8]) {

@@ -7,7 +7,7 @@
 //! and, with the `python` feature, binds them as `statestore._native`; there
 //! is no logic here.
 //!
-//! The modules that need RocksDB (`store`, `segments`, `restore`) are behind the default
+//! The modules that need RocksDB (`store`, `segments`, `restore`, and `versioned`'s store) are behind the default
 //! feature `store`; without it the crate is the codec, the segment log, the
 //! Kafka fetcher, the source seam, the offsets encoding and file I/O (what
 //! the fuzz targets build).
@@ -27,6 +27,7 @@ pub mod segments;
 pub mod source;
 #[cfg(feature = "store")]
 pub mod store;
+pub mod versioned;
 
 #[cfg(feature = "python")]
 mod py;

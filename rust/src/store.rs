@@ -107,17 +107,24 @@ pub enum StoreFormat {
     /// the end, the changelog value as is in `default`
     /// (`Stores.persistentSessionStore`, the store of session-windowed aggregations).
     Session,
+    /// A versioned key-value store (`Stores.persistentVersionedKeyValueStore`):
+    /// one RocksDB with the column families of a plain store, every version
+    /// of a key in logical segments (key prefixes) of `default`, restored by
+    /// replaying Kafka's put logic ([`crate::versioned`]); needs its history
+    /// retention.
+    Versioned,
 }
 
 impl StoreFormat {
     /// Every format, in the order names are listed to users (the one list:
     /// `_native.STORE_FORMATS` and every "use one of" message come from it).
-    pub const ALL: [StoreFormat; 5] = [
+    pub const ALL: [StoreFormat; 6] = [
         StoreFormat::Plain,
         StoreFormat::Timestamped,
         StoreFormat::Window,
         StoreFormat::TimestampedWindow,
         StoreFormat::Session,
+        StoreFormat::Versioned,
     ];
 
     /// The format named `s` (one of [`StoreFormat::ALL`]'s names), else a
@@ -136,6 +143,7 @@ impl StoreFormat {
             StoreFormat::Window => "window",
             StoreFormat::TimestampedWindow => "timestamped-window",
             StoreFormat::Session => "session",
+            StoreFormat::Versioned => "versioned",
         }
     }
 
@@ -143,7 +151,7 @@ impl StoreFormat {
     /// key-value store.
     pub fn key_schema(self) -> Option<KeySchema> {
         match self {
-            StoreFormat::Plain | StoreFormat::Timestamped => None,
+            StoreFormat::Plain | StoreFormat::Timestamped | StoreFormat::Versioned => None,
             StoreFormat::Window | StoreFormat::TimestampedWindow => Some(KeySchema::Window),
             StoreFormat::Session => Some(KeySchema::Session),
         }
@@ -154,7 +162,9 @@ impl StoreFormat {
     /// plain or timestamped key-value RocksDB).
     pub fn db_format(self) -> StoreFormat {
         match self {
-            StoreFormat::Plain | StoreFormat::Window | StoreFormat::Session => StoreFormat::Plain,
+            StoreFormat::Plain | StoreFormat::Window | StoreFormat::Session | StoreFormat::Versioned => {
+                StoreFormat::Plain
+            }
             StoreFormat::Timestamped | StoreFormat::TimestampedWindow => StoreFormat::Timestamped,
         }
     }
@@ -165,6 +175,12 @@ impl StoreFormat {
     /// which the bytes do not tell apart).
     pub fn segmented_of(db_format: StoreFormat) -> Vec<StoreFormat> {
         Self::ALL.into_iter().filter(|f| f.key_schema().is_some() && f.db_format() == db_format).collect()
+    }
+
+    /// Whether the store keeps versions ([`crate::versioned`]): restored by
+    /// replaying Kafka's put logic, never in bulk.
+    pub fn is_versioned(self) -> bool {
+        self == StoreFormat::Versioned
     }
 
     /// Whether a stored value starts with the record's timestamp.
@@ -212,7 +228,7 @@ impl StoreFormat {
             let what = if unknown.iter().any(|cf| cf.contains("Headers")) {
                 "a timestamped store with headers (dsl.store.format=headers), a store type statestore does not know"
             } else {
-                "a store type statestore does not know (versioned, or written by another tool)"
+                "a store type statestore does not know (written by another tool or a newer Kafka Streams)"
             };
             return Err(format!("{what}: unexpected column families {}", unknown.join(", ")));
         }
@@ -284,7 +300,7 @@ impl Store {
     /// The column families of the RocksDB at `path`, or None when there is
     /// no RocksDB there yet.
     /// A directory that holds RocksDBs one level down (Kafka Streams'
-    /// segmented stores: windowed, session, versioned) is an error naming them.
+    /// segmented stores: window and session stores) is an error naming them.
     pub fn column_families(path: &Path) -> Result<Option<Vec<String>>, StoreError> {
         if !path.join("CURRENT").exists() {
             let mut inner: Vec<String> = std::fs::read_dir(path)
@@ -299,8 +315,8 @@ impl Store {
                 return Err(StoreError::new(
                     path,
                     format!(
-                        "a segmented store (Kafka Streams' windowed, session or versioned store: RocksDBs {}), \
-                         a store type statestore does not know; left untouched",
+                        "a segmented store (Kafka Streams' window or session store: RocksDBs {}), \
+                         not one RocksDB; left untouched",
                         inner.join(", ")
                     ),
                 ));
@@ -349,7 +365,8 @@ impl Store {
             let found = StoreFormat::detect(&present)
                 .map_err(|m| StoreError::new(path, format!("{m}; statestore leaves it untouched")))?;
             // A RocksDB with `default` alone was killed while being created: no conflict.
-            let conflict = found != format && present.len() > 1;
+            // A versioned store has a plain store's column families (the bytes cannot tell them apart).
+            let conflict = found != format.db_format() && present.len() > 1;
             if conflict {
                 return Err(StoreError::new(
                     path,
@@ -733,8 +750,8 @@ mod tests {
             assert_eq!(StoreFormat::parse(f.name()), Ok(f));
         }
         assert_eq!(
-            StoreFormat::parse("versioned").unwrap_err(),
-            "unknown store format \"versioned\": use one of plain, timestamped, window, timestamped-window, session"
+            StoreFormat::parse("versioned2").unwrap_err(),
+            "unknown store format \"versioned2\": use one of plain, timestamped, window, timestamped-window, session, versioned"
         );
     }
 

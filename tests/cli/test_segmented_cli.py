@@ -456,7 +456,10 @@ def test_a_retention_given_for_a_key_value_store_is_reported() -> None:
         formats={"counts": "timestamped"},
         retentions={"counts": RETENTION},
     )[0]
-    assert found.refusal is not None and "a retention belongs to window and session stores" in found.refusal
+    assert (
+        found.refusal is not None
+        and "a retention belongs to window, session and versioned stores" in found.refusal
+    )
 
 
 @pytest.mark.spark

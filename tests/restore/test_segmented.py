@@ -198,7 +198,7 @@ def test_formats_and_their_parameters_are_checked(tmp_path: Path) -> None:
     write_changelog(tmp_path / "log", "window", n=5, seed=1)
     with pytest.raises(RestoreError, match="retention"):
         restore_store(tmp_path / "w", tmp_path / "log", TP, format="window")
-    with pytest.raises(RestoreError, match="window and session stores"):
+    with pytest.raises(RestoreError, match="window, session and versioned stores"):
         restore_store(tmp_path / "kv", tmp_path / "log", TP, format="plain", retention_ms=RETENTION)
     assert not (tmp_path / "w").exists() and not (tmp_path / "kv").exists()
     # plain keys are no session keys: an error naming the store and partition, nothing written

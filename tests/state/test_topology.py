@@ -123,7 +123,13 @@ def test_discovery_writes_key_value_window_and_session_stores_and_reports_the_ot
     assert "give --store-format sessions=timestamped-window|window|session" in (
         found["sessions"].refusal or ""
     )
-    assert "versioned store" in (found["latest"].refusal or "")
+    # a versioned store, told by its changelog; its history retention is min.compaction.lag.ms less a day
+    assert (found["latest"].kind, found["latest"].format, found["latest"].refusal) == (
+        VERSIONED,
+        "versioned",
+        None,
+    )
+    assert found["latest"].retention_ms == 60_000
 
 
 def test_a_kind_or_format_that_cannot_be_established_is_reported_never_guessed() -> None:

@@ -52,6 +52,11 @@ def store_flags(stores: Mapping[str, tuple[str, int | None]]) -> list[str]:
     return flags
 
 
+#: The store of the application with ``stores="versioned"`` (``VersionedTopology.java``): format and
+#: history retention (ms); its segment interval is Kafka's default for it, 10 s.
+VERSIONED_STORES = {"vtable": ("versioned", 30_000)}
+
+
 def build() -> Path:
     """Build the application if needed; the directory holding ``app.jar`` and ``libs/``."""
     out = subprocess.run(

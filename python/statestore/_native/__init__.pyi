@@ -84,6 +84,10 @@ class _RestoreSpec(Protocol):
     @property
     def segment_interval_ms(self) -> int | None: ...
 
+#: ``restore_store``: ``format`` is one of :data:`STORE_FORMATS`; ``retention_ms`` a window or session
+#: store's retention, or a versioned store's history retention (required by those formats);
+#: ``segment_interval_ms`` their segment interval (default: the DSL's, or
+#: ``Stores.persistentVersionedKeyValueStore``'s). A versioned store is always replayed.
 def restore_store(
     store_path: _Path,
     log: object,
@@ -361,12 +365,17 @@ OFFSET_UNKNOWN: Final[int]
 STORE_FORMATS: Final[tuple[str, ...]]
 #: The formats of segmented stores (Kafka Streams' window and session stores: a RocksDB per time segment).
 SEGMENTED_STORE_FORMATS: Final[tuple[str, ...]]
+#: The formats that need a retention: the segmented ones and the versioned one (its history retention).
+RETAINED_STORE_FORMATS: Final[tuple[str, ...]]
+#: The format of Kafka Streams' versioned key-value store (one RocksDB, versions in key-prefixed segments).
+VERSIONED_STORE_FORMATS: Final[tuple[str, ...]]
 #: How RocksDB's status text of damaged files begins.
 CORRUPTION_PREFIX: Final[str]
 
 def encode_offset(value: int) -> bytes: ...
 def decode_offset(data: bytes) -> int | None: ...
 def dsl_segment_interval(retention_ms: int) -> int: ...
+def versioned_segment_interval(history_retention_ms: int) -> int: ...
 
 #: What the module exports (PyO3 lists every name the bindings register; stubtest compares the two).
 __all__ = [
@@ -375,12 +384,14 @@ __all__ = [
     "OFFSETS_CF",
     "OFFSET_UNKNOWN",
     "POSITION_KEY",
+    "RETAINED_STORE_FORMATS",
     "SEGMENTED_STORE_FORMATS",
     "STATUS_CLOSED",
     "STATUS_KEY",
     "STATUS_OPEN",
     "STORE_FORMATS",
     "TIMESTAMPED_CF",
+    "VERSIONED_STORE_FORMATS",
     "CommittedStats",
     "KafkaClient",
     "KafkaReaderCore",
@@ -416,4 +427,5 @@ __all__ = [
     "store_dump",
     "store_format",
     "store_info",
+    "versioned_segment_interval",
 ]

@@ -57,7 +57,7 @@ from statestore.state.layout import (
 from statestore.state.policy import Guarantee
 from statestore.state.segmented import check_segmented_format
 from statestore.state.store import check_store_format
-from statestore.state.store_kinds import WINDOW_OR_SESSION
+from statestore.state.store_kinds import VERSIONED, WINDOW_OR_SESSION
 
 
 def restore_local(
@@ -120,8 +120,10 @@ def restore_local(
         for i, w in enumerate(work):
             fmt = fmts.get(w.store, "plain")
             target = store_location(sd, w.task_id, w.store, fmt)
-            if fmt in _native.SEGMENTED_STORE_FORMATS:
-                why = segmented_refusal(w.store, w.tp.topic, fmt, rets.get(w.store))
+            if fmt in _native.RETAINED_STORE_FORMATS:
+                why = segmented_refusal(
+                    w.store, w.tp.topic, fmt, rets.get(w.store), offsets_in_store=layout.offsets_in_store
+                )
                 if why is not None:
                     refused[i] = f"task {w.task_id} store {w.store}: {why}"
                     continue
@@ -149,7 +151,7 @@ def restore_local(
                     memory_budget_bytes=memory_budget_bytes,
                     listener=listener,
                     format=fmt,
-                    retention_ms=rets.get(w.store) if fmt in _native.SEGMENTED_STORE_FORMATS else None,
+                    retention_ms=rets.get(w.store) if fmt in _native.RETAINED_STORE_FORMATS else None,
                 )
             )
         if not specs:
@@ -362,6 +364,7 @@ def _table(rows: list[RestoreRow]) -> Table:
     metavar="NAME=FORMAT",
     help="A store's format: plain (default) or timestamped (Kafka Streams' DSL stores, e.g. count()); "
     "timestamped-window, window or session for a window or session store (with --retention); "
+    "versioned for Stores.persistentVersionedKeyValueStore (with --retention: its history retention); "
     "repeatable. With --topology a store's format must be given here or (key-value) found on disk.",
 )
 @click.option(
@@ -379,8 +382,9 @@ def _table(rows: list[RestoreRow]) -> Table:
     multiple=True,
     metavar="NAME=MS",
     help="A window or session store's retention in milliseconds (window size + grace for the DSL's "
-    "windowed aggregations), required for each; repeatable. Without --topology the store's "
-    "--store-format must name a window or session format.",
+    "windowed aggregations), required for each; a versioned store's history retention (with --kafka "
+    "and --topology, min.compaction.lag.ms - 1 day of its changelog unless given); repeatable. Without "
+    "--topology the store's --store-format must name a window, session or versioned format.",
 )
 def restore(
     log_dir: Path | None,
@@ -432,10 +436,10 @@ def restore(
     topology = load_topology(topology_file) if topology_file is not None else None
     if topology is None:
         for name, ms in retention_ms.items():
-            if formats.get(name) not in _native.SEGMENTED_STORE_FORMATS:
+            if formats.get(name) not in _native.RETAINED_STORE_FORMATS:
                 raise click.UsageError(
-                    f"--retention {name}={ms}: a retention is a window or session store's; give "
-                    f"--store-format {name}={'|'.join(_native.SEGMENTED_STORE_FORMATS)}, or --topology FILE"
+                    f"--retention {name}={ms}: a retention is a window, session or versioned store's; give "
+                    f"--store-format {name}={'|'.join(_native.RETAINED_STORE_FORMATS)}, or --topology FILE"
                 )
     layout = layout_for(kafka_streams_version)
     subs: dict[str, int] = {n: sub or 0 for n, sub in named.items()}
@@ -488,7 +492,7 @@ def restore(
             topics = set(changelog.topics())
             wanted = [t for t in (changelog_topic(application_id, n) for n in segmented) if t in topics]
             configs = changelog.topic_configs(wanted)
-    refused += _refused_segmented(formats, retention_ms, subs, application_id, configs)
+    refused += _refused_segmented(formats, retention_ms, subs, layout, application_id, configs)
     blocked = {f.name for f in refused}
     _check_segments(state_dir, application_id, formats, retention_ms, blocked)
     subs = {n: sub for n, sub in subs.items() if n not in blocked}
@@ -589,15 +593,16 @@ def _refused_segmented(
     formats: Mapping[str, str],
     retentions: Mapping[str, int],
     subs: Mapping[str, int],
+    layout: Layout,
     application_id: str,
     topic_configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[FoundStore]:
-    """The stores ``formats`` makes window or session stores that are not restored, each with why
-    (no ``--retention``, or one its changelog topic's configs contradict, where ``topic_configs``
-    gives them): refused before any store is opened, so nothing of them is written."""
+    """The stores ``formats`` makes window, session or versioned stores that are not restored, each
+    with why (no ``--retention``, one its changelog topic's configs contradict, where ``topic_configs``
+    gives them, or a versioned store in the ``.checkpoint`` layout): refused before any store is opened, so nothing of them is written."""
     out = []
     for name, fmt in sorted(formats.items()):
-        if fmt not in _native.SEGMENTED_STORE_FORMATS:
+        if fmt not in _native.RETAINED_STORE_FORMATS:
             continue
         topic = changelog_topic(application_id, name)
         why = segmented_refusal(
@@ -606,9 +611,11 @@ def _refused_segmented(
             fmt,
             retentions.get(name),
             None if topic_configs is None else topic_configs.get(topic),
+            offsets_in_store=layout.offsets_in_store,
         )
         if why is not None:
-            out.append(FoundStore(name, subs.get(name, 0), WINDOW_OR_SESSION, fmt, retentions.get(name), why))
+            kind = VERSIONED if fmt in _native.VERSIONED_STORE_FORMATS else WINDOW_OR_SESSION
+            out.append(FoundStore(name, subs.get(name, 0), kind, fmt, retentions.get(name), why))
     return out
 
 

@@ -47,14 +47,15 @@ def topology_option(func: F) -> F:
 
 def segmented_options(func: F) -> F:
     """``--store-format NAME=FORMAT`` and ``--retention NAME=MS`` for the tools that read stores
-    (``inspect``, ``verify``): what a window or session store's bytes do not tell."""
+    (``inspect``, ``verify``): what a window, session or versioned store's bytes do not tell."""
     func = click.option(
         "--retention",
         "retentions",
         multiple=True,
         metavar="NAME=MS",
         help="A window or session store's retention in milliseconds (its segments do not tell it; "
-        "verify rebuilds the store with it); repeatable.",
+        "verify rebuilds the store with it), or a versioned store's history retention (with --kafka: "
+        "its changelog's min.compaction.lag.ms less a day unless given); repeatable.",
     )(func)
     return click.option(
         "--store-format",
@@ -62,7 +63,8 @@ def segmented_options(func: F) -> F:
         multiple=True,
         metavar="NAME=FORMAT",
         help="A store's format where its bytes do not tell it: window or session for a store of plain "
-        "segments (timestamped segments are a timestamped-window store); repeatable.",
+        "segments (timestamped segments are a timestamped-window store); versioned for a versioned "
+        "store (its bytes look like a plain store's; with --kafka its changelog tells it); repeatable.",
     )(func)
 
 

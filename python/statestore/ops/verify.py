@@ -23,6 +23,16 @@ from its bytes where they tell it (timestamped segments), else from
 ``formats``; its retention from ``retentions`` (neither its bytes nor its
 changelog tell it): without them the store is reported as not verifiable,
 saying which flag is missing, never guessed.
+
+A versioned store's bytes look like a plain store's, so it is verified as one
+only when its format is given (``formats``, ``--store-format NAME=versioned``)
+or its changelog's configs say so (``--kafka``), with its history retention:
+it is then rebuilt by replaying Kafka Streams' put logic record by record,
+which gives exactly the rows a store statestore restored holds, and those of
+a store Kafka Streams wrote while processing without a restart. A store Kafka
+Streams restored in large batches, or kept writing after a restart, may
+differ in expired history or in segments it no longer tracks (see
+docs/kafka-streams.md), which such a rebuild reports as a mismatch.
 """
 
 from __future__ import annotations
@@ -44,6 +54,12 @@ from statestore.ops.inspection import LocalStore, local_stores
 from statestore.restore.engine import LogLike, restore_store
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.segmented import read_segmented
+from statestore.state.store import check_store_format
+from statestore.state.store_kinds import (
+    VERSIONED,
+    history_retention_from_topic_config,
+    kind_from_topic_config,
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,8 @@ class VerifyResult:
     first_difference: tuple[bytes, bytes | None, bytes | None] | None
     #: Offset the rebuilt store records (equal to ``offset`` when the log has that record).
     expected_offset: int | None
-    #: ``"plain"`` or ``"timestamped"`` (as found on disk); None when the store could not be read.
+    #: ``"plain"`` or ``"timestamped"`` (as found on disk), or ``"versioned"`` (as given or as its
+    #: changelog says); None when the store could not be read.
     format: str | None = None
     #: Why the store could not be verified (a type statestore does not know, a store RocksDB cannot open).
     problem: str | None = None
@@ -106,14 +123,25 @@ def verify_store(
     a result with ``problem`` set; it is only ever opened read-only. A window
     or session store needs ``retention_ms`` (and ``segment_interval_ms``
     unless the DSL's), and ``format`` when its bytes do not tell it.
+    ``format`` also names a versioned store (``"versioned"``, with its history
+    retention in ``retention_ms``), which its bytes cannot tell from a plain
+    one; by default a key-value store's format is the one found on disk.
     """
     if store.segmented:
         return _verify_segmented(store, log, scratch, format, retention_ms, segment_interval_ms)
     try:
         fmt = _native.store_format(store.path) or "plain"
         offsets = _native.store_info(store.path).offsets
+        if format is not None:
+            check_store_format(store.path, format)
+            fmt = format
+            if fmt in _native.VERSIONED_STORE_FORMATS and retention_ms is None:
+                raise StateStoreError(
+                    f"{store.path} is a {fmt} store: give its history retention to verify it "
+                    f"(--retention {store.store}=MS)"
+                )
     except StateStoreError as e:
-        return _unreadable(store, None, None, e)
+        return _unreadable(store, None, None if format is None else format, e)
     recorded = offsets.get(str(store.changelog))
     if recorded is None:
         # The .checkpoint layout (Kafka Streams 3.6 - 4.2): the task's file records the offset; Kafka
@@ -131,7 +159,13 @@ def verify_store(
             _native.store_create(expected, fmt)
         else:
             result = restore_store(
-                expected, log, store.changelog, end_offset=offset + 1, mode="replay", format=fmt
+                expected,
+                log,
+                store.changelog,
+                end_offset=offset + 1,
+                mode="replay",
+                format=fmt,
+                retention_ms=retention_ms if fmt in _native.VERSIONED_STORE_FORMATS else None,
             )
             expected_offset = result.offset
         try:
@@ -295,22 +329,35 @@ def verify_app(
     ``log_dir`` or against ``changelog`` (e.g. a :class:`~statestore.changelog.kafka.KafkaChangelog`).
 
     ``formats``, ``retentions`` and ``segment_intervals`` (store name -> format, ms) are what a
-    window or session store's bytes do not tell (see :func:`verify_store`)."""
+    window, session or versioned store's bytes do not tell (see :func:`verify_store`); a changelog
+    that reports topic configs (Kafka) tells a versioned store and its history retention itself
+    (``min.compaction.lag.ms`` less a day)."""
     if (log_dir is None) == (changelog is None):
         raise ValueError("verify_app: give either log_dir or changelog")
     log: LogLike = SegmentLog(log_dir) if log_dir is not None else cast(LogLike, changelog)
+    found = local_stores(state_dir, application_id, stores)
     fmts, rets, intervals = dict(formats or {}), dict(retentions or {}), dict(segment_intervals or {})
+    topic_configs = getattr(changelog, "topic_configs", None)
+    if callable(topic_configs):
+        configs: Mapping[str, Mapping[str, str]] = topic_configs(sorted({s.changelog.topic for s in found}))
+        for s in found:
+            config = configs.get(s.changelog.topic)
+            if config is not None and kind_from_topic_config(config) == VERSIONED:
+                fmts.setdefault(s.store, _native.VERSIONED_STORE_FORMATS[0])
+                history = history_retention_from_topic_config(config)
+                if history is not None:
+                    rets.setdefault(s.store, history)
     with tempfile.TemporaryDirectory(prefix="statestore-verify-") as tmp:
         return [
             verify_store(
                 s,
                 log,
                 Path(tmp),
-                format=fmts.get(s.store) if s.segmented else None,
+                format=fmts.get(s.store),
                 retention_ms=rets.get(s.store),
                 segment_interval_ms=intervals.get(s.store),
             )
-            for s in local_stores(state_dir, application_id, stores)
+            for s in found
         ]
 
 

@@ -24,7 +24,14 @@ from statestore import _native
 from statestore.errors import StateStoreError, TopologyError
 from statestore.ids import TaskId, changelog_topic
 from statestore.state.segmented import read_segmented, task_store_dirs
-from statestore.state.store_kinds import KIND_OF_FORMAT, WINDOW_OR_SESSION, WRITTEN, kind_from_topic_config
+from statestore.state.store_kinds import (
+    KIND_OF_FORMAT,
+    VERSIONED,
+    WINDOW_OR_SESSION,
+    WRITTEN,
+    history_retention_from_topic_config,
+    kind_from_topic_config,
+)
 from statestore.state.topology import Topology
 
 
@@ -37,9 +44,11 @@ class FoundStore:
     #: ``store_kinds.KEY_VALUE``, ``WINDOW_OR_SESSION``, ``VERSIONED``; None: not established.
     kind: str | None
     #: The format the store is written in (``plain``/``timestamped`` for a key-value store,
-    #: ``timestamped-window``/``window``/``session`` for a segmented one); None: not established.
+    #: ``timestamped-window``/``window``/``session`` for a segmented one, ``versioned``); None: not
+    #: established.
     format: str | None
-    #: The retention the user gave (``--retention``), milliseconds; None: not given.
+    #: The retention the user gave (``--retention``), milliseconds; for a versioned store its history
+    #: retention, else its changelog's ``min.compaction.lag.ms`` less a day; None: not known.
     retention_ms: int | None
     #: Why statestore does not restore it (kind or format unknown, a kind it does not write yet);
     #: None when it restores it.
@@ -154,6 +163,9 @@ def _establish(
     by_config = None if config is None else kind_from_topic_config(config)
     fmt = fmts.get(name)
     by_flag = None if fmt is None else KIND_OF_FORMAT.get(fmt)
+    if fmt is None and by_config == VERSIONED:
+        # its bytes look like a plain store's: the changelog says what it is, and it has one format
+        fmt, by_flag = WRITTEN[VERSIONED][0], VERSIONED
     if fmt is None and name in disk:
         _task, path, segmented = disk[name][0]
         try:
@@ -168,6 +180,8 @@ def _establish(
             fmt = by_flag = None
     kind = by_config or by_flag
     retention = rets.get(name)
+    if retention is None and kind == VERSIONED and config is not None:
+        retention = history_retention_from_topic_config(config)
 
     def refused(why: str) -> FoundStore:
         return FoundStore(name, sub, kind, fmt, retention, why)
@@ -205,23 +219,40 @@ def segmented_refusal(
     fmt: str,
     retention_ms: int | None,
     topic_config: Mapping[str, str] | None = None,
+    *,
+    offsets_in_store: bool = True,
 ) -> str | None:
     """Why store ``name`` (changelog ``topic``, format ``fmt``) is not restored with ``retention_ms``;
     None when it is.
 
     A window or session store needs its retention (``--retention``), which
     neither the changelog's bytes nor a segment log tell: it is never
-    guessed. Kafka Streams sets the changelog's ``retention.ms`` to the
+    guessed; so does a versioned store its history retention (from a segment
+    log, which has no topic configs). Kafka Streams sets the changelog's ``retention.ms`` to the
     store's retention plus ``windowstore.changelog.additional.retention.ms``
     (>= 0), so a larger retention than the topic's contradicts the changelog.
-    A retention given for a key-value store is a mistake in the flags,
-    reported too.
+    With ``offsets_in_store=False`` (the ``.checkpoint`` layout of Kafka
+    Streams 3.6 - 4.2) a versioned store is not written yet. A retention given
+    for a key-value store is a mistake in the flags, reported too.
     """
-    if fmt not in _native.SEGMENTED_STORE_FORMATS:
+    if fmt not in _native.RETAINED_STORE_FORMATS:
         if retention_ms is not None:
             return (
                 f"--retention {name}={retention_ms} is given, but it is a {fmt} key-value store; a "
-                "retention belongs to window and session stores"
+                "retention belongs to window, session and versioned stores"
+            )
+        return None
+    if fmt in _native.VERSIONED_STORE_FORMATS:
+        if not offsets_in_store:
+            return (
+                f"it is a {fmt} store, not written yet for that layout (the .checkpoint layout of Kafka "
+                "Streams 3.6 - 4.2, --kafka-streams-version); restore it for Kafka Streams 4.3+"
+            )
+        if retention_ms is None:
+            return (
+                f"it is a {fmt} store, whose history retention its changelog's bytes do not tell: give "
+                f"--retention {name}=MS (milliseconds; with --kafka, min.compaction.lag.ms of its "
+                "changelog less a day); not guessed"
             )
         return None
     if retention_ms is None:

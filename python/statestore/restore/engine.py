@@ -268,6 +268,13 @@ def restore_store(
     the inactivity gap plus grace for a session one, unless ``Materialized``
     sets more) is required; ``segment_interval_ms`` defaults to the DSL's,
     ``max(retention / 2, 60 s)`` (:func:`statestore._native.dsl_segment_interval`).
+    ``"versioned"`` is Kafka Streams' versioned key-value store
+    (``Stores.persistentVersionedKeyValueStore``; ``store_path`` is
+    ``<task>/rocksdb/<store>``): ``retention_ms`` is its history retention
+    (required; its changelog's ``min.compaction.lag.ms`` less a day) and
+    ``segment_interval_ms`` defaults to Kafka's for it
+    (:func:`statestore._native.versioned_segment_interval`); every record is
+    replayed through Kafka Streams' put logic, so ``mode="bulk"`` replays too.
     An existing store of another format, or of a type statestore does not
     know, is refused untouched (``StoreError``).
 

@@ -369,9 +369,12 @@ def restore_on_spark(
     ``executor_timeout`` seconds it raises ``ClusterError``. ``formats`` maps
     store names to their format (``"plain"``, the default, or
     ``"timestamped"`` for Kafka Streams' timestamped stores, or a window or
-    session store's format; see :func:`~statestore.restore.engine.restore_store`);
-    ``retentions`` maps each window or session store to its retention (ms) and
-    ``segment_intervals`` to its segment interval when it is not the DSL's.
+    session store's format, or ``"versioned"``; see
+    :func:`~statestore.restore.engine.restore_store`); ``retentions`` maps
+    each window or session store to its retention (ms), and each versioned
+    store to its history retention, and ``segment_intervals`` to its segment
+    interval when it is not the default (the DSL's, or Kafka's for a
+    versioned store).
     ``kafka_streams_version`` (``"3.6"`` ... ``"4.4"``, default the newest)
     chooses the layout the stores are left in (:mod:`statestore.state.layout`):
     for 3.6 - 4.2 each task's ``.checkpoint`` records the offsets.
@@ -387,12 +390,13 @@ def restore_on_spark(
             raise ValueError(f"store {name!r}: {e}") from None
     rets, intervals = dict(retentions or {}), dict(segment_intervals or {})
     for name in set(rets) | set(intervals):
-        if fmts.get(name, "plain") not in _native.SEGMENTED_STORE_FORMATS:
+        if fmts.get(name, "plain") not in _native.RETAINED_STORE_FORMATS:
             raise ValueError(
-                f"store {name!r}: retention and segment interval belong to window and session stores"
+                f"store {name!r}: retention and segment interval belong to window, session and versioned "
+                "stores"
             )
     for name, fmt in fmts.items():
-        if fmt in _native.SEGMENTED_STORE_FORMATS and name not in rets:
+        if fmt in _native.RETAINED_STORE_FORMATS and name not in rets:
             raise ValueError(
                 f"store {name!r}: a {fmt} store needs its retention (retentions={{{name!r}: ms}})"
             )

@@ -298,6 +298,11 @@ def restore_partition(
         token = _acquire(sd, task_id, lock_timeout)
         target = store_location(sd, task_id, store, format)
         segmented = format in _native.SEGMENTED_STORE_FORMATS
+        if format in _native.RETAINED_STORE_FORMATS and not segmented and not in_store:
+            return failed(
+                f"task {task_id} store {store}: the {layout} layout (Kafka Streams 3.6 - 4.2) of a "
+                f"{format} store is not written yet; restore it for Kafka Streams 4.3+"
+            )
         if segmented:
             check_segmented_format(target, format, who=f"task {task_id} store {store}")
         else:

@@ -43,7 +43,7 @@ from statestore import _native
 from statestore.errors import StoreError
 from statestore.ids import OFFSET_UNKNOWN, TopicPartition, committed_offset
 from statestore.state.checkpoint import OffsetCheckpoint
-from statestore.state.store import Store
+from statestore.state.store import Store, rocksdb_format
 
 #: Column family of the KIP-1035 layout's offsets (and status marker).
 _OFFSETS_CF: str = _native.OFFSETS_CF
@@ -147,7 +147,7 @@ def record_no_offset_yet(path: Path, checkpoint: Path, tp: TopicPartition, fmt: 
         return
     if _native.store_info(path).estimated_keys != 0:
         return
-    with Store(path, format=fmt) as store:
+    with Store(path, format=rocksdb_format(fmt)) as store:
         if store.is_empty() and store.recorded_offset(tp) is None:
             store.commit({tp: OFFSET_UNKNOWN})
 

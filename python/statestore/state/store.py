@@ -50,12 +50,13 @@ logger = logging.getLogger(__name__)
 OFFSETS_CF: str = _native.OFFSETS_CF
 #: Column family holding the data of a timestamped store.
 TIMESTAMPED_CF: str = _native.TIMESTAMPED_CF
-#: Store formats: Kafka Streams' plain key-value store and its timestamped one, and its window and
-#: session stores (``SEGMENTED_STORE_FORMATS``: a directory of segments, written by restores only).
+#: Store formats: Kafka Streams' plain key-value store and its timestamped one, its window and
+#: session stores (``SEGMENTED_STORE_FORMATS``: a directory of segments, written by restores only),
+#: and its versioned key-value store (``VERSIONED_STORE_FORMATS``: written by restores only).
 STORE_FORMATS: tuple[str, ...] = tuple(_native.STORE_FORMATS)
 #: The formats of one RocksDB key-value store, which :class:`Store` reads and writes.
 KEY_VALUE_FORMATS: tuple[str, ...] = tuple(
-    f for f in STORE_FORMATS if f not in _native.SEGMENTED_STORE_FORMATS
+    f for f in STORE_FORMATS if f not in _native.RETAINED_STORE_FORMATS
 )
 #: Key of the status marker in the offsets column family.
 STATUS_KEY: bytes = _native.STATUS_KEY
@@ -76,6 +77,13 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
+def rocksdb_format(fmt: str) -> str:
+    """The key-value format of the one RocksDB of a store of ``fmt``: a versioned store's RocksDB has a
+    plain store's column families (its versions are key prefixes in ``default``), other formats are
+    their own."""
+    return "plain" if fmt in _native.VERSIONED_STORE_FORMATS else fmt
+
+
 def check_store_format(
     path: Path, fmt: str, *, who: str | None = None, task_id: TaskId | None = None
 ) -> None:
@@ -89,7 +97,8 @@ def check_store_format(
     if not path.is_dir():
         return
     found = _native.store_format(path)  # StoreError naming a store type statestore does not know
-    if found is not None and found != fmt:
+    # A versioned store has a plain store's column families: its bytes do not tell them apart.
+    if found is not None and found != rocksdb_format(fmt):
         raise StoreError(
             f"{who or 'store'}: {path} is a {found} store, not {fmt}; statestore leaves it untouched "
             "(choose the store's format, or wipe it to restore it in the other one)",
@@ -684,4 +693,5 @@ __all__ = [
     "encode_i64",
     "encode_timestamped",
     "is_corruption",
+    "rocksdb_format",
 ]

@@ -15,8 +15,11 @@ changelog topic configs                       kind
 
 Neither the topic nor the bytes tell a plain key-value store from a
 timestamped one (``--store-format``), nor a window store from a session
-store. A kind statestore does not write yet is reported store by store and
-never opened for writing.
+store. A versioned store's bytes look like a plain store's (same column
+families), so only its changelog (or ``--store-format NAME=versioned``) tells
+it; its history retention is the changelog's ``min.compaction.lag.ms`` less
+a day unless ``--retention`` says otherwise. A kind statestore does not write
+yet is reported store by store and never opened for writing.
 """
 
 from __future__ import annotations
@@ -34,10 +37,26 @@ VERSIONED = "versioned"
 WRITTEN: dict[str, tuple[str, ...]] = {
     KEY_VALUE: ("plain", "timestamped"),
     WINDOW_OR_SESSION: ("timestamped-window", "window", "session"),
+    VERSIONED: ("versioned",),
 }
+
+#: What Kafka Streams adds to a versioned store's history retention for its changelog's
+#: ``min.compaction.lag.ms`` (``VERSIONED_STORE_CHANGE_LOG_ADDITIONAL_COMPACTION_LAG_MS``, 1 day).
+VERSIONED_ADDITIONAL_COMPACTION_LAG_MS = 86_400_000
 
 #: The kind each format of ``--store-format`` belongs to.
 KIND_OF_FORMAT: dict[str, str] = {fmt: kind for kind, fmts in WRITTEN.items() for fmt in fmts}
+
+
+def history_retention_from_topic_config(config: Mapping[str, str]) -> int | None:
+    """A versioned store's history retention as its changelog's configs say it (``min.compaction.lag.ms``
+    less :data:`VERSIONED_ADDITIONAL_COMPACTION_LAG_MS`); None when they do not say."""
+    try:
+        lag = int(config.get("min.compaction.lag.ms", "") or "-1")
+    except ValueError:
+        return None
+    history = lag - VERSIONED_ADDITIONAL_COMPACTION_LAG_MS
+    return history if history >= 0 else None
 
 
 def kind_from_topic_config(config: Mapping[str, str]) -> str | None:
@@ -59,7 +78,9 @@ __all__ = [
     "KEY_VALUE",
     "KIND_OF_FORMAT",
     "VERSIONED",
+    "VERSIONED_ADDITIONAL_COMPACTION_LAG_MS",
     "WINDOW_OR_SESSION",
     "WRITTEN",
+    "history_retention_from_topic_config",
     "kind_from_topic_config",
 ]

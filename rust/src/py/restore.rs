@@ -170,8 +170,8 @@ fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<Resolved> 
     if !(stall > 0.0 && stall.is_finite()) {
         return Err(ErrorClass::Restore.err(format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
-    let f =
-        PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall)).with_timestamps(format.is_timestamped());
+    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
+        .with_timestamps(format.is_timestamped() || format.is_versioned());
     let raised = f.raised();
     Ok((Box::new(f), Some(raised), None))
 }
@@ -199,27 +199,37 @@ struct SpecArgs {
     /// One of `STORE_FORMATS`.
     #[pyo3(attribute)]
     format: String,
-    /// Retention of a window or session store (ms).
+    /// Retention of a window or session store, history retention of a versioned store (ms).
     #[pyo3(attribute)]
     retention_ms: Option<i64>,
-    /// Segment interval of a window or session store (ms; None: the DSL's).
+    /// Segment interval of a window, session or versioned store (ms; None: the default for the
+    /// retention, the DSL's or `Stores.persistentVersionedKeyValueStore`'s).
     #[pyo3(attribute)]
     segment_interval_ms: Option<i64>,
 }
 
 /// The segmentation a store of `format` needs: retention (and segment
-/// interval) for a window or session store, nothing for a key-value store.
+/// interval) for a window or session store, history retention (and segment
+/// interval) for a versioned store, nothing for a key-value store.
 fn segmentation(
     format: StoreFormat,
     retention_ms: Option<i64>,
     segment_interval_ms: Option<i64>,
 ) -> Result<Option<Segmentation>, String> {
+    if format.is_versioned() {
+        let r = retention_ms.ok_or("a versioned store needs its history retention (retention_ms)")?;
+        let h = crate::versioned::History::new(r, segment_interval_ms)?;
+        return Ok(Some(Segmentation {
+            retention_ms: h.history_retention_ms,
+            segment_interval_ms: h.segment_interval_ms,
+        }));
+    }
     match (format.key_schema(), retention_ms) {
         (Some(_), Some(r)) => Segmentation::new(r, segment_interval_ms).map(Some),
         (Some(_), None) => Err(format!("a {} store needs its retention (retention_ms)", format.name())),
         (None, None) if segment_interval_ms.is_none() => Ok(None),
         (None, _) => Err(format!(
-            "retention and segment interval belong to window and session stores, not to a {} store",
+            "retention and segment interval belong to window, session and versioned stores, not to a {} store",
             format.name()
         )),
     }

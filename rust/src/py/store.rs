@@ -283,6 +283,13 @@ fn dsl_segment_interval(retention_ms: i64) -> i64 {
     Segmentation::dsl_segment_interval(retention_ms)
 }
 
+/// The segment interval (ms) `Stores.persistentVersionedKeyValueStore` gives a
+/// versioned store of history retention `history_retention_ms` when none is given.
+#[pyfunction]
+fn versioned_segment_interval(history_retention_ms: i64) -> i64 {
+    crate::versioned::default_segment_interval(history_retention_ms)
+}
+
 /// Compare the data of two stores (read-only).
 #[pyfunction]
 fn store_compare(py: Python<'_>, expected: PathBuf, actual: PathBuf) -> PyResult<StoreComparison> {
@@ -319,6 +326,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(decode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(dsl_segment_interval, m)?)?;
+    m.add_function(wrap_pyfunction!(versioned_segment_interval, m)?)?;
     // The store layout, so Python keeps no copy of it.
     m.add("OFFSETS_CF", offsets::OFFSETS_CF)?;
     m.add("TIMESTAMPED_CF", store::TIMESTAMPED_CF)?;
@@ -331,6 +339,16 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let segmented: Vec<&str> =
         StoreFormat::ALL.into_iter().filter(|f| f.key_schema().is_some()).map(StoreFormat::name).collect();
     m.add("SEGMENTED_STORE_FORMATS", PyTuple::new(m.py(), segmented)?)?;
+    // The formats that take a retention: window and session stores, and versioned stores (their history retention).
+    let retained: Vec<&str> = StoreFormat::ALL
+        .into_iter()
+        .filter(|f| f.key_schema().is_some() || f.is_versioned())
+        .map(StoreFormat::name)
+        .collect();
+    m.add("RETAINED_STORE_FORMATS", PyTuple::new(m.py(), retained)?)?;
+    let versioned: Vec<&str> =
+        StoreFormat::ALL.into_iter().filter(|f| f.is_versioned()).map(StoreFormat::name).collect();
+    m.add("VERSIONED_STORE_FORMATS", PyTuple::new(m.py(), versioned)?)?;
     m.add("CORRUPTION_PREFIX", store::CORRUPTION_PREFIX)?;
     Ok(())
 }

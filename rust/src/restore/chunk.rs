@@ -31,12 +31,16 @@ pub struct ChunkOps {
     last_offset: Option<i64>,
     /// Records read into the chunk without a key (skipped).
     null_keys: u64,
+    /// The record timestamp of each operation, kept for a versioned store
+    /// only (its put logic needs every record with its timestamp).
+    timestamps: Vec<i64>,
 }
 
 impl ChunkOps {
     pub fn clear(&mut self) {
         self.data.clear();
         self.ops.clear();
+        self.timestamps.clear();
         self.last_offset = None;
         self.null_keys = 0;
     }
@@ -88,6 +92,9 @@ impl ChunkOps {
     /// Push one changelog record as a store of `format` keeps it (a
     /// timestamped store's value starts with the record's timestamp).
     pub fn push_record(&mut self, format: StoreFormat, key: &[u8], r: &ChangeRecord<'_>) {
+        if format == StoreFormat::Versioned {
+            return self.push_versioned(key, r.value, r.timestamp);
+        }
         match r.value {
             Some(v) if format.is_timestamped() => {
                 let at = self.data.len();
@@ -97,6 +104,17 @@ impl ChunkOps {
             }
             _ => self.push(key, r.value),
         }
+    }
+
+    /// Push a record of a versioned store: the value as logged, with its timestamp.
+    pub fn push_versioned(&mut self, key: &[u8], value: Option<&[u8]>, timestamp: i64) {
+        self.push(key, value);
+        self.timestamps.push(timestamp);
+    }
+
+    /// The timestamp of the `i`-th operation pushed by [`ChunkOps::push_versioned`].
+    pub fn timestamp(&self, i: usize) -> i64 {
+        self.timestamps[i]
     }
 
     pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) {

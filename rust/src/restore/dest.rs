@@ -1,5 +1,7 @@
-//! What a restore writes into: one RocksDB (a key-value store) or a
-//! directory of time segments (a window or session store, [`SegmentedStore`]).
+//! What a restore writes into: one RocksDB (a key-value store), a directory
+//! of time segments (a window or session store, [`SegmentedStore`]), or a
+//! versioned store ([`VersionedStore`]: one RocksDB written through Kafka's
+//! put logic, record by record, never in bulk).
 //! The engine and both modes see only [`Dest`]: it says where the store
 //! resumes, routes each operation to its database, and records the offset
 //! when a pass is done.
@@ -20,11 +22,17 @@ use rocksdb::{IngestExternalFileOptions, Options, WriteBatch};
 use super::chunk::ChunkOps;
 use crate::segments::{KeySchema, Segmentation, SegmentedStore};
 use crate::store::{Store, StoreError, StoreFormat, STATUS_CLOSED};
+use crate::versioned::{History, VersionedStore};
+
+/// Why a versioned store takes no bulk write (the engine replays it instead).
+const VERSIONED_NOT_BULK: &str =
+    "a versioned store is restored by replaying Kafka's put logic record by record, never in bulk";
 
 /// A store a restore writes: see the module documentation.
 pub enum Dest {
     Store(Store),
     Segmented(SegmentedStore),
+    Versioned(VersionedStore),
 }
 
 impl Dest {
@@ -38,13 +46,22 @@ impl Dest {
     }
 
     /// Open (or create) the store at `path` in `format`; a segmented format
-    /// needs its `segmentation`.
+    /// needs its `segmentation`, a versioned one its history retention and
+    /// segment interval in the same two fields.
     pub fn open(
         path: &Path,
         opts: Options,
         format: StoreFormat,
         segmentation: Option<Segmentation>,
     ) -> Result<Self, StoreError> {
+        if format.is_versioned() {
+            let seg = segmentation.ok_or_else(|| {
+                StoreError::new(path, "a versioned store needs its history retention (and segment interval)")
+            })?;
+            let history =
+                History::new(seg.retention_ms, Some(seg.segment_interval_ms)).map_err(|m| StoreError::new(path, m))?;
+            return VersionedStore::open(path, opts, history).map(Dest::Versioned);
+        }
         match format.key_schema() {
             None => Store::open_format(path, opts, format).map(Dest::Store),
             Some(_) => {
@@ -63,6 +80,7 @@ impl Dest {
         match self {
             Dest::Store(s) => s.path(),
             Dest::Segmented(s) => s.path(),
+            Dest::Versioned(v) => v.store().path(),
         }
     }
 
@@ -70,13 +88,14 @@ impl Dest {
         match self {
             Dest::Store(s) => s.format(),
             Dest::Segmented(s) => s.format(),
+            Dest::Versioned(_) => StoreFormat::Versioned,
         }
     }
 
     /// The key schema of a segmented store.
     pub fn key_schema(&self) -> Option<KeySchema> {
         match self {
-            Dest::Store(_) => None,
+            Dest::Store(_) | Dest::Versioned(_) => None,
             Dest::Segmented(s) => Some(s.key_schema()),
         }
     }
@@ -87,6 +106,7 @@ impl Dest {
         match self {
             Dest::Store(s) => s.offset(tp),
             Dest::Segmented(s) => s.offset(tp),
+            Dest::Versioned(v) => v.store().offset(tp),
         }
     }
 
@@ -94,6 +114,7 @@ impl Dest {
         match self {
             Dest::Store(s) => s.is_data_empty(),
             Dest::Segmented(s) => s.is_data_empty(),
+            Dest::Versioned(v) => v.store().is_data_empty(),
         }
     }
 
@@ -103,7 +124,7 @@ impl Dest {
     /// alone. Whether anything was marked (it reaches disk with the next flush).
     pub fn close_unmarked(&self) -> Result<bool, StoreError> {
         match self {
-            Dest::Store(s) => {
+            Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => {
                 if s.status()?.is_some() {
                     return Ok(false);
                 }
@@ -117,7 +138,8 @@ impl Dest {
     }
 
     /// Write one replay chunk (the last operation per key, in key order):
-    /// one batch with its offset into a store; into a segmented store, stream
+    /// one batch with its offset into a store; into a versioned store every
+    /// record through the put logic, then one batch with its offset; into a segmented store, stream
     /// time advanced over the whole chunk first (as Kafka Streams does per
     /// restored batch), then a batch per live segment, without offset.
     pub fn write_chunk(&self, ops: &mut ChunkOps, tp: &str, offset: i64) -> Result<(), StoreError> {
@@ -127,6 +149,7 @@ impl Dest {
                 s.put_offset(&mut batch, tp, offset);
                 s.write(batch, false)
             }
+            Dest::Versioned(v) => v.write_chunk(ops, tp, offset),
             Dest::Segmented(s) => {
                 ops.sort_last();
                 let schema = s.key_schema();
@@ -143,7 +166,7 @@ impl Dest {
     /// make it durable; a segmented store drops its expired segments first.
     pub fn record(&self, tp: &str, offset: Option<i64>) -> Result<(), StoreError> {
         match self {
-            Dest::Store(s) => {
+            Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => {
                 if let Some(off) = offset {
                     let mut b = WriteBatch::default();
                     s.put_offset(&mut b, tp, off);
@@ -158,7 +181,7 @@ impl Dest {
     /// Make what was written durable.
     pub fn flush(&self) -> Result<(), StoreError> {
         match self {
-            Dest::Store(s) => s.flush(),
+            Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => s.flush(),
             Dest::Segmented(s) => s.flush(),
         }
     }
@@ -177,6 +200,7 @@ impl Dest {
         match self {
             Dest::Store(_) => Ok(Some(0)),
             Dest::Segmented(s) => s.route(key),
+            Dest::Versioned(_) => Err(VERSIONED_NOT_BULK.to_string()),
         }
     }
 
@@ -184,7 +208,7 @@ impl Dest {
     /// bound for one that does not need not be written.
     pub fn holds_data(&self, id: i64) -> bool {
         match self {
-            Dest::Store(s) => !s.is_data_empty(),
+            Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => !s.is_data_empty(),
             Dest::Segmented(s) => s.holds_data(id),
         }
     }
@@ -202,6 +226,7 @@ impl Dest {
                     .map_err(|e| StoreError::rocksdb(s.path(), "ingesting SST files", &e))
             }
             Dest::Segmented(s) => s.ingest(id, files),
+            Dest::Versioned(v) => Err(StoreError::new(v.store().path(), VERSIONED_NOT_BULK)),
         }
     }
 
@@ -210,7 +235,9 @@ impl Dest {
     /// ([`SegmentedStore::ingest_all`]).
     pub fn ingest_all(&self, files: BTreeMap<i64, Vec<PathBuf>>) -> Result<(), StoreError> {
         match self {
-            Dest::Store(_) => files.into_iter().try_for_each(|(id, files)| self.ingest(id, files)),
+            Dest::Store(_) | Dest::Versioned(_) => {
+                files.into_iter().try_for_each(|(id, files)| self.ingest(id, files))
+            }
             Dest::Segmented(s) => s.ingest_all(files),
         }
     }

@@ -1,7 +1,8 @@
 //! The restore engine: for one (store, changelog partition) pair, decide where
 //! to start (the store's recorded offset + 1, else the log's start), where to
 //! end (the requested end, else the last stable offset), which mode to use
-//! (bulk for an empty store, replay otherwise, unless asked), and run it;
+//! (bulk for an empty store, replay otherwise, unless asked; a versioned
+//! store always replays, bulk asked or not), and run it;
 //! [`restore_many`] does that for many pairs on a pool of threads.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -232,6 +233,8 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
         }
     };
     let mode = match spec.mode {
+        // Where a version goes depends on every record before it: a versioned store is always replayed.
+        _ if spec.format.is_versioned() => Mode::Replay,
         Mode::Auto if store.is_data_empty() => Mode::Bulk,
         Mode::Auto => Mode::Replay,
         m => m,

@@ -172,6 +172,7 @@ impl AsStore for Dest {
     fn store(&self) -> &Store {
         match self {
             Dest::Store(s) => s,
+            Dest::Versioned(v) => v.store(),
             Dest::Segmented(s) => panic!("{} is segmented", s.path().display()),
         }
     }

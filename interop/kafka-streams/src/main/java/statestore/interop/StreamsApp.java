@@ -74,7 +74,8 @@ import org.apache.kafka.streams.state.Stores;
  * {@code --first-timestamp-ms}, default 1700000000000; a recent one keeps the broker's retention from deleting
  * the input and changelogs), so windows open, close and expire as the input goes. {@code --input-topic T} reads T instead of
  * {@code <app>-input} (a second application over the same input); a windowed run is done once it processed
- * {@code --expect N} records (default: those it produced).
+ * {@code --expect N} records (default: those it produced). {@code --stores versioned} builds instead the topology
+ * of {@link VersionedTopology}: a versioned key-value store fed out-of-order timestamps and tombstones.
  *
  * <p>{@code --stores more-windows} builds {@link WindowTopologies}' application instead: a hopping-window count, a
  * stream-stream join whose results are counted, and a {@code groupBy} count in sub-topology 1.
@@ -102,6 +103,7 @@ public final class StreamsApp {
     static final String LATEST = "latest";
     static final String COUNTS = "counts";
     static final String WINDOWED = "windowed";
+    static final String VERSIONED = "versioned";
     static final String WCOUNTS = "wcounts";
     static final String SCOUNTS = "scounts";
     static final Duration WINDOW_SIZE = Duration.ofMinutes(1);
@@ -179,10 +181,10 @@ public final class StreamsApp {
             if (a.bootstrap == null || a.appId == null || a.stateDir == null) {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
-            if (!List.of("both", LATEST, COUNTS, WINDOWED, WCOUNTS).contains(a.stores)
+            if (!List.of("both", LATEST, COUNTS, WINDOWED, WCOUNTS, VERSIONED).contains(a.stores)
                     && !WindowTopologies.choices().contains(a.stores)) {
-                throw new IllegalArgumentException("--stores is both, latest, counts, windowed, wcounts or one of "
-                        + WindowTopologies.choices() + ", got " + a.stores);
+                throw new IllegalArgumentException("--stores is both, latest, counts, windowed, wcounts, versioned or "
+                        + "one of " + WindowTopologies.choices() + ", got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
@@ -206,6 +208,7 @@ public final class StreamsApp {
                 case COUNTS -> List.of(COUNTS);
                 case WINDOWED -> List.of(WCOUNTS, SCOUNTS);
                 case WCOUNTS -> List.of(WCOUNTS);
+                case VERSIONED -> List.of(VersionedTopology.STORE);
                 default -> List.of(LATEST, COUNTS);
             };
         }
@@ -242,6 +245,9 @@ public final class StreamsApp {
     static Topology topology(String input, String stores, long retentionMs, AtomicLong processed) {
         if (WindowTopologies.choices().contains(stores)) {
             return WindowTopologies.build(input, processed);
+        }
+        if (stores.equals(VERSIONED)) {
+            return VersionedTopology.topology(input, processed);
         }
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
@@ -408,7 +414,9 @@ public final class StreamsApp {
         try (Admin admin = Admin.create(ap)) {
             ensureTopic(admin, a.inputTopic(), a.partitions);
             long before = inputRecords(admin, a.inputTopic(), a.partitions);
-            if (a.produce > 0) {
+            if (a.produce > 0 && a.stores.equals(VERSIONED)) {
+                VersionedTopology.produce(a, before);
+            } else if (a.produce > 0) {
                 produce(a, before);
             }
             total = inputRecords(admin, a.inputTopic(), a.partitions);
@@ -515,7 +523,8 @@ public final class StreamsApp {
                     && (more ? WindowTopologies.done(streams, topology, a.expect >= 0 ? a.expect : a.produce,
                             total, processed.get())
                     : a.stores.equals(LATEST) ? processed.get() >= a.produce
-                    : a.windowed() ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
+                    : a.windowed() || a.stores.equals(VERSIONED)
+                            ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
                 break;
@@ -540,6 +549,8 @@ public final class StreamsApp {
                 out(more ? WindowTopologies.summarize(streams, name, a.printResults) : switch (name) {
                     case WCOUNTS -> summarizeWindows(streams, a.printResults);
                     case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
+                    case VersionedTopology.STORE -> VersionedTopology.summarize(
+                            streams, a.keys, a.firstTimestamp + (total - 1) * a.timeStepMs, a.printResults);
                     default -> summarize(streams, name, a.printResults);
                 });
             }
