@@ -108,6 +108,10 @@ def chart(results: dict[str, object], path: Path) -> bool:
 
 
 RESULTS = ROOT / "benches" / "results.json"
+# Modules a full run leaves out (they write tens of GB and run for many minutes; pytest marker `scale`):
+# they run only when named (--only), and a full run keeps their rows.
+BY_NAME_ONLY = ("benches/test_bench_scale.py",)
+
 
 
 def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object]:
@@ -125,9 +129,12 @@ def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object
         }
         for b in run.get("benchmarks", [])  # type: ignore[union-attr]
     ]
-    if full or not RESULTS.exists():
-        return {"machine": machine(), "benchmarks": fresh}
-    kept: list[dict[str, object]] = json.loads(RESULTS.read_text()).get("benchmarks", [])
+    kept: list[dict[str, object]] = json.loads(RESULTS.read_text()).get("benchmarks", []) if RESULTS.exists() else []
+    if full:
+        # a full run replaces everything but the rows of the modules it leaves out
+        kept = [b for b in kept if b.get("module") in BY_NAME_ONLY]
+        fresh_names = {b["name"] for b in fresh}
+        return {"machine": machine(), "benchmarks": fresh + [b for b in kept if b["name"] not in fresh_names]}
     by_name = {b["name"]: b for b in fresh}
     merged = [by_name.pop(str(b["name"]), b) for b in kept]
     return {"machine": machine(), "benchmarks": merged + list(by_name.values())}
@@ -209,6 +216,7 @@ def main() -> int:
         return 0
     args.json.parent.mkdir(parents=True, exist_ok=True)
     targets = [str(p) for p in args.only] if args.only else [str(ROOT / "benches")]
+    marks = [] if args.only else ["-m", "not scale"]
     cmd = [
         sys.executable,
         "-m",
@@ -219,6 +227,7 @@ def main() -> int:
         "-p",
         "no:cacheprovider",
         f"--benchmark-json={args.json}",
+        *marks,
         *args.pytest_args,
     ]
     rc = subprocess.call(cmd, cwd=ROOT)
