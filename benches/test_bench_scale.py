@@ -223,7 +223,11 @@ def test_growth(benchmark: Any, shape: str, mode: str) -> None:
             "candidate": f"{mode} ({shape}) records/s at {label(top)}",
             "ratio": cand / base,
             "goal": 0.8,
-            **{f"records_per_s_{label(n)}": RATES[(shape, mode, n)] for n in SIZES if (shape, mode, n) in RATES},
+            **{
+                f"records_per_s_{label(n)}": RATES[(shape, mode, n)]
+                for n in SIZES
+                if (shape, mode, n) in RATES
+            },
             "load_avg_1min": load(),
         }
     )
@@ -293,4 +297,94 @@ def test_bulk_vs_table_building_ceiling(benchmark: Any, logs: Logs, root: Path) 
     print(
         f"\nbulk out {out / MiB:.0f} MiB/s; SstFileWriter {rate[1] / MiB:.0f} MiB/s on 1 thread, "
         f"{rate[cores] / MiB:.0f} on {cores}; disk {disk / MiB:.0f} MiB/s: {out / bound:.2f} (goal >= 0.7)"
+    )
+
+
+MANY_RECORDS = scaled(4_000_000)
+MANY_PARTITIONS, MANY_STORES = 512, ("a", "b")
+
+
+def test_many_small_stores(benchmark: Any, root: Path) -> None:
+    """The same records as 4 partitions x 1 store and as 512 partitions x 2 stores (goal: <= 2x the time).
+
+    Both restore with ``restore_many`` on 2 threads (bulk: the stores are new); rounds alternate
+    between the two, and a third restore of 1024 stores from empty partitions measures the
+    fixed cost alone (store creation, offset write, flush, close: no records). The per-store
+    fixed cost reported is (many - few) / (1024 - 4) stores.
+    """
+    from statestore import TopicPartition
+    from statestore.restore.engine import RestoreSpec, restore_many
+
+    n = MANY_RECORDS
+    log = root / "many-log"
+    shutil.rmtree(log, ignore_errors=True)
+    for p in range(4):
+        _testing.write_synthetic_changelog(log, "few", p, n // 4, n // 40)
+    per = n // (MANY_PARTITIONS * len(MANY_STORES))
+    for s in MANY_STORES:
+        for p in range(MANY_PARTITIONS):
+            _testing.write_synthetic_changelog(log, f"many-{s}", p, per, max(1, per // 10))
+            _testing.write_synthetic_changelog(log, f"empty-{s}", p, 0, 0)
+    os.sync()
+
+    def specs(kind: str, at: Path) -> list[RestoreSpec]:
+        if kind == "few":
+            return [
+                RestoreSpec(at / f"0_{p}" / "rocksdb" / "s", log, TopicPartition("few", p)) for p in range(4)
+            ]
+        return [
+            RestoreSpec(at / f"0_{p}" / "rocksdb" / s, log, TopicPartition(f"{kind}-{s}", p))
+            for p in range(MANY_PARTITIONS)
+            for s in MANY_STORES
+        ]
+
+    times: dict[str, list[float]] = {"few": [], "many": [], "empty": []}
+    at = root / "many-stores"
+
+    def one(kind: str) -> None:
+        shutil.rmtree(at, ignore_errors=True)
+        sp = specs(kind, at)
+        for spec in sp:
+            Path(spec.store_path).parent.mkdir(parents=True, exist_ok=True)
+        os.sync()  # the last round's deletions are not written back during this one
+        t0 = time.perf_counter()
+        out = restore_many(sp, threads=2)
+        times[kind].append(time.perf_counter() - t0)
+        assert all(r.ok for r in out), next(r.error for r in out if not r.ok)
+        assert sum(r.records_applied for r in out) == (
+            0 if kind == "empty" else n // 4 * 4 if kind == "few" else per * 1024
+        )
+
+    load_before = load()
+
+    def setup() -> None:
+        one("few")
+        one("empty")
+
+    benchmark.pedantic(lambda: one("many"), setup=setup, rounds=3, iterations=1)
+    shutil.rmtree(at, ignore_errors=True)
+    shutil.rmtree(log, ignore_errors=True)
+    few, many, empty = (statistics.median(times[k]) for k in ("few", "many", "empty"))
+    stores = MANY_PARTITIONS * len(MANY_STORES)
+    benchmark.extra_info.update(
+        {
+            "baseline": "restore_many of 4 partitions x 1 store, 2 threads",
+            "candidate": f"the same records as {MANY_PARTITIONS} partitions x {len(MANY_STORES)} stores",
+            "ratio": few / many,
+            "goal": 0.5,
+            "records": n,
+            "few_s": few,
+            "many_s": many,
+            "fixed_cost_per_store_ms": (many - few) / (stores - 4) * 1000,
+            "empty_stores_s": empty,
+            "empty_store_ms": empty / stores * 1000,
+            "few_rounds_s": " ".join(f"{t:.2f}" for t in times["few"]),
+            "many_rounds_s": " ".join(f"{t:.2f}" for t in times["many"]),
+            "load_before": load_before,
+            "load_after": load(),
+        }
+    )
+    print(
+        f"\nmany stores: {few:.2f}s for 4, {many:.2f}s for {stores} ({many / few:.1f}x; goal <= 2x); "
+        f"fixed cost {(many - few) / (stores - 4) * 1000:.1f} ms a store, an empty store {empty / stores * 1000:.1f} ms"
     )
