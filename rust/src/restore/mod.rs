@@ -198,7 +198,8 @@ impl Applied {
 pub const DEFAULT_WRITE_BUFFER_BYTES: usize = 64 << 20;
 
 /// Options a store is opened with for restoring: big memtables so flushes are
-/// few and large, no compression (as Kafka Streams), two background jobs.
+/// few and large, no compression (as Kafka Streams), two background jobs, its
+/// tables loaded by at most one thread per core.
 /// `atomic_flush` and the column families are enforced by [`crate::store::Store::open_with`].
 pub fn restore_options() -> Options {
     restore_options_with(DEFAULT_WRITE_BUFFER_BYTES)
