@@ -102,6 +102,7 @@ pub fn encode_batch<'py>(
 /// by the codec without fsync (the caller syncs once). Returns the records written.
 #[pyfunction]
 #[pyo3(signature = (log_dir, topic, partition, records, keys, value_size=100, seed=1))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments
 pub fn write_synthetic_changelog(
     py: Python<'_>,
     log_dir: std::path::PathBuf,
