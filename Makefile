@@ -194,9 +194,10 @@ spark-cluster: build ## start a standalone Spark cluster (a master, two 1-core w
 spark-cluster-stop: ## stop the cluster `make spark-cluster` started
 	PYTHON=$(PY) bash scripts/spark-cluster.sh stop $(SPARK_CLUSTER_DIR)
 
-# BENCH=benches/test_bench_x.py re-measures one module and keeps the other rows of BENCHMARKS.md
+# BENCH=benches/test_bench_x.py re-measures one module and keeps the other rows of BENCHMARKS.md; a full run
+# leaves out benches/test_bench_scale.py (marker scale: tens of GB, many minutes) and keeps its rows
 BENCH ?=
-bench: build ## run benches/ and write BENCHMARKS.md and docs/benchmarks.png (BENCH=one module)
+bench: build ## run benches/ (not the scale module: BENCH=benches/test_bench_scale.py) and write BENCHMARKS.md and its charts (BENCH=one module)
 	$(PY) benches/run.py $(if $(BENCH),--only $(BENCH))
 
 # -- fuzzing (docs/development.md) ---------------------------------------------

@@ -107,7 +107,53 @@ def chart(results: dict[str, object], path: Path) -> bool:
     return True
 
 
+def scale_points(results: dict[str, object]) -> dict[str, list[tuple[int, float]]]:
+    """``{"<mode> (<shape>)": [(records, records/s), ...]}`` from the rows of ``test_restore_at_size``."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for b in results.get("benchmarks", []):  # type: ignore[union-attr]
+        name = str(b["name"])
+        info = b.get("extra_info", {})
+        if not name.startswith("test_restore_at_size[") or "records_per_s" not in info:
+            continue
+        shape, _size, mode = name.removeprefix("test_restore_at_size[").rstrip("]").split("-")
+        curves.setdefault(f"{mode} ({shape})", []).append(
+            (int(info["records"]), float(info["records_per_s"]))
+        )
+    return {k: sorted(v) for k, v in curves.items()}
+
+
+def scale_chart(results: dict[str, object], path: Path) -> bool:
+    """Records/s against records restored (log-log), one line per mode and shape; False if nothing to draw."""
+    curves = scale_points(results)
+    if not curves:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, points in sorted(curves.items()):
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("records restored (segment log, 100-byte values)")
+    ax.set_ylabel("records/s")
+    ax.set_title("statestore restores at growing sizes (benches/test_bench_scale.py)")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 RESULTS = ROOT / "benches" / "results.json"
+# Modules a full run leaves out (they write tens of GB and run for many minutes; pytest marker `scale`):
+# they run only when named (--only), and a full run keeps their rows.
+BY_NAME_ONLY = ("benches/test_bench_scale.py",)
 
 
 def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object]:
@@ -125,9 +171,14 @@ def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object
         }
         for b in run.get("benchmarks", [])  # type: ignore[union-attr]
     ]
-    if full or not RESULTS.exists():
-        return {"machine": machine(), "benchmarks": fresh}
-    kept: list[dict[str, object]] = json.loads(RESULTS.read_text()).get("benchmarks", [])
+    kept: list[dict[str, object]] = (
+        json.loads(RESULTS.read_text()).get("benchmarks", []) if RESULTS.exists() else []
+    )
+    if full:
+        # a full run replaces everything but the rows of the modules it leaves out
+        kept = [b for b in kept if b.get("module") in BY_NAME_ONLY]
+        fresh_names = {b["name"] for b in fresh}
+        return {"machine": machine(), "benchmarks": fresh + [b for b in kept if b["name"] not in fresh_names]}
     by_name = {b["name"]: b for b in fresh}
     merged = [by_name.pop(str(b["name"]), b) for b in kept]
     return {"machine": machine(), "benchmarks": merged + list(by_name.values())}
@@ -135,6 +186,7 @@ def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object
 
 NOTES = ROOT / "benches" / "notes.md"  # hand-written context (e.g. one-off Kafka runs), kept across runs
 CHART = "docs/benchmarks.png"
+SCALE_CHART = "docs/benchmarks-scale.png"
 
 
 def render_text(results: dict[str, object], notes: str) -> str:
@@ -170,6 +222,13 @@ def render_text(results: dict[str, object], notes: str) -> str:
             f"![benchmark ratios]({CHART})",
             "",
         ]
+    if scale_points(results):
+        doc += [
+            "Restores at growing sizes (`benches/test_bench_scale.py`): records/s against records restored.",
+            "",
+            f"![restores at growing sizes]({SCALE_CHART})",
+            "",
+        ]
     doc += (
         "\n".join(line for line in notes.splitlines() if not line.startswith("<!--")).strip("\n").split("\n")
     )
@@ -179,6 +238,7 @@ def render_text(results: dict[str, object], notes: str) -> str:
 def render(results: dict[str, object]) -> None:
     """Write BENCHMARKS.md from ``results`` and ``benches/notes.md``, and redraw the chart."""
     chart(results, ROOT / CHART)
+    scale_chart(results, ROOT / SCALE_CHART)
     notes = NOTES.read_text() if NOTES.exists() else ""
     (ROOT / "BENCHMARKS.md").write_text(render_text(results, notes))
 
@@ -209,6 +269,7 @@ def main() -> int:
         return 0
     args.json.parent.mkdir(parents=True, exist_ok=True)
     targets = [str(p) for p in args.only] if args.only else [str(ROOT / "benches")]
+    marks = [] if args.only else ["-m", "not scale"]
     cmd = [
         sys.executable,
         "-m",
@@ -219,6 +280,7 @@ def main() -> int:
         "-p",
         "no:cacheprovider",
         f"--benchmark-json={args.json}",
+        *marks,
         *args.pytest_args,
     ]
     rc = subprocess.call(cmd, cwd=ROOT)

@@ -309,3 +309,48 @@ def test_commit_on_full_filesystem(
     for n in range(done):
         before = _fold(before, commit_ops(n))
     assert_recovers(root, "eos-store", [before, _fold(before, commit_ops(done))])
+
+
+@pytest.mark.parametrize("budget", [256 << 20, 256 << 10], ids=["sst-files", "spilled-runs"])
+def test_bulk_restore_of_a_partition_larger_than_the_free_space(
+    tmp_path: Path, tiny_tmpfs: Path, budget: int
+) -> None:
+    """A bulk restore whose output cannot fit (a 4 MB partition, a 1 MiB file system) fails naming the
+    path, leaves the store as it was (new: empty with no offset, or not there at all) and gives the
+    space back (its scratch directory is gone); with room, the same restore then succeeds.
+
+    With the default budget the SST files fill the disk; with 256 KiB the sorted runs spilled
+    beside the store do, before any SST file is written.
+    """
+    from statestore import TopicPartition
+    from statestore._native import _testing
+    from statestore.errors import StateStoreError
+    from statestore.restore.engine import restore_store
+    from support.model import store_contents
+
+    log = tmp_path / "log"
+    records = 32_000  # 127 bytes each on disk: ~4 MB, four times the file system
+    _testing.write_synthetic_changelog(log, "big", 0, records, records)
+    tp = TopicPartition("big", 0)
+    free_before = shutil.disk_usage(tiny_tmpfs).free
+    assert sum(f.stat().st_size for f in log.rglob("*.log")) > 3 * free_before
+    store = tiny_tmpfs / "0_0" / "rocksdb" / "s"
+    store.parent.mkdir(parents=True)
+    with pytest.raises(StateStoreError) as e:
+        restore_store(store, log, tp, mode="bulk", memory_budget_bytes=budget)
+    print(f"{type(e.value).__name__}: {e.value}")
+    assert str(tiny_tmpfs) in str(e.value), "the error names the path on the full file system"
+    assert str(getattr(e.value, "path", "")).startswith(str(tiny_tmpfs)), f"path field: {e.value!r}"
+    assert not any(p.name.endswith(".restore-tmp") for p in store.parent.iterdir()), "scratch left behind"
+    if store.exists():
+        left = store_contents(store)
+        assert (left.data, left.offsets) == ({}, {}), "a failed bulk restore changed the store"
+    # The space is given back: what is left is at most the empty store's own files.
+    assert shutil.disk_usage(tiny_tmpfs).free > free_before - 256 * 1024
+    # With room (the store moved to a roomy disk), the same restore succeeds.
+    roomy = tmp_path / "roomy" / "s"
+    roomy.parent.mkdir()
+    if store.exists():
+        shutil.copytree(store, roomy)
+    r = restore_store(roomy, log, tp, mode="bulk", memory_budget_bytes=budget)
+    assert r.records_applied == records and r.offset == records - 1

@@ -1,7 +1,8 @@
 """Type stubs of ``statestore._native._testing``: what tests and benchmarks call and users should not.
 
-One batch encoded or decoded by hand, a store written raw, the write ceiling of replay
-(``rust/src/py/testing/``). Not part of the API.
+One batch encoded or decoded by hand, a store written raw, the write ceilings of replay and of
+bulk's table building, synthetic changelogs for the benchmarks at scale (``rust/src/py/testing/``).
+Not part of the API.
 """
 
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,12 @@ def encode_batch(
 def restore_write_ceiling(
     store_path: _Path, log_dir: _Path, tp: _TopicPartition, end_offset: int | None = None
 ) -> tuple[float, int]: ...
+def sst_write_ceiling(
+    dir: _Path, records: int, value_size: int = 100, threads: int = 1, seed: int = 1
+) -> tuple[float, int]: ...
+def write_synthetic_changelog(
+    log_dir: _Path, topic: str, partition: int, records: int, keys: int, value_size: int = 100, seed: int = 1
+) -> int: ...
 def store_write_batch(
     path: _Path,
     items: Sequence[tuple[bytes, bytes | None]],
@@ -34,5 +41,7 @@ __all__ = [
     "decode_batch",
     "encode_batch",
     "restore_write_ceiling",
+    "sst_write_ceiling",
     "store_write_batch",
+    "write_synthetic_changelog",
 ]

@@ -19,6 +19,7 @@ pub mod dump;
 pub mod producer;
 pub mod reader;
 pub mod segment;
+pub mod synthetic;
 pub mod txn;
 pub mod writer;
 

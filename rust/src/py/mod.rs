@@ -3,8 +3,9 @@
 //! release the GIL around the work, and map errors to the classes of
 //! `statestore.errors` through [`errors`]; they hold no logic of their own.
 //! [`testing`] builds the submodule `_native._testing` (tests and benchmarks
-//! only); the one piece of logic here, the write ceiling of replay that a
-//! benchmark measures (`testing/ceiling.rs`), lives beside it so production
+//! only); the only logic here, the ceilings benchmarks measure against --
+//! replay's raw writes (`testing/ceiling.rs`) and RocksDB building tables on
+//! every core (`testing/sst_ceiling.rs`) -- lives beside it so production
 //! modules hold no benchmark-only code.
 
 pub mod errors;

@@ -198,7 +198,8 @@ impl Applied {
 pub const DEFAULT_WRITE_BUFFER_BYTES: usize = 64 << 20;
 
 /// Options a store is opened with for restoring: big memtables so flushes are
-/// few and large, no compression (as Kafka Streams), two background jobs.
+/// few and large, no compression (as Kafka Streams), two background jobs, its
+/// tables loaded by at most one thread per core.
 /// `atomic_flush` and the column families are enforced by [`crate::store::Store::open_with`].
 pub fn restore_options() -> Options {
     restore_options_with(DEFAULT_WRITE_BUFFER_BYTES)
@@ -215,7 +216,17 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
     o.set_compression_type(DBCompressionType::None);
     o.set_level_zero_slowdown_writes_trigger(40);
     o.set_level_zero_stop_writes_trigger(64);
+    // Opening a database starts `max_file_opening_threads - 1` threads per column family to load
+    // its tables, even when it has none: 15 of them (the default, 16) for every store a restore
+    // creates, started and joined within its fixed cost (test_bench_scale.py: many small stores).
+    // More threads than cores load no faster.
+    o.set_max_file_opening_threads(file_opening_threads());
     o
+}
+
+/// Threads a store opened for restoring loads its tables with: one per core, at most RocksDB's default 16.
+fn file_opening_threads() -> i32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16) as i32
 }
 
 /// Fill chunks of `source` with `fill` (whether more follows) and hand each

@@ -4,6 +4,7 @@
 //! module so its API is what users may rely on.
 
 pub mod ceiling;
+pub mod sst_ceiling;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -11,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::errors::ErrorClass;
 use super::log::{push_record, records_to_py, Bytes, Headers};
 use crate::codec::{self, Compression};
+use crate::log::synthetic;
 use crate::source::RecordChunk;
 
 /// Decode one batch given as bytes (tests and tools): `(header dict, records)`.
@@ -94,6 +96,28 @@ pub fn encode_batch<'py>(
     Ok(PyBytes::new(py, &b.finish(codec)))
 }
 
+/// Benchmark helper: append a synthetic changelog (`log::synthetic`) of
+/// `records` records of `value_size`-byte values over `keys` keys to
+/// partition `partition` of `topic` in the segment log at `log_dir`, written
+/// by the codec without fsync (the caller syncs once). Returns the records written.
+#[pyfunction]
+#[pyo3(signature = (log_dir, topic, partition, records, keys, value_size=100, seed=1))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments
+pub fn write_synthetic_changelog(
+    py: Python<'_>,
+    log_dir: std::path::PathBuf,
+    topic: &str,
+    partition: i32,
+    records: u64,
+    keys: u64,
+    value_size: usize,
+    seed: u64,
+) -> PyResult<u64> {
+    let dir = log_dir.join(format!("{topic}-{partition}"));
+    let spec = synthetic::Synthetic { records, keys, value_size, seed };
+    Ok(py.detach(|| synthetic::write_partition(&dir, &spec))?)
+}
+
 /// Build the `_testing` submodule and make it importable as
 /// `statestore._native._testing`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -102,6 +126,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     t.add_function(wrap_pyfunction!(decode_batch, &t)?)?;
     t.add_function(wrap_pyfunction!(encode_batch, &t)?)?;
     t.add_function(wrap_pyfunction!(ceiling::restore_write_ceiling, &t)?)?;
+    t.add_function(wrap_pyfunction!(sst_ceiling::sst_write_ceiling, &t)?)?;
+    t.add_function(wrap_pyfunction!(write_synthetic_changelog, &t)?)?;
     t.add_function(wrap_pyfunction!(super::store::store_write_batch, &t)?)?;
     m.add_submodule(&t)?;
     py.import("sys")?.getattr("modules")?.set_item("statestore._native._testing", &t)?;
