@@ -51,7 +51,7 @@ def build(request: pytest.FixtureRequest) -> tuple[str, Path]:
     """``(version, directory holding app.jar and libs/)`` of the application built against that Kafka Streams."""
     version: str = request.param
     if shutil.which("mvn") is None or shutil.which("javac") is None:
-        pytest.skip("needs Maven and a JDK 17")
+        kstreams_app.cannot_build("needs Maven and a JDK 17")
     digest = hashlib.sha256(version.encode())
     for path in sorted(p for p in MODULE.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(MODULE)).encode() + path.read_bytes())
@@ -73,7 +73,7 @@ def build(request: pytest.FixtureRequest) -> tuple[str, Path]:
         )
         if out.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            pytest.skip(
+            kstreams_app.cannot_build(
                 f"the application does not build against Kafka Streams {version}: {out.stdout[-2000:]}"
             )
     shutil.copy(tmp / "target" / "kafka-streams-app-1.jar", tmp / "app.jar")
