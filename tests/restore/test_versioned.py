@@ -21,6 +21,7 @@ import pytest
 from statestore import TopicPartition, _native
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import StateStoreError
+from statestore.ops.inspection import inspect_app, local_stores, versioned_by_changelog
 from statestore.restore.engine import RestoreSpec, restore_many, restore_store
 from support.cli import restore_args
 from support.cli import run_cli as cli
@@ -171,6 +172,31 @@ def test_statestore_verify_rebuilds_a_versioned_store_by_its_put_logic(log_root:
     assert out.returncode == 1 and f"give its history retention to verify it (--retention {STORE}=MS)" in (
         out.stdout + out.stderr
     )
+
+
+def test_inspect_reports_a_versioned_store_its_format_or_changelog_names(log_root: Path) -> None:
+    flags = ["--store", STORE, "--store-format", f"{STORE}=versioned", "--retention", f"{STORE}={HISTORY}"]
+    assert cli(*restore_args(log_root, APP, *flags)).returncode == 0
+    state = log_root / "state"
+
+    _, reports = inspect_app(state, APP)
+    assert {(r.format, r.kind) for r in reports} == {("plain", "key-value")}, "its bytes are a plain store's"
+    _, reports = inspect_app(state, APP, formats={STORE: "versioned"})
+    assert {(r.format, r.kind) for r in reports} == {("versioned", "versioned")}
+
+    class Changelog:
+        """A changelog whose topic configs say what a Kafka changelog of a versioned store says."""
+
+        def topic_configs(self, topics: list[str]) -> dict[str, dict[str, str]]:
+            lag = str(HISTORY + 86_400_000)
+            return {t: {"cleanup.policy": "compact", "min.compaction.lag.ms": lag} for t in topics}
+
+    assert versioned_by_changelog(Changelog(), local_stores(state, APP)) == {STORE: HISTORY}
+    assert versioned_by_changelog(None, local_stores(state, APP)) == {}
+
+    out = cli("inspect", "--state-dir", str(state), "--app-id", APP, "--store-format", f"{STORE}=versioned")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("versioned") >= 2, out.stdout
 
 
 @pytest.mark.spark

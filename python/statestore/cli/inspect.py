@@ -82,7 +82,9 @@ def inspect(
     plain ones a window or session store, which the bytes do not tell apart
     (--store-format NAME=window|session). With --retention NAME=MS its
     segments are checked against the segment interval that retention gives
-    (the DSL's, max(retention / 2, 60 s)).
+    (the DSL's, max(retention / 2, 60 s)). A versioned store's bytes look like
+    a plain store's: it shows as versioned with --store-format NAME=versioned,
+    or with --kafka, whose changelog configs tell it.
 
     \b
     Example:

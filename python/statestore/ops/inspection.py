@@ -26,7 +26,13 @@ from statestore.state.lag import store_lag
 from statestore.state.layout import store_layout
 from statestore.state.segmented import read_segmented, task_store_dirs
 from statestore.state.store import STATUS_NAMES
-from statestore.state.store_kinds import KEY_VALUE, WINDOW_OR_SESSION
+from statestore.state.store_kinds import (
+    KEY_VALUE,
+    VERSIONED,
+    WINDOW_OR_SESSION,
+    history_retention_from_topic_config,
+    kind_from_topic_config,
+)
 
 if TYPE_CHECKING:
     from statestore.ops.metrics import MetricsSnapshot
@@ -191,6 +197,23 @@ class StoreReport:
         return asdict(self)
 
 
+def versioned_by_changelog(changelog: Changelog | None, found: Sequence[LocalStore]) -> dict[str, int | None]:
+    """The stores of ``found`` whose changelog's topic configs say they are versioned (store name ->
+    history retention, ms, when the configs tell it): a versioned store's bytes look like a plain
+    store's, so only its changelog (a Kafka changelog reports topic configs; a segment log has
+    none) tells it."""
+    topic_configs = getattr(changelog, "topic_configs", None)
+    if not callable(topic_configs) or not found:
+        return {}
+    configs: Mapping[str, Mapping[str, str]] = topic_configs(sorted({s.changelog.topic for s in found}))
+    out: dict[str, int | None] = {}
+    for s in found:
+        config = configs.get(s.changelog.topic)
+        if config is not None and kind_from_topic_config(config) == VERSIONED:
+            out[s.store] = history_retention_from_topic_config(config)
+    return out
+
+
 def inspect_app(
     state_dir: str | Path,
     application_id: str,
@@ -210,7 +233,10 @@ def inspect_app(
     gives (name -> ``window`` or ``session``: plain segments fit both).
     With ``retentions`` (name -> ms) its segments are checked against the
     segment interval the DSL gives that retention: a segment that does not
-    start at a multiple of it is the store's problem.
+    start at a multiple of it is the store's problem. A versioned store,
+    whose bytes look like a plain store's, is reported as one when
+    ``formats`` says so (``"versioned"``) or its changelog's topic configs do
+    (``changelog``: a Kafka changelog).
 
     Log offsets and lag come from the segment log in ``log_dir``, or from
     ``changelog`` (e.g. a :class:`~statestore.changelog.kafka.KafkaChangelog`). With
@@ -223,7 +249,9 @@ def inspect_app(
     holders = flock_holders()
     log: Changelog | None = SegmentLog(log_dir) if log_dir is not None else changelog
     reports = []
-    for ls in local_stores(state_dir, application_id):
+    found = local_stores(state_dir, application_id)
+    versioned = versioned_by_changelog(changelog, [ls for ls in found if not ls.segmented])
+    for ls in found:
         problem = None
         offset: int | None = None
         status = "none"
@@ -261,6 +289,9 @@ def inspect_app(
                 layout = None if found_layout is None else found_layout.name
                 fmt = _native.store_format(ls.path)
                 kind = KEY_VALUE
+                named = (formats or {}).get(ls.store)
+                if fmt == "plain" and (ls.store in versioned or named in _native.VERSIONED_STORE_FORMATS):
+                    fmt, kind = _native.VERSIONED_STORE_FORMATS[0], VERSIONED
                 info = _native.store_info(ls.path, check_blocks)
                 recorded, st, keys = info.offsets.get(str(ls.changelog)), info.status, info.estimated_keys
                 status = STATUS_NAMES.get(st, f"unknown ({st})") if st is not None else "none"

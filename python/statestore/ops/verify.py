@@ -50,16 +50,11 @@ from statestore.changelog.protocol import Changelog
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import StateStoreError, StoreCorruptedError, StoreError
 from statestore.ids import SENTINEL_OFFSETS, committed_offset
-from statestore.ops.inspection import LocalStore, local_stores
+from statestore.ops.inspection import LocalStore, local_stores, versioned_by_changelog
 from statestore.restore.engine import LogLike, restore_store
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.segmented import read_segmented
 from statestore.state.store import check_store_format
-from statestore.state.store_kinds import (
-    VERSIONED,
-    history_retention_from_topic_config,
-    kind_from_topic_config,
-)
 
 
 @dataclass(frozen=True)
@@ -337,16 +332,10 @@ def verify_app(
     log: LogLike = SegmentLog(log_dir) if log_dir is not None else cast(LogLike, changelog)
     found = local_stores(state_dir, application_id, stores)
     fmts, rets, intervals = dict(formats or {}), dict(retentions or {}), dict(segment_intervals or {})
-    topic_configs = getattr(changelog, "topic_configs", None)
-    if callable(topic_configs):
-        configs: Mapping[str, Mapping[str, str]] = topic_configs(sorted({s.changelog.topic for s in found}))
-        for s in found:
-            config = configs.get(s.changelog.topic)
-            if config is not None and kind_from_topic_config(config) == VERSIONED:
-                fmts.setdefault(s.store, _native.VERSIONED_STORE_FORMATS[0])
-                history = history_retention_from_topic_config(config)
-                if history is not None:
-                    rets.setdefault(s.store, history)
+    for name, history in versioned_by_changelog(changelog, [s for s in found if not s.segmented]).items():
+        fmts.setdefault(name, _native.VERSIONED_STORE_FORMATS[0])
+        if history is not None:
+            rets.setdefault(name, history)
     with tempfile.TemporaryDirectory(prefix="statestore-verify-") as tmp:
         return [
             verify_store(
