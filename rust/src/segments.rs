@@ -2,8 +2,9 @@
 //!
 //! Such a store is a directory `<task>/<store>/` (not under `rocksdb/`)
 //! holding one RocksDB per time segment, `<store>.<segmentId * segmentInterval>`,
-//! where `segmentId = timestamp / segmentInterval`. Each segment is a plain
-//! or timestamped key-value RocksDB ([`crate::store::Store`]) with its own
+//! where `segmentId = timestamp / segmentInterval`. Each segment is a plain,
+//! timestamped or header-aware key-value RocksDB ([`crate::store::Store`],
+//! in the store format's [`StoreFormat::db_format`]) with its own
 //! `offsets` column family and status (Kafka Streams 4.3+ commits the same
 //! offset into every segment and reads it from the newest segment that has
 //! one). A record's segment is found from its key ([`KeySchema`]):
@@ -202,7 +203,7 @@ impl SegmentedStore {
         }
         let mut segments = BTreeMap::new();
         for (id, path) in Self::list(dir, &name, &seg)? {
-            segments.insert(id, Store::open_format(&path, opts.clone(), format.db_format())?);
+            segments.insert(id, Store::open_segment(&path, opts.clone(), format)?);
         }
         // Stream time lives in memory only; the newest segment's start is the
         // most that is known of it: never past it, so nothing is dropped that
@@ -324,7 +325,7 @@ impl SegmentedStore {
             Entry::Occupied(e) => Ok(e.into_mut()),
             Entry::Vacant(e) => {
                 let path = self.dir.join(self.seg.segment_name(&self.name, id));
-                let s = Store::open_format(&path, self.opts.clone(), self.format.db_format())?;
+                let s = Store::open_segment(&path, self.opts.clone(), self.format)?;
                 if s.status()?.is_none() {
                     let mut b = WriteBatch::default();
                     s.put_status(&mut b, STATUS_CLOSED);

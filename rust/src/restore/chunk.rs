@@ -86,14 +86,16 @@ impl ChunkOps {
     }
 
     /// Push one changelog record as a store of `format` keeps it (a
-    /// timestamped store's value starts with the record's timestamp).
+    /// timestamped store's value holds the record's timestamp, a
+    /// header-aware one its headers: [`StoreFormat::encode_value`]).
     pub fn push_record(&mut self, format: StoreFormat, key: &[u8], r: &ChangeRecord<'_>) {
         match r.value {
-            Some(v) if format.is_timestamped() => {
+            Some(v) if !format.stores_value_as_is() => {
                 let at = self.data.len();
                 self.data.extend_from_slice(key);
-                format.encode_value(r.timestamp, v, &mut self.data);
-                self.ops.push((at, key.len() as u32, (v.len() + 8) as u32));
+                format.encode_value(r.timestamp, r.headers, v, &mut self.data);
+                let stored = self.data.len() - at - key.len();
+                self.ops.push((at, key.len() as u32, stored as u32));
             }
             _ => self.push(key, r.value),
         }

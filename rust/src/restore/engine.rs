@@ -796,6 +796,8 @@ mod tests {
             (StoreFormat::TimestampedWindow, KeySchema::Window),
             (StoreFormat::Window, KeySchema::Window),
             (StoreFormat::Session, KeySchema::Session),
+            (StoreFormat::TimestampedWindowHeaders, KeySchema::Window),
+            (StoreFormat::SessionHeaders, KeySchema::Session),
         ] {
             let log = segmented_log(&random_log(6_000, 400, 5), schema);
             let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
