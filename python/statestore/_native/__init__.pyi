@@ -308,6 +308,7 @@ def store_compare(expected: _Path, actual: _Path) -> StoreComparison: ...
 def store_create(path: _Path, format: str = "plain") -> None: ...
 def store_dump(path: _Path) -> StoreDump: ...
 def store_format(path: _Path) -> str | None: ...
+def store_record_if_empty(path: _Path, format: str, tp: str, offset: int) -> bool: ...
 
 # the store layout: the one source of these facts (``rust/src/offsets.rs``, ``rust/src/store.rs``)
 
@@ -329,6 +330,8 @@ OFFSET_UNKNOWN: Final[int]
 STORE_FORMATS: Final[tuple[str, ...]]
 #: The formats of segmented stores (Kafka Streams' window and session stores: a RocksDB per time segment).
 SEGMENTED_STORE_FORMATS: Final[tuple[str, ...]]
+#: The header-aware formats (Kafka Streams 4.3+, ``dsl.store.format=headers``): values keep the record's headers.
+HEADERS_STORE_FORMATS: Final[tuple[str, ...]]
 #: How RocksDB's status text of damaged files begins.
 CORRUPTION_PREFIX: Final[str]
 
@@ -339,6 +342,7 @@ def dsl_segment_interval(retention_ms: int) -> int: ...
 #: What the module exports (PyO3 lists every name the bindings register; stubtest compares the two).
 __all__ = [
     "CORRUPTION_PREFIX",
+    "HEADERS_STORE_FORMATS",
     "MODES",
     "OFFSETS_CF",
     "OFFSET_UNKNOWN",
@@ -380,4 +384,5 @@ __all__ = [
     "store_dump",
     "store_format",
     "store_info",
+    "store_record_if_empty",
 ]

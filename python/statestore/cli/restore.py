@@ -56,7 +56,7 @@ from statestore.state.layout import (
 )
 from statestore.state.policy import Guarantee
 from statestore.state.store import check_store_format
-from statestore.state.store_kinds import WINDOW_OR_SESSION
+from statestore.state.store_kinds import KIND_OF_FORMAT
 
 
 def restore_local(
@@ -119,14 +119,14 @@ def restore_local(
         for i, w in enumerate(work):
             fmt = fmts.get(w.store, "plain")
             target = store_location(sd, w.task_id, w.store, fmt)
-            if fmt in _native.SEGMENTED_STORE_FORMATS:
+            if fmt in _native.SEGMENTED_STORE_FORMATS or fmt in _native.HEADERS_STORE_FORMATS:
                 why = segmented_refusal(
                     w.store, w.tp.topic, fmt, rets.get(w.store), offsets_in_store=layout.offsets_in_store
                 )
                 if why is not None:
                     refused[i] = f"task {w.task_id} store {w.store}: {why}"
                     continue
-            else:  # a segmented store's segments are checked as the engine opens them
+            if fmt not in _native.SEGMENTED_STORE_FORMATS:  # segments are checked as the engine opens them
                 try:
                     check_store_format(target, fmt)
                 except StateStoreError as e:
@@ -580,12 +580,12 @@ def _refused_segmented(
     layout: Layout,
     application_id: str,
 ) -> list[FoundStore]:
-    """The stores ``formats`` makes window or session stores that are not restored, each with why
-    (no ``--retention``, or the ``.checkpoint`` layout): refused before any store is opened, so
-    nothing of them is written."""
+    """The stores ``formats`` makes window, session or header-aware stores that are not restored,
+    each with why (no ``--retention``, or the ``.checkpoint`` layout): refused before any store is
+    opened, so nothing of them is written."""
     out = []
     for name, fmt in sorted(formats.items()):
-        if fmt not in _native.SEGMENTED_STORE_FORMATS:
+        if fmt not in _native.SEGMENTED_STORE_FORMATS and fmt not in _native.HEADERS_STORE_FORMATS:
             continue
         why = segmented_refusal(
             name,
@@ -595,7 +595,9 @@ def _refused_segmented(
             offsets_in_store=layout.offsets_in_store,
         )
         if why is not None:
-            out.append(FoundStore(name, subs.get(name, 0), WINDOW_OR_SESSION, fmt, retentions.get(name), why))
+            out.append(
+                FoundStore(name, subs.get(name, 0), KIND_OF_FORMAT[fmt], fmt, retentions.get(name), why)
+            )
     return out
 
 

@@ -15,8 +15,17 @@ changelog topic configs                       kind
 
 Neither the topic nor the bytes tell a plain key-value store from a
 timestamped one (``--store-format``), nor a window store from a session
-store. A kind statestore does not write yet is reported store by store and
-never opened for writing.
+store. Nor do they tell a header-aware store (Kafka Streams 4.3+,
+``dsl.store.format=headers``: ``timestamped-headers``,
+``timestamped-window-headers``, ``session-headers``) from the store without
+headers: both log the plain value with the record timestamp, a header-aware
+store with the headers it keeps, the others with none (but Kafka Streams'
+own ``v``/``c`` position headers under its IQ consistency option). A
+changelog record with other headers therefore comes from a header-aware
+store, but one without says nothing (its input had none), so the bytes are
+no test either way. Only the store on disk tells (its column families,
+``StoreFormat::detect``), or the application's ``dsl.store.format``. A kind statestore does not write yet is
+reported store by store and never opened for writing.
 """
 
 from __future__ import annotations
@@ -32,8 +41,14 @@ VERSIONED = "versioned"
 
 #: The kinds statestore writes, each with the formats it writes them in.
 WRITTEN: dict[str, tuple[str, ...]] = {
-    KEY_VALUE: ("plain", "timestamped"),
-    WINDOW_OR_SESSION: ("timestamped-window", "window", "session"),
+    KEY_VALUE: ("plain", "timestamped", "timestamped-headers"),
+    WINDOW_OR_SESSION: (
+        "timestamped-window",
+        "window",
+        "session",
+        "timestamped-window-headers",
+        "session-headers",
+    ),
 }
 
 #: The kind each format of ``--store-format`` belongs to.

@@ -170,8 +170,9 @@ fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<Resolved> 
     if !(stall > 0.0 && stall.is_finite()) {
         return Err(ErrorClass::Restore.err(format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
-    let f =
-        PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall)).with_timestamps(format.is_timestamped());
+    let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
+        .with_timestamps(format.is_timestamped())
+        .with_headers(format.has_headers());
     let raised = f.raised();
     Ok((Box::new(f), Some(raised), None))
 }

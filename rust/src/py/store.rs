@@ -150,13 +150,39 @@ fn store_info(py: Python<'_>, path: PathBuf, check_blocks: bool) -> PyResult<Sto
     })?)
 }
 
-/// The format of the store at `path` as found on disk (`"plain"` or
-/// `"timestamped"`), None where there is no RocksDB yet. A store of a type
-/// statestore does not know (windowed, session, versioned, headers, extra
-/// column families) raises `StoreError` naming its column families.
+/// The format of the RocksDB at `path` as found on disk (`"plain"`,
+/// `"timestamped"`, `"timestamped-headers"`; a header-aware session
+/// segment: `"session-headers"`), None where there is no RocksDB yet. A
+/// segmented store's directory, or a store of a type statestore does not
+/// know (versioned, emit-final with headers, extra column families), raises
+/// `StoreError` naming what it is.
 #[pyfunction]
 fn store_format(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>> {
     Ok(py.detach(|| Store::detect_format(&path)).map(|f| f.map(StoreFormat::name))?)
+}
+
+/// Record `offset` for `tp` (`"<topic>-<partition>"`) in the closed
+/// key-value store at `path` of `format` if it holds no data and no offset
+/// for `tp` yet (a store restored from a changelog partition without a
+/// committed record); a store without status is marked CLOSED. Whether it
+/// recorded. A store of another format is refused as `Store.open_format` refuses it.
+#[pyfunction]
+fn store_record_if_empty(py: Python<'_>, path: PathBuf, format: &str, tp: &str, offset: i64) -> PyResult<bool> {
+    let format = StoreFormat::parse(format).map_err(|m| ErrorClass::Store.err(m))?;
+    Ok(py.detach(|| {
+        let store = Store::open_format(&path, store::store_options(false), format)?;
+        if !store.is_data_empty() || store.offset(tp)?.is_some() {
+            return Ok::<_, StoreError>(false);
+        }
+        let mut b = WriteBatch::default();
+        store.put_offset(&mut b, tp, offset);
+        if store.status()?.is_none() {
+            store.put_status(&mut b, offsets::STATUS_CLOSED);
+        }
+        store.write(b, false)?;
+        store.flush()?;
+        Ok(true)
+    })?)
 }
 
 /// An offset (or status value) as the offsets column family stores it:
@@ -209,6 +235,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store_create, m)?)?;
     m.add_function(wrap_pyfunction!(store_dump, m)?)?;
     m.add_function(wrap_pyfunction!(store_format, m)?)?;
+    m.add_function(wrap_pyfunction!(store_record_if_empty, m)?)?;
     m.add_function(wrap_pyfunction!(encode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(decode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(dsl_segment_interval, m)?)?;
@@ -224,6 +251,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let segmented: Vec<&str> =
         StoreFormat::ALL.into_iter().filter(|f| f.key_schema().is_some()).map(StoreFormat::name).collect();
     m.add("SEGMENTED_STORE_FORMATS", PyTuple::new(m.py(), segmented)?)?;
+    let headers: Vec<&str> = StoreFormat::ALL.into_iter().filter(|f| f.has_headers()).map(StoreFormat::name).collect();
+    m.add("HEADERS_STORE_FORMATS", PyTuple::new(m.py(), headers)?)?;
     m.add("CORRUPTION_PREFIX", store::CORRUPTION_PREFIX)?;
     Ok(())
 }
