@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import subprocess
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from statestore import TopicPartition, _native
+from statestore.restore.engine import RestoreSpec, restore_many
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kafka-streams-app.sh"
@@ -21,8 +26,80 @@ SCRIPT = ROOT / "scripts" / "kafka-streams-app.sh"
 #: The stores of the application and their formats.
 STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
 
+#: A store of the application: its format and, for a window or session store, its retention (ms).
+StoreSpec = tuple[str, int | None]
+
 #: The stores of the application with ``stores="windowed"``: format and retention (ms).
-WINDOWED_STORES = {"wcounts": ("timestamped-window", 60_000), "scounts": ("session", 30_000)}
+WINDOWED_STORES: dict[str, StoreSpec] = {
+    "wcounts": ("timestamped-window", 60_000),
+    "scounts": ("session", 30_000),
+}
+
+#: The stores of the application with ``stores="headers"`` run under ``dsl.store.format=headers``
+#: (Kafka Streams' header-aware stores): the count, the tumbling windowed count and the session
+#: count (the DSL stores no headers in them), and the latest value of each key with its record's
+#: headers in a store of each kind (Processor API).
+HEADERS_STORES: dict[str, StoreSpec] = {
+    "counts": ("timestamped-headers", None),
+    "wcounts": ("timestamped-window-headers", 60_000),
+    "scounts": ("session-headers", 30_000),
+    "hlatest": ("timestamped-headers", None),
+    "hwlatest": ("timestamped-window-headers", 60_000),
+    "hslatest": ("session-headers", 30_000),
+}
+
+
+def store_path(state_dir: Path, app: str, partition: int, name: str, fmt: str) -> Path:
+    """Where store ``name`` of task ``0_<partition>`` lives: ``rocksdb/<name>``, or a window or
+    session store's directory of segments, ``<name>``."""
+    task = state_dir / app / f"0_{partition}"
+    return task / name if fmt in _native.SEGMENTED_STORE_FORMATS else task / "rocksdb" / name
+
+
+def segments(store: Path) -> list[str]:
+    """The segment directories of a window or session store (none when it does not exist)."""
+    return sorted(p.name for p in store.iterdir()) if store.is_dir() else []
+
+
+def restore_with_threads(
+    bootstrap: str, app: str, restored: Path, stores: Mapping[str, StoreSpec], partitions: int
+) -> None:
+    """Restore ``stores`` of every task into ``restored`` with ``restore_many`` from the changelog
+    topics, two threads; every store gets records."""
+    from statestore.changelog import kafka
+
+    specs = []
+    with kafka.KafkaChangelog(bootstrap) as changelog:
+        for p in range(partitions):
+            (restored / app / f"0_{p}").mkdir(parents=True)
+            for name, (fmt, retention) in stores.items():
+                tp = TopicPartition(f"{app}-{name}-changelog", p)
+                path = store_path(restored, app, p, name, fmt)
+                path.parent.mkdir(exist_ok=True)
+                specs.append(RestoreSpec(path, changelog, tp, format=fmt, retention_ms=retention))
+        results = restore_many(specs, threads=2)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert all(r.records_applied > 0 for r in results), results
+
+
+def restore_with_spark(
+    spark: Any, log_dir: Path, app: str, restored: Path, stores: Mapping[str, StoreSpec], partitions: int
+) -> None:
+    """``restore_on_spark`` of ``stores`` from the broker's own partition directories (the segment
+    log reads Kafka's log.dirs)."""
+    from statestore.restore.spark import restore_on_spark
+
+    rows = restore_on_spark(
+        spark,
+        log_dir=log_dir,
+        state_dir=restored,
+        application_id=app,
+        stores=list(stores),
+        formats={name: fmt for name, (fmt, _) in stores.items()},
+        retentions={name: ms for name, (_, ms) in stores.items() if ms is not None},
+    ).collect()
+    assert [r.status for r in rows] == ["ok"] * (len(stores) * partitions), rows
+    assert all(r.records_applied > 0 for r in rows), rows
 
 
 def build() -> Path:
@@ -203,14 +280,20 @@ def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], di
 
 
 __all__ = [
+    "HEADERS_STORES",
     "STORE_FORMATS",
     "WINDOWED_STORES",
     "AppRun",
     "Restore",
+    "StoreSpec",
     "build",
     "command",
     "expected",
     "parse",
+    "restore_with_spark",
+    "restore_with_threads",
     "run_app",
+    "segments",
+    "store_path",
     "value_of",
 ]

@@ -72,7 +72,8 @@ import org.apache.kafka.streams.state.Stores;
  * {@code --first-timestamp-ms}, default 1700000000000; a recent one keeps the broker's retention from deleting
  * the input and changelogs), so windows open, close and expire as the input goes. {@code --input-topic T} reads T instead of
  * {@code <app>-input} (a second application over the same input); a windowed run is done once it processed
- * {@code --expect N} records (default: those it produced).
+ * {@code --expect N} records (default: those it produced). {@code --stores headers} and {@code emit-final} build the
+ * topologies of {@link HeadersTopologies} (header-aware stores, emit-final windows), done as a windowed run is.
  *
  * <p>Modes: {@code process} (optionally produce {@code --produce N} input records first, then run until every input
  * record is counted, print the results and close) and {@code restore} (start, wait until every store is restored,
@@ -171,8 +172,9 @@ public final class StreamsApp {
             if (a.bootstrap == null || a.appId == null || a.stateDir == null) {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
-            if (!List.of("both", LATEST, COUNTS, WINDOWED).contains(a.stores)) {
-                throw new IllegalArgumentException("--stores is both, latest, counts or windowed, got " + a.stores);
+            if (!List.of("both", LATEST, COUNTS, WINDOWED).contains(a.stores) && !HeadersTopologies.isOne(a.stores)) {
+                throw new IllegalArgumentException(
+                        "--stores is both, latest, counts, windowed, headers or emit-final, got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
@@ -186,6 +188,9 @@ public final class StreamsApp {
 
         /** The stores of the topology. */
         List<String> storeNames() {
+            if (HeadersTopologies.isOne(stores)) {
+                return HeadersTopologies.storeNames(stores);
+            }
             return switch (stores) {
                 case LATEST -> List.of(LATEST);
                 case COUNTS -> List.of(COUNTS);
@@ -224,6 +229,9 @@ public final class StreamsApp {
     }
 
     static Topology topology(String input, String stores, AtomicLong processed) {
+        if (HeadersTopologies.isOne(stores)) {
+            return HeadersTopologies.topology(input, stores, processed);
+        }
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
         if (stores.equals(WINDOWED)) {
@@ -293,7 +301,11 @@ public final class StreamsApp {
                     v.append('x');
                 }
                 Long ts = a.timeStepMs > 0 ? a.firstTimestamp + seq * a.timeStepMs : null;
-                prod.send(new ProducerRecord<>(a.inputTopic(), null, ts, key, v.toString()));
+                ProducerRecord<String, String> rec = new ProducerRecord<>(a.inputTopic(), null, ts, key, v.toString());
+                if (a.stores.equals(HeadersTopologies.HEADERS)) {
+                    HeadersTopologies.addHeaders(rec.headers(), seq);
+                }
+                prod.send(rec);
             }
             prod.flush();
         }
@@ -487,7 +499,8 @@ public final class StreamsApp {
                 }
             } else if (running && !restoring
                     && (a.stores.equals(LATEST) ? processed.get() >= a.produce
-                    : a.stores.equals(WINDOWED) ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
+                    : a.stores.equals(WINDOWED) || HeadersTopologies.isOne(a.stores)
+                    ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
                 break;
@@ -509,7 +522,8 @@ public final class StreamsApp {
         }
         if (done && a.mode.equals("process")) {
             for (String name : a.storeNames()) {
-                out(switch (name) {
+                out(HeadersTopologies.isOwnStore(name) ? HeadersTopologies.summarize(streams, name, a.keys, a.printResults)
+                        : switch (name) {
                     case WCOUNTS -> summarizeWindows(streams, a.printResults);
                     case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
                     default -> summarize(streams, name, a.printResults);
