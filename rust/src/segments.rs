@@ -12,10 +12,14 @@
 //! - window store: `key ‖ window start (8 bytes BE) ‖ seqnum (4 bytes BE)`,
 //!   segmented by the window start;
 //! - session store: `key ‖ session end (8 bytes BE) ‖ session start (8 bytes BE)`,
-//!   segmented by the end.
+//!   segmented by the end;
+//! - emit-final (time-ordered) window store: `0x00 ‖ window start ‖ key ‖ seqnum`,
+//!   segmented by the window start, its changelog key that of a window store
+//!   (Kafka Streams' `PrefixedWindowKeySchemas.TimeFirstWindowKeySchema`).
 //!
-//! The changelog key is the store key, so a restore routes each record by its
-//! key. Stream time is the largest segment timestamp seen; a segment is live
+//! The changelog key is the store key (an emit-final window store's is
+//! rewritten time first, [`KeySchema::store_key`]), so a restore routes each
+//! record by its key. Stream time is the largest segment timestamp seen; a segment is live
 //! while `segmentId >= segmentId(streamTime - retention)`, and Kafka Streams
 //! drops the others, when restoring as when processing. Kafka Streams keeps
 //! stream time in memory only; a restore into existing segments starts from
@@ -41,36 +45,73 @@ pub enum KeySchema {
     Window,
     /// `key ‖ session end ‖ session start` (Kafka's `SessionKeySchema`).
     Session,
+    /// `0x00 ‖ window start ‖ key ‖ seqnum` in the store, from the changelog's
+    /// `key ‖ window start ‖ seqnum` (Kafka's `TimeFirstWindowKeySchema`, the
+    /// base rows of an emit-final window store; its key-first index rows,
+    /// `0x01 ‖ key ‖ window start ‖ seqnum`, exist for sliding windows only).
+    TimeOrderedWindow,
 }
+
+/// The first byte of a time-ordered window store's base row (`TIME_FIRST_PREFIX`).
+pub const TIME_FIRST_PREFIX: u8 = 0;
 
 impl KeySchema {
     pub fn name(self) -> &'static str {
         match self {
             KeySchema::Window => "window",
             KeySchema::Session => "session",
+            KeySchema::TimeOrderedWindow => "emit-final window",
         }
     }
 
-    /// Bytes that follow the record's own key in a store key.
+    /// Bytes that follow the record's own key in a changelog key.
     pub const fn suffix_len(self) -> usize {
         match self {
-            KeySchema::Window => 12,
+            KeySchema::Window | KeySchema::TimeOrderedWindow => 12,
             KeySchema::Session => 16,
         }
     }
 
-    /// The timestamp that chooses the segment of `key` (the window start, the
-    /// session end); None for a key too short to be of this schema.
+    /// The timestamp that chooses the segment of store key `key` (the window
+    /// start, the session end); None for a key too short to be of this schema.
     #[inline]
     pub fn segment_timestamp(self, key: &[u8]) -> Option<i64> {
-        let at = key.len().checked_sub(self.suffix_len())?;
+        let at = match self {
+            KeySchema::TimeOrderedWindow if key.len() > 12 && key[0] == TIME_FIRST_PREFIX => 1,
+            KeySchema::TimeOrderedWindow => return None,
+            _ => key.len().checked_sub(self.suffix_len())?,
+        };
         Some(i64::from_be_bytes(key[at..at + 8].try_into().expect("8 bytes")))
+    }
+
+    /// Whether the store key differs from the changelog key ([`KeySchema::store_key`]).
+    pub fn rewrites_key(self) -> bool {
+        self == KeySchema::TimeOrderedWindow
+    }
+
+    /// Append the store key of changelog key `key` to `out`: the key itself,
+    /// or for an emit-final window store `0x00 ‖ window start ‖ key ‖ seqnum`
+    /// (`TimeFirstWindowKeySchema.fromNonPrefixWindowKey`). A key too short
+    /// for the schema is appended as is, for [`KeySchema::segment_timestamp`]
+    /// to refuse.
+    #[inline]
+    pub fn store_key(self, key: &[u8], out: &mut Vec<u8>) {
+        match self {
+            KeySchema::TimeOrderedWindow if key.len() >= 12 => {
+                let (k, suffix) = key.split_at(key.len() - 12);
+                out.push(TIME_FIRST_PREFIX);
+                out.extend_from_slice(&suffix[..8]);
+                out.extend_from_slice(k);
+                out.extend_from_slice(&suffix[8..]);
+            }
+            _ => out.extend_from_slice(key),
+        }
     }
 
     /// What a key too short for this schema is, for error messages.
     pub fn bad_key(self, key: &[u8]) -> String {
         let what = match self {
-            KeySchema::Window => "key ‖ window start ‖ seqnum",
+            KeySchema::Window | KeySchema::TimeOrderedWindow => "key ‖ window start ‖ seqnum",
             KeySchema::Session => "key ‖ session end ‖ session start",
         };
         format!(
@@ -431,6 +472,19 @@ mod tests {
         assert_eq!(KeySchema::Window.segment_timestamp(&[0; 12]), Some(0), "an empty record key is a key");
         assert_eq!(KeySchema::Window.segment_timestamp(&[0; 11]), None);
         assert!(KeySchema::Session.bad_key(&[0; 3]).contains("3 bytes"));
+        // an emit-final window store: the changelog's window key rewritten time first
+        let mut stored = Vec::new();
+        KeySchema::TimeOrderedWindow.store_key(&window_key(b"abc", 0x0102, 7), &mut stored);
+        assert_eq!(stored, [&[0u8, 0, 0, 0, 0, 0, 0, 1, 2][..], b"abc", &[0, 0, 0, 7]].concat());
+        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&stored), Some(0x0102));
+        assert!(KeySchema::TimeOrderedWindow.rewrites_key() && !KeySchema::Window.rewrites_key());
+        let mut empty_key = Vec::new();
+        KeySchema::TimeOrderedWindow.store_key(&window_key(b"", 5, 0), &mut empty_key);
+        assert_eq!(empty_key.len(), 13, "an empty record key is a key");
+        let mut short = Vec::new();
+        KeySchema::TimeOrderedWindow.store_key(&[0; 11], &mut short);
+        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&short), None, "refused, not misread");
+        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&[1; 20]), None, "an index row is no base row");
     }
 
     #[test]

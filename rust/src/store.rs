@@ -98,8 +98,7 @@ pub const TIMESTAMPED_HEADERS_CF: &str = "keyValueWithTimestampAndHeaders";
 pub const SESSION_HEADERS_CF: &str = "sessionKeyValueWithHeaders";
 
 /// Column family of a header-aware emit-final window store segment's data
-/// (Kafka Streams' `RocksDBMigratingWindowStoreWithHeaders`,
-/// `WindowSegmentWithHeaders`): a store type statestore does not write.
+/// (Kafka Streams' `RocksDBMigratingWindowStoreWithHeaders`, `WindowSegmentWithHeaders`).
 pub const WINDOW_HEADERS_CF: &str = "windowKeyValueWithHeaders";
 
 /// How a store lays out its data: which column family holds it and what a
@@ -144,12 +143,23 @@ pub enum StoreFormat {
     /// the DSL's session store under `dsl.store.format=headers`). Its segment
     /// is a RocksDB of this format too (there is no key-value store like it).
     SessionHeaders,
+    /// An emit-final window store (`emitStrategy(EmitStrategy.onWindowClose())`
+    /// of a tumbling or hopping window, Kafka Streams'
+    /// `RocksDbIndexedTimeOrderedWindowBytesStoreSupplier` without index):
+    /// plain segments whose `default` holds `0x00 ‖ window start ‖ key ‖
+    /// seqnum` -> `timestamp ‖ value` ([`KeySchema::TimeOrderedWindow`]).
+    EmitFinalWindow,
+    /// [`StoreFormat::EmitFinalWindow`] under `dsl.store.format=headers`
+    /// (`RocksDbIndexedTimeOrderedWindowBytesStoreWithHeadersSupplier`): its
+    /// segments' `windowKeyValueWithHeaders` holds `varint(len H) ‖ H ‖
+    /// timestamp ‖ value`. Its segment is a RocksDB of this format too.
+    EmitFinalWindowHeaders,
 }
 
 impl StoreFormat {
     /// Every format, in the order names are listed to users (the one list:
     /// `_native.STORE_FORMATS` and every "use one of" message come from it).
-    pub const ALL: [StoreFormat; 8] = [
+    pub const ALL: [StoreFormat; 10] = [
         StoreFormat::Plain,
         StoreFormat::Timestamped,
         StoreFormat::Window,
@@ -158,6 +168,8 @@ impl StoreFormat {
         StoreFormat::TimestampedHeaders,
         StoreFormat::TimestampedWindowHeaders,
         StoreFormat::SessionHeaders,
+        StoreFormat::EmitFinalWindow,
+        StoreFormat::EmitFinalWindowHeaders,
     ];
 
     /// The format named `s` (one of [`StoreFormat::ALL`]'s names), else a
@@ -179,6 +191,8 @@ impl StoreFormat {
             StoreFormat::TimestampedHeaders => "timestamped-headers",
             StoreFormat::TimestampedWindowHeaders => "timestamped-window-headers",
             StoreFormat::SessionHeaders => "session-headers",
+            StoreFormat::EmitFinalWindow => "emit-final-window",
+            StoreFormat::EmitFinalWindowHeaders => "emit-final-window-headers",
         }
     }
 
@@ -191,37 +205,57 @@ impl StoreFormat {
                 Some(KeySchema::Window)
             }
             StoreFormat::Session | StoreFormat::SessionHeaders => Some(KeySchema::Session),
+            StoreFormat::EmitFinalWindow | StoreFormat::EmitFinalWindowHeaders => Some(KeySchema::TimeOrderedWindow),
         }
     }
 
     /// The format of one RocksDB of the store: the store's own for a
     /// key-value store, a segment's for a segmented one (a segment is a
     /// plain, timestamped or header-aware timestamped key-value RocksDB, or
-    /// a header-aware session segment, [`StoreFormat::SessionHeaders`] itself).
+    /// a header-aware session or emit-final window segment, the format
+    /// itself). It says the column families, not what a value is: an
+    /// emit-final window store's plain segments hold timestamped values.
     pub fn db_format(self) -> StoreFormat {
         match self {
-            StoreFormat::Plain | StoreFormat::Window | StoreFormat::Session => StoreFormat::Plain,
+            StoreFormat::Plain | StoreFormat::Window | StoreFormat::Session | StoreFormat::EmitFinalWindow => {
+                StoreFormat::Plain
+            }
             StoreFormat::Timestamped | StoreFormat::TimestampedWindow => StoreFormat::Timestamped,
             StoreFormat::TimestampedHeaders | StoreFormat::TimestampedWindowHeaders => StoreFormat::TimestampedHeaders,
             StoreFormat::SessionHeaders => StoreFormat::SessionHeaders,
+            StoreFormat::EmitFinalWindowHeaders => StoreFormat::EmitFinalWindowHeaders,
         }
     }
 
     /// Whether a stored value holds the record's timestamp.
     pub fn is_timestamped(self) -> bool {
-        matches!(self.db_format(), StoreFormat::Timestamped | StoreFormat::TimestampedHeaders)
+        matches!(
+            self,
+            StoreFormat::Timestamped
+                | StoreFormat::TimestampedWindow
+                | StoreFormat::TimestampedHeaders
+                | StoreFormat::TimestampedWindowHeaders
+                | StoreFormat::EmitFinalWindow
+                | StoreFormat::EmitFinalWindowHeaders
+        )
     }
 
     /// Whether a stored value holds the record's headers (Kafka Streams 4.3+,
     /// `dsl.store.format=headers`).
     pub fn has_headers(self) -> bool {
-        matches!(self.db_format(), StoreFormat::TimestampedHeaders | StoreFormat::SessionHeaders)
+        matches!(
+            self,
+            StoreFormat::TimestampedHeaders
+                | StoreFormat::TimestampedWindowHeaders
+                | StoreFormat::SessionHeaders
+                | StoreFormat::EmitFinalWindowHeaders
+        )
     }
 
     /// Whether a stored value is the changelog value as is (so a restore
     /// needs neither the record's timestamp nor its headers).
     pub fn stores_value_as_is(self) -> bool {
-        self.db_format() == StoreFormat::Plain
+        !self.is_timestamped() && !self.has_headers()
     }
 
     /// Name of the column family that holds the data (of each segment).
@@ -230,6 +264,7 @@ impl StoreFormat {
             StoreFormat::Timestamped => TIMESTAMPED_CF,
             StoreFormat::TimestampedHeaders => TIMESTAMPED_HEADERS_CF,
             StoreFormat::SessionHeaders => SESSION_HEADERS_CF,
+            StoreFormat::EmitFinalWindowHeaders => WINDOW_HEADERS_CF,
             _ => rocksdb::DEFAULT_COLUMN_FAMILY_NAME,
         }
     }
@@ -237,14 +272,29 @@ impl StoreFormat {
     /// Every column family a RocksDB of this format has (exactly those Kafka
     /// Streams opens for the matching store type, or segment).
     pub fn column_families(self) -> &'static [&'static str] {
+        use rocksdb::DEFAULT_COLUMN_FAMILY_NAME as DEFAULT;
         match self.db_format() {
-            StoreFormat::Timestamped => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, TIMESTAMPED_CF, OFFSETS_CF],
-            StoreFormat::TimestampedHeaders => {
-                &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, TIMESTAMPED_HEADERS_CF, OFFSETS_CF]
-            }
-            StoreFormat::SessionHeaders => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, SESSION_HEADERS_CF, OFFSETS_CF],
-            _ => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF],
+            StoreFormat::Timestamped => &[DEFAULT, TIMESTAMPED_CF, OFFSETS_CF],
+            StoreFormat::TimestampedHeaders => &[DEFAULT, TIMESTAMPED_HEADERS_CF, OFFSETS_CF],
+            StoreFormat::SessionHeaders => &[DEFAULT, SESSION_HEADERS_CF, OFFSETS_CF],
+            StoreFormat::EmitFinalWindowHeaders => &[DEFAULT, WINDOW_HEADERS_CF, OFFSETS_CF],
+            _ => &[DEFAULT, OFFSETS_CF],
         }
+    }
+
+    /// Append the store key of changelog key `key` to `out` (see
+    /// [`KeySchema::store_key`]: an emit-final window store's is time first).
+    #[inline]
+    pub fn encode_key(self, key: &[u8], out: &mut Vec<u8>) {
+        match self.key_schema() {
+            Some(schema) => schema.store_key(key, out),
+            None => out.extend_from_slice(key),
+        }
+    }
+
+    /// Whether a store key differs from its changelog key.
+    pub fn rewrites_key(self) -> bool {
+        self.key_schema().is_some_and(KeySchema::rewrites_key)
     }
 
     /// The stored form of a changelog value written at `timestamp` with
@@ -281,7 +331,7 @@ impl StoreFormat {
     /// Streams' upgrade from one format to the next, not finished) are
     /// refused too.
     pub fn detect(present: &[String]) -> Result<Self, String> {
-        let known = [TIMESTAMPED_CF, TIMESTAMPED_HEADERS_CF, SESSION_HEADERS_CF];
+        let known = [TIMESTAMPED_CF, TIMESTAMPED_HEADERS_CF, SESSION_HEADERS_CF, WINDOW_HEADERS_CF];
         let data: Vec<&str> = present.iter().map(String::as_str).filter(|cf| known.contains(cf)).collect();
         let unknown: Vec<&str> = present
             .iter()
@@ -289,12 +339,7 @@ impl StoreFormat {
             .filter(|cf| ![rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF].contains(cf) && !known.contains(cf))
             .collect();
         if !unknown.is_empty() {
-            let what = if unknown.contains(&WINDOW_HEADERS_CF) {
-                "a segment of a header-aware emit-final window store (emitStrategy(onWindowClose()) under \
-                 dsl.store.format=headers), a store type statestore does not know"
-            } else {
-                "a store type statestore does not know (versioned, or written by another tool)"
-            };
+            let what = "a store type statestore does not know (versioned, or written by another tool)";
             return Err(format!("{what}: unexpected column families {}", unknown.join(", ")));
         }
         match data[..] {
@@ -302,6 +347,7 @@ impl StoreFormat {
             [TIMESTAMPED_CF] => Ok(StoreFormat::Timestamped),
             [TIMESTAMPED_HEADERS_CF] => Ok(StoreFormat::TimestampedHeaders),
             [SESSION_HEADERS_CF] => Ok(StoreFormat::SessionHeaders),
+            [WINDOW_HEADERS_CF] => Ok(StoreFormat::EmitFinalWindowHeaders),
             _ => Err(format!(
                 "a store in the middle of Kafka Streams' upgrade from one format to another (column families {}), \
                  which statestore does not write",
@@ -824,8 +870,11 @@ mod tests {
             Ok(StoreFormat::SessionHeaders),
             "a header-aware session segment"
         );
-        let e = StoreFormat::detect(&cfs(&["default", "windowKeyValueWithHeaders", "offsets"])).unwrap_err();
-        assert!(e.contains("emit-final") && e.contains("windowKeyValueWithHeaders"), "{e}");
+        assert_eq!(
+            StoreFormat::detect(&cfs(&["default", "windowKeyValueWithHeaders", "offsets"])),
+            Ok(StoreFormat::EmitFinalWindowHeaders),
+            "a header-aware emit-final window segment"
+        );
         let e = StoreFormat::detect(&cfs(&["default", "keyValueWithTimestamp", "keyValueWithTimestampAndHeaders"]))
             .unwrap_err();
         assert!(e.contains("upgrade") && e.contains("keyValueWithTimestamp, keyValueWithTimestampAndHeaders"), "{e}");
@@ -925,6 +974,40 @@ mod tests {
         let w = dir.path().join("win.0");
         Store::open_segment(&w, store_options(true), StoreFormat::TimestampedWindowHeaders).unwrap();
         assert_eq!(Store::detect_format(&w).unwrap(), Some(StoreFormat::TimestampedHeaders));
+        // emit-final window segments: plain ones holding timestamped values, or windowKeyValueWithHeaders
+        let e = dir.path().join("ef.0");
+        Store::open_segment(&e, store_options(true), StoreFormat::EmitFinalWindow).unwrap();
+        assert_eq!(Store::detect_format(&e).unwrap(), Some(StoreFormat::Plain));
+        let eh = dir.path().join("efh.0");
+        Store::open_segment(&eh, store_options(true), StoreFormat::EmitFinalWindowHeaders).unwrap();
+        let mut cfs = DB::list_cf(&Options::default(), &eh).unwrap();
+        cfs.sort();
+        assert_eq!(cfs, ["default", "offsets", "windowKeyValueWithHeaders"]);
+        assert_eq!(Store::detect_format(&eh).unwrap(), Some(StoreFormat::EmitFinalWindowHeaders));
+    }
+
+    #[test]
+    fn emit_final_window_rows_are_time_first_with_timestamped_values() {
+        let changelog_key = [b"k".as_slice(), &0x0102i64.to_be_bytes(), &3i32.to_be_bytes()].concat();
+        let one = (1, vec![2u8, b'h', 2, b'x']);
+        for (f, value) in [
+            (StoreFormat::EmitFinalWindow, [&[0u8, 0, 0, 0, 0, 0, 0, 9][..], b"v"].concat()),
+            (
+                StoreFormat::EmitFinalWindowHeaders,
+                [&[10u8, 2, 2, b'h', 2, b'x'][..], &[0, 0, 0, 0, 0, 0, 0, 9], b"v"].concat(),
+            ),
+        ] {
+            let mut key = Vec::new();
+            f.encode_key(&changelog_key, &mut key);
+            assert_eq!(key, [&[0u8][..], &0x0102i64.to_be_bytes(), b"k", &3i32.to_be_bytes()].concat(), "{f:?}");
+            let mut out = Vec::new();
+            f.encode_value(9, RawHeaders::new(one.0, &one.1), b"v", &mut out);
+            assert_eq!(out, value, "{f:?}");
+            assert!(f.rewrites_key() && f.is_timestamped() && !f.stores_value_as_is());
+        }
+        let mut same = Vec::new();
+        StoreFormat::TimestampedWindow.encode_key(&changelog_key, &mut same);
+        assert_eq!(same, changelog_key, "other formats keep the changelog key");
     }
 
     #[test]
@@ -935,7 +1018,8 @@ mod tests {
         assert_eq!(
             StoreFormat::parse("versioned").unwrap_err(),
             "unknown store format \"versioned\": use one of plain, timestamped, window, timestamped-window, session, \
-             timestamped-headers, timestamped-window-headers, session-headers"
+             timestamped-headers, timestamped-window-headers, session-headers, emit-final-window, \
+             emit-final-window-headers"
         );
     }
 

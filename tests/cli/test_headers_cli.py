@@ -145,10 +145,12 @@ def test_the_kind_of_each_header_aware_format() -> None:
     assert KIND_OF_FORMAT["timestamped-headers"] == KEY_VALUE
     assert KIND_OF_FORMAT["timestamped-window-headers"] == WINDOW_OR_SESSION
     assert KIND_OF_FORMAT["session-headers"] == WINDOW_OR_SESSION
+    assert KIND_OF_FORMAT["emit-final-window-headers"] == WINDOW_OR_SESSION
     assert set(_native.HEADERS_STORE_FORMATS) == {
         "timestamped-headers",
         "timestamped-window-headers",
         "session-headers",
+        "emit-final-window-headers",
     }
 
 
@@ -158,14 +160,18 @@ def test_a_header_aware_store_restored_from_no_committed_record_records_no_offse
     log = SegmentLog(tmp_path / "log", sync=False)
     producer = log.producer("writer")
     producer.begin()
-    producer.send(f"{APP}-counts-changelog", 1, b"k", b"aborted", [("h", b"x")])  # partition 1: none committed
+    producer.send(
+        f"{APP}-counts-changelog", 1, b"k", b"aborted", [("h", b"x")]
+    )  # partition 1: none committed
     producer.abort()
     producer.begin()
     producer.send(f"{APP}-counts-changelog", 0, b"k", b"v", [("h", b"x")])
     producer.commit()
     producer.close()
     log.close()
-    out = cli(*restore_args(tmp_path, APP, "--store", "counts", "--store-format", "counts=timestamped-headers"))
+    out = cli(
+        *restore_args(tmp_path, APP, "--store", "counts", "--store-format", "counts=timestamped-headers")
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     empty = _native.store_dump(tmp_path / "state" / APP / "0_1" / "rocksdb" / "counts")
     assert (empty.entries, empty.offsets, empty.status) == (
@@ -173,4 +179,6 @@ def test_a_header_aware_store_restored_from_no_committed_record_records_no_offse
         {f"{APP}-counts-changelog-1": _native.OFFSET_UNKNOWN},
         _native.STATUS_CLOSED,
     )
-    assert _native.store_format(tmp_path / "state" / APP / "0_1" / "rocksdb" / "counts") == "timestamped-headers"
+    assert (
+        _native.store_format(tmp_path / "state" / APP / "0_1" / "rocksdb" / "counts") == "timestamped-headers"
+    )

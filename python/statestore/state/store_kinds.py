@@ -24,7 +24,10 @@ own ``v``/``c`` position headers under its IQ consistency option). A
 changelog record with other headers therefore comes from a header-aware
 store, but one without says nothing (its input had none), so the bytes are
 no test either way. Only the store on disk tells (its column families,
-``StoreFormat::detect``), or the application's ``dsl.store.format``. A kind statestore does not write yet is
+``StoreFormat::detect``), or the application's ``dsl.store.format``.
+Likewise an emit-final window store (``emitStrategy(onWindowClose())``:
+``emit-final-window``, ``emit-final-window-headers``) logs the changelog of
+any window store; only its store keys differ (time first). A kind statestore does not write yet is
 reported store by store and never opened for writing.
 """
 
@@ -48,6 +51,8 @@ WRITTEN: dict[str, tuple[str, ...]] = {
         "session",
         "timestamped-window-headers",
         "session-headers",
+        "emit-final-window",
+        "emit-final-window-headers",
     ),
 }
 

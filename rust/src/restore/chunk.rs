@@ -87,18 +87,23 @@ impl ChunkOps {
 
     /// Push one changelog record as a store of `format` keeps it (a
     /// timestamped store's value holds the record's timestamp, a
-    /// header-aware one its headers: [`StoreFormat::encode_value`]).
+    /// header-aware one its headers: [`StoreFormat::encode_value`]; an
+    /// emit-final window store's key is time first: [`StoreFormat::encode_key`]).
     pub fn push_record(&mut self, format: StoreFormat, key: &[u8], r: &ChangeRecord<'_>) {
-        match r.value {
-            Some(v) if !format.stores_value_as_is() => {
-                let at = self.data.len();
-                self.data.extend_from_slice(key);
-                format.encode_value(r.timestamp, r.headers, v, &mut self.data);
-                let stored = self.data.len() - at - key.len();
-                self.ops.push((at, key.len() as u32, stored as u32));
-            }
-            _ => self.push(key, r.value),
+        if format.stores_value_as_is() && !format.rewrites_key() {
+            return self.push(key, r.value);
         }
+        let at = self.data.len();
+        format.encode_key(key, &mut self.data);
+        let klen = self.data.len() - at;
+        let vlen = match r.value {
+            Some(v) => {
+                format.encode_value(r.timestamp, r.headers, v, &mut self.data);
+                (self.data.len() - at - klen) as u32
+            }
+            None => u32::MAX,
+        };
+        self.ops.push((at, klen as u32, vlen));
     }
 
     pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) {

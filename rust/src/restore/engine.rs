@@ -798,6 +798,8 @@ mod tests {
             (StoreFormat::Session, KeySchema::Session),
             (StoreFormat::TimestampedWindowHeaders, KeySchema::Window),
             (StoreFormat::SessionHeaders, KeySchema::Session),
+            (StoreFormat::EmitFinalWindow, KeySchema::TimeOrderedWindow),
+            (StoreFormat::EmitFinalWindowHeaders, KeySchema::TimeOrderedWindow),
         ] {
             let log = segmented_log(&random_log(6_000, 400, 5), schema);
             let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));

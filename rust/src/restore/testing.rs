@@ -229,7 +229,9 @@ pub fn segmented_log(log: &[Entry], schema: KeySchema) -> Vec<Entry> {
     let rekey = |k: &Vec<u8>| -> Vec<u8> {
         let t = time_of(k);
         match schema {
-            KeySchema::Window => [k.as_slice(), &t.to_be_bytes(), &0i32.to_be_bytes()].concat(),
+            KeySchema::Window | KeySchema::TimeOrderedWindow => {
+                [k.as_slice(), &t.to_be_bytes(), &0i32.to_be_bytes()].concat()
+            }
             KeySchema::Session => [k.as_slice(), &t.to_be_bytes(), &(t - 5_000).to_be_bytes()].concat(),
         }
     };
@@ -252,6 +254,9 @@ pub fn model_segmented(log: &[Entry], end: i64, format: StoreFormat, seg: Segmen
         if let Entry::Data { key, value } = e {
             last = Some(off as i64);
             let Some(k) = key else { continue };
+            let mut stored_key = Vec::new();
+            format.encode_key(k, &mut stored_key);
+            let k = &stored_key;
             let id = seg.segment_id(schema.segment_timestamp(k).unwrap());
             stream_time = stream_time.max(schema.segment_timestamp(k).unwrap());
             let s: &mut BTreeMap<Vec<u8>, Vec<u8>> = m.entry(id).or_default();

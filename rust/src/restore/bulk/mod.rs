@@ -288,7 +288,13 @@ fn add_slices(
 ) -> Result<(), Failure> {
     let Target { store, tp, end } = target;
     let format = store.format();
-    let (mut hashes, mut stamped) = (Vec::<u64>::new(), Vec::<u8>::new());
+    let (mut hashes, mut stamped, mut stored_key) = (Vec::<u64>::new(), Vec::<u8>::new(), Vec::<u8>::new());
+    let rewrites_key = format.rewrites_key();
+    // The key a record is stored under (hashed as the collector hashes it).
+    let store_key = |key: &[u8], out: &mut Vec<u8>| {
+        out.clear();
+        format.encode_key(key, out);
+    };
     loop {
         let (mut failed, mut last_offset, mut records) = (None, None, 0u64);
         let more = source.next_records(end, read_bytes, &mut |slice| {
@@ -296,7 +302,16 @@ fn add_slices(
                 return; // the rest of this read is dropped with the restore
             }
             hashes.clear();
-            hashes.extend(slice.iter().map(|r| r.key.map_or(0, Collector::hash)));
+            if rewrites_key {
+                hashes.extend(slice.iter().map(|r| {
+                    r.key.map_or(0, |k| {
+                        store_key(k, &mut stored_key);
+                        Collector::hash(&stored_key)
+                    })
+                }));
+            } else {
+                hashes.extend(slice.iter().map(|r| r.key.map_or(0, Collector::hash)));
+            }
             into.prefetch_first(&hashes);
             for (i, r) in slice.iter().enumerate() {
                 into.prefetch_ahead(&hashes, i);
@@ -311,6 +326,12 @@ fn add_slices(
                         Some(stamped.as_slice())
                     }
                     v => v,
+                };
+                let key = if rewrites_key {
+                    store_key(key, &mut stored_key);
+                    stored_key.as_slice()
+                } else {
+                    key
                 };
                 if let Err(e) = into.add(key, value, hashes[i]) {
                     failed = Some(e);
