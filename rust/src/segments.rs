@@ -15,7 +15,13 @@
 //!   segmented by the end;
 //! - emit-final (time-ordered) window store: `0x00 ‖ window start ‖ key ‖ seqnum`,
 //!   segmented by the window start, its changelog key that of a window store
-//!   (Kafka Streams' `PrefixedWindowKeySchemas.TimeFirstWindowKeySchema`).
+//!   (Kafka Streams' `PrefixedWindowKeySchemas.TimeFirstWindowKeySchema`);
+//! - emit-final session store: `0x00 ‖ session end ‖ session start ‖ key`,
+//!   segmented by the end, its changelog key that of a session store
+//!   (`PrefixedSessionKeySchemas.TimeFirstSessionKeySchema`), beside an index
+//!   row `0x01 ‖ key ‖ session end ‖ session start` -> empty per session
+//!   (`KeyFirstSessionKeySchema`); a header-aware emit-final window store
+//!   has index rows too, `0x01 ‖ key ‖ window start ‖ seqnum`.
 //!
 //! The changelog key is the store key (an emit-final window store's is
 //! rewritten time first, [`KeySchema::store_key`]), so a restore routes each
@@ -50,10 +56,18 @@ pub enum KeySchema {
     /// base rows of an emit-final window store; its key-first index rows,
     /// `0x01 ‖ key ‖ window start ‖ seqnum`, exist for sliding windows only).
     TimeOrderedWindow,
+    /// `0x00 ‖ session end ‖ session start ‖ key` in the store, from the
+    /// changelog's `key ‖ session end ‖ session start` (Kafka's
+    /// `TimeFirstSessionKeySchema`, the base rows of an emit-final session
+    /// store), and an index row `0x01 ‖ key ‖ session end ‖ session start`
+    /// (`KeyFirstSessionKeySchema`), empty, per base row.
+    TimeOrderedSession,
 }
 
-/// The first byte of a time-ordered window store's base row (`TIME_FIRST_PREFIX`).
+/// The first byte of a time-ordered store's base row (`TIME_FIRST_PREFIX`).
 pub const TIME_FIRST_PREFIX: u8 = 0;
+/// The first byte of a time-ordered store's index row (`KEY_FIRST_PREFIX`).
+pub const KEY_FIRST_PREFIX: u8 = 1;
 
 impl KeySchema {
     pub fn name(self) -> &'static str {
@@ -61,6 +75,7 @@ impl KeySchema {
             KeySchema::Window => "window",
             KeySchema::Session => "session",
             KeySchema::TimeOrderedWindow => "emit-final window",
+            KeySchema::TimeOrderedSession => "emit-final session",
         }
     }
 
@@ -68,7 +83,7 @@ impl KeySchema {
     pub const fn suffix_len(self) -> usize {
         match self {
             KeySchema::Window | KeySchema::TimeOrderedWindow => 12,
-            KeySchema::Session => 16,
+            KeySchema::Session | KeySchema::TimeOrderedSession => 16,
         }
     }
 
@@ -77,16 +92,30 @@ impl KeySchema {
     #[inline]
     pub fn segment_timestamp(self, key: &[u8]) -> Option<i64> {
         let at = match self {
-            KeySchema::TimeOrderedWindow if key.len() > 12 && key[0] == TIME_FIRST_PREFIX => 1,
-            KeySchema::TimeOrderedWindow => return None,
-            _ => key.len().checked_sub(self.suffix_len())?,
+            KeySchema::Window | KeySchema::Session => key.len().checked_sub(self.suffix_len())?,
+            // a base row: the time first; an index row: the changelog key behind the prefix
+            _ if key.len() <= self.suffix_len() => return None,
+            _ if key[0] == TIME_FIRST_PREFIX => 1,
+            _ if key[0] == KEY_FIRST_PREFIX => key.len() - self.suffix_len(),
+            _ => return None,
         };
         Some(i64::from_be_bytes(key[at..at + 8].try_into().expect("8 bytes")))
     }
 
     /// Whether the store key differs from the changelog key ([`KeySchema::store_key`]).
     pub fn rewrites_key(self) -> bool {
-        self == KeySchema::TimeOrderedWindow
+        matches!(self, KeySchema::TimeOrderedWindow | KeySchema::TimeOrderedSession)
+    }
+
+    /// Append the index row's key of changelog key `key` to `out`: `0x01 ‖
+    /// key` (`KeyFirstSessionKeySchema.prefixNonPrefixSessionKey`,
+    /// `KeyFirstWindowKeySchema.fromNonPrefixWindowKey`); its value is
+    /// empty, or a tombstone with the record's. Which stores have index rows
+    /// is [`crate::store::StoreFormat::has_index`].
+    #[inline]
+    pub fn index_key(self, key: &[u8], out: &mut Vec<u8>) {
+        out.push(KEY_FIRST_PREFIX);
+        out.extend_from_slice(key);
     }
 
     /// Append the store key of changelog key `key` to `out`: the key itself,
@@ -104,6 +133,13 @@ impl KeySchema {
                 out.extend_from_slice(k);
                 out.extend_from_slice(&suffix[8..]);
             }
+            // `TimeFirstSessionKeySchema.extractWindowBytesFromNonPrefixSessionKey`
+            KeySchema::TimeOrderedSession if key.len() >= 16 => {
+                let (k, suffix) = key.split_at(key.len() - 16);
+                out.push(TIME_FIRST_PREFIX);
+                out.extend_from_slice(suffix);
+                out.extend_from_slice(k);
+            }
             _ => out.extend_from_slice(key),
         }
     }
@@ -112,7 +148,7 @@ impl KeySchema {
     pub fn bad_key(self, key: &[u8]) -> String {
         let what = match self {
             KeySchema::Window | KeySchema::TimeOrderedWindow => "key ‖ window start ‖ seqnum",
-            KeySchema::Session => "key ‖ session end ‖ session start",
+            KeySchema::Session | KeySchema::TimeOrderedSession => "key ‖ session end ‖ session start",
         };
         format!(
             "a changelog key of {} bytes is no {} store key ({what}: at least {} bytes); \
@@ -484,7 +520,16 @@ mod tests {
         let mut short = Vec::new();
         KeySchema::TimeOrderedWindow.store_key(&[0; 11], &mut short);
         assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&short), None, "refused, not misread");
-        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&[1; 20]), None, "an index row is no base row");
+        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&[2; 20]), None, "neither base nor index row");
+        // an emit-final session store: time first, and an index row key first
+        let session = [b"ab".as_slice(), &900i64.to_be_bytes(), &100i64.to_be_bytes()].concat();
+        let (mut base, mut index) = (Vec::new(), Vec::new());
+        KeySchema::TimeOrderedSession.store_key(&session, &mut base);
+        KeySchema::TimeOrderedSession.index_key(&session, &mut index);
+        assert_eq!(base, [&[0u8][..], &900i64.to_be_bytes(), &100i64.to_be_bytes(), b"ab"].concat());
+        assert_eq!(index, [&[1u8][..], &session].concat());
+        assert_eq!(KeySchema::TimeOrderedSession.segment_timestamp(&base), Some(900), "the end");
+        assert_eq!(KeySchema::TimeOrderedSession.segment_timestamp(&index), Some(900), "the end, also indexed");
     }
 
     #[test]

@@ -152,14 +152,23 @@ pub enum StoreFormat {
     /// [`StoreFormat::EmitFinalWindow`] under `dsl.store.format=headers`
     /// (`RocksDbIndexedTimeOrderedWindowBytesStoreWithHeadersSupplier`): its
     /// segments' `windowKeyValueWithHeaders` holds `varint(len H) ‖ H ‖
-    /// timestamp ‖ value`. Its segment is a RocksDB of this format too.
+    /// timestamp ‖ value`, and, whatever the windows, an index row `0x01 ‖
+    /// key ‖ window start ‖ seqnum` -> empty per window. Its segment is a
+    /// RocksDB of this format too.
     EmitFinalWindowHeaders,
+    /// An emit-final session store (`windowedBy(SessionWindows)
+    /// .emitStrategy(EmitStrategy.onWindowClose())`, Kafka Streams'
+    /// `RocksDbTimeOrderedSessionBytesStoreSupplier` with its index): plain
+    /// segments whose `default` holds `0x00 ‖ session end ‖ session start ‖
+    /// key` -> the value as logged, and `0x01 ‖ key ‖ session end ‖ session
+    /// start` -> empty ([`KeySchema::TimeOrderedSession`]).
+    EmitFinalSession,
 }
 
 impl StoreFormat {
     /// Every format, in the order names are listed to users (the one list:
     /// `_native.STORE_FORMATS` and every "use one of" message come from it).
-    pub const ALL: [StoreFormat; 10] = [
+    pub const ALL: [StoreFormat; 11] = [
         StoreFormat::Plain,
         StoreFormat::Timestamped,
         StoreFormat::Window,
@@ -170,6 +179,7 @@ impl StoreFormat {
         StoreFormat::SessionHeaders,
         StoreFormat::EmitFinalWindow,
         StoreFormat::EmitFinalWindowHeaders,
+        StoreFormat::EmitFinalSession,
     ];
 
     /// The format named `s` (one of [`StoreFormat::ALL`]'s names), else a
@@ -193,6 +203,7 @@ impl StoreFormat {
             StoreFormat::SessionHeaders => "session-headers",
             StoreFormat::EmitFinalWindow => "emit-final-window",
             StoreFormat::EmitFinalWindowHeaders => "emit-final-window-headers",
+            StoreFormat::EmitFinalSession => "emit-final-session",
         }
     }
 
@@ -206,6 +217,7 @@ impl StoreFormat {
             }
             StoreFormat::Session | StoreFormat::SessionHeaders => Some(KeySchema::Session),
             StoreFormat::EmitFinalWindow | StoreFormat::EmitFinalWindowHeaders => Some(KeySchema::TimeOrderedWindow),
+            StoreFormat::EmitFinalSession => Some(KeySchema::TimeOrderedSession),
         }
     }
 
@@ -217,9 +229,11 @@ impl StoreFormat {
     /// emit-final window store's plain segments hold timestamped values.
     pub fn db_format(self) -> StoreFormat {
         match self {
-            StoreFormat::Plain | StoreFormat::Window | StoreFormat::Session | StoreFormat::EmitFinalWindow => {
-                StoreFormat::Plain
-            }
+            StoreFormat::Plain
+            | StoreFormat::Window
+            | StoreFormat::Session
+            | StoreFormat::EmitFinalWindow
+            | StoreFormat::EmitFinalSession => StoreFormat::Plain,
             StoreFormat::Timestamped | StoreFormat::TimestampedWindow => StoreFormat::Timestamped,
             StoreFormat::TimestampedHeaders | StoreFormat::TimestampedWindowHeaders => StoreFormat::TimestampedHeaders,
             StoreFormat::SessionHeaders => StoreFormat::SessionHeaders,
@@ -295,6 +309,14 @@ impl StoreFormat {
     /// Whether a store key differs from its changelog key.
     pub fn rewrites_key(self) -> bool {
         self.key_schema().is_some_and(KeySchema::rewrites_key)
+    }
+
+    /// Whether each record also has an index row ([`KeySchema::index_key`]):
+    /// Kafka Streams 4.4 gives one to an emit-final session store and to a
+    /// header-aware emit-final window store (whatever its windows), not to
+    /// an emit-final window store of tumbling or hopping windows.
+    pub fn has_index(self) -> bool {
+        matches!(self, StoreFormat::EmitFinalWindowHeaders | StoreFormat::EmitFinalSession)
     }
 
     /// The stored form of a changelog value written at `timestamp` with
@@ -1005,6 +1027,9 @@ mod tests {
             assert_eq!(out, value, "{f:?}");
             assert!(f.rewrites_key() && f.is_timestamped() && !f.stores_value_as_is());
         }
+        // index rows: Kafka Streams 4.4 gives them to the header-aware window store, whatever its windows
+        assert!(StoreFormat::EmitFinalWindowHeaders.has_index() && !StoreFormat::EmitFinalWindow.has_index());
+        assert!(StoreFormat::EmitFinalSession.has_index() && StoreFormat::EmitFinalSession.stores_value_as_is());
         let mut same = Vec::new();
         StoreFormat::TimestampedWindow.encode_key(&changelog_key, &mut same);
         assert_eq!(same, changelog_key, "other formats keep the changelog key");
@@ -1019,7 +1044,7 @@ mod tests {
             StoreFormat::parse("versioned").unwrap_err(),
             "unknown store format \"versioned\": use one of plain, timestamped, window, timestamped-window, session, \
              timestamped-headers, timestamped-window-headers, session-headers, emit-final-window, \
-             emit-final-window-headers"
+             emit-final-window-headers, emit-final-session"
         );
     }
 

@@ -1,14 +1,18 @@
-"""Emit-final window stores (``emitStrategy(onWindowClose())``) restored from their changelogs.
+"""Emit-final window and session stores (``emitStrategy(onWindowClose())``) restored from their changelogs.
 
 The changelog of an emit-final window store is that of any window store
 (keys ``key ‖ window start ‖ seqnum``); Kafka Streams' time-ordered store
 (``RocksDBTimeOrderedWindowSegmentedBytesStore``) keeps each record under
 ``0x00 ‖ window start ‖ key ‖ seqnum`` with a timestamped value, in
 ``default`` (``emit-final-window``) or, under ``dsl.store.format=headers``,
-in ``windowKeyValueWithHeaders`` with the record's headers in front
-(``emit-final-window-headers``). The model here builds that layout in Python
-from the committed records alone; segments and stream time as for any window
-store (``test_segmented.py``).
+in ``windowKeyValueWithHeaders`` with the record's headers in front and an
+index row ``0x01 ‖ key ‖ window start ‖ seqnum`` -> empty besides
+(``emit-final-window-headers``). An emit-final session store
+(``emit-final-session``) keeps a session store's changelog record under
+``0x00 ‖ end ‖ start ‖ key`` with the value as logged, and an index row
+``0x01 ‖ key ‖ end ‖ start`` -> empty. The model here builds that layout in
+Python from the committed records alone; segments and stream time as for
+any window or session store (``test_segmented.py``).
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ INTERVAL = _native.dsl_segment_interval(RETENTION)
 FAMILIES = {
     "emit-final-window": ["default", "offsets"],
     "emit-final-window-headers": ["default", "offsets", "windowKeyValueWithHeaders"],
+    "emit-final-session": ["default", "offsets"],
 }
 
 Record = tuple[int, bytes, bytes | None, int, list[Header]]
 
 
-def write_changelog(log_dir: Path, n: int, seed: int) -> list[Record]:
-    """``n`` transactions of windowed updates marching through time (some aborted, some tombstones)."""
+def write_changelog(log_dir: Path, n: int, seed: int, session: bool = False) -> list[Record]:
+    """``n`` transactions of windowed (or session) updates marching through time (some aborted,
+    some tombstones)."""
     rng = random.Random(seed)
     log = SegmentLog(log_dir, sync=False)
     txn = log.producer(transactional_id=f"ef-{seed}")
@@ -50,7 +56,10 @@ def write_changelog(log_dir: Path, n: int, seed: int) -> list[Record]:
         sent = []
         for _ in range(rng.randrange(1, 6)):
             start = now - now % 60_000 - 60_000 * rng.randrange(2)
-            key = b"user-%d" % rng.randrange(10) + struct.pack(">qi", start, 0)
+            user = b"user-%d" % rng.randrange(10)
+            key = user + (
+                struct.pack(">qq", start + 50_000, start) if session else struct.pack(">qi", start, 0)
+            )
             value = None if rng.random() < 0.1 else b"%d" % rng.randrange(1000)
             hs: list[Header] = [("h", b"%d" % rng.randrange(9))] if rng.random() < 0.5 else []
             ts = now - rng.randrange(500)
@@ -65,12 +74,22 @@ def write_changelog(log_dir: Path, n: int, seed: int) -> list[Record]:
     return committed
 
 
-def time_first(key: bytes) -> bytes:
-    """``TimeFirstWindowKeySchema.fromNonPrefixWindowKey``."""
+def time_first(fmt: str, key: bytes) -> bytes:
+    """``TimeFirstWindowKeySchema.fromNonPrefixWindowKey``; a session's
+    ``TimeFirstSessionKeySchema.extractWindowBytesFromNonPrefixSessionKey``."""
+    if fmt == "emit-final-session":
+        return b"\x00" + key[-16:] + key[:-16]
     return b"\x00" + key[-12:-4] + key[:-12] + key[-4:]
 
 
+def segment_time(fmt: str, key: bytes) -> int:
+    """A window's start, a session's end."""
+    return int(struct.unpack(">q", key[-16:-8] if fmt == "emit-final-session" else key[-12:-4])[0])
+
+
 def stored(fmt: str, ts: int, headers: list[Header], value: bytes) -> bytes:
+    if fmt == "emit-final-session":
+        return value
     if fmt == "emit-final-window":
         return struct.pack(">q", ts) + value
     h = b""
@@ -83,15 +102,19 @@ def stored(fmt: str, ts: int, headers: list[Header], value: bytes) -> bytes:
 
 
 def model(fmt: str, records: list[Record]) -> dict[str, dict[bytes, bytes]]:
+    indexed = fmt != "emit-final-window"
     data: dict[int, dict[bytes, bytes]] = {}
     for _, k, v, ts, hs in records:
-        start = struct.unpack(">q", k[-12:-4])[0]
-        seg = data.setdefault(start // INTERVAL, {})
+        seg = data.setdefault(segment_time(fmt, k) // INTERVAL, {})
         if v is None:
-            seg.pop(time_first(k), None)
+            seg.pop(time_first(fmt, k), None)
+            if indexed:
+                seg.pop(b"\x01" + k, None)
         else:
-            seg[time_first(k)] = stored(fmt, ts, hs, v)
-    min_live = (max(struct.unpack(">q", r[1][-12:-4])[0] for r in records) - RETENTION) // INTERVAL
+            seg[time_first(fmt, k)] = stored(fmt, ts, hs, v)
+            if indexed:
+                seg[b"\x01" + k] = b""
+    min_live = (max(segment_time(fmt, r[1]) for r in records) - RETENTION) // INTERVAL
     return {f"ef.{i * INTERVAL}": d for i, d in data.items() if i >= min_live}
 
 
@@ -108,8 +131,10 @@ def on_disk(store: Path, fmt: str) -> tuple[dict[str, dict[bytes, bytes]], set[i
 
 @pytest.mark.parametrize("fmt", list(FAMILIES))
 def test_bulk_replay_and_many_write_time_first_rows_into_live_segments(tmp_path: Path, fmt: str) -> None:
-    records = write_changelog(tmp_path / "log", n=300, seed=17)
+    records = write_changelog(tmp_path / "log", n=300, seed=17, session=fmt == "emit-final-session")
     want = model(fmt, records)
+    index_rows = sum(k[0] == 1 for seg in want.values() for k in seg)
+    assert (index_rows > 0) == (fmt != "emit-final-window"), index_rows
     assert len(want) >= 2, "a few segments live"
     log = SegmentLog(tmp_path / "log")
     for mode in ("bulk", "replay"):

@@ -25,9 +25,11 @@ changelog record with other headers therefore comes from a header-aware
 store, but one without says nothing (its input had none), so the bytes are
 no test either way. Only the store on disk tells (its column families,
 ``StoreFormat::detect``), or the application's ``dsl.store.format``.
-Likewise an emit-final window store (``emitStrategy(onWindowClose())``:
-``emit-final-window``, ``emit-final-window-headers``) logs the changelog of
-any window store; only its store keys differ (time first). A kind statestore does not write yet is
+Likewise an emit-final window or session store
+(``emitStrategy(onWindowClose())``: ``emit-final-window``,
+``emit-final-window-headers``, ``emit-final-session``) logs the changelog of
+any window or session store; only its store keys differ (time first, and
+index rows). A kind statestore does not write yet is
 reported store by store and never opened for writing.
 """
 
@@ -53,6 +55,7 @@ WRITTEN: dict[str, tuple[str, ...]] = {
         "session-headers",
         "emit-final-window",
         "emit-final-window-headers",
+        "emit-final-session",
     ),
 }
 

@@ -31,6 +31,8 @@ pub struct ChunkOps {
     last_offset: Option<i64>,
     /// Records read into the chunk without a key (skipped).
     null_keys: u64,
+    /// Records pushed (an emit-final session store's record is two operations).
+    records: usize,
 }
 
 impl ChunkOps {
@@ -39,6 +41,7 @@ impl ChunkOps {
         self.ops.clear();
         self.last_offset = None;
         self.null_keys = 0;
+        self.records = 0;
     }
 
     /// Add the records of one read of `source` (about `max_bytes` of log
@@ -74,6 +77,11 @@ impl ChunkOps {
         self.ops.len()
     }
 
+    /// Records pushed (each one operation, or two with an index row).
+    pub fn records(&self) -> usize {
+        self.records
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
@@ -93,6 +101,13 @@ impl ChunkOps {
         if format.stores_value_as_is() && !format.rewrites_key() {
             return self.push(key, r.value);
         }
+        self.records += 1;
+        if format.has_index() {
+            let at = self.data.len();
+            format.key_schema().expect("an index is a segmented store's").index_key(key, &mut self.data);
+            let vlen = if r.value.is_some() { 0 } else { u32::MAX };
+            self.ops.push((at, (self.data.len() - at) as u32, vlen));
+        }
         let at = self.data.len();
         format.encode_key(key, &mut self.data);
         let klen = self.data.len() - at;
@@ -107,6 +122,7 @@ impl ChunkOps {
     }
 
     pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.records += 1;
         let at = self.data.len();
         self.data.extend_from_slice(key);
         let vlen = match value {

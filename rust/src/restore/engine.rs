@@ -800,6 +800,7 @@ mod tests {
             (StoreFormat::SessionHeaders, KeySchema::Session),
             (StoreFormat::EmitFinalWindow, KeySchema::TimeOrderedWindow),
             (StoreFormat::EmitFinalWindowHeaders, KeySchema::TimeOrderedWindow),
+            (StoreFormat::EmitFinalSession, KeySchema::TimeOrderedSession),
         ] {
             let log = segmented_log(&random_log(6_000, 400, 5), schema);
             let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));

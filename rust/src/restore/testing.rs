@@ -232,7 +232,9 @@ pub fn segmented_log(log: &[Entry], schema: KeySchema) -> Vec<Entry> {
             KeySchema::Window | KeySchema::TimeOrderedWindow => {
                 [k.as_slice(), &t.to_be_bytes(), &0i32.to_be_bytes()].concat()
             }
-            KeySchema::Session => [k.as_slice(), &t.to_be_bytes(), &(t - 5_000).to_be_bytes()].concat(),
+            KeySchema::Session | KeySchema::TimeOrderedSession => {
+                [k.as_slice(), &t.to_be_bytes(), &(t - 5_000).to_be_bytes()].concat()
+            }
         }
     };
     log.iter()
@@ -253,13 +255,21 @@ pub fn model_segmented(log: &[Entry], end: i64, format: StoreFormat, seg: Segmen
     for (off, e) in log.iter().enumerate().take(end as usize) {
         if let Entry::Data { key, value } = e {
             last = Some(off as i64);
-            let Some(k) = key else { continue };
+            let Some(changelog_key) = key else { continue };
             let mut stored_key = Vec::new();
-            format.encode_key(k, &mut stored_key);
+            format.encode_key(changelog_key, &mut stored_key);
             let k = &stored_key;
             let id = seg.segment_id(schema.segment_timestamp(k).unwrap());
             stream_time = stream_time.max(schema.segment_timestamp(k).unwrap());
             let s: &mut BTreeMap<Vec<u8>, Vec<u8>> = m.entry(id).or_default();
+            if format.has_index() {
+                let mut index = Vec::new();
+                schema.index_key(changelog_key, &mut index);
+                match value {
+                    Some(_) => s.insert(index, Vec::new()),
+                    None => s.remove(&index),
+                };
+            }
             match value {
                 Some(v) => {
                     s.insert(k.clone(), stored_value(format, off as i64, v));

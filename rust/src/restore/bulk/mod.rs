@@ -174,7 +174,7 @@ fn run(
                     into.add(k, v, h)?;
                 }
                 applied.null_keys += ops.null_keys();
-                applied.add(ops.last_offset(), ops.len() as u64, progress).map_err(Failure::from)
+                applied.add(ops.last_offset(), ops.records() as u64, progress).map_err(Failure::from)
             },
         )?;
     } else {
@@ -327,6 +327,15 @@ fn add_slices(
                     }
                     v => v,
                 };
+                if let Some(schema) = format.key_schema().filter(|_| format.has_index()) {
+                    stored_key.clear();
+                    schema.index_key(key, &mut stored_key);
+                    let index_value: Option<&[u8]> = value.map(|_| &[][..]);
+                    if let Err(e) = into.add(&stored_key, index_value, Collector::hash(&stored_key)) {
+                        failed = Some(e);
+                        return;
+                    }
+                }
                 let key = if rewrites_key {
                     store_key(key, &mut stored_key);
                     stored_key.as_slice()
