@@ -49,6 +49,17 @@ HEADERS_STORES: dict[str, StoreSpec] = {
 }
 
 
+#: The stores of the application with ``stores="emit-final"``: the tumbling windowed count and the
+#: session count with ``emitStrategy(onWindowClose())``; and, with ``stores="emit-final-window"``
+#: under ``dsl.store.format=headers``, the windowed count alone (statestore does not write the
+#: header-aware emit-final session store).
+EMIT_FINAL_STORES: dict[str, StoreSpec] = {
+    "wcounts": ("emit-final-window", 60_000),
+    "scounts": ("emit-final-session", 30_000),
+}
+EMIT_FINAL_HEADERS_STORES: dict[str, StoreSpec] = {"wcounts": ("emit-final-window-headers", 60_000)}
+
+
 def store_path(state_dir: Path, app: str, partition: int, name: str, fmt: str) -> Path:
     """Where store ``name`` of task ``0_<partition>`` lives: ``rocksdb/<name>``, or a window or
     session store's directory of segments, ``<name>``."""
@@ -280,6 +291,8 @@ def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], di
 
 
 __all__ = [
+    "EMIT_FINAL_HEADERS_STORES",
+    "EMIT_FINAL_STORES",
     "HEADERS_STORES",
     "STORE_FORMATS",
     "WINDOWED_STORES",

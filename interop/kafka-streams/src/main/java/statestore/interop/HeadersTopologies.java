@@ -56,13 +56,15 @@ import org.apache.kafka.streams.state.WindowStore;
  * 60 s) and {@code hslatest} (a session store, one session per 30 s bucket, retention 30 s). The producer attaches
  * headers to the input records ({@link #addHeaders}), so those stored headers are not empty.
  *
- * <p>{@code --stores emit-final}: the tumbling windowed count {@code wcounts} with
- * {@code emitStrategy(EmitStrategy.onWindowClose())} (Kafka Streams' time-ordered window store,
- * {@code RocksDbIndexedTimeOrderedWindowBytesStoreSupplier}).
+ * <p>{@code --stores emit-final}: the tumbling windowed count {@code wcounts} and the session-windowed count
+ * {@code scounts} with {@code emitStrategy(EmitStrategy.onWindowClose())} (Kafka Streams' time-ordered window and
+ * session stores, {@code RocksDbIndexedTimeOrderedWindowBytesStoreSupplier},
+ * {@code RocksDbTimeOrderedSessionBytesStoreSupplier}); {@code --stores emit-final-window} the windowed count alone.
  */
 final class HeadersTopologies {
     static final String HEADERS = "headers";
     static final String EMIT_FINAL = "emit-final";
+    static final String EMIT_FINAL_WINDOW = "emit-final-window";
     static final String HLATEST = "hlatest";
     static final String HWLATEST = "hwlatest";
     static final String HSLATEST = "hslatest";
@@ -72,14 +74,16 @@ final class HeadersTopologies {
 
     /** Whether {@code stores} is one of the topologies here. */
     static boolean isOne(String stores) {
-        return stores.equals(HEADERS) || stores.equals(EMIT_FINAL);
+        return List.of(HEADERS, EMIT_FINAL, EMIT_FINAL_WINDOW).contains(stores);
     }
 
     /** The stores of topology {@code stores}. */
     static List<String> storeNames(String stores) {
-        return stores.equals(HEADERS)
-                ? List.of(StreamsApp.COUNTS, StreamsApp.WCOUNTS, StreamsApp.SCOUNTS, HLATEST, HWLATEST, HSLATEST)
-                : List.of(StreamsApp.WCOUNTS);
+        return switch (stores) {
+            case HEADERS -> List.of(StreamsApp.COUNTS, StreamsApp.WCOUNTS, StreamsApp.SCOUNTS, HLATEST, HWLATEST, HSLATEST);
+            case EMIT_FINAL -> List.of(StreamsApp.WCOUNTS, StreamsApp.SCOUNTS);
+            default -> List.of(StreamsApp.WCOUNTS);
+        };
     }
 
     /**
@@ -101,11 +105,20 @@ final class HeadersTopologies {
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
                 .peek((k, v) -> processed.incrementAndGet());
-        if (stores.equals(EMIT_FINAL)) {
+        if (!stores.equals(HEADERS)) {
             in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
                     .windowedBy(TimeWindows.ofSizeWithNoGrace(StreamsApp.WINDOW_SIZE))
                     .emitStrategy(EmitStrategy.onWindowClose())
                     .count(windowed(StreamsApp.WCOUNTS));
+            if (stores.equals(EMIT_FINAL_WINDOW)) {
+                return b.build();
+            }
+            in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
+                    .windowedBy(SessionWindows.ofInactivityGapWithNoGrace(StreamsApp.SESSION_GAP))
+                    .emitStrategy(EmitStrategy.onWindowClose())
+                    .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as(StreamsApp.SCOUNTS)
+                            .withKeySerde(Serdes.String())
+                            .withValueSerde(Serdes.Long()));
             return b.build();
         }
         in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
