@@ -85,13 +85,15 @@ def restore_local(
     every restore records into it, and the snapshots are published for
     ``statestore watch`` while the restore runs. ``formats`` maps store names
     to their format (default ``"plain"``; ``"timestamped"`` for Kafka Streams'
-    timestamped stores; ``"timestamped-window"``, ``"window"`` or
-    ``"session"`` for a window or session store, restored into its directory
-    of segments ``<task>/<store>`` with its retention from ``retentions``
-    (name -> ms)). A key-value store of another format, or of a type
-    statestore does not know, is left untouched and reported as a failed row
-    (a segmented store's segments are checked by the engine as it opens
-    them); so is a segmented store without its retention, or with
+    timestamped stores, ``"timestamped-headers"`` for its header-aware ones;
+    ``"timestamped-window"``, ``"window"``, ``"session"``, their ``-headers``
+    forms or ``"emit-final-window"`` / ``"emit-final-window-headers"`` for a
+    window or session store, restored into its directory of segments
+    ``<task>/<store>`` with its retention from ``retentions`` (name -> ms)).
+    A key-value store of another format, or of a type statestore does not
+    know, is left untouched and reported as a failed row (a segmented store's
+    segments are checked by the engine as it opens them); so is a segmented
+    store without its retention, or a segmented or header-aware store with
     ``layout=CHECKPOINT``. With ``layout=CHECKPOINT`` (Kafka Streams 3.6 -
     4.2) each restored key-value store is turned into that layout and its
     offset recorded in its task's ``.checkpoint``, under the task lock.
