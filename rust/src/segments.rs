@@ -20,8 +20,10 @@
 //!   segmented by the end, its changelog key that of a session store
 //!   (`PrefixedSessionKeySchemas.TimeFirstSessionKeySchema`), beside an index
 //!   row `0x01 ‖ key ‖ session end ‖ session start` -> empty per session
-//!   (`KeyFirstSessionKeySchema`); a header-aware emit-final window store
-//!   has index rows too, `0x01 ‖ key ‖ window start ‖ seqnum`.
+//!   (`KeyFirstSessionKeySchema`), in plain segments or, under
+//!   `dsl.store.format=headers`, in `sessionKeyValueWithHeaders`; a
+//!   header-aware emit-final window store has index rows too, `0x01 ‖ key ‖
+//!   window start ‖ seqnum`.
 //!
 //! The changelog key is the store key (an emit-final window store's is
 //! rewritten time first, [`KeySchema::store_key`]), so a restore routes each

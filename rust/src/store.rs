@@ -149,6 +149,11 @@ pub enum StoreFormat {
     /// plain segments whose `default` holds `0x00 ‖ window start ‖ key ‖
     /// seqnum` -> `timestamp ‖ value` ([`KeySchema::TimeOrderedWindow`]).
     EmitFinalWindow,
+    /// [`StoreFormat::EmitFinalWindow`] of sliding windows
+    /// (`windowedBy(SlidingWindows).emitStrategy(onWindowClose())`, the
+    /// supplier with its index): the same rows, and an index row `0x01 ‖ key
+    /// ‖ window start ‖ seqnum` -> empty per window.
+    EmitFinalSlidingWindow,
     /// [`StoreFormat::EmitFinalWindow`] under `dsl.store.format=headers`
     /// (`RocksDbIndexedTimeOrderedWindowBytesStoreWithHeadersSupplier`): its
     /// segments' `windowKeyValueWithHeaders` holds `varint(len H) ‖ H ‖
@@ -163,12 +168,20 @@ pub enum StoreFormat {
     /// key` -> the value as logged, and `0x01 ‖ key ‖ session end ‖ session
     /// start` -> empty ([`KeySchema::TimeOrderedSession`]).
     EmitFinalSession,
+    /// [`StoreFormat::EmitFinalSession`] under `dsl.store.format=headers`
+    /// (`RocksDbTimeOrderedSessionHeadersBytesStoreSupplier`): the same rows
+    /// in segments of `sessionKeyValueWithHeaders` (each a
+    /// [`StoreFormat::SessionHeaders`] RocksDB), the value as logged, without
+    /// headers: Kafka Streams 4.4 wraps that store in one that does not say it
+    /// is header-aware, so neither its processing nor its restore puts
+    /// headers there (seen on Kafka Streams itself).
+    EmitFinalSessionHeaders,
 }
 
 impl StoreFormat {
     /// Every format, in the order names are listed to users (the one list:
     /// `_native.STORE_FORMATS` and every "use one of" message come from it).
-    pub const ALL: [StoreFormat; 11] = [
+    pub const ALL: [StoreFormat; 13] = [
         StoreFormat::Plain,
         StoreFormat::Timestamped,
         StoreFormat::Window,
@@ -178,8 +191,10 @@ impl StoreFormat {
         StoreFormat::TimestampedWindowHeaders,
         StoreFormat::SessionHeaders,
         StoreFormat::EmitFinalWindow,
+        StoreFormat::EmitFinalSlidingWindow,
         StoreFormat::EmitFinalWindowHeaders,
         StoreFormat::EmitFinalSession,
+        StoreFormat::EmitFinalSessionHeaders,
     ];
 
     /// The format named `s` (one of [`StoreFormat::ALL`]'s names), else a
@@ -202,8 +217,10 @@ impl StoreFormat {
             StoreFormat::TimestampedWindowHeaders => "timestamped-window-headers",
             StoreFormat::SessionHeaders => "session-headers",
             StoreFormat::EmitFinalWindow => "emit-final-window",
+            StoreFormat::EmitFinalSlidingWindow => "emit-final-sliding-window",
             StoreFormat::EmitFinalWindowHeaders => "emit-final-window-headers",
             StoreFormat::EmitFinalSession => "emit-final-session",
+            StoreFormat::EmitFinalSessionHeaders => "emit-final-session-headers",
         }
     }
 
@@ -216,8 +233,10 @@ impl StoreFormat {
                 Some(KeySchema::Window)
             }
             StoreFormat::Session | StoreFormat::SessionHeaders => Some(KeySchema::Session),
-            StoreFormat::EmitFinalWindow | StoreFormat::EmitFinalWindowHeaders => Some(KeySchema::TimeOrderedWindow),
-            StoreFormat::EmitFinalSession => Some(KeySchema::TimeOrderedSession),
+            StoreFormat::EmitFinalWindow
+            | StoreFormat::EmitFinalSlidingWindow
+            | StoreFormat::EmitFinalWindowHeaders => Some(KeySchema::TimeOrderedWindow),
+            StoreFormat::EmitFinalSession | StoreFormat::EmitFinalSessionHeaders => Some(KeySchema::TimeOrderedSession),
         }
     }
 
@@ -233,10 +252,11 @@ impl StoreFormat {
             | StoreFormat::Window
             | StoreFormat::Session
             | StoreFormat::EmitFinalWindow
+            | StoreFormat::EmitFinalSlidingWindow
             | StoreFormat::EmitFinalSession => StoreFormat::Plain,
             StoreFormat::Timestamped | StoreFormat::TimestampedWindow => StoreFormat::Timestamped,
             StoreFormat::TimestampedHeaders | StoreFormat::TimestampedWindowHeaders => StoreFormat::TimestampedHeaders,
-            StoreFormat::SessionHeaders => StoreFormat::SessionHeaders,
+            StoreFormat::SessionHeaders | StoreFormat::EmitFinalSessionHeaders => StoreFormat::SessionHeaders,
             StoreFormat::EmitFinalWindowHeaders => StoreFormat::EmitFinalWindowHeaders,
         }
     }
@@ -250,6 +270,7 @@ impl StoreFormat {
                 | StoreFormat::TimestampedHeaders
                 | StoreFormat::TimestampedWindowHeaders
                 | StoreFormat::EmitFinalWindow
+                | StoreFormat::EmitFinalSlidingWindow
                 | StoreFormat::EmitFinalWindowHeaders
         )
     }
@@ -312,11 +333,18 @@ impl StoreFormat {
     }
 
     /// Whether each record also has an index row ([`KeySchema::index_key`]):
-    /// Kafka Streams 4.4 gives one to an emit-final session store and to a
-    /// header-aware emit-final window store (whatever its windows), not to
-    /// an emit-final window store of tumbling or hopping windows.
+    /// Kafka Streams 4.4 gives one to an emit-final session store, to an
+    /// emit-final window store of sliding windows and to a header-aware
+    /// emit-final window store (whatever its windows), not to an emit-final
+    /// window store of tumbling or hopping windows.
     pub fn has_index(self) -> bool {
-        matches!(self, StoreFormat::EmitFinalWindowHeaders | StoreFormat::EmitFinalSession)
+        matches!(
+            self,
+            StoreFormat::EmitFinalSlidingWindow
+                | StoreFormat::EmitFinalWindowHeaders
+                | StoreFormat::EmitFinalSession
+                | StoreFormat::EmitFinalSessionHeaders
+        )
     }
 
     /// The stored form of a changelog value written at `timestamp` with
@@ -1029,7 +1057,12 @@ mod tests {
         }
         // index rows: Kafka Streams 4.4 gives them to the header-aware window store, whatever its windows
         assert!(StoreFormat::EmitFinalWindowHeaders.has_index() && !StoreFormat::EmitFinalWindow.has_index());
+        assert!(StoreFormat::EmitFinalSlidingWindow.has_index());
         assert!(StoreFormat::EmitFinalSession.has_index() && StoreFormat::EmitFinalSession.stores_value_as_is());
+        // the header-aware emit-final session store: sessionKeyValueWithHeaders, but no headers in its values
+        let f = StoreFormat::EmitFinalSessionHeaders;
+        assert!(f.has_index() && f.stores_value_as_is() && !f.has_headers());
+        assert_eq!((f.db_format(), f.data_cf()), (StoreFormat::SessionHeaders, "sessionKeyValueWithHeaders"));
         let mut same = Vec::new();
         StoreFormat::TimestampedWindow.encode_key(&changelog_key, &mut same);
         assert_eq!(same, changelog_key, "other formats keep the changelog key");
@@ -1044,7 +1077,7 @@ mod tests {
             StoreFormat::parse("versioned").unwrap_err(),
             "unknown store format \"versioned\": use one of plain, timestamped, window, timestamped-window, session, \
              timestamped-headers, timestamped-window-headers, session-headers, emit-final-window, \
-             emit-final-window-headers, emit-final-session"
+             emit-final-sliding-window, emit-final-window-headers, emit-final-session, emit-final-session-headers"
         );
     }
 

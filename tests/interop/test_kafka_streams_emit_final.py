@@ -6,10 +6,11 @@ both with ``emitStrategy(onWindowClose())`` (``wcounts``: Kafka Streams'
 time-ordered window store, retention 60 s, base rows keyed ``0x00 ‖ window
 start ‖ key ‖ seqnum``; ``scounts``: its time-ordered session store,
 retention 30 s, base rows ``0x00 ‖ end ‖ start ‖ key`` and index rows
-``0x01 ‖ key ‖ end ‖ start``). Under ``dsl.store.format=headers``
-(``stores="emit-final-window"``) the windowed count alone: segments of
-``windowKeyValueWithHeaders``, with index rows. The input's timestamps step
-as in ``test_kafka_streams_windows.py``, so windows close and segments expire.
+``0x01 ‖ key ‖ end ‖ start``); and the same under ``dsl.store.format=headers``:
+window segments of ``windowKeyValueWithHeaders`` with index rows, session
+segments of ``sessionKeyValueWithHeaders`` whose values hold no headers. The
+input's timestamps step as in ``test_kafka_streams_windows.py``, so windows
+close and segments expire.
 
 Run to completion under exactly_once_v2, then statestore restores the stores
 into an empty state directory with ``restore_many`` from their changelogs:
@@ -48,7 +49,7 @@ def test_kafka_streams_starts_on_emit_final_window_stores_statestore_restored(
     app_built: Path, kafka_broker: Any, tmp_path: Path, headers: bool
 ) -> None:
     stores = kstreams_app.EMIT_FINAL_HEADERS_STORES if headers else kstreams_app.EMIT_FINAL_STORES
-    topology = "emit-final-window" if headers else "emit-final"
+    topology = "emit-final"
     config = {"commit.interval.ms": "500", "statestore.cache.max.bytes": "0"}
     if headers:
         config["dsl.store.format"] = "headers"
@@ -86,9 +87,8 @@ def test_kafka_streams_starts_on_emit_final_window_stores_statestore_restored(
             for seg in names:
                 assert store_difference(theirs / seg, ours / seg) is None, (name, p, seg)
                 assert _native.store_info(ours / seg).status == _native.STATUS_CLOSED
-                assert _native.store_format(ours / seg) == (
-                    "emit-final-window-headers" if headers else "plain"
-                )
+                on_disk = {"emit-final-window-headers": fmt, "emit-final-session-headers": "session-headers"}
+                assert _native.store_format(ours / seg) == on_disk.get(fmt, "plain")
                 prefixes = {k[0] for k in store_contents(theirs / seg).data}
                 assert prefixes == ({0} if fmt == "emit-final-window" else {0, 1}), (name, p, seg, prefixes)
 

@@ -7,7 +7,8 @@ The changelog of an emit-final window store is that of any window store
 ``default`` (``emit-final-window``) or, under ``dsl.store.format=headers``,
 in ``windowKeyValueWithHeaders`` with the record's headers in front and an
 index row ``0x01 ‖ key ‖ window start ‖ seqnum`` -> empty besides
-(``emit-final-window-headers``). An emit-final session store
+(``emit-final-window-headers``), and so does the store of sliding windows
+(``emit-final-sliding-window``). An emit-final session store
 (``emit-final-session``) keeps a session store's changelog record under
 ``0x00 ‖ end ‖ start ‖ key`` with the value as logged, and an index row
 ``0x01 ‖ key ‖ end ‖ start`` -> empty. The model here builds that layout in
@@ -35,8 +36,10 @@ RETENTION = 300_000
 INTERVAL = _native.dsl_segment_interval(RETENTION)
 FAMILIES = {
     "emit-final-window": ["default", "offsets"],
+    "emit-final-sliding-window": ["default", "offsets"],
     "emit-final-window-headers": ["default", "offsets", "windowKeyValueWithHeaders"],
     "emit-final-session": ["default", "offsets"],
+    "emit-final-session-headers": ["default", "offsets", "sessionKeyValueWithHeaders"],
 }
 
 Record = tuple[int, bytes, bytes | None, int, list[Header]]
@@ -77,20 +80,20 @@ def write_changelog(log_dir: Path, n: int, seed: int, session: bool = False) -> 
 def time_first(fmt: str, key: bytes) -> bytes:
     """``TimeFirstWindowKeySchema.fromNonPrefixWindowKey``; a session's
     ``TimeFirstSessionKeySchema.extractWindowBytesFromNonPrefixSessionKey``."""
-    if fmt == "emit-final-session":
+    if fmt.startswith("emit-final-session"):
         return b"\x00" + key[-16:] + key[:-16]
     return b"\x00" + key[-12:-4] + key[:-12] + key[-4:]
 
 
 def segment_time(fmt: str, key: bytes) -> int:
     """A window's start, a session's end."""
-    return int(struct.unpack(">q", key[-16:-8] if fmt == "emit-final-session" else key[-12:-4])[0])
+    return int(struct.unpack(">q", key[-16:-8] if fmt.startswith("emit-final-session") else key[-12:-4])[0])
 
 
 def stored(fmt: str, ts: int, headers: list[Header], value: bytes) -> bytes:
-    if fmt == "emit-final-session":
-        return value
-    if fmt == "emit-final-window":
+    if fmt.startswith("emit-final-session"):
+        return value  # without headers, also in sessionKeyValueWithHeaders (as Kafka Streams 4.4 keeps it)
+    if fmt in ("emit-final-window", "emit-final-sliding-window"):
         return struct.pack(">q", ts) + value
     h = b""
     if headers:
@@ -131,7 +134,7 @@ def on_disk(store: Path, fmt: str) -> tuple[dict[str, dict[bytes, bytes]], set[i
 
 @pytest.mark.parametrize("fmt", list(FAMILIES))
 def test_bulk_replay_and_many_write_time_first_rows_into_live_segments(tmp_path: Path, fmt: str) -> None:
-    records = write_changelog(tmp_path / "log", n=300, seed=17, session=fmt == "emit-final-session")
+    records = write_changelog(tmp_path / "log", n=300, seed=17, session=fmt.startswith("emit-final-session"))
     want = model(fmt, records)
     index_rows = sum(k[0] == 1 for seg in want.values() for k in seg)
     assert (index_rows > 0) == (fmt != "emit-final-window"), index_rows

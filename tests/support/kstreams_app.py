@@ -50,14 +50,16 @@ HEADERS_STORES: dict[str, StoreSpec] = {
 
 
 #: The stores of the application with ``stores="emit-final"``: the tumbling windowed count and the
-#: session count with ``emitStrategy(onWindowClose())``; and, with ``stores="emit-final-window"``
-#: under ``dsl.store.format=headers``, the windowed count alone (statestore does not write the
-#: header-aware emit-final session store).
+#: session count with ``emitStrategy(onWindowClose())``; and the same under
+#: ``dsl.store.format=headers``.
 EMIT_FINAL_STORES: dict[str, StoreSpec] = {
     "wcounts": ("emit-final-window", 60_000),
     "scounts": ("emit-final-session", 30_000),
 }
-EMIT_FINAL_HEADERS_STORES: dict[str, StoreSpec] = {"wcounts": ("emit-final-window-headers", 60_000)}
+EMIT_FINAL_HEADERS_STORES: dict[str, StoreSpec] = {
+    "wcounts": ("emit-final-window-headers", 60_000),
+    "scounts": ("emit-final-session-headers", 30_000),
+}
 
 
 def store_path(state_dir: Path, app: str, partition: int, name: str, fmt: str) -> Path:

@@ -27,7 +27,8 @@ no test either way. Only the store on disk tells (its column families,
 ``StoreFormat::detect``), or the application's ``dsl.store.format``.
 Likewise an emit-final window or session store
 (``emitStrategy(onWindowClose())``: ``emit-final-window``,
-``emit-final-window-headers``, ``emit-final-session``) logs the changelog of
+``emit-final-sliding-window``, ``emit-final-window-headers``, ``emit-final-session``,
+``emit-final-session-headers``) logs the changelog of
 any window or session store; only its store keys differ (time first, and
 index rows). A kind statestore does not write yet is
 reported store by store and never opened for writing.
@@ -54,8 +55,10 @@ WRITTEN: dict[str, tuple[str, ...]] = {
         "timestamped-window-headers",
         "session-headers",
         "emit-final-window",
+        "emit-final-sliding-window",
         "emit-final-window-headers",
         "emit-final-session",
+        "emit-final-session-headers",
     ),
 }
 

@@ -799,6 +799,7 @@ mod tests {
             (StoreFormat::TimestampedWindowHeaders, KeySchema::Window),
             (StoreFormat::SessionHeaders, KeySchema::Session),
             (StoreFormat::EmitFinalWindow, KeySchema::TimeOrderedWindow),
+            (StoreFormat::EmitFinalSlidingWindow, KeySchema::TimeOrderedWindow),
             (StoreFormat::EmitFinalWindowHeaders, KeySchema::TimeOrderedWindow),
             (StoreFormat::EmitFinalSession, KeySchema::TimeOrderedSession),
         ] {
