@@ -1,10 +1,12 @@
 """Kafka Streams 4.4 starts on emit-final window and session stores statestore restored, and restores nothing.
 
 The application (``interop/kafka-streams``, ``stores="emit-final"``) counts
-its input in 1-minute tumbling windows and in sessions of 30 s inactivity,
-both with ``emitStrategy(onWindowClose())`` (``wcounts``: Kafka Streams'
-time-ordered window store, retention 60 s, base rows keyed ``0x00 ‖ window
-start ‖ key ‖ seqnum``; ``scounts``: its time-ordered session store,
+its input in 1-minute tumbling windows, in sliding windows of 1 minute and in
+sessions of 30 s inactivity, each with ``emitStrategy(onWindowClose())``
+(``wcounts``: Kafka Streams' time-ordered window store, retention 60 s, base
+rows keyed ``0x00 ‖ window start ‖ key ‖ seqnum``; ``swcounts``: the same,
+retention 120 s, with index rows ``0x01 ‖ key ‖ window start ‖ seqnum``;
+``scounts``: its time-ordered session store,
 retention 30 s, base rows ``0x00 ‖ end ‖ start ‖ key`` and index rows
 ``0x01 ‖ key ‖ end ‖ start``); and the same under ``dsl.store.format=headers``:
 window segments of ``windowKeyValueWithHeaders`` with index rows, session

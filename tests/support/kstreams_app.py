@@ -49,15 +49,17 @@ HEADERS_STORES: dict[str, StoreSpec] = {
 }
 
 
-#: The stores of the application with ``stores="emit-final"``: the tumbling windowed count and the
-#: session count with ``emitStrategy(onWindowClose())``; and the same under
+#: The stores of the application with ``stores="emit-final"``: the tumbling and the sliding
+#: windowed count and the session count with ``emitStrategy(onWindowClose())``; and the same under
 #: ``dsl.store.format=headers``.
 EMIT_FINAL_STORES: dict[str, StoreSpec] = {
     "wcounts": ("emit-final-window", 60_000),
+    "swcounts": ("emit-final-sliding-window", 120_000),
     "scounts": ("emit-final-session", 30_000),
 }
 EMIT_FINAL_HEADERS_STORES: dict[str, StoreSpec] = {
     "wcounts": ("emit-final-window-headers", 60_000),
+    "swcounts": ("emit-final-window-headers", 120_000),
     "scounts": ("emit-final-session-headers", 30_000),
 }
 

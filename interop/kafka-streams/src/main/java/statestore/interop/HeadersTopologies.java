@@ -21,6 +21,7 @@ import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.Windowed;
 import org.apache.kafka.streams.kstream.internals.SessionWindow;
@@ -56,15 +57,16 @@ import org.apache.kafka.streams.state.WindowStore;
  * 60 s) and {@code hslatest} (a session store, one session per 30 s bucket, retention 30 s). The producer attaches
  * headers to the input records ({@link #addHeaders}), so those stored headers are not empty.
  *
- * <p>{@code --stores emit-final}: the tumbling windowed count {@code wcounts} and the session-windowed count
- * {@code scounts} with {@code emitStrategy(EmitStrategy.onWindowClose())} (Kafka Streams' time-ordered window and
- * session stores, {@code RocksDbIndexedTimeOrderedWindowBytesStoreSupplier},
- * {@code RocksDbTimeOrderedSessionBytesStoreSupplier}); {@code --stores emit-final-window} the windowed count alone.
+ * <p>{@code --stores emit-final}: the tumbling windowed count {@code wcounts}, a sliding windowed count
+ * {@code swcounts} (1-minute time difference, no grace: retention 2 minutes) and the session-windowed count
+ * {@code scounts}, each with {@code emitStrategy(EmitStrategy.onWindowClose())} (Kafka Streams' time-ordered window
+ * and session stores, {@code RocksDbIndexedTimeOrderedWindowBytesStoreSupplier},
+ * {@code RocksDbTimeOrderedSessionBytesStoreSupplier}).
  */
 final class HeadersTopologies {
     static final String HEADERS = "headers";
     static final String EMIT_FINAL = "emit-final";
-    static final String EMIT_FINAL_WINDOW = "emit-final-window";
+    static final String SWCOUNTS = "swcounts";
     static final String HLATEST = "hlatest";
     static final String HWLATEST = "hwlatest";
     static final String HSLATEST = "hslatest";
@@ -74,16 +76,14 @@ final class HeadersTopologies {
 
     /** Whether {@code stores} is one of the topologies here. */
     static boolean isOne(String stores) {
-        return List.of(HEADERS, EMIT_FINAL, EMIT_FINAL_WINDOW).contains(stores);
+        return stores.equals(HEADERS) || stores.equals(EMIT_FINAL);
     }
 
     /** The stores of topology {@code stores}. */
     static List<String> storeNames(String stores) {
-        return switch (stores) {
-            case HEADERS -> List.of(StreamsApp.COUNTS, StreamsApp.WCOUNTS, StreamsApp.SCOUNTS, HLATEST, HWLATEST, HSLATEST);
-            case EMIT_FINAL -> List.of(StreamsApp.WCOUNTS, StreamsApp.SCOUNTS);
-            default -> List.of(StreamsApp.WCOUNTS);
-        };
+        return stores.equals(HEADERS)
+                ? List.of(StreamsApp.COUNTS, StreamsApp.WCOUNTS, StreamsApp.SCOUNTS, HLATEST, HWLATEST, HSLATEST)
+                : List.of(StreamsApp.WCOUNTS, SWCOUNTS, StreamsApp.SCOUNTS);
     }
 
     /**
@@ -105,14 +105,15 @@ final class HeadersTopologies {
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
                 .peek((k, v) -> processed.incrementAndGet());
-        if (!stores.equals(HEADERS)) {
+        if (stores.equals(EMIT_FINAL)) {
             in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
                     .windowedBy(TimeWindows.ofSizeWithNoGrace(StreamsApp.WINDOW_SIZE))
                     .emitStrategy(EmitStrategy.onWindowClose())
                     .count(windowed(StreamsApp.WCOUNTS));
-            if (stores.equals(EMIT_FINAL_WINDOW)) {
-                return b.build();
-            }
+            in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
+                    .windowedBy(SlidingWindows.ofTimeDifferenceWithNoGrace(StreamsApp.WINDOW_SIZE))
+                    .emitStrategy(EmitStrategy.onWindowClose())
+                    .count(windowed(SWCOUNTS));
             in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
                     .windowedBy(SessionWindows.ofInactivityGapWithNoGrace(StreamsApp.SESSION_GAP))
                     .emitStrategy(EmitStrategy.onWindowClose())
@@ -173,7 +174,7 @@ final class HeadersTopologies {
 
     /** Whether {@code name} is a store of this class's own (summarized by {@link #summarize}). */
     static boolean isOwnStore(String name) {
-        return List.of(HLATEST, HWLATEST, HSLATEST).contains(name);
+        return List.of(HLATEST, HWLATEST, HSLATEST, SWCOUNTS).contains(name);
     }
 
     /**
@@ -184,6 +185,16 @@ final class HeadersTopologies {
     static String summarize(KafkaStreams streams, String name, int keys, boolean print) throws Exception {
         TreeMap<String, String> all = new TreeMap<>();
         switch (name) {
+            case SWCOUNTS -> {
+                ReadOnlyWindowStore<String, Long> s = streams.store(
+                        StoreQueryParameters.fromNameAndType(name, QueryableStoreTypes.<String, Long>windowStore()));
+                try (KeyValueIterator<Windowed<String>, Long> it = s.all()) {
+                    while (it.hasNext()) {
+                        KeyValue<Windowed<String>, Long> kv = it.next();
+                        all.put(kv.key.key() + "@" + kv.key.window().start(), Long.toString(kv.value));
+                    }
+                }
+            }
             case HLATEST -> {
                 ReadOnlyKeyValueStore<String, ValueTimestampHeaders<String>> s = streams.store(
                         StoreQueryParameters.fromNameAndType(

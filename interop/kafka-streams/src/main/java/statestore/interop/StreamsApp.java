@@ -174,7 +174,7 @@ public final class StreamsApp {
             }
             if (!List.of("both", LATEST, COUNTS, WINDOWED).contains(a.stores) && !HeadersTopologies.isOne(a.stores)) {
                 throw new IllegalArgumentException(
-                        "--stores is both, latest, counts, windowed, headers, emit-final or emit-final-window, got " + a.stores);
+                        "--stores is both, latest, counts, windowed, headers or emit-final, got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
