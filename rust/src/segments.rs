@@ -2,8 +2,9 @@
 //!
 //! Such a store is a directory `<task>/<store>/` (not under `rocksdb/`)
 //! holding one RocksDB per time segment, `<store>.<segmentId * segmentInterval>`,
-//! where `segmentId = timestamp / segmentInterval`. Each segment is a plain
-//! or timestamped key-value RocksDB ([`crate::store::Store`]) with its own
+//! where `segmentId = timestamp / segmentInterval`. Each segment is a plain,
+//! timestamped or header-aware key-value RocksDB ([`crate::store::Store`],
+//! in the store format's [`StoreFormat::db_format`]) with its own
 //! `offsets` column family and status (Kafka Streams 4.3+ commits the same
 //! offset into every segment and reads it from the newest segment that has
 //! one). A record's segment is found from its key ([`KeySchema`]):
@@ -11,10 +12,22 @@
 //! - window store: `key ‖ window start (8 bytes BE) ‖ seqnum (4 bytes BE)`,
 //!   segmented by the window start;
 //! - session store: `key ‖ session end (8 bytes BE) ‖ session start (8 bytes BE)`,
-//!   segmented by the end.
+//!   segmented by the end;
+//! - emit-final (time-ordered) window store: `0x00 ‖ window start ‖ key ‖ seqnum`,
+//!   segmented by the window start, its changelog key that of a window store
+//!   (Kafka Streams' `PrefixedWindowKeySchemas.TimeFirstWindowKeySchema`);
+//! - emit-final session store: `0x00 ‖ session end ‖ session start ‖ key`,
+//!   segmented by the end, its changelog key that of a session store
+//!   (`PrefixedSessionKeySchemas.TimeFirstSessionKeySchema`), beside an index
+//!   row `0x01 ‖ key ‖ session end ‖ session start` -> empty per session
+//!   (`KeyFirstSessionKeySchema`), in plain segments or, under
+//!   `dsl.store.format=headers`, in `sessionKeyValueWithHeaders`; a
+//!   header-aware emit-final window store has index rows too, `0x01 ‖ key ‖
+//!   window start ‖ seqnum`.
 //!
-//! The changelog key is the store key, so a restore routes each record by its
-//! key. Stream time is the largest segment timestamp seen; a segment is live
+//! The changelog key is the store key (an emit-final window store's is
+//! rewritten time first, [`KeySchema::store_key`]), so a restore routes each
+//! record by its key. Stream time is the largest segment timestamp seen; a segment is live
 //! while `segmentId >= segmentId(streamTime - retention)`, and Kafka Streams
 //! drops the others, when restoring as when processing. Kafka Streams keeps
 //! stream time in memory only; a restore into existing segments starts from
@@ -40,37 +53,104 @@ pub enum KeySchema {
     Window,
     /// `key ‖ session end ‖ session start` (Kafka's `SessionKeySchema`).
     Session,
+    /// `0x00 ‖ window start ‖ key ‖ seqnum` in the store, from the changelog's
+    /// `key ‖ window start ‖ seqnum` (Kafka's `TimeFirstWindowKeySchema`, the
+    /// base rows of an emit-final window store; its key-first index rows,
+    /// `0x01 ‖ key ‖ window start ‖ seqnum`, exist for sliding windows only).
+    TimeOrderedWindow,
+    /// `0x00 ‖ session end ‖ session start ‖ key` in the store, from the
+    /// changelog's `key ‖ session end ‖ session start` (Kafka's
+    /// `TimeFirstSessionKeySchema`, the base rows of an emit-final session
+    /// store), and an index row `0x01 ‖ key ‖ session end ‖ session start`
+    /// (`KeyFirstSessionKeySchema`), empty, per base row.
+    TimeOrderedSession,
 }
+
+/// The first byte of a time-ordered store's base row (`TIME_FIRST_PREFIX`).
+pub const TIME_FIRST_PREFIX: u8 = 0;
+/// The first byte of a time-ordered store's index row (`KEY_FIRST_PREFIX`).
+pub const KEY_FIRST_PREFIX: u8 = 1;
 
 impl KeySchema {
     pub fn name(self) -> &'static str {
         match self {
             KeySchema::Window => "window",
             KeySchema::Session => "session",
+            KeySchema::TimeOrderedWindow => "emit-final window",
+            KeySchema::TimeOrderedSession => "emit-final session",
         }
     }
 
-    /// Bytes that follow the record's own key in a store key.
+    /// Bytes that follow the record's own key in a changelog key.
     pub const fn suffix_len(self) -> usize {
         match self {
-            KeySchema::Window => 12,
-            KeySchema::Session => 16,
+            KeySchema::Window | KeySchema::TimeOrderedWindow => 12,
+            KeySchema::Session | KeySchema::TimeOrderedSession => 16,
         }
     }
 
-    /// The timestamp that chooses the segment of `key` (the window start, the
-    /// session end); None for a key too short to be of this schema.
+    /// The timestamp that chooses the segment of store key `key` (the window
+    /// start, the session end); None for a key too short to be of this schema.
     #[inline]
     pub fn segment_timestamp(self, key: &[u8]) -> Option<i64> {
-        let at = key.len().checked_sub(self.suffix_len())?;
+        let at = match self {
+            KeySchema::Window | KeySchema::Session => key.len().checked_sub(self.suffix_len())?,
+            // a base row: the time first; an index row: the changelog key behind the prefix
+            _ if key.len() <= self.suffix_len() => return None,
+            _ if key[0] == TIME_FIRST_PREFIX => 1,
+            _ if key[0] == KEY_FIRST_PREFIX => key.len() - self.suffix_len(),
+            _ => return None,
+        };
         Some(i64::from_be_bytes(key[at..at + 8].try_into().expect("8 bytes")))
+    }
+
+    /// Whether the store key differs from the changelog key ([`KeySchema::store_key`]).
+    pub fn rewrites_key(self) -> bool {
+        matches!(self, KeySchema::TimeOrderedWindow | KeySchema::TimeOrderedSession)
+    }
+
+    /// Append the index row's key of changelog key `key` to `out`: `0x01 ‖
+    /// key` (`KeyFirstSessionKeySchema.prefixNonPrefixSessionKey`,
+    /// `KeyFirstWindowKeySchema.fromNonPrefixWindowKey`); its value is
+    /// empty, or a tombstone with the record's. Which stores have index rows
+    /// is [`crate::store::StoreFormat::has_index`].
+    #[inline]
+    pub fn index_key(self, key: &[u8], out: &mut Vec<u8>) {
+        out.push(KEY_FIRST_PREFIX);
+        out.extend_from_slice(key);
+    }
+
+    /// Append the store key of changelog key `key` to `out`: the key itself,
+    /// or for an emit-final window store `0x00 ‖ window start ‖ key ‖ seqnum`
+    /// (`TimeFirstWindowKeySchema.fromNonPrefixWindowKey`). A key too short
+    /// for the schema is appended as is, for [`KeySchema::segment_timestamp`]
+    /// to refuse.
+    #[inline]
+    pub fn store_key(self, key: &[u8], out: &mut Vec<u8>) {
+        match self {
+            KeySchema::TimeOrderedWindow if key.len() >= 12 => {
+                let (k, suffix) = key.split_at(key.len() - 12);
+                out.push(TIME_FIRST_PREFIX);
+                out.extend_from_slice(&suffix[..8]);
+                out.extend_from_slice(k);
+                out.extend_from_slice(&suffix[8..]);
+            }
+            // `TimeFirstSessionKeySchema.extractWindowBytesFromNonPrefixSessionKey`
+            KeySchema::TimeOrderedSession if key.len() >= 16 => {
+                let (k, suffix) = key.split_at(key.len() - 16);
+                out.push(TIME_FIRST_PREFIX);
+                out.extend_from_slice(suffix);
+                out.extend_from_slice(k);
+            }
+            _ => out.extend_from_slice(key),
+        }
     }
 
     /// What a key too short for this schema is, for error messages.
     pub fn bad_key(self, key: &[u8]) -> String {
         let what = match self {
-            KeySchema::Window => "key ‖ window start ‖ seqnum",
-            KeySchema::Session => "key ‖ session end ‖ session start",
+            KeySchema::Window | KeySchema::TimeOrderedWindow => "key ‖ window start ‖ seqnum",
+            KeySchema::Session | KeySchema::TimeOrderedSession => "key ‖ session end ‖ session start",
         };
         format!(
             "a changelog key of {} bytes is no {} store key ({what}: at least {} bytes); \
@@ -291,7 +371,7 @@ impl SegmentedStore {
         }
         let mut segments = BTreeMap::new();
         for (id, path) in Self::list(dir, &name, &seg)? {
-            segments.insert(id, Store::open_format(&path, opts.clone(), format.db_format())?);
+            segments.insert(id, Store::open_segment(&path, opts.clone(), format)?);
         }
         // Stream time lives in memory only; the newest segment's start is the
         // most that is known of it: never past it, so nothing is dropped that
@@ -425,7 +505,7 @@ impl SegmentedStore {
     /// caller puts it in the map.
     fn create(&self, id: i64) -> Result<Store, StoreError> {
         let path = self.dir.join(self.seg.segment_name(&self.name, id));
-        let s = Store::open_format(&path, self.opts.clone(), self.format.db_format())?;
+        let s = Store::open_segment(&path, self.opts.clone(), self.format)?;
         if s.status()?.is_none() {
             let mut b = WriteBatch::default();
             s.put_status(&mut b, STATUS_CLOSED);
@@ -580,6 +660,28 @@ mod tests {
         assert_eq!(KeySchema::Window.segment_timestamp(&[0; 12]), Some(0), "an empty record key is a key");
         assert_eq!(KeySchema::Window.segment_timestamp(&[0; 11]), None);
         assert!(KeySchema::Session.bad_key(&[0; 3]).contains("3 bytes"));
+        // an emit-final window store: the changelog's window key rewritten time first
+        let mut stored = Vec::new();
+        KeySchema::TimeOrderedWindow.store_key(&window_key(b"abc", 0x0102, 7), &mut stored);
+        assert_eq!(stored, [&[0u8, 0, 0, 0, 0, 0, 0, 1, 2][..], b"abc", &[0, 0, 0, 7]].concat());
+        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&stored), Some(0x0102));
+        assert!(KeySchema::TimeOrderedWindow.rewrites_key() && !KeySchema::Window.rewrites_key());
+        let mut empty_key = Vec::new();
+        KeySchema::TimeOrderedWindow.store_key(&window_key(b"", 5, 0), &mut empty_key);
+        assert_eq!(empty_key.len(), 13, "an empty record key is a key");
+        let mut short = Vec::new();
+        KeySchema::TimeOrderedWindow.store_key(&[0; 11], &mut short);
+        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&short), None, "refused, not misread");
+        assert_eq!(KeySchema::TimeOrderedWindow.segment_timestamp(&[2; 20]), None, "neither base nor index row");
+        // an emit-final session store: time first, and an index row key first
+        let session = [b"ab".as_slice(), &900i64.to_be_bytes(), &100i64.to_be_bytes()].concat();
+        let (mut base, mut index) = (Vec::new(), Vec::new());
+        KeySchema::TimeOrderedSession.store_key(&session, &mut base);
+        KeySchema::TimeOrderedSession.index_key(&session, &mut index);
+        assert_eq!(base, [&[0u8][..], &900i64.to_be_bytes(), &100i64.to_be_bytes(), b"ab"].concat());
+        assert_eq!(index, [&[1u8][..], &session].concat());
+        assert_eq!(KeySchema::TimeOrderedSession.segment_timestamp(&base), Some(900), "the end");
+        assert_eq!(KeySchema::TimeOrderedSession.segment_timestamp(&index), Some(900), "the end, also indexed");
     }
 
     #[test]

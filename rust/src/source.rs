@@ -10,6 +10,7 @@
 //! Python bindings for a changelog reached through Python; `replay` and `bulk`
 //! consume them. Tests of the restore engine implement them over a vector.
 
+pub use crate::codec::RawHeaders;
 use crate::codec::RecordRef;
 pub use crate::log::{LogError, LogErrorKind};
 
@@ -23,6 +24,16 @@ pub struct ChangeRecord<'a> {
     pub timestamp: i64,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
+    /// The record's headers: a header-aware store keeps them in front of the
+    /// value. A source that was not asked for them may leave them out.
+    pub headers: RawHeaders<'a>,
+}
+
+impl<'a> ChangeRecord<'a> {
+    /// A record without headers.
+    pub fn new(offset: i64, timestamp: i64, key: Option<&'a [u8]>, value: Option<&'a [u8]>) -> Self {
+        Self { offset, timestamp, key, value, headers: RawHeaders::NONE }
+    }
 }
 
 /// Where bytes sit in a [`RecordChunk`]'s arena: `(start, end)`.
@@ -37,6 +48,9 @@ pub struct ChunkRecord {
     pub value: Option<Span>,
     /// Its headers: `headers[start..end]` of the chunk.
     pub headers: Span,
+    /// Its headers in the record wire format (their count, and where they
+    /// sit in the arena), as [`ChangeRecord::headers`] hands them on.
+    pub raw_headers: (i32, Span),
 }
 
 /// Records copied out of a log, owned: their bytes in one arena. What comes
@@ -77,14 +91,24 @@ impl RecordChunk {
         })
     }
 
-    /// Append a record without headers (copies key and value into the arena).
+    /// Append a record (copies key, value and the raw headers it carries
+    /// into the arena); [`RecordChunk::headers_of`] lists none for it.
     pub fn push(&mut self, r: ChangeRecord<'_>) {
         let (key, value) = (self.put(r.key), self.put(r.value));
+        let raw = self.put(Some(r.headers.raw())).unwrap_or_default();
         let h = self.headers.len();
-        self.records.push(ChunkRecord { offset: r.offset, timestamp: r.timestamp, key, value, headers: (h, h) });
+        self.records.push(ChunkRecord {
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key,
+            value,
+            headers: (h, h),
+            raw_headers: (r.headers.count() as i32, raw),
+        });
     }
 
-    /// Append a record with its headers.
+    /// Append a record with its headers (`r`'s own raw headers are replaced
+    /// by `headers`, in the wire format).
     pub fn push_with_headers<'h>(
         &mut self,
         r: ChangeRecord<'_>,
@@ -96,8 +120,23 @@ impl RecordChunk {
             let (k, v) = (self.put(Some(k)).unwrap_or_default(), self.put(v));
             self.headers.push((k, v));
         }
+        // The same headers in the wire format, encoded from the arena and appended to it.
+        let mut raw = Vec::new();
+        let n = RawHeaders::encode(
+            self.headers[h..].iter().map(|&(k, v)| (&self.data[k.0..k.1], v.map(|(a, b)| &self.data[a..b]))),
+            &mut raw,
+        );
+        let at = self.data.len();
+        self.data.extend_from_slice(&raw);
         let headers = (h, self.headers.len());
-        self.records.push(ChunkRecord { offset: r.offset, timestamp: r.timestamp, key, value, headers });
+        self.records.push(ChunkRecord {
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key,
+            value,
+            headers,
+            raw_headers: (n, (at, self.data.len())),
+        });
     }
 
     /// The bytes at `span`.
@@ -108,7 +147,14 @@ impl RecordChunk {
     /// The `i`-th record, borrowed.
     pub fn get(&self, i: usize) -> ChangeRecord<'_> {
         let r = &self.records[i];
-        ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: self.bytes(r.key), value: self.bytes(r.value) }
+        let (count, (a, b)) = r.raw_headers;
+        ChangeRecord {
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key: self.bytes(r.key),
+            value: self.bytes(r.value),
+            headers: RawHeaders::new(count, &self.data[a..b]),
+        }
     }
 
     /// The records in order, borrowed.
@@ -220,7 +266,7 @@ impl ChangeSlices {
 
 impl<'a> From<&RecordRef<'a>> for ChangeRecord<'a> {
     fn from(r: &RecordRef<'a>) -> Self {
-        ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value }
+        ChangeRecord { offset: r.offset, timestamp: r.timestamp, key: r.key, value: r.value, headers: r.raw_headers() }
     }
 }
 
@@ -266,5 +312,31 @@ pub trait Changelog: Sync {
     /// `None`: this one, as it is.
     fn for_job(&self) -> Option<Box<dyn Changelog + Send>> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_hands_records_on_with_their_raw_headers() {
+        let mut raw = Vec::new();
+        let n = RawHeaders::encode([(&b"a"[..], Some(&b"x"[..])), (b"n", None)], &mut raw);
+        let mut r = ChangeRecord::new(5, 50, Some(b"k"), Some(b"v"));
+        r.headers = RawHeaders::new(n, &raw);
+        let mut chunk = RecordChunk::default();
+        chunk.push(r);
+        chunk.push(ChangeRecord::new(6, 60, Some(b"k2"), None));
+        chunk.push_with_headers(
+            ChangeRecord::new(7, 70, None, Some(b"v3")),
+            [(&b"a"[..], Some(&b"x"[..])), (b"n", None)],
+        );
+        let got: Vec<ChangeRecord<'_>> = chunk.iter().collect();
+        assert_eq!(got[0].headers, RawHeaders::new(2, &raw));
+        assert_eq!(got[1].headers, RawHeaders::NONE);
+        assert_eq!(got[2].headers, RawHeaders::new(2, &raw), "listed headers are encoded as the wire has them");
+        assert_eq!(chunk.headers_of(2).collect::<Vec<_>>(), vec![(&b"a"[..], Some(&b"x"[..])), (&b"n"[..], None)]);
+        assert_eq!((got[2].key, got[2].value, got[2].timestamp), (None, Some(&b"v3"[..]), 70));
     }
 }

@@ -13,6 +13,13 @@
 //! `keyValueWithTimestamp` as the 8-byte big-endian record timestamp followed
 //! by the value, and `default` exists but stays empty (Kafka Streams reads a
 //! non-empty `default` as data of an older, plain store to migrate).
+//!
+//! The header-aware formats (Kafka Streams 4.3+, `dsl.store.format=headers`)
+//! keep the changelog record's headers too: [`StoreFormat::TimestampedHeaders`]
+//! in `keyValueWithTimestampAndHeaders` as `varint(len H) ‖ H ‖ timestamp ‖
+//! value`, a header-aware session segment in `sessionKeyValueWithHeaders` as
+//! `varint(len H) ‖ H ‖ value`, where H is the headers as Kafka Streams'
+//! `HeadersSerializer` writes them (see [`StoreFormat::encode_value`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +28,7 @@ use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB,
 };
 
+use crate::codec::RawHeaders;
 use crate::offsets::{decode_entry, OffsetsEntry};
 pub use crate::offsets::{decode_i64, encode_i64, OFFSETS_CF, STATUS_CLOSED, STATUS_KEY, STATUS_OPEN};
 pub use crate::segments::KeySchema;
@@ -80,6 +88,19 @@ pub fn is_corruption(e: &rocksdb::Error) -> bool {
 /// Column family of a timestamped store's data.
 pub const TIMESTAMPED_CF: &str = "keyValueWithTimestamp";
 
+/// Column family of a header-aware timestamped store's data (Kafka Streams'
+/// `RocksDBTimestampedStoreWithHeaders`; also each segment of a header-aware
+/// window store, `TimestampedSegmentWithHeaders`).
+pub const TIMESTAMPED_HEADERS_CF: &str = "keyValueWithTimestampAndHeaders";
+
+/// Column family of a header-aware session store segment's data (Kafka
+/// Streams' `RocksDBMigratingSessionStoreWithHeaders`, `SessionSegmentWithHeaders`).
+pub const SESSION_HEADERS_CF: &str = "sessionKeyValueWithHeaders";
+
+/// Column family of a header-aware emit-final window store segment's data
+/// (Kafka Streams' `RocksDBMigratingWindowStoreWithHeaders`, `WindowSegmentWithHeaders`).
+pub const WINDOW_HEADERS_CF: &str = "windowKeyValueWithHeaders";
+
 /// How a store lays out its data: which column family holds it and what a
 /// value is, and for Kafka Streams' window and session stores the key schema
 /// that puts each record into a time segment (one RocksDB per segment, see
@@ -113,18 +134,74 @@ pub enum StoreFormat {
     /// replaying Kafka's put logic ([`crate::versioned`]); needs its history
     /// retention.
     Versioned,
+    /// A header-aware timestamped key-value store: `keyValueWithTimestampAndHeaders`
+    /// holds `varint(len H) ‖ H ‖ timestamp ‖ value`
+    /// (`Stores.persistentTimestampedKeyValueStoreWithHeaders`, the DSL's
+    /// key-value store under `dsl.store.format=headers`).
+    TimestampedHeaders,
+    /// A window store of header-aware timestamped segments, each a
+    /// [`StoreFormat::TimestampedHeaders`] RocksDB
+    /// (`Stores.persistentTimestampedWindowStoreWithHeaders`, the DSL's window
+    /// store under `dsl.store.format=headers`).
+    TimestampedWindowHeaders,
+    /// A session store of header-aware segments: `sessionKeyValueWithHeaders`
+    /// holds `varint(len H) ‖ H ‖ value` (`Stores.persistentSessionStoreWithHeaders`,
+    /// the DSL's session store under `dsl.store.format=headers`). Its segment
+    /// is a RocksDB of this format too (there is no key-value store like it).
+    SessionHeaders,
+    /// An emit-final window store (`emitStrategy(EmitStrategy.onWindowClose())`
+    /// of a tumbling or hopping window, Kafka Streams'
+    /// `RocksDbIndexedTimeOrderedWindowBytesStoreSupplier` without index):
+    /// plain segments whose `default` holds `0x00 ‖ window start ‖ key ‖
+    /// seqnum` -> `timestamp ‖ value` ([`KeySchema::TimeOrderedWindow`]).
+    EmitFinalWindow,
+    /// [`StoreFormat::EmitFinalWindow`] of sliding windows
+    /// (`windowedBy(SlidingWindows).emitStrategy(onWindowClose())`, the
+    /// supplier with its index): the same rows, and an index row `0x01 ‖ key
+    /// ‖ window start ‖ seqnum` -> empty per window.
+    EmitFinalSlidingWindow,
+    /// [`StoreFormat::EmitFinalWindow`] under `dsl.store.format=headers`
+    /// (`RocksDbIndexedTimeOrderedWindowBytesStoreWithHeadersSupplier`): its
+    /// segments' `windowKeyValueWithHeaders` holds `varint(len H) ‖ H ‖
+    /// timestamp ‖ value`, and, whatever the windows, an index row `0x01 ‖
+    /// key ‖ window start ‖ seqnum` -> empty per window. Its segment is a
+    /// RocksDB of this format too.
+    EmitFinalWindowHeaders,
+    /// An emit-final session store (`windowedBy(SessionWindows)
+    /// .emitStrategy(EmitStrategy.onWindowClose())`, Kafka Streams'
+    /// `RocksDbTimeOrderedSessionBytesStoreSupplier` with its index): plain
+    /// segments whose `default` holds `0x00 ‖ session end ‖ session start ‖
+    /// key` -> the value as logged, and `0x01 ‖ key ‖ session end ‖ session
+    /// start` -> empty ([`KeySchema::TimeOrderedSession`]).
+    EmitFinalSession,
+    /// [`StoreFormat::EmitFinalSession`] under `dsl.store.format=headers`
+    /// (`RocksDbTimeOrderedSessionHeadersBytesStoreSupplier`): the same rows
+    /// in segments of `sessionKeyValueWithHeaders` (each a
+    /// [`StoreFormat::SessionHeaders`] RocksDB), the value as logged, without
+    /// headers: Kafka Streams 4.4 wraps that store in one that does not say it
+    /// is header-aware, so neither its processing nor its restore puts
+    /// headers there (seen on Kafka Streams itself).
+    EmitFinalSessionHeaders,
 }
 
 impl StoreFormat {
     /// Every format, in the order names are listed to users (the one list:
     /// `_native.STORE_FORMATS` and every "use one of" message come from it).
-    pub const ALL: [StoreFormat; 6] = [
+    pub const ALL: [StoreFormat; 14] = [
         StoreFormat::Plain,
         StoreFormat::Timestamped,
         StoreFormat::Window,
         StoreFormat::TimestampedWindow,
         StoreFormat::Session,
         StoreFormat::Versioned,
+        StoreFormat::TimestampedHeaders,
+        StoreFormat::TimestampedWindowHeaders,
+        StoreFormat::SessionHeaders,
+        StoreFormat::EmitFinalWindow,
+        StoreFormat::EmitFinalSlidingWindow,
+        StoreFormat::EmitFinalWindowHeaders,
+        StoreFormat::EmitFinalSession,
+        StoreFormat::EmitFinalSessionHeaders,
     ];
 
     /// The format named `s` (one of [`StoreFormat::ALL`]'s names), else a
@@ -144,6 +221,14 @@ impl StoreFormat {
             StoreFormat::TimestampedWindow => "timestamped-window",
             StoreFormat::Session => "session",
             StoreFormat::Versioned => "versioned",
+            StoreFormat::TimestampedHeaders => "timestamped-headers",
+            StoreFormat::TimestampedWindowHeaders => "timestamped-window-headers",
+            StoreFormat::SessionHeaders => "session-headers",
+            StoreFormat::EmitFinalWindow => "emit-final-window",
+            StoreFormat::EmitFinalSlidingWindow => "emit-final-sliding-window",
+            StoreFormat::EmitFinalWindowHeaders => "emit-final-window-headers",
+            StoreFormat::EmitFinalSession => "emit-final-session",
+            StoreFormat::EmitFinalSessionHeaders => "emit-final-session-headers",
         }
     }
 
@@ -151,21 +236,39 @@ impl StoreFormat {
     /// key-value store.
     pub fn key_schema(self) -> Option<KeySchema> {
         match self {
-            StoreFormat::Plain | StoreFormat::Timestamped | StoreFormat::Versioned => None,
-            StoreFormat::Window | StoreFormat::TimestampedWindow => Some(KeySchema::Window),
-            StoreFormat::Session => Some(KeySchema::Session),
+            StoreFormat::Plain | StoreFormat::Timestamped | StoreFormat::TimestampedHeaders | StoreFormat::Versioned => {
+                None
+            }
+            StoreFormat::Window | StoreFormat::TimestampedWindow | StoreFormat::TimestampedWindowHeaders => {
+                Some(KeySchema::Window)
+            }
+            StoreFormat::Session | StoreFormat::SessionHeaders => Some(KeySchema::Session),
+            StoreFormat::EmitFinalWindow
+            | StoreFormat::EmitFinalSlidingWindow
+            | StoreFormat::EmitFinalWindowHeaders => Some(KeySchema::TimeOrderedWindow),
+            StoreFormat::EmitFinalSession | StoreFormat::EmitFinalSessionHeaders => Some(KeySchema::TimeOrderedSession),
         }
     }
 
     /// The format of one RocksDB of the store: the store's own for a
     /// key-value store, a segment's for a segmented one (a segment is a
-    /// plain or timestamped key-value RocksDB).
+    /// plain, timestamped or header-aware timestamped key-value RocksDB, or
+    /// a header-aware session or emit-final window segment, the format
+    /// itself). It says the column families, not what a value is: an
+    /// emit-final window store's plain segments hold timestamped values.
     pub fn db_format(self) -> StoreFormat {
         match self {
-            StoreFormat::Plain | StoreFormat::Window | StoreFormat::Session | StoreFormat::Versioned => {
-                StoreFormat::Plain
-            }
+            StoreFormat::Plain
+            | StoreFormat::Window
+            | StoreFormat::Session
+            | StoreFormat::EmitFinalWindow
+            | StoreFormat::EmitFinalSlidingWindow
+            | StoreFormat::EmitFinalSession
+            | StoreFormat::Versioned => StoreFormat::Plain,
             StoreFormat::Timestamped | StoreFormat::TimestampedWindow => StoreFormat::Timestamped,
+            StoreFormat::TimestampedHeaders | StoreFormat::TimestampedWindowHeaders => StoreFormat::TimestampedHeaders,
+            StoreFormat::SessionHeaders | StoreFormat::EmitFinalSessionHeaders => StoreFormat::SessionHeaders,
+            StoreFormat::EmitFinalWindowHeaders => StoreFormat::EmitFinalWindowHeaders,
         }
     }
 
@@ -183,15 +286,45 @@ impl StoreFormat {
         self == StoreFormat::Versioned
     }
 
-    /// Whether a stored value starts with the record's timestamp.
+    /// Whether a stored value holds the record's timestamp.
     pub fn is_timestamped(self) -> bool {
-        self.db_format() == StoreFormat::Timestamped
+        matches!(
+            self,
+            StoreFormat::Timestamped
+                | StoreFormat::TimestampedWindow
+                | StoreFormat::TimestampedHeaders
+                | StoreFormat::TimestampedWindowHeaders
+                | StoreFormat::EmitFinalWindow
+                | StoreFormat::EmitFinalSlidingWindow
+                | StoreFormat::EmitFinalWindowHeaders
+        )
+    }
+
+    /// Whether a stored value holds the record's headers (Kafka Streams 4.3+,
+    /// `dsl.store.format=headers`).
+    pub fn has_headers(self) -> bool {
+        matches!(
+            self,
+            StoreFormat::TimestampedHeaders
+                | StoreFormat::TimestampedWindowHeaders
+                | StoreFormat::SessionHeaders
+                | StoreFormat::EmitFinalWindowHeaders
+        )
+    }
+
+    /// Whether a stored value is the changelog value as is (so a restore
+    /// needs neither the record's timestamp nor its headers).
+    pub fn stores_value_as_is(self) -> bool {
+        !self.is_timestamped() && !self.has_headers()
     }
 
     /// Name of the column family that holds the data (of each segment).
     pub fn data_cf(self) -> &'static str {
         match self.db_format() {
             StoreFormat::Timestamped => TIMESTAMPED_CF,
+            StoreFormat::TimestampedHeaders => TIMESTAMPED_HEADERS_CF,
+            StoreFormat::SessionHeaders => SESSION_HEADERS_CF,
+            StoreFormat::EmitFinalWindowHeaders => WINDOW_HEADERS_CF,
             _ => rocksdb::DEFAULT_COLUMN_FAMILY_NAME,
         }
     }
@@ -199,41 +332,121 @@ impl StoreFormat {
     /// Every column family a RocksDB of this format has (exactly those Kafka
     /// Streams opens for the matching store type, or segment).
     pub fn column_families(self) -> &'static [&'static str] {
+        use rocksdb::DEFAULT_COLUMN_FAMILY_NAME as DEFAULT;
         match self.db_format() {
-            StoreFormat::Timestamped => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, TIMESTAMPED_CF, OFFSETS_CF],
-            _ => &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF],
+            StoreFormat::Timestamped => &[DEFAULT, TIMESTAMPED_CF, OFFSETS_CF],
+            StoreFormat::TimestampedHeaders => &[DEFAULT, TIMESTAMPED_HEADERS_CF, OFFSETS_CF],
+            StoreFormat::SessionHeaders => &[DEFAULT, SESSION_HEADERS_CF, OFFSETS_CF],
+            StoreFormat::EmitFinalWindowHeaders => &[DEFAULT, WINDOW_HEADERS_CF, OFFSETS_CF],
+            _ => &[DEFAULT, OFFSETS_CF],
         }
     }
 
-    /// The stored form of a changelog value written at `timestamp`: the value
-    /// itself, or the timestamp (8 bytes, big-endian) followed by it.
-    pub fn encode_value(self, timestamp: i64, value: &[u8], out: &mut Vec<u8>) {
+    /// Append the store key of changelog key `key` to `out` (see
+    /// [`KeySchema::store_key`]: an emit-final window store's is time first).
+    #[inline]
+    pub fn encode_key(self, key: &[u8], out: &mut Vec<u8>) {
+        match self.key_schema() {
+            Some(schema) => schema.store_key(key, out),
+            None => out.extend_from_slice(key),
+        }
+    }
+
+    /// Whether a store key differs from its changelog key.
+    pub fn rewrites_key(self) -> bool {
+        self.key_schema().is_some_and(KeySchema::rewrites_key)
+    }
+
+    /// Whether each record also has an index row ([`KeySchema::index_key`]):
+    /// Kafka Streams 4.4 gives one to an emit-final session store, to an
+    /// emit-final window store of sliding windows and to a header-aware
+    /// emit-final window store (whatever its windows), not to an emit-final
+    /// window store of tumbling or hopping windows.
+    pub fn has_index(self) -> bool {
+        matches!(
+            self,
+            StoreFormat::EmitFinalSlidingWindow
+                | StoreFormat::EmitFinalWindowHeaders
+                | StoreFormat::EmitFinalSession
+                | StoreFormat::EmitFinalSessionHeaders
+        )
+    }
+
+    /// The stored form of a changelog value written at `timestamp` with
+    /// `headers`, appended to `out`, as Kafka Streams' restore builds it
+    /// (`RecordConverters`):
+    ///
+    /// - plain: the value itself;
+    /// - timestamped: `timestamp (8 bytes BE) ‖ value`;
+    /// - header-aware timestamped (`reconstructFromRaw`):
+    ///   `varint(len H) ‖ H ‖ timestamp ‖ value`;
+    /// - header-aware session (`reconstructSessionFromRaw`): `varint(len H) ‖ H ‖ value`;
+    ///
+    /// where varint is Kafka's zig-zag varint and H is `HeadersSerializer`'s
+    /// output: nothing without headers, else `varint(count)` and the headers
+    /// in the record wire format (`varint(key length) key varint(value length,
+    /// -1 for null) value` each) -- the record's own headers, whatever they
+    /// are (Kafka Streams' restore keeps its internal ones too, such as the
+    /// `v`/`c` position headers of the IQ consistency vector).
+    pub fn encode_value(self, timestamp: i64, headers: RawHeaders<'_>, value: &[u8], out: &mut Vec<u8>) {
+        if self.has_headers() {
+            encode_headers(headers, out);
+        }
         if self.is_timestamped() {
             out.extend_from_slice(&timestamp.to_be_bytes());
         }
         out.extend_from_slice(value);
     }
 
-    /// The format whose column families `present` are, if any: a store
-    /// statestore did not write may be of another kind (windowed, session,
-    /// versioned, headers) and must not be opened for writing.
+    /// The format of one RocksDB whose column families `present` are, if
+    /// any (a key-value store's format, or a segment's: a header-aware
+    /// session segment is [`StoreFormat::SessionHeaders`]): a store
+    /// statestore did not write may be of another kind and must not be
+    /// opened for writing. Column families of two formats at once (Kafka
+    /// Streams' upgrade from one format to the next, not finished) are
+    /// refused too.
     pub fn detect(present: &[String]) -> Result<Self, String> {
-        let has = |cf: &str| present.iter().any(|p| p == cf);
+        let known = [TIMESTAMPED_CF, TIMESTAMPED_HEADERS_CF, SESSION_HEADERS_CF, WINDOW_HEADERS_CF];
+        let data: Vec<&str> = present.iter().map(String::as_str).filter(|cf| known.contains(cf)).collect();
         let unknown: Vec<&str> = present
             .iter()
             .map(String::as_str)
-            .filter(|cf| ![rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF, TIMESTAMPED_CF].contains(cf))
+            .filter(|cf| ![rocksdb::DEFAULT_COLUMN_FAMILY_NAME, OFFSETS_CF].contains(cf) && !known.contains(cf))
             .collect();
         if !unknown.is_empty() {
-            let what = if unknown.iter().any(|cf| cf.contains("Headers")) {
-                "a timestamped store with headers (dsl.store.format=headers), a store type statestore does not know"
-            } else {
-                "a store type statestore does not know (written by another tool or a newer Kafka Streams)"
-            };
+            let what = "a store type statestore does not know (written by another tool or a newer Kafka Streams)";
             return Err(format!("{what}: unexpected column families {}", unknown.join(", ")));
         }
-        Ok(if has(TIMESTAMPED_CF) { StoreFormat::Timestamped } else { StoreFormat::Plain })
+        match data[..] {
+            [] => Ok(StoreFormat::Plain),
+            [TIMESTAMPED_CF] => Ok(StoreFormat::Timestamped),
+            [TIMESTAMPED_HEADERS_CF] => Ok(StoreFormat::TimestampedHeaders),
+            [SESSION_HEADERS_CF] => Ok(StoreFormat::SessionHeaders),
+            [WINDOW_HEADERS_CF] => Ok(StoreFormat::EmitFinalWindowHeaders),
+            _ => Err(format!(
+                "a store in the middle of Kafka Streams' upgrade from one format to another (column families {}), \
+                 which statestore does not write",
+                data.join(", ")
+            )),
+        }
     }
+}
+
+/// Append H, `varint(len H) ‖ H`, of a header-aware stored value (see
+/// [`StoreFormat::encode_value`]): `varint(0)` without headers, else H =
+/// `varint(count) ‖ headers` with the headers as the record carries them
+/// (the wire format Kafka Streams' `HeadersSerializer` writes too).
+fn encode_headers(headers: RawHeaders<'_>, out: &mut Vec<u8>) {
+    use crate::codec::varint::{varlong_len, write_varint};
+    if headers.is_empty() {
+        write_varint(out, 0);
+        return;
+    }
+    let count = headers.count() as i32;
+    let h_len = varlong_len(count as i64) + headers.raw().len();
+    write_varint(out, h_len as i32);
+    write_varint(out, count);
+    out.extend_from_slice(headers.raw());
 }
 
 /// Table `format_version` of every SST file written: Kafka Streams 4.4's
@@ -349,13 +562,24 @@ impl Store {
     /// A segmented format is refused: such a store is a directory of
     /// RocksDBs ([`crate::segments::SegmentedStore`]), each opened in its
     /// [`StoreFormat::db_format`].
-    pub fn open_format(path: &Path, mut opts: Options, format: StoreFormat) -> Result<Self, StoreError> {
+    pub fn open_format(path: &Path, opts: Options, format: StoreFormat) -> Result<Self, StoreError> {
         if format.key_schema().is_some() {
             return Err(StoreError::new(
                 path,
                 format!("a {} store is a directory of segments, not one RocksDB", format.name()),
             ));
         }
+        Self::open_db(path, opts, format)
+    }
+
+    /// Open (or create) one segment of a segmented store of `format`: a
+    /// RocksDB in the format's [`StoreFormat::db_format`], refused as
+    /// [`Store::open_format`] refuses a store of another format.
+    pub fn open_segment(path: &Path, opts: Options, format: StoreFormat) -> Result<Self, StoreError> {
+        Self::open_db(path, opts, format.db_format())
+    }
+
+    fn open_db(path: &Path, mut opts: Options, format: StoreFormat) -> Result<Self, StoreError> {
         opts.set_atomic_flush(true);
         opts.create_missing_column_families(true);
         if !path.exists() && !crate::fileio::parent_of(path).is_dir() {
@@ -719,8 +943,23 @@ mod tests {
             StoreFormat::detect(&cfs(&["default", "keyValueWithTimestamp", "offsets"])),
             Ok(StoreFormat::Timestamped)
         );
-        let e = StoreFormat::detect(&cfs(&["default", "keyValueWithTimestampAndHeaders", "offsets"])).unwrap_err();
-        assert!(e.contains("headers") && e.contains("keyValueWithTimestampAndHeaders"), "{e}");
+        assert_eq!(
+            StoreFormat::detect(&cfs(&["default", "keyValueWithTimestampAndHeaders", "offsets"])),
+            Ok(StoreFormat::TimestampedHeaders)
+        );
+        assert_eq!(
+            StoreFormat::detect(&cfs(&["default", "sessionKeyValueWithHeaders", "offsets"])),
+            Ok(StoreFormat::SessionHeaders),
+            "a header-aware session segment"
+        );
+        assert_eq!(
+            StoreFormat::detect(&cfs(&["default", "windowKeyValueWithHeaders", "offsets"])),
+            Ok(StoreFormat::EmitFinalWindowHeaders),
+            "a header-aware emit-final window segment"
+        );
+        let e = StoreFormat::detect(&cfs(&["default", "keyValueWithTimestamp", "keyValueWithTimestampAndHeaders"]))
+            .unwrap_err();
+        assert!(e.contains("upgrade") && e.contains("keyValueWithTimestamp, keyValueWithTimestampAndHeaders"), "{e}");
         let e = StoreFormat::detect(&cfs(&["default", "whatever"])).unwrap_err();
         assert!(e.contains("statestore does not know") && e.contains("whatever"), "{e}");
 
@@ -734,14 +973,154 @@ mod tests {
         assert!(!seg.join("CURRENT").exists());
 
         let mut out = Vec::new();
-        StoreFormat::Timestamped.encode_value(0x0102, b"v", &mut out);
+        StoreFormat::Timestamped.encode_value(0x0102, RawHeaders::NONE, b"v", &mut out);
         assert_eq!(out, [0, 0, 0, 0, 0, 0, 1, 2, b'v']);
+    }
+
+    /// `headers` in the record wire format, as the codec hands them over.
+    fn wire(headers: &[(&[u8], Option<&[u8]>)]) -> (i32, Vec<u8>) {
+        let mut raw = Vec::new();
+        let n = RawHeaders::encode(headers.iter().copied(), &mut raw);
+        (n, raw)
+    }
+
+    #[test]
+    fn header_aware_values_are_kafka_streams_reconstruct_from_raw() {
+        // Bytes as Kafka Streams 4.4's RecordConverters build them (zig-zag varints:
+        // 0 -> 00, 1 -> 02, 2 -> 04, -1 -> 01; 3 -> 06 ...).
+        let ts = 0x0102i64;
+        let ts_bytes = [0, 0, 0, 0, 0, 0, 1, 2];
+        let encode = |f: StoreFormat, h: &(i32, Vec<u8>), v: &[u8]| {
+            let mut out = b"prefix".to_vec(); // appended, never cleared
+            f.encode_value(ts, RawHeaders::new(h.0, &h.1), v, &mut out);
+            assert_eq!(&out[..6], b"prefix");
+            out[6..].to_vec()
+        };
+        let none = wire(&[]);
+        // no headers: H is empty, varint(0)
+        assert_eq!(encode(StoreFormat::TimestampedHeaders, &none, b"v"), [&[0u8][..], &ts_bytes, b"v"].concat());
+        assert_eq!(encode(StoreFormat::SessionHeaders, &none, b"agg"), [&[0u8][..], b"agg"].concat());
+        // one header k=v: H = count 1, key len 1, "k", value len 1, "v" = 02 02 6b 02 76 (5 bytes)
+        let one = wire(&[(b"k", Some(b"v"))]);
+        let h1 = [2u8, 2, b'k', 2, b'v'];
+        assert_eq!(
+            encode(StoreFormat::TimestampedHeaders, &one, b"val"),
+            [&[10u8][..], &h1, &ts_bytes, b"val"].concat(),
+            "varint(5) = 0a"
+        );
+        assert_eq!(
+            encode(StoreFormat::TimestampedWindowHeaders, &one, b"val"),
+            encode(StoreFormat::TimestampedHeaders, &one, b"val")
+        );
+        assert_eq!(encode(StoreFormat::SessionHeaders, &one, b"agg"), [&[10u8][..], &h1, b"agg"].concat());
+        // several, a null value (-1 -> 01) and an empty one
+        let several = wire(&[(b"a", Some(b"x")), (b"n", None), (b"e", Some(b""))]);
+        let h3 = [6u8, 2, b'a', 2, b'x', 2, b'n', 1, 2, b'e', 0];
+        assert_eq!(h3.len(), 11);
+        assert_eq!(
+            encode(StoreFormat::TimestampedHeaders, &several, b""),
+            [&[22u8][..], &h3, &ts_bytes].concat(),
+            "varint(11) = 16; an empty value"
+        );
+        // a long header: len H = 1 + 1 + 3 + 2 + 200 = 207 takes two varint bytes (zig-zag 414 = 9e 03)
+        let long_value = vec![b'z'; 200];
+        let long = wire(&[(b"big", Some(&long_value))]);
+        let out = encode(StoreFormat::SessionHeaders, &long, b"");
+        assert_eq!(&out[..4], &[0x9e, 0x03, 2, 6]);
+        assert_eq!(out.len(), 2 + 207);
+        // formats without headers ignore them
+        assert_eq!(encode(StoreFormat::Timestamped, &one, b"v"), [&ts_bytes[..], b"v"].concat());
+        assert_eq!(encode(StoreFormat::Session, &one, b"v"), b"v");
+    }
+
+    #[test]
+    fn header_aware_stores_have_kafka_streams_column_families() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kv");
+        Store::open_format(&p, store_options(true), StoreFormat::TimestampedHeaders).unwrap();
+        let mut cfs = DB::list_cf(&Options::default(), &p).unwrap();
+        cfs.sort();
+        assert_eq!(cfs, ["default", "keyValueWithTimestampAndHeaders", "offsets"]);
+        assert_eq!(Store::detect_format(&p).unwrap(), Some(StoreFormat::TimestampedHeaders));
+        let e = Store::open_format(&p, store_options(false), StoreFormat::Timestamped).err().unwrap().to_string();
+        assert!(e.contains("timestamped-headers"), "{e}");
+        // a session segment: a RocksDB only as a segment, never as a store
+        let seg = dir.path().join("sess.0");
+        assert!(Store::open_format(&seg, store_options(true), StoreFormat::SessionHeaders).is_err());
+        let s = Store::open_segment(&seg, store_options(true), StoreFormat::SessionHeaders).unwrap();
+        assert_eq!(s.format(), StoreFormat::SessionHeaders);
+        drop(s);
+        let mut cfs = DB::list_cf(&Options::default(), &seg).unwrap();
+        cfs.sort();
+        assert_eq!(cfs, ["default", "offsets", "sessionKeyValueWithHeaders"]);
+        let w = dir.path().join("win.0");
+        Store::open_segment(&w, store_options(true), StoreFormat::TimestampedWindowHeaders).unwrap();
+        assert_eq!(Store::detect_format(&w).unwrap(), Some(StoreFormat::TimestampedHeaders));
+        // emit-final window segments: plain ones holding timestamped values, or windowKeyValueWithHeaders
+        let e = dir.path().join("ef.0");
+        Store::open_segment(&e, store_options(true), StoreFormat::EmitFinalWindow).unwrap();
+        assert_eq!(Store::detect_format(&e).unwrap(), Some(StoreFormat::Plain));
+        let eh = dir.path().join("efh.0");
+        Store::open_segment(&eh, store_options(true), StoreFormat::EmitFinalWindowHeaders).unwrap();
+        let mut cfs = DB::list_cf(&Options::default(), &eh).unwrap();
+        cfs.sort();
+        assert_eq!(cfs, ["default", "offsets", "windowKeyValueWithHeaders"]);
+        assert_eq!(Store::detect_format(&eh).unwrap(), Some(StoreFormat::EmitFinalWindowHeaders));
+    }
+
+    #[test]
+    fn emit_final_window_rows_are_time_first_with_timestamped_values() {
+        let changelog_key = [b"k".as_slice(), &0x0102i64.to_be_bytes(), &3i32.to_be_bytes()].concat();
+        let one = (1, vec![2u8, b'h', 2, b'x']);
+        for (f, value) in [
+            (StoreFormat::EmitFinalWindow, [&[0u8, 0, 0, 0, 0, 0, 0, 9][..], b"v"].concat()),
+            (
+                StoreFormat::EmitFinalWindowHeaders,
+                [&[10u8, 2, 2, b'h', 2, b'x'][..], &[0, 0, 0, 0, 0, 0, 0, 9], b"v"].concat(),
+            ),
+        ] {
+            let mut key = Vec::new();
+            f.encode_key(&changelog_key, &mut key);
+            assert_eq!(key, [&[0u8][..], &0x0102i64.to_be_bytes(), b"k", &3i32.to_be_bytes()].concat(), "{f:?}");
+            let mut out = Vec::new();
+            f.encode_value(9, RawHeaders::new(one.0, &one.1), b"v", &mut out);
+            assert_eq!(out, value, "{f:?}");
+            assert!(f.rewrites_key() && f.is_timestamped() && !f.stores_value_as_is());
+        }
+        // index rows: Kafka Streams 4.4 gives them to the header-aware window store, whatever its windows
+        assert!(StoreFormat::EmitFinalWindowHeaders.has_index() && !StoreFormat::EmitFinalWindow.has_index());
+        assert!(StoreFormat::EmitFinalSlidingWindow.has_index());
+        assert!(StoreFormat::EmitFinalSession.has_index() && StoreFormat::EmitFinalSession.stores_value_as_is());
+        // the header-aware emit-final session store: sessionKeyValueWithHeaders, but no headers in its values
+        let f = StoreFormat::EmitFinalSessionHeaders;
+        assert!(f.has_index() && f.stores_value_as_is() && !f.has_headers());
+        assert_eq!((f.db_format(), f.data_cf()), (StoreFormat::SessionHeaders, "sessionKeyValueWithHeaders"));
+        let mut same = Vec::new();
+        StoreFormat::TimestampedWindow.encode_key(&changelog_key, &mut same);
+        assert_eq!(same, changelog_key, "other formats keep the changelog key");
     }
 
     #[test]
     fn segments_say_which_segmented_formats_a_store_may_be() {
         assert_eq!(StoreFormat::segmented_of(StoreFormat::Timestamped), vec![StoreFormat::TimestampedWindow]);
-        assert_eq!(StoreFormat::segmented_of(StoreFormat::Plain), vec![StoreFormat::Window, StoreFormat::Session]);
+        assert_eq!(
+            StoreFormat::segmented_of(StoreFormat::Plain),
+            vec![
+                StoreFormat::Window,
+                StoreFormat::Session,
+                StoreFormat::EmitFinalWindow,
+                StoreFormat::EmitFinalSlidingWindow,
+                StoreFormat::EmitFinalSession
+            ]
+        );
+        assert_eq!(
+            StoreFormat::segmented_of(StoreFormat::SessionHeaders),
+            vec![StoreFormat::SessionHeaders, StoreFormat::EmitFinalSessionHeaders]
+        );
+        assert_eq!(
+            StoreFormat::segmented_of(StoreFormat::TimestampedHeaders),
+            vec![StoreFormat::TimestampedWindowHeaders]
+        );
     }
 
     #[test]
@@ -751,7 +1130,9 @@ mod tests {
         }
         assert_eq!(
             StoreFormat::parse("versioned2").unwrap_err(),
-            "unknown store format \"versioned2\": use one of plain, timestamped, window, timestamped-window, session, versioned"
+            "unknown store format \"versioned2\": use one of plain, timestamped, window, timestamped-window, session, \
+             versioned, timestamped-headers, timestamped-window-headers, session-headers, emit-final-window, \
+             emit-final-sliding-window, emit-final-window-headers, emit-final-session, emit-final-session-headers"
         );
     }
 

@@ -61,6 +61,8 @@ def build(request: pytest.FixtureRequest) -> tuple[str, Path]:
         return version, dest
     tmp = dest.with_name(f".building-{uuid.uuid4().hex[:8]}")
     shutil.copytree(MODULE, tmp)
+    for name in kstreams_app.SOURCES_SINCE_4_3:
+        next(tmp.rglob(name)).unlink()
     pom = tmp / "pom.xml"
     pom.write_text(pom.read_text().replace("<version>4.4.0</version>", f"<version>{version}</version>", 1))
     for goal in (["package", "-DskipTests"], ["dependency:copy-dependencies", "-DincludeScope=runtime"]):

@@ -29,13 +29,13 @@ from typing import Any
 
 import pytest
 
-from statestore import TopicPartition, _native
-from statestore.restore.engine import RestoreSpec, restore_many
+from statestore import _native
 from support import kstreams_app
+from support.kstreams_app import segments
 from support.kstreams_checks import check_own_state
 from support.model import store_difference
 
-kafka = pytest.importorskip("statestore.changelog.kafka")
+pytest.importorskip("statestore.changelog.kafka")
 
 PARTITIONS = 2
 KEYS = 150
@@ -60,43 +60,6 @@ def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun
     )
 
 
-def segments(store: Path) -> list[str]:
-    return sorted(p.name for p in store.iterdir()) if store.is_dir() else []
-
-
-def restore_with_threads(bootstrap: str, app: str, restored: Path) -> None:
-    """``restore_many`` from the changelog topics, two threads."""
-    specs = []
-    with kafka.KafkaChangelog(bootstrap) as changelog:
-        for p in range(PARTITIONS):
-            (restored / app / f"0_{p}").mkdir(parents=True)
-            for name, (fmt, retention) in kstreams_app.WINDOWED_STORES.items():
-                tp = TopicPartition(f"{app}-{name}-changelog", p)
-                path = restored / app / f"0_{p}" / name
-                specs.append(RestoreSpec(path, changelog, tp, format=fmt, retention_ms=retention))
-        results = restore_many(specs, threads=2)
-    assert all(r.ok for r in results), [r.error for r in results]
-    assert all(r.records_applied > 0 for r in results), results
-
-
-def restore_with_spark(spark: Any, log_dir: Path, app: str, restored: Path) -> None:
-    """``restore_on_spark`` from the broker's own partition directories (the segment log reads Kafka's log.dirs)."""
-    from statestore.restore.spark import restore_on_spark
-
-    stores = kstreams_app.WINDOWED_STORES
-    rows = restore_on_spark(
-        spark,
-        log_dir=log_dir,
-        state_dir=restored,
-        application_id=app,
-        stores=list(stores),
-        formats={name: fmt for name, (fmt, _) in stores.items()},
-        retentions={name: retention for name, (_, retention) in stores.items()},
-    ).collect()
-    assert [r.status for r in rows] == ["ok"] * (len(stores) * PARTITIONS), rows
-    assert all(r.records_applied > 0 for r in rows), rows
-
-
 @pytest.mark.parametrize("how", ["threads", pytest.param("spark", marks=pytest.mark.spark)])
 def test_kafka_streams_starts_on_window_and_session_stores_statestore_restored(
     app_built: Path, kafka_broker: Any, tmp_path: Path, request: pytest.FixtureRequest, how: str
@@ -111,10 +74,12 @@ def test_kafka_streams_starts_on_window_and_session_stores_statestore_restored(
 
     # statestore rebuilds both stores into an empty state directory
     restored = tmp_path / "restored"
+    stores = kstreams_app.WINDOWED_STORES
     if how == "spark":
-        restore_with_spark(request.getfixturevalue("spark"), Path(kafka_broker.log_dir), app, restored)
+        spark = request.getfixturevalue("spark")
+        kstreams_app.restore_with_spark(spark, Path(kafka_broker.log_dir), app, restored, stores, PARTITIONS)
     else:
-        restore_with_threads(kafka_bootstrap, app, restored)
+        kstreams_app.restore_with_threads(kafka_bootstrap, app, restored, stores, PARTITIONS)
 
     # the segments Kafka Streams itself holds, segment for segment, with the same data, each CLOSED
     for p in range(PARTITIONS):

@@ -17,18 +17,31 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
+
+from statestore import TopicPartition, _native
+from statestore.restore.engine import RestoreSpec, restore_many
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kafka-streams-app.sh"
 
+#: The application's sources that use Kafka Streams 4.3+ APIs (header-aware stores), left out of a
+#: build against an older Kafka Streams; ``HeadersChoices.java`` reaches them by name.
+SOURCES_SINCE_4_3 = ("HeadersTopologies.java",)
+
 #: The stores of the application and their formats.
 STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
 
+#: A store of the application: its format and, for a window or session store, its retention (ms).
+StoreSpec = tuple[str, int | None]
+
 #: The stores of the application with ``stores="windowed"``: format and retention (ms).
-WINDOWED_STORES = {"wcounts": ("timestamped-window", 60_000), "scounts": ("session", 30_000)}
+WINDOWED_STORES: dict[str, StoreSpec] = {
+    "wcounts": ("timestamped-window", 60_000),
+    "scounts": ("session", 30_000),
+}
 #: Input timestamps of a windowed run march this many ms a record (a key every 37.5 s with 150 keys,
 #: beyond the 30 s session gap), so windows and sessions close and expire as the input goes.
 WINDOWED_STEP_MS = 250
@@ -68,6 +81,88 @@ def cannot_build(why: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true and {why}")
     pytest.skip(why)
+
+
+#: The stores of the application with ``stores="headers"`` run under ``dsl.store.format=headers``
+#: (Kafka Streams' header-aware stores): the count, the tumbling windowed count and the session
+#: count (the DSL stores no headers in them), and the latest value of each key with its record's
+#: headers in a store of each kind (Processor API).
+HEADERS_STORES: dict[str, StoreSpec] = {
+    "counts": ("timestamped-headers", None),
+    "wcounts": ("timestamped-window-headers", 60_000),
+    "scounts": ("session-headers", 30_000),
+    "hlatest": ("timestamped-headers", None),
+    "hwlatest": ("timestamped-window-headers", 60_000),
+    "hslatest": ("session-headers", 30_000),
+}
+
+
+#: The stores of the application with ``stores="emit-final"``: the tumbling and the sliding
+#: windowed count and the session count with ``emitStrategy(onWindowClose())``; and the same under
+#: ``dsl.store.format=headers``.
+EMIT_FINAL_STORES: dict[str, StoreSpec] = {
+    "wcounts": ("emit-final-window", 60_000),
+    "swcounts": ("emit-final-sliding-window", 120_000),
+    "scounts": ("emit-final-session", 30_000),
+}
+EMIT_FINAL_HEADERS_STORES: dict[str, StoreSpec] = {
+    "wcounts": ("emit-final-window-headers", 60_000),
+    "swcounts": ("emit-final-window-headers", 120_000),
+    "scounts": ("emit-final-session-headers", 30_000),
+}
+
+
+def store_path(state_dir: Path, app: str, partition: int, name: str, fmt: str) -> Path:
+    """Where store ``name`` of task ``0_<partition>`` lives: ``rocksdb/<name>``, or a window or
+    session store's directory of segments, ``<name>``."""
+    task = state_dir / app / f"0_{partition}"
+    return task / name if fmt in _native.SEGMENTED_STORE_FORMATS else task / "rocksdb" / name
+
+
+def segments(store: Path) -> list[str]:
+    """The segment directories of a window or session store (none when it does not exist)."""
+    return sorted(p.name for p in store.iterdir()) if store.is_dir() else []
+
+
+def restore_with_threads(
+    bootstrap: str, app: str, restored: Path, stores: Mapping[str, StoreSpec], partitions: int
+) -> None:
+    """Restore ``stores`` of every task into ``restored`` with ``restore_many`` from the changelog
+    topics, two threads; every store gets records."""
+    from statestore.changelog import kafka
+
+    specs = []
+    with kafka.KafkaChangelog(bootstrap) as changelog:
+        for p in range(partitions):
+            (restored / app / f"0_{p}").mkdir(parents=True)
+            for name, (fmt, retention) in stores.items():
+                tp = TopicPartition(f"{app}-{name}-changelog", p)
+                path = store_path(restored, app, p, name, fmt)
+                path.parent.mkdir(exist_ok=True)
+                specs.append(RestoreSpec(path, changelog, tp, format=fmt, retention_ms=retention))
+        results = restore_many(specs, threads=2)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert all(r.records_applied > 0 for r in results), results
+
+
+def restore_with_spark(
+    spark: Any, log_dir: Path, app: str, restored: Path, stores: Mapping[str, StoreSpec], partitions: int
+) -> None:
+    """``restore_on_spark`` of ``stores`` from the broker's own partition directories (the segment
+    log reads Kafka's log.dirs)."""
+    from statestore.restore.spark import restore_on_spark
+
+    rows = restore_on_spark(
+        spark,
+        log_dir=log_dir,
+        state_dir=restored,
+        application_id=app,
+        stores=list(stores),
+        formats={name: fmt for name, (fmt, _) in stores.items()},
+        retentions={name: ms for name, (_, ms) in stores.items() if ms is not None},
+    ).collect()
+    assert [r.status for r in rows] == ["ok"] * (len(stores) * partitions), rows
+    assert all(r.records_applied > 0 for r in rows), rows
 
 
 def build() -> Path:
@@ -259,19 +354,28 @@ def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], di
 
 
 __all__ = [
+    "EMIT_FINAL_HEADERS_STORES",
+    "EMIT_FINAL_STORES",
+    "HEADERS_STORES",
+    "SOURCES_SINCE_4_3",
     "STORE_FORMATS",
     "WINDOWED_CONFIG",
     "WINDOWED_STEP_MS",
     "WINDOWED_STORES",
     "AppRun",
     "Restore",
+    "StoreSpec",
     "build",
     "command",
     "described_topology",
     "expected",
     "parse",
+    "restore_with_spark",
+    "restore_with_threads",
     "run_app",
+    "segments",
     "store_flags",
+    "store_path",
     "value_of",
     "windowed_first_timestamp",
 ]

@@ -344,6 +344,7 @@ def store_compare(expected: _Path, actual: _Path) -> StoreComparison: ...
 def store_create(path: _Path, format: str = "plain") -> None: ...
 def store_dump(path: _Path) -> StoreDump: ...
 def store_format(path: _Path) -> str | None: ...
+def store_record_if_empty(path: _Path, format: str, tp: str, offset: int) -> bool: ...
 
 # the store layout: the one source of these facts (``rust/src/offsets.rs``, ``rust/src/store.rs``)
 
@@ -369,6 +370,8 @@ SEGMENTED_STORE_FORMATS: Final[tuple[str, ...]]
 RETAINED_STORE_FORMATS: Final[tuple[str, ...]]
 #: The format of Kafka Streams' versioned key-value store (one RocksDB, versions in key-prefixed segments).
 VERSIONED_STORE_FORMATS: Final[tuple[str, ...]]
+#: The header-aware formats (Kafka Streams 4.3+, ``dsl.store.format=headers``): values keep the record's headers.
+HEADERS_STORE_FORMATS: Final[tuple[str, ...]]
 #: How RocksDB's status text of damaged files begins.
 CORRUPTION_PREFIX: Final[str]
 
@@ -380,6 +383,7 @@ def versioned_segment_interval(history_retention_ms: int) -> int: ...
 #: What the module exports (PyO3 lists every name the bindings register; stubtest compares the two).
 __all__ = [
     "CORRUPTION_PREFIX",
+    "HEADERS_STORE_FORMATS",
     "MODES",
     "OFFSETS_CF",
     "OFFSET_UNKNOWN",
@@ -427,5 +431,6 @@ __all__ = [
     "store_dump",
     "store_format",
     "store_info",
+    "store_record_if_empty",
     "versioned_segment_interval",
 ]

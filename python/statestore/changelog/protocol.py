@@ -182,7 +182,8 @@ class FedChangelog(Protocol):
 
     ``restore_feed`` returns an object with ``poll(max_records) -> list`` of
     message objects with C-level ``error()``, ``offset()``, ``key()``,
-    ``value()`` and ``timestamp()`` methods (confluent-kafka's ``Message``), ``on_error(message)
+    ``value()`` and ``timestamp()`` methods, and ``headers()`` (a list of ``(str, bytes | None)``
+    or None, read for a header-aware store only) (confluent-kafka's ``Message``), ``on_error(message)
     -> bool`` (True at the end of the partition; raises for real errors),
     ``position() -> int | None`` and ``close()``.
     """

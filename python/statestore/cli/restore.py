@@ -57,7 +57,7 @@ from statestore.state.layout import (
 from statestore.state.policy import Guarantee
 from statestore.state.segmented import check_segmented_format
 from statestore.state.store import check_store_format
-from statestore.state.store_kinds import VERSIONED, WINDOW_OR_SESSION
+from statestore.state.store_kinds import KIND_OF_FORMAT
 
 
 def restore_local(
@@ -86,16 +86,21 @@ def restore_local(
     every restore records into it, and the snapshots are published for
     ``statestore watch`` while the restore runs. ``formats`` maps store names
     to their format (default ``"plain"``; ``"timestamped"`` for Kafka Streams'
-    timestamped stores; ``"timestamped-window"``, ``"window"`` or
-    ``"session"`` for a window or session store, restored into its directory
-    of segments ``<task>/<store>`` with its retention from ``retentions``
-    (name -> ms)). A key-value store of another format, or of a type
-    statestore does not know, is left untouched and reported as a failed row
-    (a segmented store: segments of a type statestore does not know, or that
-    do not fit its format); so is a segmented store without its retention. With
-    ``layout=CHECKPOINT`` (Kafka Streams 3.6 - 4.2) each restored store (a
-    window or session store: each of its segments) is turned into that layout
-    and its offset recorded in its task's ``.checkpoint``, under the task lock.
+    timestamped stores, ``"timestamped-headers"`` for its header-aware ones;
+    ``"versioned"`` for a versioned store, with its history retention from
+    ``retentions``; ``"timestamped-window"``, ``"window"``, ``"session"``,
+    their ``-headers`` forms or the ``"emit-final-*"`` ones for a window or
+    session store, restored into its directory of segments ``<task>/<store>``
+    with its retention from ``retentions`` (name -> ms)). A key-value store
+    of another format, or of a type statestore does not know, is left
+    untouched and reported as a failed row (a segmented store: segments of a
+    type statestore does not know, or that do not fit its format); so is a
+    segmented or versioned store without its retention, or a store
+    ``layout=CHECKPOINT`` does not write (header-aware, versioned,
+    emit-final). With ``layout=CHECKPOINT`` (Kafka Streams 3.6 - 4.2) each
+    restored store (a window or session store: each of its segments) is
+    turned into that layout and its offset recorded in its task's
+    ``.checkpoint``, under the task lock.
     """
     fmts, rets = dict(formats or {}), dict(retentions or {})
     refused: dict[int, str] = {}
@@ -120,7 +125,7 @@ def restore_local(
         for i, w in enumerate(work):
             fmt = fmts.get(w.store, "plain")
             target = store_location(sd, w.task_id, w.store, fmt)
-            if fmt in _native.RETAINED_STORE_FORMATS:
+            if fmt in _native.RETAINED_STORE_FORMATS or fmt in _native.HEADERS_STORE_FORMATS:
                 why = segmented_refusal(
                     w.store, w.tp.topic, fmt, rets.get(w.store), offsets_in_store=layout.offsets_in_store
                 )
@@ -597,12 +602,13 @@ def _refused_segmented(
     application_id: str,
     topic_configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[FoundStore]:
-    """The stores ``formats`` makes window, session or versioned stores that are not restored, each
-    with why (no ``--retention``, one its changelog topic's configs contradict, where ``topic_configs``
-    gives them, or a versioned store in the ``.checkpoint`` layout): refused before any store is opened, so nothing of them is written."""
+    """The stores ``formats`` makes window, session, versioned or header-aware stores that are not
+    restored, each with why (no ``--retention``, one its changelog topic's configs contradict, where
+    ``topic_configs`` gives them, or a format the ``.checkpoint`` layout does not take): refused
+    before any store is opened, so nothing of them is written."""
     out = []
     for name, fmt in sorted(formats.items()):
-        if fmt not in _native.RETAINED_STORE_FORMATS:
+        if fmt not in _native.RETAINED_STORE_FORMATS and fmt not in _native.HEADERS_STORE_FORMATS:
             continue
         topic = changelog_topic(application_id, name)
         why = segmented_refusal(
@@ -614,8 +620,9 @@ def _refused_segmented(
             offsets_in_store=layout.offsets_in_store,
         )
         if why is not None:
-            kind = VERSIONED if fmt in _native.VERSIONED_STORE_FORMATS else WINDOW_OR_SESSION
-            out.append(FoundStore(name, subs.get(name, 0), kind, fmt, retentions.get(name), why))
+            out.append(
+                FoundStore(name, subs.get(name, 0), KIND_OF_FORMAT[fmt], fmt, retentions.get(name), why)
+            )
     return out
 
 

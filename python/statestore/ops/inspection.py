@@ -171,7 +171,8 @@ class StoreReport:
     #: aborted records included), beside ``lag``.
     offset_lag: int | None = None
     problem: str | None = None
-    #: ``"plain"`` or ``"timestamped"`` (Kafka Streams' timestamped store); None when unreadable.
+    #: ``"plain"``, ``"timestamped"`` (Kafka Streams' timestamped store) or ``"timestamped-headers"`` (its
+    #: header-aware one, 4.3+); None when unreadable.
     format: str | None = None
     #: What a sentinel the store records in place of an offset means (``"no offset yet"`` for Kafka
     #: Streams' ``OFFSET_UNKNOWN``: the task committed no changelog record, a restore starts at the

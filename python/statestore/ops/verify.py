@@ -72,8 +72,9 @@ class VerifyResult:
     first_difference: tuple[bytes, bytes | None, bytes | None] | None
     #: Offset the rebuilt store records (equal to ``offset`` when the log has that record).
     expected_offset: int | None
-    #: ``"plain"`` or ``"timestamped"`` (as found on disk), or ``"versioned"`` (as given or as its
-    #: changelog says); None when the store could not be read.
+    #: ``"plain"``, ``"timestamped"`` or ``"timestamped-headers"`` (as found on disk), a window or
+    #: session format, or ``"versioned"`` (as given or as its changelog says); None when the store
+    #: could not be read.
     format: str | None = None
     #: Why the store could not be verified (a type statestore does not know, a store RocksDB cannot open).
     problem: str | None = None

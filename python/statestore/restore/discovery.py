@@ -43,8 +43,9 @@ class FoundStore:
     subtopology: int
     #: ``store_kinds.KEY_VALUE``, ``WINDOW_OR_SESSION``, ``VERSIONED``; None: not established.
     kind: str | None
-    #: The format the store is written in (``plain``/``timestamped`` for a key-value store,
-    #: ``timestamped-window``/``window``/``session`` for a segmented one, ``versioned``); None: not
+    #: The format the store is written in (``plain``/``timestamped``/``timestamped-headers`` for a
+    #: key-value store, ``timestamped-window``/``window``/``session``, their header-aware
+    #: ``-headers`` forms and the ``emit-final-*`` ones for a segmented one, ``versioned``); None: not
     #: established.
     format: str | None
     #: The retention the user gave (``--retention``), milliseconds; for a versioned store its history
@@ -213,6 +214,36 @@ def _establish(
     return FoundStore(name, sub, kind, fmt, retention)
 
 
+#: The formats written for the ``.checkpoint`` layout of Kafka Streams 3.6 - 4.2, each proven with
+#: Kafka Streams 3.9 and 4.2 themselves (``tests/interop/test_kafka_streams_checkpoint_layout.py``).
+CHECKPOINT_LAYOUT_FORMATS: tuple[str, ...] = (
+    "plain",
+    "timestamped",
+    "window",
+    "timestamped-window",
+    "session",
+)
+
+
+def layout_refusal(fmt: str, *, offsets_in_store: bool) -> str | None:
+    """Why a store of format ``fmt`` is not written for a layout (None: it is). With
+    ``offsets_in_store=False`` (the ``.checkpoint`` layout of Kafka Streams 3.6 - 4.2) a
+    header-aware store does not exist (Kafka Streams has it since 4.3), and the formats outside
+    :data:`CHECKPOINT_LAYOUT_FORMATS` (versioned, emit-final) are not written yet."""
+    if offsets_in_store or fmt in CHECKPOINT_LAYOUT_FORMATS:
+        return None
+    if fmt in _native.HEADERS_STORE_FORMATS:
+        return (
+            f"it is a {fmt} store, which Kafka Streams has only since 4.3 (dsl.store.format=headers), "
+            "so it is never written for the .checkpoint layout of Kafka Streams 3.6 - 4.2 "
+            "(--kafka-streams-version); restore it for Kafka Streams 4.3+"
+        )
+    return (
+        f"it is a {fmt} store, not written yet for that layout (the .checkpoint layout of Kafka "
+        "Streams 3.6 - 4.2, --kafka-streams-version); restore it for Kafka Streams 4.3+"
+    )
+
+
 def segmented_refusal(
     name: str,
     topic: str,
@@ -232,9 +263,13 @@ def segmented_refusal(
     store's retention plus ``windowstore.changelog.additional.retention.ms``
     (>= 0), so a larger retention than the topic's contradicts the changelog.
     With ``offsets_in_store=False`` (the ``.checkpoint`` layout of Kafka
-    Streams 3.6 - 4.2) a versioned store is not written yet. A retention given
-    for a key-value store is a mistake in the flags, reported too.
+    Streams 3.6 - 4.2) a header-aware, versioned or emit-final store is not
+    written (:func:`layout_refusal`). A retention given for a key-value store
+    is a mistake in the flags, reported too.
     """
+    why = layout_refusal(fmt, offsets_in_store=offsets_in_store)
+    if why is not None:
+        return why
     if fmt not in _native.RETAINED_STORE_FORMATS:
         if retention_ms is not None:
             return (
@@ -243,11 +278,6 @@ def segmented_refusal(
             )
         return None
     if fmt in _native.VERSIONED_STORE_FORMATS:
-        if not offsets_in_store:
-            return (
-                f"it is a {fmt} store, not written yet for that layout (the .checkpoint layout of Kafka "
-                "Streams 3.6 - 4.2, --kafka-streams-version); restore it for Kafka Streams 4.3+"
-            )
         if retention_ms is None:
             return (
                 f"it is a {fmt} store, whose history retention its changelog's bytes do not tell: give "
@@ -274,4 +304,4 @@ def segmented_refusal(
     return None
 
 
-__all__ = ["FoundStore", "check_state_dir", "discover_stores", "segmented_refusal"]
+__all__ = ["FoundStore", "check_state_dir", "discover_stores", "layout_refusal", "segmented_refusal"]

@@ -49,6 +49,7 @@ from statestore._testing.faults import FAIL_ATTEMPT_ENV, InjectedFailure, failur
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import LockError, StateStoreError
 from statestore.ids import OFFSET_UNKNOWN, SENTINEL_OFFSETS, TaskId, TopicPartition
+from statestore.restore.discovery import layout_refusal
 from statestore.restore.engine import DEFAULT_MEMORY_BUDGET, MODES, restore_store
 from statestore.restore.work import PartitionWork, RestoreRow
 from statestore.state.directory import StateDirectory, TaskLock
@@ -298,11 +299,9 @@ def restore_partition(
         token = _acquire(sd, task_id, lock_timeout)
         target = store_location(sd, task_id, store, format)
         segmented = format in _native.SEGMENTED_STORE_FORMATS
-        if format in _native.RETAINED_STORE_FORMATS and not segmented and not in_store:
-            return failed(
-                f"task {task_id} store {store}: the {layout} layout (Kafka Streams 3.6 - 4.2) of a "
-                f"{format} store is not written yet; restore it for Kafka Streams 4.3+"
-            )
+        why = layout_refusal(format, offsets_in_store=in_store)
+        if why is not None:
+            return failed(f"task {task_id} store {store}: {why}")
         if segmented:
             check_segmented_format(target, format, who=f"task {task_id} store {store}")
         else:

@@ -43,7 +43,6 @@ from statestore import _native
 from statestore.errors import StoreError
 from statestore.ids import OFFSET_UNKNOWN, TopicPartition, committed_offset
 from statestore.state.checkpoint import OffsetCheckpoint
-from statestore.state.store import Store, rocksdb_format
 
 #: Column family of the KIP-1035 layout's offsets (and status marker).
 _OFFSETS_CF: str = _native.OFFSETS_CF
@@ -145,11 +144,7 @@ def record_no_offset_yet(path: Path, checkpoint: Path, tp: TopicPartition, fmt: 
     if not layout.offsets_in_store:
         record_in_checkpoint(checkpoint, {tp: OFFSET_UNKNOWN})
         return
-    if _native.store_info(path).estimated_keys != 0:
-        return
-    with Store(path, format=rocksdb_format(fmt)) as store:
-        if store.is_empty() and store.recorded_offset(tp) is None:
-            store.commit({tp: OFFSET_UNKNOWN})
+    _native.store_record_if_empty(path, fmt, str(tp), OFFSET_UNKNOWN)
 
 
 def to_checkpoint_layout(path: Path, tp: TopicPartition) -> int | None:

@@ -52,11 +52,15 @@ OFFSETS_CF: str = _native.OFFSETS_CF
 TIMESTAMPED_CF: str = _native.TIMESTAMPED_CF
 #: Store formats: Kafka Streams' plain key-value store and its timestamped one, its window and
 #: session stores (``SEGMENTED_STORE_FORMATS``: a directory of segments, written by restores only),
-#: and its versioned key-value store (``VERSIONED_STORE_FORMATS``: written by restores only).
+#: its versioned key-value store (``VERSIONED_STORE_FORMATS``), and the header-aware stores of Kafka
+#: Streams 4.3+ (``HEADERS_STORE_FORMATS``): all written by restores only.
 STORE_FORMATS: tuple[str, ...] = tuple(_native.STORE_FORMATS)
-#: The formats of one RocksDB key-value store, which :class:`Store` reads and writes.
+#: The formats of one RocksDB key-value store, which :class:`Store` reads and writes (a
+#: header-aware key-value store is restored, never processed, by statestore).
 KEY_VALUE_FORMATS: tuple[str, ...] = tuple(
-    f for f in STORE_FORMATS if f not in _native.RETAINED_STORE_FORMATS
+    f
+    for f in STORE_FORMATS
+    if f not in _native.RETAINED_STORE_FORMATS and f not in _native.HEADERS_STORE_FORMATS
 )
 #: Key of the status marker in the offsets column family.
 STATUS_KEY: bytes = _native.STATUS_KEY
@@ -257,9 +261,13 @@ class Store(_StagedWrites):
         self.name = name if name is not None else self.path.name
         self.task_id = task_id
         if check_format(format) not in KEY_VALUE_FORMATS:
+            what = (
+                "a directory of segments, not one key-value store"
+                if format in _native.SEGMENTED_STORE_FORMATS
+                else "restored by statestore, not processed"
+            )
             raise ValueError(
-                f"store {self.path}: a {format} store is a directory of segments, not one key-value store; "
-                f"a Store is {' or '.join(KEY_VALUE_FORMATS)}"
+                f"store {self.path}: a {format} store is {what}; a Store is {' or '.join(KEY_VALUE_FORMATS)}"
             )
         #: ``"plain"`` or ``"timestamped"`` (values are then :func:`encode_timestamped` bytes).
         self.format = format

@@ -15,11 +15,26 @@ changelog topic configs                       kind
 
 Neither the topic nor the bytes tell a plain key-value store from a
 timestamped one (``--store-format``), nor a window store from a session
-store. A versioned store's bytes look like a plain store's (same column
+store. Nor do they tell a header-aware store (Kafka Streams 4.3+,
+``dsl.store.format=headers``: ``timestamped-headers``,
+``timestamped-window-headers``, ``session-headers``) from the store without
+headers: both log the plain value with the record timestamp, a header-aware
+store with the headers it keeps, the others with none (but Kafka Streams'
+own ``v``/``c`` position headers under its IQ consistency option). A
+changelog record with other headers therefore comes from a header-aware
+store, but one without says nothing (its input had none), so the bytes are
+no test either way. Only the store on disk tells (its column families,
+``StoreFormat::detect``), or the application's ``dsl.store.format``.
+A versioned store's bytes look like a plain store's (same column
 families), so only its changelog (or ``--store-format NAME=versioned``) tells
 it; its history retention is the changelog's ``min.compaction.lag.ms`` less
-a day unless ``--retention`` says otherwise. A kind statestore does not write
-yet is reported store by store and never opened for writing.
+a day unless ``--retention`` says otherwise. Likewise an emit-final window or session store
+(``emitStrategy(onWindowClose())``: ``emit-final-window``,
+``emit-final-sliding-window``, ``emit-final-window-headers``, ``emit-final-session``,
+``emit-final-session-headers``) logs the changelog of
+any window or session store; only its store keys differ (time first, and
+index rows). A kind statestore does not write yet is
+reported store by store and never opened for writing.
 """
 
 from __future__ import annotations
@@ -35,8 +50,19 @@ VERSIONED = "versioned"
 
 #: The kinds statestore writes, each with the formats it writes them in.
 WRITTEN: dict[str, tuple[str, ...]] = {
-    KEY_VALUE: ("plain", "timestamped"),
-    WINDOW_OR_SESSION: ("timestamped-window", "window", "session"),
+    KEY_VALUE: ("plain", "timestamped", "timestamped-headers"),
+    WINDOW_OR_SESSION: (
+        "timestamped-window",
+        "window",
+        "session",
+        "timestamped-window-headers",
+        "session-headers",
+        "emit-final-window",
+        "emit-final-sliding-window",
+        "emit-final-window-headers",
+        "emit-final-session",
+        "emit-final-session-headers",
+    ),
     VERSIONED: ("versioned",),
 }
 

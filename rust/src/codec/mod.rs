@@ -264,7 +264,68 @@ impl<'a> RecordRef<'a> {
     }
     /// The record headers as `(key, value)`; already validated when the record was read.
     pub fn headers(&self) -> HeaderIter<'a> {
-        HeaderIter { buf: self.headers_raw, pos: 0, left: self.header_count }
+        self.raw_headers().iter()
+    }
+    /// The record headers as they sit in the record (validated).
+    pub fn raw_headers(&self) -> RawHeaders<'a> {
+        RawHeaders { count: self.header_count, raw: self.headers_raw }
+    }
+}
+
+/// A record's headers in the record wire format, validated: `count` headers,
+/// each `varint(key length) key varint(value length, -1 for null) value`, in
+/// `raw` (the header count itself is not part of `raw`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawHeaders<'a> {
+    count: i32,
+    raw: &'a [u8],
+}
+
+impl<'a> RawHeaders<'a> {
+    /// No headers.
+    pub const NONE: RawHeaders<'static> = RawHeaders { count: 0, raw: &[] };
+
+    /// Headers `raw` in the wire format, built by [`RawHeaders::encode`] or
+    /// read and validated by the codec; `count` of them.
+    pub fn new(count: i32, raw: &'a [u8]) -> Self {
+        Self { count: count.max(0), raw }
+    }
+
+    pub fn count(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The headers in the wire format, without their count.
+    pub fn raw(&self) -> &'a [u8] {
+        self.raw
+    }
+
+    /// The headers as `(key, value)`.
+    pub fn iter(&self) -> HeaderIter<'a> {
+        HeaderIter { buf: self.raw, pos: 0, left: self.count }
+    }
+
+    /// Append `headers` to `out` in the wire format (without their count);
+    /// how many there were.
+    pub fn encode<'h>(headers: impl IntoIterator<Item = (&'h [u8], Option<&'h [u8]>)>, out: &mut Vec<u8>) -> i32 {
+        let mut n = 0;
+        for (k, v) in headers {
+            write_varint(out, k.len() as i32);
+            out.extend_from_slice(k);
+            match v {
+                Some(v) => {
+                    write_varint(out, v.len() as i32);
+                    out.extend_from_slice(v);
+                }
+                None => write_varint(out, -1),
+            }
+            n += 1;
+        }
+        n
     }
 }
 
@@ -567,10 +628,7 @@ impl BatchBuilder {
         put(out, key);
         put(out, value);
         write_varint(out, headers.len() as i32);
-        for (k, v) in headers {
-            put(out, Some(k));
-            put(out, *v);
-        }
+        RawHeaders::encode(headers.iter().copied(), out);
     }
 
     /// Append the finished batch to `out`, compressing the records with
@@ -689,6 +747,9 @@ mod tests {
             assert_eq!((recs[1].key, recs[1].timestamp), (None, 1005));
             let hs: Vec<_> = recs[1].headers().collect();
             assert_eq!(hs, vec![(&b"h"[..], Some(&b"x"[..])), (&b"n"[..], None)]);
+            // raw: key length 1 (02), "h", value length 1 (02), "x"; 02 "n" and -1 (01) for null
+            assert_eq!(recs[1].raw_headers(), RawHeaders::new(2, &[2, b'h', 2, b'x', 2, b'n', 1]));
+            assert_eq!(recs[0].raw_headers(), RawHeaders::NONE);
             assert_eq!((recs[2].value, recs[2].timestamp), (None, 999));
         }
     }

@@ -4,7 +4,7 @@
 //!
 //! The engine runs with the GIL released; a feed takes it back once per pull
 //! (one `consume()` of up to [`crate::restore::feed::MAX_PULL_RECORDS`]
-//! messages) and reads offset, key and value of every `Message` through the
+//! messages) and reads offset, key and value (a header-aware store: headers too) of every `Message` through the
 //! C API (vectorcalls of the client's C methods, no Python bytecode per
 //! record), copying the bytes into the chunk's arena. Python code runs only
 //! per pull (`poll`, `position`) and for error events (`on_error`: the end
@@ -46,11 +46,20 @@ pub struct PyFeedLog {
     raised: Raised,
     stall_timeout: Duration,
     timestamps: bool,
+    headers: bool,
 }
 
 impl PyFeedLog {
     pub fn new(obj: Py<PyAny>, stall_timeout: Duration) -> Self {
-        Self { obj, raised: Arc::new(Mutex::new(None)), stall_timeout, timestamps: true }
+        Self { obj, raised: Arc::new(Mutex::new(None)), stall_timeout, timestamps: true, headers: false }
+    }
+
+    /// Whether records need their headers (a header-aware store keeps them):
+    /// `Message.headers()`, a list of `(str, bytes | None)` or None, read
+    /// only then.
+    pub fn with_headers(mut self, headers: bool) -> Self {
+        self.headers = headers;
+        self
     }
 
     /// Whether records need their timestamps (a timestamped store does):
@@ -81,7 +90,12 @@ impl Changelog for PyFeedLog {
         let feed =
             Python::attach(|py| self.obj.call_method1(py, intern!(py, "restore_feed"), (topic, partition, start)))
                 .map_err(|e| keep(&self.raised, e))?;
-        let feed = PyChunkFeed { obj: Some(feed), raised: self.raised.clone(), timestamps: self.timestamps };
+        let feed = PyChunkFeed {
+            obj: Some(feed),
+            raised: self.raised.clone(),
+            timestamps: self.timestamps,
+            headers: self.headers,
+        };
         Ok(Box::new(FeedSource::new(feed, start, self.stall_timeout)))
     }
 
@@ -97,6 +111,7 @@ struct PyChunkFeed {
     obj: Option<Py<PyAny>>,
     raised: Raised,
     timestamps: bool,
+    headers: bool,
 }
 
 fn bytes<'a>(o: &'a Bound<'_, PyAny>) -> PyResult<Option<&'a [u8]>> {
@@ -123,6 +138,7 @@ impl ChunkFeed for PyChunkFeed {
                 intern!(py, "value"),
                 intern!(py, "timestamp"),
             );
+            let headers = intern!(py, "headers");
             for m in msgs.iter() {
                 if !m.call_method0(error)?.is_none() {
                     if feed.call_method1(intern!(py, "on_error"), (&m,))?.is_truthy()? {
@@ -140,7 +156,14 @@ impl ChunkFeed for PyChunkFeed {
                 } else {
                     -1
                 };
-                chunk.push(o, ts, bytes(&k)?, bytes(&v)?);
+                if self.headers {
+                    let hs = m.call_method0(headers)?;
+                    let hs: Vec<(String, Option<Vec<u8>>)> = if hs.is_none() { Vec::new() } else { hs.extract()? };
+                    let hs = hs.iter().map(|(k, v)| (k.as_bytes(), v.as_deref()));
+                    chunk.push_with_headers(o, ts, bytes(&k)?, bytes(&v)?, hs);
+                } else {
+                    chunk.push(o, ts, bytes(&k)?, bytes(&v)?);
+                }
             }
             chunk.position = feed.call_method0(intern!(py, "position"))?.extract()?;
             Ok(())

@@ -171,7 +171,8 @@ fn changelog(log: &Bound<'_, PyAny>, format: StoreFormat) -> PyResult<Resolved> 
         return Err(ErrorClass::Restore.err(format!("restore_stall_timeout must be > 0 seconds, got {stall}")));
     }
     let f = PyFeedLog::new(log.clone().unbind(), Duration::from_secs_f64(stall))
-        .with_timestamps(format.is_timestamped() || format.is_versioned());
+        .with_timestamps(format.is_timestamped() || format.is_versioned())
+        .with_headers(format.has_headers());
     let raised = f.raised();
     Ok((Box::new(f), Some(raised), None))
 }

@@ -253,13 +253,39 @@ fn segments_check(path: PathBuf, retention_ms: i64, segment_interval_ms: Option<
     Ok(found.into_iter().map(|(id, _)| id * seg.segment_interval_ms).collect())
 }
 
-/// The format of the store at `path` as found on disk (`"plain"` or
-/// `"timestamped"`), None where there is no RocksDB yet. A store of a type
-/// statestore does not know (windowed, session, versioned, headers, extra
-/// column families) raises `StoreError` naming its column families.
+/// The format of the RocksDB at `path` as found on disk (`"plain"`,
+/// `"timestamped"`, `"timestamped-headers"`; a header-aware session
+/// segment: `"session-headers"`), None where there is no RocksDB yet. A
+/// segmented store's directory, or a store of a type statestore does not
+/// know (versioned, emit-final with headers, extra column families), raises
+/// `StoreError` naming what it is.
 #[pyfunction]
 fn store_format(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>> {
     Ok(py.detach(|| Store::detect_format(&path)).map(|f| f.map(StoreFormat::name))?)
+}
+
+/// Record `offset` for `tp` (`"<topic>-<partition>"`) in the closed
+/// key-value store at `path` of `format` if it holds no data and no offset
+/// for `tp` yet (a store restored from a changelog partition without a
+/// committed record); a store without status is marked CLOSED. Whether it
+/// recorded. A store of another format is refused as `Store.open_format` refuses it.
+#[pyfunction]
+fn store_record_if_empty(py: Python<'_>, path: PathBuf, format: &str, tp: &str, offset: i64) -> PyResult<bool> {
+    let format = StoreFormat::parse(format).map_err(|m| ErrorClass::Store.err(m))?;
+    Ok(py.detach(|| {
+        let store = Store::open_format(&path, store::store_options(false), format)?;
+        if !store.is_data_empty() || store.offset(tp)?.is_some() {
+            return Ok::<_, StoreError>(false);
+        }
+        let mut b = WriteBatch::default();
+        store.put_offset(&mut b, tp, offset);
+        if store.status()?.is_none() {
+            store.put_status(&mut b, offsets::STATUS_CLOSED);
+        }
+        store.write(b, false)?;
+        store.flush()?;
+        Ok(true)
+    })?)
 }
 
 /// An offset (or status value) as the offsets column family stores it:
@@ -323,6 +349,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SegmentedStoreInfo>()?;
     m.add_function(wrap_pyfunction!(segmented_info, m)?)?;
     m.add_function(wrap_pyfunction!(segments_check, m)?)?;
+    m.add_function(wrap_pyfunction!(store_record_if_empty, m)?)?;
     m.add_function(wrap_pyfunction!(encode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(decode_offset, m)?)?;
     m.add_function(wrap_pyfunction!(dsl_segment_interval, m)?)?;
@@ -349,6 +376,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let versioned: Vec<&str> =
         StoreFormat::ALL.into_iter().filter(|f| f.is_versioned()).map(StoreFormat::name).collect();
     m.add("VERSIONED_STORE_FORMATS", PyTuple::new(m.py(), versioned)?)?;
+    let headers: Vec<&str> = StoreFormat::ALL.into_iter().filter(|f| f.has_headers()).map(StoreFormat::name).collect();
+    m.add("HEADERS_STORE_FORMATS", PyTuple::new(m.py(), headers)?)?;
     m.add("CORRUPTION_PREFIX", store::CORRUPTION_PREFIX)?;
     Ok(())
 }

@@ -34,6 +34,8 @@ pub struct ChunkOps {
     /// The record timestamp of each operation, kept for a versioned store
     /// only (its put logic needs every record with its timestamp).
     timestamps: Vec<i64>,
+    /// Records pushed (an emit-final session store's record is two operations).
+    records: usize,
 }
 
 impl ChunkOps {
@@ -43,6 +45,7 @@ impl ChunkOps {
         self.timestamps.clear();
         self.last_offset = None;
         self.null_keys = 0;
+        self.records = 0;
     }
 
     /// Add the records of one read of `source` (about `max_bytes` of log
@@ -78,6 +81,11 @@ impl ChunkOps {
         self.ops.len()
     }
 
+    /// Records pushed (each one operation, or two with an index row).
+    pub fn records(&self) -> usize {
+        self.records
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
@@ -90,20 +98,34 @@ impl ChunkOps {
     }
 
     /// Push one changelog record as a store of `format` keeps it (a
-    /// timestamped store's value starts with the record's timestamp).
+    /// timestamped store's value holds the record's timestamp, a
+    /// header-aware one its headers: [`StoreFormat::encode_value`]; an
+    /// emit-final window store's key is time first: [`StoreFormat::encode_key`]).
     pub fn push_record(&mut self, format: StoreFormat, key: &[u8], r: &ChangeRecord<'_>) {
         if format == StoreFormat::Versioned {
             return self.push_versioned(key, r.value, r.timestamp);
         }
-        match r.value {
-            Some(v) if format.is_timestamped() => {
-                let at = self.data.len();
-                self.data.extend_from_slice(key);
-                format.encode_value(r.timestamp, v, &mut self.data);
-                self.ops.push((at, key.len() as u32, (v.len() + 8) as u32));
-            }
-            _ => self.push(key, r.value),
+        if format.stores_value_as_is() && !format.rewrites_key() {
+            return self.push(key, r.value);
         }
+        self.records += 1;
+        if format.has_index() {
+            let at = self.data.len();
+            format.key_schema().expect("an index is a segmented store's").index_key(key, &mut self.data);
+            let vlen = if r.value.is_some() { 0 } else { u32::MAX };
+            self.ops.push((at, (self.data.len() - at) as u32, vlen));
+        }
+        let at = self.data.len();
+        format.encode_key(key, &mut self.data);
+        let klen = self.data.len() - at;
+        let vlen = match r.value {
+            Some(v) => {
+                format.encode_value(r.timestamp, r.headers, v, &mut self.data);
+                (self.data.len() - at - klen) as u32
+            }
+            None => u32::MAX,
+        };
+        self.ops.push((at, klen as u32, vlen));
     }
 
     /// Push a record of a versioned store: the value as logged, with its timestamp.
@@ -118,6 +140,7 @@ impl ChunkOps {
     }
 
     pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.records += 1;
         let at = self.data.len();
         self.data.extend_from_slice(key);
         let vlen = match value {

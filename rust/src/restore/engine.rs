@@ -799,6 +799,12 @@ mod tests {
             (StoreFormat::TimestampedWindow, KeySchema::Window),
             (StoreFormat::Window, KeySchema::Window),
             (StoreFormat::Session, KeySchema::Session),
+            (StoreFormat::TimestampedWindowHeaders, KeySchema::Window),
+            (StoreFormat::SessionHeaders, KeySchema::Session),
+            (StoreFormat::EmitFinalWindow, KeySchema::TimeOrderedWindow),
+            (StoreFormat::EmitFinalSlidingWindow, KeySchema::TimeOrderedWindow),
+            (StoreFormat::EmitFinalWindowHeaders, KeySchema::TimeOrderedWindow),
+            (StoreFormat::EmitFinalSession, KeySchema::TimeOrderedSession),
         ] {
             let log = segmented_log(&random_log(6_000, 400, 5), schema);
             let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));

@@ -38,7 +38,19 @@ impl FeedChunk {
 
     /// Append one record (copies key and value).
     pub fn push(&mut self, offset: i64, timestamp: i64, key: Option<&[u8]>, value: Option<&[u8]>) {
-        self.records.push(ChangeRecord { offset, timestamp, key, value });
+        self.records.push(ChangeRecord::new(offset, timestamp, key, value));
+    }
+
+    /// Append one record with its headers (copies them all).
+    pub fn push_with_headers<'h>(
+        &mut self,
+        offset: i64,
+        timestamp: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: impl IntoIterator<Item = (&'h [u8], Option<&'h [u8]>)>,
+    ) {
+        self.records.push_with_headers(ChangeRecord::new(offset, timestamp, key, value), headers);
     }
 }
 

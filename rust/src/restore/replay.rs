@@ -84,7 +84,7 @@ fn apply(
         store.write_chunk(ops, tp, off).map_err(|e| RestoreError::store(tp, e))?;
         applied.null_keys += ops.null_keys();
     }
-    applied.add(ops.last_offset(), ops.len() as u64, progress)
+    applied.add(ops.last_offset(), ops.records() as u64, progress)
 }
 
 fn replay_chunks(

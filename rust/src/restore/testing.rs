@@ -5,12 +5,37 @@ use std::collections::BTreeMap;
 
 use super::Dest;
 use crate::segments::{KeySchema, Segmentation};
-use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind, SkipCounts};
+use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind, RawHeaders, SkipCounts};
 use crate::store::{Store, StoreFormat};
 
 /// The timestamp a [`VecSource`] gives the record at `offset`.
 pub fn ts_of(offset: i64) -> i64 {
     1_700_000_000_000 + offset * 7
+}
+
+/// The headers a [`VecSource`] gives the record at `offset` (count, wire
+/// format), so header-aware stores see none, one, several and a null value:
+/// none; `trace: <offset>`; `a: x, n: null`; `empty: ""`.
+pub fn headers_of(offset: i64) -> (i32, Vec<u8>) {
+    let trace = offset.to_string();
+    let headers: Vec<(&[u8], Option<&[u8]>)> = match offset % 4 {
+        0 => vec![],
+        1 => vec![(b"trace", Some(trace.as_bytes()))],
+        2 => vec![(b"a", Some(b"x")), (b"n", None)],
+        _ => vec![(b"empty", Some(b""))],
+    };
+    let mut raw = Vec::new();
+    let n = RawHeaders::encode(headers, &mut raw);
+    (n, raw)
+}
+
+/// The value a store of `format` holds for `value` written at `offset` of a
+/// [`VecSource`] (its timestamp [`ts_of`], its headers [`headers_of`]).
+pub fn stored_value(format: StoreFormat, offset: i64, value: &[u8]) -> Vec<u8> {
+    let (n, raw) = headers_of(offset);
+    let mut stored = Vec::new();
+    format.encode_value(ts_of(offset), RawHeaders::new(n, &raw), value, &mut stored);
+    stored
 }
 
 /// One log entry as the source sees it.
@@ -55,12 +80,10 @@ impl ChangelogSource for VecSource {
             match &self.log[self.pos as usize] {
                 Entry::Data { key, value } => {
                     used += 16 + key.as_ref().map_or(0, Vec::len) + value.as_ref().map_or(0, Vec::len);
-                    sink(ChangeRecord {
-                        offset: self.pos,
-                        timestamp: ts_of(self.pos),
-                        key: key.as_deref(),
-                        value: value.as_deref(),
-                    });
+                    let (n, raw) = headers_of(self.pos);
+                    let mut r = ChangeRecord::new(self.pos, ts_of(self.pos), key.as_deref(), value.as_deref());
+                    r.headers = RawHeaders::new(n, &raw);
+                    sink(r);
                 }
                 Entry::Aborted => {
                     used += 16;
@@ -138,14 +161,17 @@ pub fn random_log(n: usize, keys: u64, seed: u64) -> Vec<Entry> {
 /// Everything in a store's data column family.
 /// [`model`] as a timestamped store holds it: each value behind its record's timestamp.
 pub fn model_timestamped(log: &[Entry], end: i64) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    model_format(log, end, StoreFormat::Timestamped)
+}
+
+/// [`model`] as a key-value store of `format` holds it ([`stored_value`]).
+pub fn model_format(log: &[Entry], end: i64, format: StoreFormat) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut m = BTreeMap::new();
     for (off, e) in log.iter().enumerate().take(end as usize) {
         if let Entry::Data { key: Some(k), value } = e {
             match value {
                 Some(v) => {
-                    let mut stored = ts_of(off as i64).to_be_bytes().to_vec();
-                    stored.extend_from_slice(v);
-                    m.insert(k.clone(), stored);
+                    m.insert(k.clone(), stored_value(format, off as i64, v));
                 }
                 None => {
                     m.remove(k);
@@ -204,8 +230,12 @@ pub fn segmented_log(log: &[Entry], schema: KeySchema) -> Vec<Entry> {
     let rekey = |k: &Vec<u8>| -> Vec<u8> {
         let t = time_of(k);
         match schema {
-            KeySchema::Window => [k.as_slice(), &t.to_be_bytes(), &0i32.to_be_bytes()].concat(),
-            KeySchema::Session => [k.as_slice(), &t.to_be_bytes(), &(t - 5_000).to_be_bytes()].concat(),
+            KeySchema::Window | KeySchema::TimeOrderedWindow => {
+                [k.as_slice(), &t.to_be_bytes(), &0i32.to_be_bytes()].concat()
+            }
+            KeySchema::Session | KeySchema::TimeOrderedSession => {
+                [k.as_slice(), &t.to_be_bytes(), &(t - 5_000).to_be_bytes()].concat()
+            }
         }
     };
     log.iter()
@@ -226,15 +256,24 @@ pub fn model_segmented(log: &[Entry], end: i64, format: StoreFormat, seg: Segmen
     for (off, e) in log.iter().enumerate().take(end as usize) {
         if let Entry::Data { key, value } = e {
             last = Some(off as i64);
-            let Some(k) = key else { continue };
+            let Some(changelog_key) = key else { continue };
+            let mut stored_key = Vec::new();
+            format.encode_key(changelog_key, &mut stored_key);
+            let k = &stored_key;
             let id = seg.segment_id(schema.segment_timestamp(k).unwrap());
             stream_time = stream_time.max(schema.segment_timestamp(k).unwrap());
             let s: &mut BTreeMap<Vec<u8>, Vec<u8>> = m.entry(id).or_default();
+            if format.has_index() {
+                let mut index = Vec::new();
+                schema.index_key(changelog_key, &mut index);
+                match value {
+                    Some(_) => s.insert(index, Vec::new()),
+                    None => s.remove(&index),
+                };
+            }
             match value {
                 Some(v) => {
-                    let mut stored = Vec::new();
-                    format.encode_value(ts_of(off as i64), v, &mut stored);
-                    s.insert(k.clone(), stored);
+                    s.insert(k.clone(), stored_value(format, off as i64, v));
                 }
                 None => {
                     s.remove(k);

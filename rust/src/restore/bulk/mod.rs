@@ -174,7 +174,7 @@ fn run(
                     into.add(k, v, h)?;
                 }
                 applied.null_keys += ops.null_keys();
-                applied.add(ops.last_offset(), ops.len() as u64, progress).map_err(Failure::from)
+                applied.add(ops.last_offset(), ops.records() as u64, progress).map_err(Failure::from)
             },
         )?;
     } else {
@@ -286,7 +286,13 @@ fn add_slices(
 ) -> Result<(), Failure> {
     let Target { store, tp, end } = target;
     let format = store.format();
-    let (mut hashes, mut stamped) = (Vec::<u64>::new(), Vec::<u8>::new());
+    let (mut hashes, mut stamped, mut stored_key) = (Vec::<u64>::new(), Vec::<u8>::new(), Vec::<u8>::new());
+    let rewrites_key = format.rewrites_key();
+    // The key a record is stored under (hashed as the collector hashes it).
+    let store_key = |key: &[u8], out: &mut Vec<u8>| {
+        out.clear();
+        format.encode_key(key, out);
+    };
     loop {
         let (mut failed, mut last_offset, mut records) = (None, None, 0u64);
         let more = source.next_records(end, read_bytes, &mut |slice| {
@@ -294,7 +300,16 @@ fn add_slices(
                 return; // the rest of this read is dropped with the restore
             }
             hashes.clear();
-            hashes.extend(slice.iter().map(|r| r.key.map_or(0, Collector::hash)));
+            if rewrites_key {
+                hashes.extend(slice.iter().map(|r| {
+                    r.key.map_or(0, |k| {
+                        store_key(k, &mut stored_key);
+                        Collector::hash(&stored_key)
+                    })
+                }));
+            } else {
+                hashes.extend(slice.iter().map(|r| r.key.map_or(0, Collector::hash)));
+            }
             into.prefetch_first(&hashes);
             for (i, r) in slice.iter().enumerate() {
                 into.prefetch_ahead(&hashes, i);
@@ -303,12 +318,27 @@ fn add_slices(
                     continue;
                 };
                 let value = match r.value {
-                    Some(v) if format.is_timestamped() => {
+                    Some(v) if !format.stores_value_as_is() => {
                         stamped.clear();
-                        format.encode_value(r.timestamp, v, &mut stamped);
+                        format.encode_value(r.timestamp, r.headers, v, &mut stamped);
                         Some(stamped.as_slice())
                     }
                     v => v,
+                };
+                if let Some(schema) = format.key_schema().filter(|_| format.has_index()) {
+                    stored_key.clear();
+                    schema.index_key(key, &mut stored_key);
+                    let index_value: Option<&[u8]> = value.map(|_| &[][..]);
+                    if let Err(e) = into.add(&stored_key, index_value, Collector::hash(&stored_key)) {
+                        failed = Some(e);
+                        return;
+                    }
+                }
+                let key = if rewrites_key {
+                    store_key(key, &mut stored_key);
+                    stored_key.as_slice()
+                } else {
+                    key
                 };
                 if let Err(e) = into.add(key, value, hashes[i]) {
                     failed = Some(e);
@@ -550,36 +580,51 @@ mod tests {
 
     #[test]
     fn timestamped_bulk_and_replay_write_timestamp_and_value_into_their_own_family() {
-        use crate::store::{StoreFormat, TIMESTAMPED_CF};
+        use crate::restore::testing::model_format;
+        use crate::store::{StoreFormat, TIMESTAMPED_CF, TIMESTAMPED_HEADERS_CF};
         let log = random_log(12_000, 900, 21);
-        let want = model_timestamped(&log, 12_000);
-        let dir = tempfile::tempdir().unwrap();
-        for (name, budget, bulk_mode) in [("bulk", 64 << 20, true), ("spill", 64 << 10, true), ("replay", 0, false)] {
-            let p = dir.path().join(name);
-            {
-                let store = Dest::Store(Store::open_format(&p, restore_options(), StoreFormat::Timestamped).unwrap());
-                let mut src = VecSource::new(log.clone(), 0);
-                let mut pr = Progress::new(None, Duration::ZERO);
-                if bulk_mode {
-                    let mut opts = BulkOptions::new(budget);
-                    opts.chunk_bytes = 300;
-                    bulk(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, &opts, &mut pr).unwrap();
-                } else {
-                    replay(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, 1000, true, &mut pr).unwrap();
-                }
+        for (format, cf) in
+            [(StoreFormat::Timestamped, TIMESTAMPED_CF), (StoreFormat::TimestampedHeaders, TIMESTAMPED_HEADERS_CF)]
+        {
+            let want = model_format(&log, 12_000, format);
+            if format == StoreFormat::Timestamped {
+                assert_eq!(want, model_timestamped(&log, 12_000));
             }
-            let mut cfs = DB::list_cf(&Options::default(), &p).unwrap();
-            cfs.sort();
-            assert_eq!(cfs, ["default", TIMESTAMPED_CF, "offsets"], "{name}");
-            let store = Store::open(&p, false).unwrap();
-            assert_eq!(store.format(), StoreFormat::Timestamped, "{name}: detected from its families");
-            assert_eq!(dump(&store), want, "{name}");
-            assert!(store.db().iterator(rocksdb::IteratorMode::Start).next().is_none(), "{name}: default stays empty");
-            assert_eq!(store.offset("t-0").unwrap(), model(&log, 12_000).1);
+            let dir = tempfile::tempdir().unwrap();
+            for (name, budget, bulk_mode) in [("bulk", 64 << 20, true), ("spill", 64 << 10, true), ("replay", 0, false)]
+            {
+                let p = dir.path().join(name);
+                {
+                    let store = Dest::Store(Store::open_format(&p, restore_options(), format).unwrap());
+                    let mut src = VecSource::new(log.clone(), 0);
+                    let mut pr = Progress::new(None, Duration::ZERO);
+                    if bulk_mode {
+                        let mut opts = BulkOptions::new(budget);
+                        opts.chunk_bytes = 300;
+                        bulk(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, &opts, &mut pr).unwrap();
+                    } else {
+                        replay(Target { store: &store, tp: "t-0", end: 12_000 }, &mut src, 1000, true, &mut pr)
+                            .unwrap();
+                    }
+                }
+                let mut cfs = DB::list_cf(&Options::default(), &p).unwrap();
+                cfs.sort();
+                let mut expected = vec!["default", cf, "offsets"];
+                expected.sort();
+                assert_eq!(cfs, expected, "{name}");
+                let store = Store::open(&p, false).unwrap();
+                assert_eq!(store.format(), format, "{name}: detected from its families");
+                assert_eq!(dump(&store), want, "{format:?} {name}");
+                assert!(
+                    store.db().iterator(rocksdb::IteratorMode::Start).next().is_none(),
+                    "{name}: default stays empty"
+                );
+                assert_eq!(store.offset("t-0").unwrap(), model(&log, 12_000).1);
+            }
+            // a store of one format is never opened as another
+            let e = Store::open_format(&dir.path().join("bulk"), restore_options(), StoreFormat::Plain).err().unwrap();
+            assert!(e.to_string().contains(format.name()), "{e}");
         }
-        // a store of one format is never opened as the other
-        let e = Store::open_format(&dir.path().join("bulk"), restore_options(), StoreFormat::Plain).err().unwrap();
-        assert!(e.to_string().contains("timestamped"), "{e}");
     }
 
     #[test]

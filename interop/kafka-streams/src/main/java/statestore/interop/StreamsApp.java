@@ -78,7 +78,9 @@ import org.apache.kafka.streams.state.Stores;
  * of {@link VersionedTopology}: a versioned key-value store fed out-of-order timestamps and tombstones.
  *
  * <p>{@code --stores more-windows} builds {@link WindowTopologies}' application instead: a hopping-window count, a
- * stream-stream join whose results are counted, and a {@code groupBy} count in sub-topology 1.
+ * stream-stream join whose results are counted, and a {@code groupBy} count in sub-topology 1. {@code --stores headers}
+ * and {@code emit-final} build the topologies of {@link HeadersTopologies} (header-aware stores, emit-final windows),
+ * done as a windowed run is.
  *
  * <p>Modes: {@code process} (optionally produce {@code --produce N} input records first, then run until every input
  * record is counted, print the results and close) and {@code restore} (start, wait until every store is restored,
@@ -182,9 +184,9 @@ public final class StreamsApp {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
             if (!List.of("both", LATEST, COUNTS, WINDOWED, WCOUNTS, VERSIONED).contains(a.stores)
-                    && !WindowTopologies.choices().contains(a.stores)) {
-                throw new IllegalArgumentException("--stores is both, latest, counts, windowed, wcounts, versioned or "
-                        + "one of " + WindowTopologies.choices() + ", got " + a.stores);
+                    && !WindowTopologies.choices().contains(a.stores) && !HeadersChoices.isOne(a.stores)) {
+                throw new IllegalArgumentException("--stores is both, latest, counts, windowed, wcounts, versioned, "
+                        + "headers, emit-final or one of " + WindowTopologies.choices() + ", got " + a.stores);
             }
             if (!a.mode.equals("process") && !a.mode.equals("restore")) {
                 throw new IllegalArgumentException("--mode is process or restore, got " + a.mode);
@@ -203,6 +205,9 @@ public final class StreamsApp {
 
         /** The stores of the topology. */
         List<String> storeNames() {
+            if (HeadersChoices.isOne(stores)) {
+                return HeadersChoices.storeNames(stores);
+            }
             return switch (stores) {
                 case LATEST -> List.of(LATEST);
                 case COUNTS -> List.of(COUNTS);
@@ -242,12 +247,15 @@ public final class StreamsApp {
         }
     }
 
-    static Topology topology(String input, String stores, long retentionMs, AtomicLong processed) {
+    static Topology topology(String input, String stores, long retentionMs, AtomicLong processed) throws Exception {
         if (WindowTopologies.choices().contains(stores)) {
             return WindowTopologies.build(input, processed);
         }
         if (stores.equals(VERSIONED)) {
             return VersionedTopology.topology(input, processed);
+        }
+        if (HeadersChoices.isOne(stores)) {
+            return HeadersChoices.topology(input, stores, processed);
         }
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
@@ -323,7 +331,11 @@ public final class StreamsApp {
                     v.append('x');
                 }
                 Long ts = a.timeStepMs > 0 ? a.firstTimestamp + seq * a.timeStepMs : null;
-                prod.send(new ProducerRecord<>(a.inputTopic(), null, ts, key, v.toString()));
+                ProducerRecord<String, String> rec = new ProducerRecord<>(a.inputTopic(), null, ts, key, v.toString());
+                if (a.stores.equals(HeadersChoices.HEADERS)) {
+                    HeadersChoices.addHeaders(rec.headers(), seq);
+                }
+                prod.send(rec);
             }
             prod.flush();
         }
@@ -523,7 +535,7 @@ public final class StreamsApp {
                     && (more ? WindowTopologies.done(streams, topology, a.expect >= 0 ? a.expect : a.produce,
                             total, processed.get())
                     : a.stores.equals(LATEST) ? processed.get() >= a.produce
-                    : a.windowed() || a.stores.equals(VERSIONED)
+                    : a.windowed() || a.stores.equals(VERSIONED) || HeadersChoices.isOne(a.stores)
                             ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
@@ -546,7 +558,9 @@ public final class StreamsApp {
         }
         if (done && a.mode.equals("process")) {
             for (String name : storeNames) {
-                out(more ? WindowTopologies.summarize(streams, name, a.printResults) : switch (name) {
+                out(more ? WindowTopologies.summarize(streams, name, a.printResults)
+                        : HeadersChoices.isOwnStore(name) ? HeadersChoices.summarize(streams, name, a.keys, a.printResults)
+                        : switch (name) {
                     case WCOUNTS -> summarizeWindows(streams, a.printResults);
                     case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
                     case VersionedTopology.STORE -> VersionedTopology.summarize(

@@ -1,0 +1,115 @@
+"""Kafka Streams 4.4 starts on emit-final window and session stores statestore restored, and restores nothing.
+
+The application (``interop/kafka-streams``, ``stores="emit-final"``) counts
+its input in 1-minute tumbling windows, in sliding windows of 1 minute and in
+sessions of 30 s inactivity, each with ``emitStrategy(onWindowClose())``
+(``wcounts``: Kafka Streams' time-ordered window store, retention 60 s, base
+rows keyed ``0x00 ‖ window start ‖ key ‖ seqnum``; ``swcounts``: the same,
+retention 120 s, with index rows ``0x01 ‖ key ‖ window start ‖ seqnum``;
+``scounts``: its time-ordered session store,
+retention 30 s, base rows ``0x00 ‖ end ‖ start ‖ key`` and index rows
+``0x01 ‖ key ‖ end ‖ start``); and the same under ``dsl.store.format=headers``:
+window segments of ``windowKeyValueWithHeaders`` with index rows, session
+segments of ``sessionKeyValueWithHeaders`` whose values hold no headers. The
+input's timestamps step as in ``test_kafka_streams_windows.py``, so windows
+close and segments expire.
+
+Run to completion under exactly_once_v2, then statestore restores the stores
+into an empty state directory with ``restore_many`` from their changelogs:
+the segments are Kafka Streams' own, byte for byte, each CLOSED. Kafka
+Streams started there restores nothing, and after more input its windows and
+sessions equal those of a second application that processed all the input
+from scratch.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statestore import _native
+from support import kstreams_app
+from support.kstreams_app import segments, store_path
+from support.model import store_contents, store_difference
+
+pytest.importorskip("statestore.changelog.kafka")
+
+PARTITIONS = 2
+KEYS = 150
+STEP = 250
+
+#: The timestamp of input record 0: an hour ago, on a minute.
+FIRST = (int(time.time() * 1000) // 60_000 - 60) * 60_000
+
+
+@pytest.mark.parametrize("headers", [False, True], ids=["default", "headers"])
+def test_kafka_streams_starts_on_emit_final_window_stores_statestore_restored(
+    app_built: Path, kafka_broker: Any, tmp_path: Path, headers: bool
+) -> None:
+    stores = kstreams_app.EMIT_FINAL_HEADERS_STORES if headers else kstreams_app.EMIT_FINAL_STORES
+    topology = "emit-final"
+    config = {"commit.interval.ms": "500", "statestore.cache.max.bytes": "0"}
+    if headers:
+        config["dsl.store.format"] = "headers"
+
+    def run(app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
+        return kstreams_app.run_app(
+            kafka_bootstrap,
+            app,
+            state,
+            guarantee="exactly_once_v2",
+            stores=topology,
+            keys=KEYS,
+            value_size=20,
+            partitions=PARTITIONS,
+            time_step_ms=STEP,
+            first_timestamp_ms=FIRST,
+            config=config,
+            **kw,
+        )
+
+    kafka_bootstrap = str(kafka_broker.bootstrap)
+    app = f"kse{uuid.uuid4().hex[:8]}"
+    first = tmp_path / "first"
+    assert run(app, first, produce=3000).closed_clean
+
+    restored = tmp_path / "restored"
+    kstreams_app.restore_with_threads(kafka_bootstrap, app, restored, stores, PARTITIONS)
+
+    # Kafka Streams' own segments, byte for byte: time-first base rows, and index rows where it has them
+    for p in range(PARTITIONS):
+        for name, (fmt, _) in stores.items():
+            theirs, ours = store_path(first, app, p, name, fmt), store_path(restored, app, p, name, fmt)
+            names = segments(theirs)
+            assert names and segments(ours) == names, (name, p, segments(ours), names)
+            for seg in names:
+                assert store_difference(theirs / seg, ours / seg) is None, (name, p, seg)
+                assert _native.store_info(ours / seg).status == _native.STATUS_CLOSED
+                on_disk = {"emit-final-window-headers": fmt, "emit-final-session-headers": "session-headers"}
+                assert _native.store_format(ours / seg) == on_disk.get(fmt, "plain")
+                prefixes = {k[0] for k in store_contents(theirs / seg).data}
+                assert prefixes == ({0} if fmt == "emit-final-window" else {0, 1}), (name, p, seg, prefixes)
+
+    only = kstreams_app.run_app(
+        kafka_bootstrap,
+        app,
+        restored,
+        guarantee="exactly_once_v2",
+        mode="restore",
+        stores=topology,
+        partitions=PARTITIONS,
+        keys=KEYS,
+        config=config,
+    )
+    assert only.restored_records == 0, only.restores
+
+    more = run(app, restored, produce=1000, print_results=True)
+    assert more.restored_records == 0, more.restores
+    ref = run(f"{app}ref", tmp_path / "ref", input_topic=f"{app}-input", expect=4000, print_results=True)
+    assert all(int(ref.stores[name]["entries"]) > 0 for name in stores), ref.stores
+    assert more.results == ref.results
+    assert more.stores == ref.stores
