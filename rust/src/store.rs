@@ -236,9 +236,10 @@ impl StoreFormat {
     /// key-value store.
     pub fn key_schema(self) -> Option<KeySchema> {
         match self {
-            StoreFormat::Plain | StoreFormat::Timestamped | StoreFormat::TimestampedHeaders | StoreFormat::Versioned => {
-                None
-            }
+            StoreFormat::Plain
+            | StoreFormat::Timestamped
+            | StoreFormat::TimestampedHeaders
+            | StoreFormat::Versioned => None,
             StoreFormat::Window | StoreFormat::TimestampedWindow | StoreFormat::TimestampedWindowHeaders => {
                 Some(KeySchema::Window)
             }
