@@ -25,7 +25,6 @@ own state directory and name the key-value store's format.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -35,8 +34,8 @@ import pytest
 
 from statestore import _native
 from support import kstreams_app
-from support.cli import run_cli
 from support.kstreams_app import HEADERS_STORES, segments, store_path
+from support.kstreams_checks import check_own_state
 from support.model import store_contents, store_difference
 
 pytest.importorskip("statestore.changelog.kafka")
@@ -127,20 +126,8 @@ def test_kafka_streams_starts_on_header_aware_stores_statestore_restored(
 
     if how == "threads":
         # statestore inspect and verify on the application's own state directory (before more input reaches
-        # the changelogs): the key-value stores' format, their offsets, no lag, equal to their changelogs
-        # (segmented stores are not listed yet)
-        out = run_cli(
-            "inspect", "--state-dir", str(first), "--app-id", app, "--kafka", kafka_bootstrap, "--json"
-        )
-        assert out.returncode == 0, out.stderr
-        doc = json.loads(out.stdout)
-        counts = [s for s in doc["stores"] if s["store"] in ("counts", "hlatest")]
-        assert len(counts) == 2 * PARTITIONS, doc
-        assert all(s["format"] == "timestamped-headers" and s["problem"] is None for s in counts), counts
-        assert all(s["store_offset"] is not None and s["lag"] == 0 for s in counts), counts
-        out = run_cli("verify", "--state-dir", str(first), "--app-id", app, "--kafka", kafka_bootstrap)
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert out.stdout.count("timestamped-headers") >= 2 * PARTITIONS, out.stdout
+        # the changelogs): every store's format, segments, offsets, no lag, equal to its changelog
+        check_own_state(kafka_bootstrap, first, app, HEADERS_STORES, PARTITIONS, "kip-1035")
 
     # Kafka Streams, restore only: nothing to restore
     only = kstreams_app.run_app(
