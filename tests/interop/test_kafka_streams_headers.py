@@ -25,7 +25,7 @@ own state directory and name the key-value store's format.
 
 from __future__ import annotations
 
-import time
+import functools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -42,31 +42,15 @@ pytest.importorskip("statestore.changelog.kafka")
 
 PARTITIONS = 2
 KEYS = 150
-STEP = 250  # ms between input records, as in test_kafka_streams_windows.py
 
 #: The timestamp of input record 0: an hour ago, on a minute.
-FIRST = (int(time.time() * 1000) // 60_000 - 60) * 60_000
+FIRST = kstreams_app.windowed_first_timestamp()
 
 #: Kafka Streams' header-aware stores (Kafka Streams 4.3+).
 HEADERS_CONFIG = {"dsl.store.format": "headers"}
 
 
-def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
-    return kstreams_app.run_app(
-        bootstrap,
-        app,
-        state,
-        guarantee="exactly_once_v2",
-        stores="headers",
-        keys=KEYS,
-        value_size=20,
-        partitions=PARTITIONS,
-        time_step_ms=STEP,
-        first_timestamp_ms=FIRST,
-        # no record cache: interactive queries then read the stores alone, as both runs compared keep them
-        config={"commit.interval.ms": "500", "statestore.cache.max.bytes": "0", **HEADERS_CONFIG},
-        **kw,
-    )
+run = kstreams_app.windowed_runner("headers", KEYS, PARTITIONS, FIRST, HEADERS_CONFIG)
 
 
 def stored_headers(value: bytes) -> bytes:
@@ -147,19 +131,10 @@ def test_kafka_streams_starts_on_header_aware_stores_statestore_restored(
 
     # then 1,000 more records on that state: nothing restored, and the counts, windows and sessions
     # equal those of an application that processed all 4,000 from scratch
-    more = run(kafka_bootstrap, app, restored, produce=1000, print_results=True)
-    assert more.restored_records == 0, more.restores
-    ref = run(
-        kafka_bootstrap,
-        f"{app}ref",
-        tmp_path / "ref",
-        input_topic=f"{app}-input",
-        expect=4000,
-        print_results=True,
+    ref = kstreams_app.check_more_input(
+        functools.partial(run, kafka_bootstrap), app, restored, tmp_path / "ref", produced=3000
     )
     assert ref.stores.keys() == set(HEADERS_STORES)
     assert all(int(ref.stores[name]["entries"]) > 0 for name in HEADERS_STORES), ref.stores
     assert int(ref.stores["counts"]["sum"]) == 4000
     assert any("source=interop,seq=" in v and "none=null" in v for v in ref.results["hlatest"].values())
-    assert more.results == ref.results
-    assert more.stores == ref.stores

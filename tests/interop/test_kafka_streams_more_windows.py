@@ -19,9 +19,9 @@ nothing, and after more input its results equal those of an application that pro
 
 from __future__ import annotations
 
+import functools
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -45,21 +45,7 @@ NAMED = {
 }
 
 
-def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
-    return kstreams_app.run_app(
-        bootstrap,
-        app,
-        state,
-        guarantee="exactly_once_v2",
-        stores="more-windows",
-        keys=KEYS,
-        value_size=20,
-        partitions=PARTITIONS,
-        time_step_ms=kstreams_app.WINDOWED_STEP_MS,
-        first_timestamp_ms=FIRST,
-        config=kstreams_app.WINDOWED_CONFIG,
-        **kw,
-    )
+run = kstreams_app.windowed_runner("more-windows", KEYS, PARTITIONS, FIRST)
 
 
 def databases(store: Path) -> list[Path]:
@@ -118,17 +104,8 @@ def test_kafka_streams_starts_on_hopping_join_and_grouped_stores_statestore_rest
     # application that processed all 4,000 from scratch
     only = run(kafka_bootstrap, app, restored, mode="restore")
     assert only.restored_records == 0, only.restores
-    more = run(kafka_bootstrap, app, restored, produce=1000, print_results=True)
-    assert more.restored_records == 0, more.restores
-    ref = run(
-        kafka_bootstrap,
-        f"{app}ref",
-        tmp_path / "ref",
-        input_topic=f"{app}-input",
-        expect=4000,
-        print_results=True,
+    ref = kstreams_app.check_more_input(
+        functools.partial(run, kafka_bootstrap), app, restored, tmp_path / "ref", produced=3000
     )
     assert ref.stores.keys() == {"hcounts", "jcounts", grouped[0]}, ref.stores
     assert all(int(s["entries"]) > 0 for s in ref.stores.values()), ref.stores
-    assert more.results == ref.results
-    assert more.stores == ref.stores

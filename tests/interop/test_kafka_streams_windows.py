@@ -23,6 +23,7 @@ from scratch.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -43,21 +44,7 @@ KEYS = 150
 FIRST = kstreams_app.windowed_first_timestamp()
 
 
-def run(bootstrap: str, app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
-    return kstreams_app.run_app(
-        bootstrap,
-        app,
-        state,
-        guarantee="exactly_once_v2",
-        stores="windowed",
-        keys=KEYS,
-        value_size=20,
-        partitions=PARTITIONS,
-        time_step_ms=kstreams_app.WINDOWED_STEP_MS,
-        first_timestamp_ms=FIRST,
-        config=kstreams_app.WINDOWED_CONFIG,
-        **kw,
-    )
+run = kstreams_app.windowed_runner("windowed", KEYS, PARTITIONS, FIRST)
 
 
 @pytest.mark.parametrize("how", ["threads", pytest.param("spark", marks=pytest.mark.spark)])
@@ -107,17 +94,8 @@ def test_kafka_streams_starts_on_window_and_session_stores_statestore_restored(
 
     # then 1,000 more records on that state: nothing restored, and the windows and sessions equal those
     # of an application that processed all 4,000 from scratch
-    more = run(kafka_bootstrap, app, restored, produce=1000, print_results=True)
-    assert more.restored_records == 0, more.restores
-    ref = run(
-        kafka_bootstrap,
-        f"{app}ref",
-        tmp_path / "ref",
-        input_topic=f"{app}-input",
-        expect=4000,
-        print_results=True,
+    ref = kstreams_app.check_more_input(
+        functools.partial(run, kafka_bootstrap), app, restored, tmp_path / "ref", produced=3000
     )
     assert ref.stores.keys() == {"wcounts", "scounts"}
     assert int(ref.stores["wcounts"]["entries"]) > 0 and int(ref.stores["scounts"]["entries"]) > 0
-    assert more.results == ref.results
-    assert more.stores == ref.stores

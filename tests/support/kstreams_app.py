@@ -14,7 +14,7 @@ import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -163,6 +163,48 @@ def restore_with_spark(
     ).collect()
     assert [r.status for r in rows] == ["ok"] * (len(stores) * partitions), rows
     assert all(r.records_applied > 0 for r in rows), rows
+
+
+def windowed_runner(
+    stores: str, keys: int, partitions: int, first_timestamp_ms: int, config: Mapping[str, str] | None = None
+) -> Callable[..., AppRun]:
+    """``run(bootstrap, app, state, **kw)``: a run under exactly_once_v2 of topology ``stores`` whose
+    input timestamps march (``WINDOWED_STEP_MS`` a record from ``first_timestamp_ms``) with the
+    windowed runs' settings (``WINDOWED_CONFIG``, plus ``config``)."""
+
+    def run(bootstrap: str, app: str, state: Path, **kw: Any) -> AppRun:
+        return run_app(
+            bootstrap,
+            app,
+            state,
+            guarantee="exactly_once_v2",
+            stores=stores,
+            keys=keys,
+            value_size=20,
+            partitions=partitions,
+            time_step_ms=WINDOWED_STEP_MS,
+            first_timestamp_ms=first_timestamp_ms,
+            config={**WINDOWED_CONFIG, **(config or {})},
+            **kw,
+        )
+
+    return run
+
+
+def check_more_input(
+    run: Callable[..., AppRun], app: str, restored: Path, ref_dir: Path, produced: int, more: int = 1000
+) -> AppRun:
+    """Kafka Streams on ``restored`` (a state directory statestore pre-warmed): ``more`` new input
+    records restore nothing, and its results (``print_results``) equal those of a reference
+    application that processed all ``produced + more`` records from scratch over the same input.
+    ``run(app, state, **kw)`` runs the test's application; the reference run is returned for the
+    test's own checks of what it holds."""
+    after = run(app, restored, produce=more, print_results=True)
+    assert after.restored_records == 0, after.restores
+    ref = run(f"{app}ref", ref_dir, input_topic=f"{app}-input", expect=produced + more, print_results=True)
+    assert after.results == ref.results
+    assert after.stores == ref.stores
+    return ref
 
 
 def build() -> Path:
@@ -366,6 +408,7 @@ __all__ = [
     "Restore",
     "StoreSpec",
     "build",
+    "check_more_input",
     "command",
     "described_topology",
     "expected",
@@ -378,4 +421,5 @@ __all__ = [
     "store_path",
     "value_of",
     "windowed_first_timestamp",
+    "windowed_runner",
 ]
