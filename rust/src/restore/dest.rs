@@ -235,9 +235,7 @@ impl Dest {
     /// ([`SegmentedStore::ingest_all`]).
     pub fn ingest_all(&self, files: BTreeMap<i64, Vec<PathBuf>>) -> Result<(), StoreError> {
         match self {
-            Dest::Store(_) | Dest::Versioned(_) => {
-                files.into_iter().try_for_each(|(id, files)| self.ingest(id, files))
-            }
+            Dest::Store(_) | Dest::Versioned(_) => files.into_iter().try_for_each(|(id, files)| self.ingest(id, files)),
             Dest::Segmented(s) => s.ingest_all(files),
         }
     }
