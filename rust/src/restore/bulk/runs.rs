@@ -5,11 +5,19 @@
 //! order they were written; for a key present in several runs the newest run
 //! wins. Intermediate merges keep tombstones (an older run may still hold the
 //! key); only the final output may drop them.
+//!
+//! A run remembers, every [`INDEX_EVERY`] bytes, the key written there and
+//! its position (a sparse index, kept in memory): the quantiles of these
+//! keys over all runs split a merge into key ranges of about equal bytes
+//! ([`pivots`]), and a range's merge ([`merge_range`]) starts reading each
+//! run at the last indexed position at or before its range, not at the start.
 
 use std::cmp::Ordering;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::collect::{common_prefix, prefix_of, TOMBSTONE};
 
@@ -20,27 +28,77 @@ pub struct Run {
     pub path: PathBuf,
     first: Vec<u8>,
     last: Vec<u8>,
+    /// A key every [`INDEX_EVERY`] bytes and where its record starts.
+    index: Vec<(Vec<u8>, u64)>,
+    /// The run's size in bytes.
+    bytes: u64,
 }
 
-/// Writes one sorted run.
+/// Bytes of run between two entries of a run's sparse index: ~300 keys for a
+/// run of 77 MiB (a 256 MiB budget's collector), a few KiB of memory.
+pub const INDEX_EVERY: u64 = 256 << 10;
+
+/// Bytes a record takes in a run file: its header, key and value.
+pub fn record_bytes(key: &[u8], value: Option<&[u8]>) -> u64 {
+    8 + key.len() as u64 + value.map_or(0, |v| v.len() as u64)
+}
+
+/// Writes at a position of a file shared with other writers (positional
+/// writes: several threads write their parts of one run side by side).
+struct At {
+    file: Arc<File>,
+    pos: u64,
+}
+
+impl Write for At {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes one sorted run, or one part of it (a key range, at its place in
+/// the run's file: [`RunWriter::part`], [`Run::join`]).
 pub struct RunWriter {
-    out: BufWriter<File>,
+    out: BufWriter<At>,
     path: PathBuf,
     first: Option<Vec<u8>>,
     last: Vec<u8>,
+    /// Where this writer's bytes start in the file, and how many it wrote.
+    base: u64,
+    written: u64,
+    index: Vec<(Vec<u8>, u64)>,
 }
 
 impl RunWriter {
     pub fn create(path: &Path, buffer: usize) -> io::Result<Self> {
-        Ok(Self {
-            out: BufWriter::with_capacity(buffer, File::create(path)?),
+        Ok(Self::part(Arc::new(File::create(path)?), path, 0, buffer))
+    }
+
+    /// A writer of the part of the run in `file` (at `path`) that starts at
+    /// byte `base`: the parts before it take exactly `base` bytes.
+    pub fn part(file: Arc<File>, path: &Path, base: u64, buffer: usize) -> Self {
+        Self {
+            out: BufWriter::with_capacity(buffer, At { file, pos: base }),
             path: path.to_path_buf(),
             first: None,
             last: Vec::new(),
-        })
+            base,
+            written: 0,
+            index: Vec::new(),
+        }
     }
 
     pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> io::Result<()> {
+        let at = self.base + self.written;
+        if self.index.last().is_none_or(|&(_, last)| at >= last + INDEX_EVERY) {
+            self.index.push((key.to_vec(), at));
+        }
+        self.written += record_bytes(key, value);
         self.out.write_all(&(key.len() as u32).to_le_bytes())?;
         self.out.write_all(&value.map_or(TOMBSTONE, |v| v.len() as u32).to_le_bytes())?;
         self.out.write_all(key)?;
@@ -59,7 +117,28 @@ impl RunWriter {
     pub fn finish(self) -> io::Result<Run> {
         let f = self.out.into_inner().map_err(|e| e.into_error())?;
         drop(f);
-        Ok(Run { path: self.path, first: self.first.unwrap_or_default(), last: self.last })
+        Ok(Run {
+            path: self.path,
+            first: self.first.unwrap_or_default(),
+            last: self.last,
+            index: self.index,
+            bytes: self.written,
+        })
+    }
+}
+
+impl Run {
+    /// The run that `parts` (of one file, consecutive key ranges in key
+    /// order, each written at its place) make together.
+    pub fn join(parts: Vec<Run>) -> Run {
+        let full: Vec<&Run> = parts.iter().filter(|r| r.bytes > 0).collect();
+        Run {
+            path: parts.first().map(|r| r.path.clone()).unwrap_or_default(),
+            first: full.first().map(|r| r.first.clone()).unwrap_or_default(),
+            last: full.last().map(|r| r.last.clone()).unwrap_or_default(),
+            index: parts.iter().flat_map(|r| r.index.iter().cloned()).collect(),
+            bytes: parts.iter().map(|r| r.bytes).sum(),
+        }
     }
 }
 
@@ -81,9 +160,14 @@ struct Cursor {
 }
 
 impl Cursor {
-    fn open(path: &Path, buffer: usize) -> io::Result<Self> {
+    /// Open `path` to read from byte `at` (the start of a record).
+    fn open(path: &Path, buffer: usize, at: u64) -> io::Result<Self> {
+        let mut file = File::open(path)?;
+        if at > 0 {
+            file.seek(SeekFrom::Start(at))?;
+        }
         Ok(Self {
-            input: BufReader::with_capacity(buffer, File::open(path)?),
+            input: BufReader::with_capacity(buffer, file),
             path: path.to_path_buf(),
             key: Vec::new(),
             value: Vec::new(),
@@ -184,13 +268,69 @@ impl Heap {
 pub fn merge<E: From<io::Error>>(
     runs: &[Run],
     buffer: usize,
+    f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>,
+) -> Result<(), E> {
+    merge_range(runs, buffer, None, None, f)
+}
+
+/// Up to `parts - 1` keys, increasing, that split the keys of `runs` into
+/// `parts` ranges of about equal bytes: the byte quantiles of the runs'
+/// sparse indexes, each entry weighing the bytes of its run up to the next
+/// (as fine as [`INDEX_EVERY`]). Fewer when the runs are too small to split.
+pub fn pivots(runs: &[Run], parts: usize) -> Vec<Vec<u8>> {
+    let mut keys: Vec<(&[u8], u64)> = runs
+        .iter()
+        .flat_map(|r| {
+            let ends = r.index.iter().skip(1).map(|&(_, at)| at).chain([r.bytes]);
+            r.index.iter().zip(ends).map(|((k, at), end)| (&k[..], end - at))
+        })
+        .collect();
+    keys.sort_unstable();
+    let total: u64 = keys.iter().map(|&(_, w)| w).sum();
+    let mut pivots: Vec<Vec<u8>> = Vec::new();
+    let (mut below, mut next) = (0u64, 1u64);
+    for (i, &(k, w)) in keys.iter().enumerate() {
+        // the next quantile falls within this entry: split before or after
+        // it, whichever is nearer
+        while next < parts as u64 && below + w > total * next / parts as u64 {
+            let q = total * next / parts as u64;
+            let at = if q - below <= below + w - q { Some(k) } else { keys.get(i + 1).map(|&(k, _)| k) };
+            if let Some(at) = at.filter(|_| q > 0) {
+                if Some(at) != keys.first().map(|&(k, _)| k) && pivots.last().is_none_or(|p| &p[..] != at) {
+                    pivots.push(at.to_vec());
+                }
+            }
+            next += 1;
+        }
+        below += w;
+    }
+    pivots
+}
+
+/// [`merge`] of the keys in `[lo, hi)` only (`None`: unbounded): each run is
+/// read from the last position its sparse index has at or before `lo`, and
+/// the merge stops at the first key at or past `hi`. Merges of disjoint ranges
+/// may run side by side, on the same runs.
+pub fn merge_range<E: From<io::Error>>(
+    runs: &[Run],
+    buffer: usize,
+    lo: Option<&[u8]>,
+    hi: Option<&[u8]>,
     mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>,
 ) -> Result<(), E> {
     let lcp = common_prefix_len(runs);
     let mut heap = Heap { cursors: Vec::with_capacity(runs.len()), order: Vec::new(), lcp };
     for (i, r) in runs.iter().enumerate() {
-        let mut c = Cursor::open(&r.path, buffer)?;
-        if c.advance(lcp)? {
+        let at = lo.map_or(0, |lo| {
+            let n = r.index.partition_point(|(k, _)| &k[..] <= lo);
+            n.checked_sub(1).map_or(0, |j| r.index[j].1)
+        });
+        let mut c = Cursor::open(&r.path, buffer, at)?;
+        let mut more = c.advance(lcp)?;
+        while more && lo.is_some_and(|lo| &c.key[..] < lo) {
+            more = c.advance(lcp)?;
+        }
+        if more {
             heap.order.push(i);
         }
         heap.cursors.push(c);
@@ -201,6 +341,9 @@ pub fn merge<E: From<io::Error>>(
     let mut emitted: Vec<u8> = Vec::new();
     while let Some(&top) = heap.order.first() {
         let c = &heap.cursors[top];
+        if hi.is_some_and(|hi| &c.key[..] >= hi) {
+            break; // the smallest key left is past the range
+        }
         f(&c.key, c.value())?;
         emitted.clear();
         emitted.extend_from_slice(&c.key);
@@ -301,6 +444,55 @@ mod tests {
         })
         .unwrap();
         assert_eq!(got, vec![(b"k".to_vec(), Some(b"v11".to_vec()))]);
+    }
+
+    #[test]
+    fn merges_of_the_ranges_between_pivots_make_the_whole_merge() {
+        // runs of ~4.6 MiB (~18 index entries each), keys in several runs
+        let dir = tempfile::tempdir().unwrap();
+        let runs: Vec<Run> = (0..5u32)
+            .map(|r| {
+                let mut w = RunWriter::create(&dir.path().join(format!("in-{r}")), 4096).unwrap();
+                for i in (r..120_000).step_by(3) {
+                    let v = if i % 7 == 0 { None } else { Some(vec![r as u8; 100]) };
+                    w.add(format!("key-{i:08}").as_bytes(), v.as_deref()).unwrap();
+                }
+                w.finish().unwrap()
+            })
+            .collect();
+        let collect = |lo: Option<&[u8]>, hi: Option<&[u8]>| {
+            let mut out = Vec::new();
+            merge_range::<io::Error>(&runs, 4096, lo, hi, |k, v| {
+                out.push((k.to_vec(), v.map(<[u8]>::to_vec)));
+                Ok(())
+            })
+            .unwrap();
+            out
+        };
+        let whole = collect(None, None);
+        for parts in [2, 3, 7] {
+            let pivots = pivots(&runs, parts);
+            assert_eq!(pivots.len(), parts - 1, "{parts} parts");
+            let mut joined = Vec::new();
+            let mut sizes = Vec::new();
+            for i in 0..=pivots.len() {
+                let lo = i.checked_sub(1).map(|j| &pivots[j][..]);
+                let part = collect(lo, pivots.get(i).map(|p| &p[..]));
+                sizes.push(part.len());
+                joined.extend(part);
+            }
+            assert_eq!(joined, whole, "{parts} parts");
+            let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            if parts <= 3 {
+                // ~18 index entries a run: as fine as the split gets
+                assert!(*max < 2 * min, "{parts} parts of about equal size: {sizes:?}");
+            }
+        }
+        // a range between two pivots that holds no key at all
+        assert!(collect(Some(b"key-00000001x"), Some(b"key-00000002")).is_empty());
+        // too small to split: no pivots
+        let tiny = [run_of(dir.path(), "tiny", &[("a", Some("1")), ("b", None)])];
+        assert!(pivots(&tiny, 4).is_empty());
     }
 
     #[test]
