@@ -25,7 +25,8 @@
 //! by key range across that many threads: the collector's keys at the
 //! quantiles of a sample of them, or the runs at the quantiles of their
 //! sparse indexes ([`runs::pivots`]); each range is sorted or merged and
-//! written into SST files of its own on its own thread, and all the files
+//! written into SST files of its own on its own thread (a spill's ranges
+//! into run files of their own, which make one run), and all the files
 //! go into the one ingestion, so the store receives exactly what the single
 //! thread would have written. Collecting stays on one thread (records come
 //! in log order; read-ahead decodes on the second). The memory budget is
@@ -47,7 +48,6 @@ pub mod runs;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier, Mutex};
 
 use rocksdb::{Options, SstFileWriter};
 
@@ -400,10 +400,11 @@ fn add_slices(
     }
 }
 
-/// Move the collector's contents, sorted, into a run file in `dir`. On
-/// several `threads` the keys are split into as many ranges, each sorted and
-/// written on its own thread into its place in the one file (each range
-/// first counts its bytes; the ranges before it say where it starts).
+/// Move the collector's contents, sorted, into a run in `dir`. On several
+/// `threads` the keys are split into as many ranges, each sorted and written
+/// on its own thread into a file of its own: the files, in key order, are one
+/// run (one file written by two threads would have them wait on each other:
+/// the file system serialises buffered writes to one file).
 fn spill(
     collector: &mut Collector,
     dir: &Path,
@@ -419,15 +420,8 @@ fn spill(
         collector.drain_sorted(|k, v| w.add(k, v))?;
         return w.finish();
     }
-    let file = Arc::new(std::fs::File::create(&path)?);
-    let sizes = Mutex::new(vec![0u64; threads]);
-    let counted = Barrier::new(threads);
     let parts = collector.drain_sorted_parts(threads, |part, range| {
-        let bytes = range.records().map(|(k, v)| runs::record_bytes(k, v)).sum();
-        sizes.lock().unwrap_or_else(|p| p.into_inner())[part] = bytes;
-        counted.wait(); // every range's size is known: where each starts
-        let base = sizes.lock().unwrap_or_else(|p| p.into_inner())[..part].iter().sum();
-        let mut w = runs::RunWriter::part(file.clone(), &path, base, buffer / threads);
+        let mut w = runs::RunWriter::create(&path.with_extension(part.to_string()), buffer / threads)?;
         for (k, v) in range.records() {
             w.add(k, v)?;
         }

@@ -6,8 +6,10 @@
 //! wins. Intermediate merges keep tombstones (an older run may still hold the
 //! key); only the final output may drop them.
 //!
-//! A run remembers, every [`INDEX_EVERY`] bytes, the key written there and
-//! its position (a sparse index, kept in memory): the quantiles of these
+//! A run is one file, or several holding consecutive key ranges (a spill
+//! split across threads writes a file per range, side by side). It
+//! remembers, every [`INDEX_EVERY`] bytes of a file, the key written there
+//! and its position (a sparse index, kept in memory): the quantiles of these
 //! keys over all runs split a merge into key ranges of about equal bytes
 //! ([`pivots`]), and a range's merge ([`merge_range`]) starts reading each
 //! run at the last indexed position at or before its range, not at the start.
@@ -15,9 +17,7 @@
 use std::cmp::Ordering;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use super::collect::{common_prefix, prefix_of, TOMBSTONE};
 
@@ -25,13 +25,15 @@ use super::collect::{common_prefix, prefix_of, TOMBSTONE};
 /// share their common prefix, which lets a merge skip comparing it).
 #[derive(Debug, Clone)]
 pub struct Run {
-    pub path: PathBuf,
+    /// Its files, in key order.
+    pub files: Vec<PathBuf>,
     first: Vec<u8>,
     last: Vec<u8>,
-    /// A key every [`INDEX_EVERY`] bytes and where its record starts.
-    index: Vec<(Vec<u8>, u64)>,
-    /// The run's size in bytes.
-    bytes: u64,
+    /// A key every [`INDEX_EVERY`] bytes of a file, with the file (its place
+    /// in `files`) and where its record starts.
+    index: Vec<(Vec<u8>, usize, u64)>,
+    /// Each file's size in bytes.
+    bytes: Vec<u64>,
 }
 
 /// Bytes of run between two entries of a run's sparse index: ~300 keys for a
@@ -39,64 +41,37 @@ pub struct Run {
 pub const INDEX_EVERY: u64 = 256 << 10;
 
 /// Bytes a record takes in a run file: its header, key and value.
-pub fn record_bytes(key: &[u8], value: Option<&[u8]>) -> u64 {
+fn record_bytes(key: &[u8], value: Option<&[u8]>) -> u64 {
     8 + key.len() as u64 + value.map_or(0, |v| v.len() as u64)
 }
 
-/// Writes at a position of a file shared with other writers (positional
-/// writes: several threads write their parts of one run side by side).
-struct At {
-    file: Arc<File>,
-    pos: u64,
-}
-
-impl Write for At {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write_at(buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Writes one sorted run, or one part of it (a key range, at its place in
-/// the run's file: [`RunWriter::part`], [`Run::join`]).
+/// Writes one sorted run of one file (or one key range of a run:
+/// [`Run::join`]).
 pub struct RunWriter {
-    out: BufWriter<At>,
+    out: BufWriter<File>,
     path: PathBuf,
     first: Option<Vec<u8>>,
     last: Vec<u8>,
-    /// Where this writer's bytes start in the file, and how many it wrote.
-    base: u64,
     written: u64,
-    index: Vec<(Vec<u8>, u64)>,
+    index: Vec<(Vec<u8>, usize, u64)>,
 }
 
 impl RunWriter {
     pub fn create(path: &Path, buffer: usize) -> io::Result<Self> {
-        Ok(Self::part(Arc::new(File::create(path)?), path, 0, buffer))
-    }
-
-    /// A writer of the part of the run in `file` (at `path`) that starts at
-    /// byte `base`: the parts before it take exactly `base` bytes.
-    pub fn part(file: Arc<File>, path: &Path, base: u64, buffer: usize) -> Self {
-        Self {
-            out: BufWriter::with_capacity(buffer, At { file, pos: base }),
+        Ok(Self {
+            out: BufWriter::with_capacity(buffer, File::create(path)?),
             path: path.to_path_buf(),
             first: None,
             last: Vec::new(),
-            base,
             written: 0,
             index: Vec::new(),
-        }
+        })
     }
 
     pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> io::Result<()> {
-        let at = self.base + self.written;
-        if self.index.last().is_none_or(|&(_, last)| at >= last + INDEX_EVERY) {
-            self.index.push((key.to_vec(), at));
+        let at = self.written;
+        if self.index.last().is_none_or(|&(_, _, last)| at >= last + INDEX_EVERY) {
+            self.index.push((key.to_vec(), 0, at));
         }
         self.written += record_bytes(key, value);
         self.out.write_all(&(key.len() as u32).to_le_bytes())?;
@@ -118,26 +93,32 @@ impl RunWriter {
         let f = self.out.into_inner().map_err(|e| e.into_error())?;
         drop(f);
         Ok(Run {
-            path: self.path,
+            files: vec![self.path],
             first: self.first.unwrap_or_default(),
             last: self.last,
             index: self.index,
-            bytes: self.written,
+            bytes: vec![self.written],
         })
     }
 }
 
 impl Run {
-    /// The run that `parts` (of one file, consecutive key ranges in key
-    /// order, each written at its place) make together.
+    /// The one run that `parts` (runs of consecutive key ranges, in key
+    /// order) make together: their files one after another.
     pub fn join(parts: Vec<Run>) -> Run {
-        let full: Vec<&Run> = parts.iter().filter(|r| r.bytes > 0).collect();
+        let full: Vec<&Run> = parts.iter().filter(|r| r.bytes.iter().sum::<u64>() > 0).collect();
+        let mut index = Vec::new();
+        let mut files = 0;
+        for r in &parts {
+            index.extend(r.index.iter().map(|(k, f, at)| (k.clone(), f + files, *at)));
+            files += r.files.len();
+        }
         Run {
-            path: parts.first().map(|r| r.path.clone()).unwrap_or_default(),
             first: full.first().map(|r| r.first.clone()).unwrap_or_default(),
             last: full.last().map(|r| r.last.clone()).unwrap_or_default(),
-            index: parts.iter().flat_map(|r| r.index.iter().cloned()).collect(),
-            bytes: parts.iter().map(|r| r.bytes).sum(),
+            index,
+            files: parts.iter().flat_map(|r| r.files.iter().cloned()).collect(),
+            bytes: parts.iter().flat_map(|r| r.bytes.iter().copied()).collect(),
         }
     }
 }
@@ -151,7 +132,10 @@ fn common_prefix_len(runs: &[Run]) -> usize {
 /// One run being read: its current record, in buffers reused record after record.
 struct Cursor {
     input: BufReader<File>,
-    path: PathBuf,
+    /// The run's files, and the one being read.
+    files: Vec<PathBuf>,
+    file: usize,
+    buffer: usize,
     key: Vec<u8>,
     value: Vec<u8>,
     tombstone: bool,
@@ -160,15 +144,18 @@ struct Cursor {
 }
 
 impl Cursor {
-    /// Open `path` to read from byte `at` (the start of a record).
-    fn open(path: &Path, buffer: usize, at: u64) -> io::Result<Self> {
-        let mut file = File::open(path)?;
+    /// Open the run of `files` to read from byte `at` (the start of a
+    /// record) of its `file`-th file.
+    fn open(files: &[PathBuf], buffer: usize, file: usize, at: u64) -> io::Result<Self> {
+        let mut f = File::open(&files[file])?;
         if at > 0 {
-            file.seek(SeekFrom::Start(at))?;
+            f.seek(SeekFrom::Start(at))?;
         }
         Ok(Self {
-            input: BufReader::with_capacity(buffer, file),
-            path: path.to_path_buf(),
+            input: BufReader::with_capacity(buffer, f),
+            files: files.to_vec(),
+            file,
+            buffer,
             key: Vec::new(),
             value: Vec::new(),
             tombstone: false,
@@ -179,10 +166,18 @@ impl Cursor {
     /// Read the next record; false at the end of the run.
     fn advance(&mut self, lcp: usize) -> io::Result<bool> {
         let mut hdr = [0u8; 8];
-        match self.input.read_exact(&mut hdr[..1]) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
-            Err(e) => return Err(e),
+        loop {
+            match self.input.read_exact(&mut hdr[..1]) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    if self.file + 1 == self.files.len() {
+                        return Ok(false);
+                    }
+                    self.file += 1; // the run goes on in its next file
+                    self.input = BufReader::with_capacity(self.buffer, File::open(&self.files[self.file])?);
+                }
+                Err(e) => return Err(e),
+            }
         }
         self.input.read_exact(&mut hdr[1..]).map_err(|e| self.truncated(e))?;
         let klen = u32::from_le_bytes(hdr[..4].try_into().expect("4")) as usize;
@@ -195,7 +190,7 @@ impl Cursor {
         if self.key.len() < lcp {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("spilled run {} holds a key outside its recorded range", self.path.display()),
+                format!("spilled run {} holds a key outside its recorded range", self.files[self.file].display()),
             ));
         }
         self.prefix = prefix_of(&self.key[lcp..]);
@@ -207,7 +202,7 @@ impl Cursor {
     }
 
     fn truncated(&self, e: io::Error) -> io::Error {
-        io::Error::new(e.kind(), format!("spilled run {} is truncated: {e}", self.path.display()))
+        io::Error::new(e.kind(), format!("spilled run {} is truncated: {e}", self.files[self.file].display()))
     }
 }
 
@@ -281,8 +276,13 @@ pub fn pivots(runs: &[Run], parts: usize) -> Vec<Vec<u8>> {
     let mut keys: Vec<(&[u8], u64)> = runs
         .iter()
         .flat_map(|r| {
-            let ends = r.index.iter().skip(1).map(|&(_, at)| at).chain([r.bytes]);
-            r.index.iter().zip(ends).map(|((k, at), end)| (&k[..], end - at))
+            r.index.iter().enumerate().map(|(i, (k, f, at))| {
+                let end = match r.index.get(i + 1) {
+                    Some(&(_, next_f, next)) if next_f == *f => next,
+                    _ => r.bytes[*f],
+                };
+                (&k[..], end - at)
+            })
         })
         .collect();
     keys.sort_unstable();
@@ -321,11 +321,11 @@ pub fn merge_range<E: From<io::Error>>(
     let lcp = common_prefix_len(runs);
     let mut heap = Heap { cursors: Vec::with_capacity(runs.len()), order: Vec::new(), lcp };
     for (i, r) in runs.iter().enumerate() {
-        let at = lo.map_or(0, |lo| {
-            let n = r.index.partition_point(|(k, _)| &k[..] <= lo);
-            n.checked_sub(1).map_or(0, |j| r.index[j].1)
+        let (file, at) = lo.map_or((0, 0), |lo| {
+            let n = r.index.partition_point(|(k, _, _)| &k[..] <= lo);
+            n.checked_sub(1).map_or((0, 0), |j| (r.index[j].1, r.index[j].2))
         });
-        let mut c = Cursor::open(&r.path, buffer, at)?;
+        let mut c = Cursor::open(&r.files, buffer, file, at)?;
         let mut more = c.advance(lcp)?;
         while more && lo.is_some_and(|lo| &c.key[..] < lo) {
             more = c.advance(lcp)?;
@@ -379,8 +379,8 @@ pub fn reduce(mut runs: Vec<Run>, fan_in: usize, buffer: usize, dir: &Path, seq:
             let mut w = RunWriter::create(&dir.join(format!("run-{:06}", *seq)), buffer)?;
             merge::<io::Error>(&rest[..group], buffer, |k, v| w.add(k, v))?;
             next.push(w.finish()?);
-            for r in &rest[..group] {
-                std::fs::remove_file(&r.path)?;
+            for f in rest[..group].iter().flat_map(|r| &r.files) {
+                std::fs::remove_file(f)?;
             }
             excess -= group - 1;
             rest = &rest[group..];
@@ -412,11 +412,15 @@ mod tests {
         let runs: Vec<Run> = (0..5)
             .map(|r| run_of(dir.path(), &format!("in-{r}"), &[("a", Some(&*format!("v{r}"))), ("z", None)]))
             .collect();
-        let newest: Vec<PathBuf> = runs[2..].iter().map(|r| r.path.clone()).collect();
+        let newest: Vec<Vec<PathBuf>> = runs[2..].iter().map(|r| r.files.clone()).collect();
         let mut seq = 0;
         let out = reduce(runs, 4, 1024, dir.path(), &mut seq).unwrap();
         assert_eq!(seq, 1, "one merge");
-        assert_eq!(out.iter().skip(1).map(|r| r.path.clone()).collect::<Vec<_>>(), newest, "the newest runs untouched");
+        assert_eq!(
+            out.iter().skip(1).map(|r| r.files.clone()).collect::<Vec<_>>(),
+            newest,
+            "the newest runs untouched"
+        );
         let mut got = Vec::new();
         merge::<io::Error>(&out, 1024, |k, v| {
             got.push((k.to_vec(), v.map(<[u8]>::to_vec)));
@@ -432,11 +436,11 @@ mod tests {
         // 12 runs, a fan-in of 4: an excess of 8 goes in groups of 4, 4 and 3; the newest run stays
         let runs: Vec<Run> =
             (0..12).map(|r| run_of(dir.path(), &format!("in-{r}"), &[("k", Some(&*format!("v{r}")))])).collect();
-        let newest = runs[11].path.clone();
+        let newest = runs[11].files.clone();
         let mut seq = 0;
         let out = reduce(runs, 4, 1024, dir.path(), &mut seq).unwrap();
         assert_eq!((out.len(), seq), (4, 3), "one pass of three merges");
-        assert_eq!(out[3].path, newest);
+        assert_eq!(out[3].files, newest);
         let mut got = Vec::new();
         merge::<io::Error>(&out, 1024, |k, v| {
             got.push((k.to_vec(), v.map(<[u8]>::to_vec)));
@@ -493,6 +497,43 @@ mod tests {
         // too small to split: no pivots
         let tiny = [run_of(dir.path(), "tiny", &[("a", Some("1")), ("b", None)])];
         assert!(pivots(&tiny, 4).is_empty());
+    }
+
+    #[test]
+    fn a_run_of_several_files_reads_as_one() {
+        // a spill split in three ranges, the middle one empty, over an older
+        // single-file run: merges whole and by range see one run
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, keys: std::ops::Range<u32>, tag: &str| {
+            let mut w = RunWriter::create(&dir.path().join(name), 4096).unwrap();
+            for i in keys {
+                w.add(format!("k{i:06}").as_bytes(), Some(format!("{tag}{i}").repeat(20).as_bytes())).unwrap();
+            }
+            w.finish().unwrap()
+        };
+        let old = write("old", 0..30_000, "o");
+        let split =
+            Run::join(vec![write("p0", 0..12_000, "n"), write("p1", 0..0, "n"), write("p2", 12_000..20_000, "n")]);
+        assert_eq!(split.files.len(), 3);
+        let runs = [old, split];
+        let collect = |lo: Option<&[u8]>, hi: Option<&[u8]>| {
+            let mut out = Vec::new();
+            merge_range::<io::Error>(&runs, 4096, lo, hi, |k, v| {
+                out.push((String::from_utf8(k.to_vec()).unwrap(), v.unwrap()[0]));
+                Ok(())
+            })
+            .unwrap();
+            out
+        };
+        let want: Vec<(String, u8)> =
+            (0..30_000).map(|i| (format!("k{i:06}"), if i < 20_000 { b'n' } else { b'o' })).collect();
+        assert_eq!(collect(None, None), want);
+        assert_eq!(collect(Some(b"k015000"), Some(b"k025000")), want[15_000..25_000]);
+        let pivots = pivots(&runs, 2);
+        assert_eq!(pivots.len(), 1);
+        let mut joined = collect(None, Some(&pivots[0]));
+        joined.extend(collect(Some(&pivots[0]), None));
+        assert_eq!(joined, want);
     }
 
     #[test]
