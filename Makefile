@@ -197,8 +197,8 @@ spark-cluster-stop: ## stop the cluster `make spark-cluster` started
 # BENCH=benches/test_bench_x.py re-measures one module and keeps the other rows of BENCHMARKS.md; a full run
 # leaves out benches/test_bench_scale.py (marker scale: tens of GB, many minutes) and keeps its rows
 BENCH ?=
-bench: build ## run benches/ (not the scale module: BENCH=benches/test_bench_scale.py) and write BENCHMARKS.md and its charts (BENCH=one module)
-	$(PY) benches/run.py $(if $(BENCH),--only $(BENCH))
+bench: build ## run benches/ (not the scale module: BENCH=benches/test_bench_scale.py) and write BENCHMARKS.md and its charts (BENCH=one module, BENCH_K=a pytest -k selection in it)
+	$(PY) benches/run.py $(if $(BENCH),--only $(BENCH)) $(if $(BENCH_K),-- -k '$(BENCH_K)')
 
 # -- fuzzing (docs/development.md) ---------------------------------------------
 # Each target runs FUZZ_SECONDS (libFuzzer: -max_total_time) from its committed

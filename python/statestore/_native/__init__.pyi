@@ -103,6 +103,7 @@ def restore_store(
     format: str = "plain",
     retention_ms: int | None = None,
     segment_interval_ms: int | None = None,
+    bulk_threads: int = 1,
 ) -> RestoreOutcome: ...
 def restore_many(specs: Sequence[_RestoreSpec], threads: int) -> list[RestoreOutcome | BaseException]: ...
 

@@ -232,6 +232,7 @@ def restore_store(
     retention_ms: int | None = None,
     segment_interval_ms: int | None = None,
     log: LogLike | None = None,
+    bulk_threads: int = 1,
 ) -> RestoreResult:
     """Bring the store at ``store_path`` up to date with partition ``tp`` of ``changelog``.
 
@@ -241,10 +242,17 @@ def restore_store(
     With ``read_ahead`` (the default) the changelog is read and decoded on a second
     thread while this one applies, so one restore uses up to two cores; turn
     it off where each restore is granted one core, such as a Spark task with
-    ``spark.task.cpus=1`` (:func:`restore_many` always runs one thread per restore).
+    ``spark.task.cpus=1`` (:func:`restore_many` runs one thread per restore unless it
+    has fewer restores than threads).
     A bulk restore from Kafka's native fetcher decodes on this thread either
     way: its fetch thread already receives and checks the responses, and a
     third busy thread beside it (and the broker, on a small machine) was slower.
+
+    ``bulk_threads`` (1 by default) splits a bulk restore's last phase -- sorting,
+    merging its spilled runs and writing SST files -- by key range across that
+    many threads, all the files going into one ingestion: one huge partition
+    on several cores, within the same ``memory_budget_bytes``.
+    :func:`restore_many` does this by itself when it has fewer specs than threads.
 
     ``memory_budget_bytes`` bounds what the restore holds in memory: bulk
     spills sorted runs beyond it, and a replay batch covers at most a third of
@@ -288,6 +296,8 @@ def restore_store(
     if tp is None:
         raise TypeError("restore_store: missing the changelog partition to restore ('tp')")
     tp = coerce_tp(tp)
+    if bulk_threads < 1:
+        raise ValueError(f"bulk_threads must be >= 1, got {bulk_threads}")
     path = Path(store_path)
     out = _native.restore_store(
         path,
@@ -302,6 +312,7 @@ def restore_store(
         format=check_format(format),
         retention_ms=retention_ms,
         segment_interval_ms=segment_interval_ms,
+        bulk_threads=bulk_threads,
     )
     return _result(tp, path, out)
 
@@ -310,7 +321,11 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     """Run many restores on ``threads`` native threads (default: one per core, at most one per spec).
 
     Each restore runs on one thread (a lone :func:`restore_store` also decodes
-    ahead on a second one). A restore from Kafka's native fetcher also
+    ahead on a second one). With fewer specs than threads, each restore gets its
+    share of them, ``threads // len(specs)`` when that is two or more: it reads
+    ahead, and a bulk restore splits its sort, merge and SST writing by key range
+    across them (``bulk_threads`` of :func:`restore_store`), so one huge partition
+    uses every thread of the job. A restore from Kafka's native fetcher also
     receives and checks its fetch responses on a fetch thread of its own, as a
     Kafka client's network thread does, so ``threads`` counts restore threads:
     with the segment log it is the number of cores used, from Kafka somewhat

@@ -268,9 +268,10 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
 /// of `log`: the segment log in that directory, or a Python changelog. Returns the outcome; raises the
 /// `statestore.errors` class of the failure. The GIL is released throughout.
 /// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
-/// `WriteBatch`) are tuning knobs for tests and tools.
+/// `WriteBatch`) are tuning knobs for tests and tools; `bulk_threads` splits
+/// a bulk restore's sort, merge and SST writing by key range across that many threads.
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None, bulk_threads=1))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -288,6 +289,7 @@ fn restore_store(
     format: &str,
     retention_ms: Option<i64>,
     segment_interval_ms: Option<i64>,
+    bulk_threads: usize,
 ) -> PyResult<PyRestoreOutcome> {
     let args = SpecArgs {
         store_path,
@@ -306,6 +308,7 @@ fn restore_store(
     j.spec.write_buffer_bytes = write_buffer_bytes;
     j.spec.chunk_bytes = chunk_bytes.max(1);
     j.spec.read_ahead = read_ahead;
+    j.spec.bulk_threads = bulk_threads.max(1);
     let r = py.detach(|| engine::restore(&*j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)));
     r.map(|o| PyRestoreOutcome::from(&o)).map_err(|e| to_pyerr(e, &j.raised, j.fed.as_ref()))
 }
@@ -321,6 +324,7 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
     let mut jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
     share_fetch_sessions(&mut jobs);
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
+    let restores = jobs.len();
     let results = py.detach(|| {
         let ahead = engine::prepares_ahead(threads);
         engine::run_pipeline(
@@ -328,8 +332,7 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
             threads,
             |j| (ahead && j.log.prepares_ahead()).then(|| engine::prepare(&*j.log, &j.spec)),
             |mut j, prepared, read_all| {
-                // The pool's threads are the parallelism: one thread per restore.
-                j.spec.read_ahead = false;
+                engine::share_threads(&mut j.spec, threads, restores);
                 let listener = j.listener.as_mut().map(|l| l as &mut dyn Listener);
                 engine::restore_prepared(&*j.log, &j.spec, prepared, listener, Some(read_all))
             },

@@ -73,6 +73,11 @@ pub struct RestoreSpec {
     /// [`restore_many`] turns it off: there the pool's threads are the
     /// parallelism, one per partition.
     pub read_ahead: bool,
+    /// Threads a bulk restore splits its sort, merge and SST writing across
+    /// by key range (`bulk::BulkOptions::threads`); 1 by default.
+    /// [`restore_many`] gives each restore its share of the job's threads
+    /// when the job has fewer restores than threads.
+    pub bulk_threads: usize,
     /// How the store lays out its data (Kafka Streams' plain or timestamped
     /// key-value store, window or session store).
     pub format: StoreFormat,
@@ -94,6 +99,7 @@ impl RestoreSpec {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             write_buffer_bytes: DEFAULT_WRITE_BUFFER_BYTES,
             read_ahead: true,
+            bulk_threads: 1,
             format: StoreFormat::Plain,
             segmentation: None,
         }
@@ -319,6 +325,7 @@ fn run_one<'a>(
                     chunk_bytes: spec.chunk_bytes.min(BULK_CHUNK_BYTES),
                     sst_target_bytes: 128 << 20,
                     read_ahead: spec.read_ahead,
+                    threads: spec.bulk_threads,
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
@@ -496,11 +503,27 @@ pub fn prepares_ahead(threads: usize) -> bool {
     std::thread::available_parallelism().map_or(1, |n| n.get()) > threads.max(1)
 }
 
+/// What one of `restores` restores of a job on `threads` threads may use:
+/// one thread (no read-ahead), the pool's threads being the parallelism; or,
+/// when the job has fewer restores than threads, its share of them
+/// (`threads / restores`, if two or more): read-ahead while it reads, and a
+/// bulk restore's sort, merge and SST writing split by key range across that
+/// many threads ([`RestoreSpec::bulk_threads`]).
+pub fn share_threads(spec: &mut RestoreSpec, threads: usize, restores: usize) {
+    let share = threads.max(1) / restores.max(1);
+    spec.read_ahead = share >= 2;
+    spec.bulk_threads = share.max(1);
+}
+
 /// Restore many (store, partition) pairs on `threads` threads, each restore
 /// on one thread (no read-ahead), the next restore prepared ahead
 /// ([`run_pipeline`]), all reading through the log's changelog for one job
 /// ([`Changelog::for_job`]). Each pair's result is its own: a failure leaves the
 /// other restores running.
+///
+/// A job with fewer restores than threads would leave threads idle: each
+/// restore then gets its share of them ([`share_threads`]), so one huge
+/// partition uses every core the job was given.
 pub fn restore_many(
     log: &dyn Changelog,
     specs: Vec<(RestoreSpec, Option<Box<dyn Listener>>)>,
@@ -512,12 +535,13 @@ pub fn restore_many(
         None => log,
     };
     let ahead = prepares_ahead(threads);
+    let restores = specs.len();
     run_pipeline(
         specs,
         threads,
         |(spec, _)| (ahead && log.prepares_ahead()).then(|| prepare(log, spec)),
         |(mut spec, mut listener), prepared, read_all| {
-            spec.read_ahead = false;
+            share_threads(&mut spec, threads, restores);
             let listener = listener.as_mut().map(|b| &mut **b as &mut dyn Listener);
             restore_prepared(log, &spec, prepared, listener, Some(read_all))
         },
@@ -590,6 +614,27 @@ mod tests {
         let (m, last) = model(&log, 2_000);
         assert_eq!(dump(&store), m);
         assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    #[test]
+    fn one_partition_on_two_threads_is_split_and_restores_what_one_thread_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(20_000, 3_000, 7);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let (m, last) = model(&log, 20_000);
+        for budget in [256 << 20, 64 << 10] {
+            let mut outcomes = Vec::new();
+            for threads in [1, 2] {
+                let mut spec = RestoreSpec::new(dir.path().join(format!("s{threads}-{budget}")), "t", 0);
+                (spec.mode, spec.memory_budget, spec.chunk_bytes) = (Mode::Bulk, budget, 300);
+                let o = restore_many(&vl, vec![(spec.clone(), None)], threads).remove(0).unwrap();
+                let store = Store::open(&spec.store_path, false).unwrap();
+                assert_eq!(dump(&store), m, "{threads} threads, budget {budget}");
+                assert_eq!(store.offset("t-0").unwrap(), last);
+                outcomes.push((o.offset, o.records_applied, o.skipped, o.skipped_null_key));
+            }
+            assert_eq!(outcomes[0], outcomes[1], "budget {budget}");
+        }
     }
 
     #[test]
@@ -815,11 +860,16 @@ mod tests {
                 want.keys()
             );
             let dir = tempfile::tempdir().unwrap();
-            for (name, mode, chunk) in
-                [("bulk", Mode::Bulk, 500), ("replay", Mode::Replay, 700), ("auto", Mode::Auto, 1 << 20)]
-            {
+            for (name, mode, chunk, threads, budget) in [
+                ("bulk", Mode::Bulk, 500, 1, 256 << 20),
+                ("replay", Mode::Replay, 700, 1, 256 << 20),
+                ("auto", Mode::Auto, 1 << 20, 1, 256 << 20),
+                ("bulk-split", Mode::Bulk, 500, 3, 256 << 20),
+                ("bulk-split-spilled", Mode::Bulk, 500, 2, 64 << 10),
+            ] {
                 let mut spec = RestoreSpec::new(dir.path().join(name), "t", 0);
                 (spec.format, spec.segmentation, spec.mode, spec.chunk_bytes) = (format, Some(seg), mode, chunk);
+                (spec.bulk_threads, spec.memory_budget) = (threads, budget);
                 let o = restore(&vl, &spec, None).unwrap();
                 assert_eq!((o.offset, o.records_applied > 0), (last, true), "{format:?} {name}");
                 assert_eq!(segments_of(&spec.store_path, seg, "t-0", last), want, "{format:?} {name}");

@@ -66,6 +66,17 @@ pub fn sort_by_key<'a, H: Copy, I: Iterator<Item = H>>(
     handles: impl Fn() -> I,
     key: impl Fn(H) -> &'a [u8],
 ) {
+    let shared = fill_order(order, handles, &key);
+    order.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
+}
+
+/// Fill `order` with each handle and the 8 bytes of its key after the prefix
+/// all the keys share (unsorted); returns that prefix's length.
+fn fill_order<'a, H: Copy, I: Iterator<Item = H>>(
+    order: &mut Vec<(u64, H)>,
+    handles: impl Fn() -> I,
+    key: &impl Fn(H) -> &'a [u8],
+) -> usize {
     let mut all = handles();
     let shared = match all.next() {
         Some(h0) => {
@@ -76,7 +87,52 @@ pub fn sort_by_key<'a, H: Copy, I: Iterator<Item = H>>(
     };
     order.clear();
     order.extend(handles().map(|h| (prefix_of(&key(h)[shared..]), h)));
-    order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1)[shared..].cmp(&key(b.1)[shared..])));
+    shared
+}
+
+/// The bytewise order of two entries of an `order` filled by [`fill_order`].
+#[inline]
+fn cmp_order<'a, H: Copy>(
+    a: &(u64, H),
+    b: &(u64, H),
+    shared: usize,
+    key: &impl Fn(H) -> &'a [u8],
+) -> std::cmp::Ordering {
+    a.0.cmp(&b.0).then_with(|| key(a.1)[shared..].cmp(&key(b.1)[shared..]))
+}
+
+/// Move the entries of `v` for which `left` holds to its front; returns how many.
+fn partition_in_place<T>(v: &mut [T], mut left: impl FnMut(&T) -> bool) -> usize {
+    let mut n = 0;
+    for i in 0..v.len() {
+        if left(&v[i]) {
+            v.swap(n, i);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Split `v` at `pivots` (in increasing order) into `pivots.len() + 1`
+/// consecutive slices, the `i`-th holding the entries in
+/// `[pivots[i - 1], pivots[i])`: a partition pass per level, halving the
+/// pivots each time.
+fn split_at_pivots<'v, T: Copy>(
+    v: &'v mut [T],
+    pivots: &[T],
+    less: &impl Fn(&T, &T) -> bool,
+    parts: &mut Vec<&'v mut [T]>,
+) {
+    if pivots.is_empty() {
+        parts.push(v);
+        return;
+    }
+    let m = pivots.len() / 2;
+    let p = pivots[m];
+    let n = partition_in_place(v, |x| less(x, &p));
+    let (lo, hi) = v.split_at_mut(n);
+    split_at_pivots(lo, &pivots[..m], less, parts);
+    split_at_pivots(hi, &pivots[m + 1..], less, parts);
 }
 
 #[inline]
@@ -452,6 +508,81 @@ impl Collector {
     }
 }
 
+impl Collector {
+    /// [`Collector::drain_sorted`] on `parts` threads: the held keys are split
+    /// into `parts` consecutive key ranges at pivots taken from an evenly
+    /// spaced sample of them, then each range is sorted and handed to
+    /// `f(part, range)` on a thread of its own (the first on this one).
+    /// Returns the parts' results in key order and empties the collector.
+    /// Uses no memory beyond the collector's own: the ranges are slices of
+    /// the one sort order, split in place.
+    pub fn drain_sorted_parts<R: Send>(
+        &mut self,
+        parts: usize,
+        f: impl Fn(usize, SortedRange<'_>) -> R + Sync,
+    ) -> Vec<R> {
+        let parts = parts.max(1);
+        let arena = &self.arena;
+        let key = |off: usize| Record::at(arena, off).key(arena);
+        let mut order = std::mem::take(&mut self.order);
+        let shared = fill_order(&mut order, || Self::live(arena).map(|r| r.off), &key);
+        let less = |a: &(u64, usize), b: &(u64, usize)| cmp_order(a, b, shared, &key).is_lt();
+        // Pivots: the `parts`-quantiles of a sample of 64 keys per part.
+        let step = (order.len() / (64 * parts)).max(1);
+        let mut sample: Vec<(u64, usize)> = order.iter().step_by(step).copied().collect();
+        sample.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
+        let pivots: Vec<(u64, usize)> =
+            if sample.is_empty() { Vec::new() } else { (1..parts).map(|i| sample[i * sample.len() / parts]).collect() };
+        let mut ranges = Vec::with_capacity(parts);
+        split_at_pivots(&mut order, &pivots, &less, &mut ranges);
+        ranges.resize_with(parts, || &mut []); // no keys: every range empty
+        let one = |part: usize, range: &mut [(u64, usize)]| {
+            range.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
+            f(part, SortedRange { arena, order: range })
+        };
+        let results = std::thread::scope(|s| {
+            let one = &one;
+            let mut ranges = ranges.into_iter().enumerate();
+            let (_, first) = ranges.next().expect("at least one part");
+            let others: Vec<_> = ranges.map(|(part, range)| s.spawn(move || one(part, range))).collect();
+            let mut results = vec![one(0, first)];
+            results.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+            results
+        });
+        self.order = order;
+        self.arena.clear();
+        self.table.fill(0);
+        self.keys = 0;
+        self.garbage = 0;
+        results
+    }
+}
+
+/// One key range of a [`Collector::drain_sorted_parts`], sorted.
+#[derive(Clone, Copy)]
+pub struct SortedRange<'a> {
+    arena: &'a [u8],
+    order: &'a [(u64, usize)],
+}
+
+impl<'a> SortedRange<'a> {
+    /// The range's `(key, value or None)` in key order.
+    pub fn records(self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> {
+        // Records are sorted by key, their bytes lie in insertion order: fetch ahead.
+        const AHEAD: usize = 8;
+        let Self { arena, order } = self;
+        let base = arena.as_ptr();
+        order.iter().enumerate().map(move |(i, &(_, off))| {
+            if let Some(&(_, next)) = order.get(i + AHEAD) {
+                prefetch_read(base.wrapping_add(next));
+                prefetch_read(base.wrapping_add(next + 64));
+            }
+            let r = Record::at(arena, off);
+            (r.key(arena), r.value(arena))
+        })
+    }
+}
+
 /// Index slots of the last collector dropped in this process.
 static LAST_SLOTS: AtomicUsize = AtomicUsize::new(0);
 
@@ -537,6 +668,33 @@ mod tests {
             }
             assert_eq!(drain(&mut c), model.into_iter().collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn drained_in_parts_the_ranges_follow_each_other_and_make_one_drain() {
+        let fill = |c: &mut Collector| {
+            for i in 0..20_000u32 {
+                let k = format!("ns:{:07}", (i * 7919) % 9_973).into_bytes();
+                let v = (i % 13 != 0).then(|| vec![i as u8; (i % 30) as usize]);
+                assert_eq!(c.add(&k, v.as_deref()), Full::No);
+            }
+        };
+        let mut c = Collector::new(8 << 20);
+        fill(&mut c);
+        let whole = drain(&mut c);
+        for parts in [1, 2, 3, 8] {
+            fill(&mut c);
+            let ranges = c.drain_sorted_parts(parts, |part, range| {
+                (part, range.records().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect::<Vec<_>>())
+            });
+            assert!(c.is_empty());
+            assert_eq!(ranges.iter().map(|r| r.0).collect::<Vec<_>>(), (0..parts).collect::<Vec<_>>());
+            let sizes: Vec<usize> = ranges.iter().map(|r| r.1.len()).collect();
+            assert!(sizes.iter().all(|&n| n > whole.len() / parts / 2), "{parts} parts: {sizes:?}");
+            assert_eq!(ranges.into_iter().flat_map(|r| r.1).collect::<Vec<_>>(), whole, "{parts} parts");
+        }
+        // nothing held: every part gets nothing
+        assert!(c.drain_sorted_parts(3, |_, range| range.records().count()).iter().all(|&n| n == 0));
     }
 
     #[test]

@@ -19,6 +19,22 @@
 //! source's own buffers (a fetch response, a segment file's batch) straight
 //! into the collector, a slice at a time, with no copy in between.
 //!
+//! With `threads` above one (a restore that has the job's idle threads: a
+//! `restore_many` job with fewer stores than threads), the last phase --
+//! sorting, merging the spilled runs and writing the SST files -- is split
+//! by key range across that many threads: the collector's keys at the
+//! quantiles of a sample of them, or the runs at the quantiles of their
+//! sparse indexes ([`runs::pivots`]); each range is sorted or merged and
+//! written into SST files of its own on its own thread (a spill's ranges
+//! into run files of their own, which make one run), and all the files
+//! go into the one ingestion, so the store receives exactly what the single
+//! thread would have written. Collecting stays on one thread (records come
+//! in log order; read-ahead decodes on the second). The memory budget is
+//! shared, not multiplied: the sort order is split in place, and the
+//! merge's share is divided between the ranges (each range's reader of a
+//! run gets `buffer / threads`); the SST writers' own buffers are small
+//! beside it (a block, and the index and filter of a file).
+//!
 //! Nothing touches the store before the ingestion, so a failure or a crash
 //! before it leaves the store exactly as it was. A crash between the
 //! ingestion and the offset write leaves data ahead of the recorded offset,
@@ -61,11 +77,20 @@ pub struct BulkOptions {
     /// unless the source reads on a thread of its own already
     /// ([`ChangelogSource::reads_ahead`]).
     pub read_ahead: bool,
+    /// Threads the sort, the merge and the SST writing are split across by
+    /// key range (1: this thread alone; see the module documentation).
+    pub threads: usize,
 }
 
 impl BulkOptions {
     pub fn new(memory_budget: usize) -> Self {
-        Self { memory_budget, chunk_bytes: BULK_CHUNK_BYTES, sst_target_bytes: 128 << 20, read_ahead: false }
+        Self {
+            memory_budget,
+            chunk_bytes: BULK_CHUNK_BYTES,
+            sst_target_bytes: 128 << 20,
+            read_ahead: false,
+            threads: 1,
+        }
     }
 }
 
@@ -149,6 +174,7 @@ fn run(
     let buffer = (merge_share / fan_in).clamp(4 << 10, 4 << 20);
     let mut into = Collecting {
         collector: Collector::new(budget * 3 / 5),
+        threads: opts.threads.max(1),
         runs: Vec::new(),
         seq: 0,
         dir,
@@ -187,19 +213,48 @@ fn run(
     }
 
     let sst_opts = restore_options();
-    let mut out = SstOut::new(&sst_opts, dir, opts.sst_target_bytes, store);
-    if runs.is_empty() {
+    let threads = opts.threads.max(1);
+    let new_out = |part| SstOut::new(&sst_opts, dir, opts.sst_target_bytes, store, part);
+    let files = if runs.is_empty() && threads == 1 {
+        let mut out = new_out(0);
         collector.drain_sorted(|k, v| out.add(k, v))?;
         drop(collector);
+        out.finish()?
+    } else if runs.is_empty() {
+        let parts = collector.drain_sorted_parts(threads, |part, range| {
+            let mut out = new_out(part);
+            for (k, v) in range.records() {
+                out.add(k, v)?;
+            }
+            out.finish()
+        });
+        drop(collector);
+        join_parts(parts)?
     } else {
         if !collector.is_empty() {
-            runs.push(spill(&mut collector, dir, buffer, &mut seq)?);
+            runs.push(spill(&mut collector, dir, buffer, &mut seq, threads)?);
         }
         drop(collector);
         let runs = runs::reduce(runs, fan_in, buffer, dir, &mut seq)?;
-        runs::merge(&runs, buffer, |k, v| out.add(k, v))?;
-    }
-    store.ingest_all(out.finish()?).map_err(|e| {
+        let pivots = if threads == 1 { Vec::new() } else { runs::pivots(&runs, threads) };
+        // The ranges' merges share the merge's part of the budget.
+        let buffer = (buffer / (pivots.len() + 1)).max(4 << 10);
+        let range = |part: usize| {
+            let lo = part.checked_sub(1).map(|p| &pivots[p][..]);
+            let mut out = new_out(part);
+            runs::merge_range(&runs, buffer, lo, pivots.get(part).map(|p| &p[..]), |k, v| out.add(k, v))?;
+            out.finish()
+        };
+        let parts = std::thread::scope(|s| {
+            let range = &range;
+            let others: Vec<_> = (1..=pivots.len()).map(|part| s.spawn(move || range(part))).collect();
+            let mut parts = vec![range(0)];
+            parts.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+            parts
+        });
+        join_parts(parts)?
+    };
+    store.ingest_all(files).map_err(|e| {
         RestoreError::new(
             if e.corruption { ErrorKind::StoreCorrupted } else { ErrorKind::Store },
             format!(
@@ -211,6 +266,20 @@ fn run(
     })?;
     store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e))?;
     Ok(applied)
+}
+
+/// The files of the key ranges written side by side, per database, in key
+/// order (the ranges are consecutive): one ingestion takes them all.
+fn join_parts(
+    parts: Vec<Result<BTreeMap<i64, Vec<PathBuf>>, Failure>>,
+) -> Result<BTreeMap<i64, Vec<PathBuf>>, Failure> {
+    let mut all: BTreeMap<i64, Vec<PathBuf>> = BTreeMap::new();
+    for part in parts {
+        for (id, files) in part? {
+            all.entry(id).or_default().extend(files);
+        }
+    }
+    Ok(all)
 }
 
 /// Chunks read ahead of the one being collected.
@@ -227,6 +296,8 @@ const DATA_AHEAD: usize = 16;
 /// runs it spilled to the scratch directory when full.
 struct Collecting<'a> {
     collector: Collector,
+    /// Threads a spill is split across ([`BulkOptions::threads`]).
+    threads: usize,
     runs: Vec<runs::Run>,
     seq: usize,
     dir: &'a Path,
@@ -246,7 +317,7 @@ impl Collecting<'_> {
             self.stream_time = Some(self.stream_time.map_or(t, |s| s.max(t)));
         }
         if self.collector.add_hashed(key, value, h) == Full::Spill {
-            let run = spill(&mut self.collector, self.dir, self.buffer, &mut self.seq)?;
+            let run = spill(&mut self.collector, self.dir, self.buffer, &mut self.seq, self.threads)?;
             self.runs.push(run);
             let again = self.collector.add_hashed(key, value, h);
             debug_assert_eq!(again, Full::No);
@@ -359,12 +430,34 @@ fn add_slices(
     }
 }
 
-/// Move the collector's contents, sorted, into a run file in `dir`.
-fn spill(collector: &mut Collector, dir: &Path, buffer: usize, seq: &mut usize) -> io::Result<runs::Run> {
+/// Move the collector's contents, sorted, into a run in `dir`. On several
+/// `threads` the keys are split into as many ranges, each sorted and written
+/// on its own thread into a file of its own: the files, in key order, are one
+/// run (one file written by two threads would have them wait on each other:
+/// the file system serialises buffered writes to one file).
+fn spill(
+    collector: &mut Collector,
+    dir: &Path,
+    buffer: usize,
+    seq: &mut usize,
+    threads: usize,
+) -> io::Result<runs::Run> {
     *seq += 1;
-    let mut w = runs::RunWriter::create(&dir.join(format!("run-{:06}", *seq)), buffer.max(64 << 10))?;
-    collector.drain_sorted(|k, v| w.add(k, v))?;
-    w.finish()
+    let path = dir.join(format!("run-{:06}", *seq));
+    let buffer = buffer.max(64 << 10);
+    if threads <= 1 {
+        let mut w = runs::RunWriter::create(&path, buffer)?;
+        collector.drain_sorted(|k, v| w.add(k, v))?;
+        return w.finish();
+    }
+    let parts = collector.drain_sorted_parts(threads, |part, range| {
+        let mut w = runs::RunWriter::create(&path.with_extension(part.to_string()), buffer / threads)?;
+        for (k, v) in range.records() {
+            w.add(k, v)?;
+        }
+        w.finish()
+    });
+    Ok(runs::Run::join(parts.into_iter().collect::<io::Result<Vec<_>>>()?))
 }
 
 /// One chunk of log, decoded: its operations and their keys' hashes.
@@ -403,6 +496,8 @@ struct SstOut<'a> {
     dest: &'a Dest,
     outs: BTreeMap<i64, DbOut<'a>>,
     files: usize,
+    /// The key range this writer's files hold (part of their names).
+    part: usize,
 }
 
 /// The SST files of one database.
@@ -413,8 +508,8 @@ struct DbOut<'a> {
 }
 
 impl<'a> SstOut<'a> {
-    fn new(opts: &'a Options, dir: &'a Path, target: u64, dest: &'a Dest) -> Self {
-        Self { opts, dir, target, dest, outs: BTreeMap::new(), files: 0 }
+    fn new(opts: &'a Options, dir: &'a Path, target: u64, dest: &'a Dest, part: usize) -> Self {
+        Self { opts, dir, target, dest, outs: BTreeMap::new(), files: 0, part }
     }
 
     fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), Failure> {
@@ -429,7 +524,7 @@ impl<'a> SstOut<'a> {
             return Ok(());
         }
         if out.writer.is_none() {
-            let path = self.dir.join(format!("bulk-{:06}.sst", self.files));
+            let path = self.dir.join(format!("bulk-{:03}-{:06}.sst", self.part, self.files));
             self.files += 1;
             let w = SstFileWriter::create(self.opts);
             w.open(&path)?;
@@ -483,6 +578,17 @@ mod tests {
         opts.read_ahead = read_ahead;
         opts.chunk_bytes = 300;
         opts.sst_target_bytes = 4096;
+        let mut pr = Progress::new(None, Duration::ZERO);
+        let a = bulk(Target { store: &store, tp: "t-0", end }, &mut src, &opts, &mut pr).unwrap();
+        assert!(!scratch_dir(p).exists());
+        a
+    }
+
+    fn restore_bulk_threads(p: &Path, log: &[Entry], start: i64, end: i64, budget: usize, threads: usize) -> Applied {
+        let store = Dest::Store(Store::open_with(p, restore_options()).unwrap());
+        let mut src = VecSource::new(log.to_vec(), start);
+        let mut opts = BulkOptions::new(budget);
+        (opts.chunk_bytes, opts.sst_target_bytes, opts.threads) = (300, 4096, threads);
         let mut pr = Progress::new(None, Duration::ZERO);
         let a = bulk(Target { store: &store, tp: "t-0", end }, &mut src, &opts, &mut pr).unwrap();
         assert!(!scratch_dir(p).exists());
@@ -559,6 +665,57 @@ mod tests {
             )
             .unwrap();
             assert_eq!(r, a);
+        }
+    }
+
+    #[test]
+    fn split_across_threads_restores_what_one_thread_does() {
+        // tombstones, overwrites, null keys; a large budget (one sort, split)
+        // and small ones (spilled runs with a key in several, the newest
+        // winning; merged by range), over a new store and over existing data
+        let log = random_log(30_000, 4_000, 17);
+        let (m, last) = model(&log, 30_000);
+        for budget in [64 << 20, 256 << 10, 64 << 10] {
+            for (start, resume) in [(0, false), (10_000, true)] {
+                let dir = tempfile::tempdir().unwrap();
+                let mut want = None;
+                for threads in [1, 2, 3, 8] {
+                    let p = dir.path().join(format!("s{threads}"));
+                    if resume {
+                        restore_bulk_threads(&p, &log, 0, start, budget, 1);
+                    }
+                    let a = restore_bulk_threads(&p, &log, if resume { start } else { 0 }, 30_000, budget, threads);
+                    let store = Store::open(&p, false).unwrap();
+                    let got = (dump(&store), store.offset("t-0").unwrap(), a);
+                    assert_eq!((&got.0, got.1), (&m, last), "budget {budget}, {threads} threads, resume {resume}");
+                    match &want {
+                        None => want = Some(got),
+                        Some(w) => assert_eq!(w, &got, "budget {budget}, {threads} threads, resume {resume}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn split_ranges_may_be_empty() {
+        // fewer keys than threads, one key, no data at all: every range
+        // that gets nothing writes no file, and the store is still right
+        for keys in [0usize, 1, 3] {
+            let log: Vec<Entry> = (0..50)
+                .map(|i| Entry::Data {
+                    key: (keys > 0).then(|| format!("k{}", i % keys.max(1)).into_bytes()),
+                    value: Some(vec![i as u8; 3]),
+                })
+                .collect();
+            let (m, last) = model(&log, 50);
+            for budget in [64 << 20, 64 << 10] {
+                let dir = tempfile::tempdir().unwrap();
+                let p = dir.path().join("s");
+                restore_bulk_threads(&p, &log, 0, 50, budget, 8);
+                let store = Store::open(&p, false).unwrap();
+                assert_eq!((dump(&store), store.offset("t-0").unwrap()), (m.clone(), last), "{keys} keys");
+            }
         }
     }
 
@@ -640,8 +797,8 @@ mod tests {
                 let store = Dest::Store(Store::open_with(&p, restore_options()).unwrap());
                 let mut src = VecSource::new(log.clone(), off + 1);
                 src.fail_at = Some(4_500);
-                let opts =
-                    BulkOptions { memory_budget: 64 << 10, chunk_bytes: 300, sst_target_bytes: 4096, read_ahead };
+                let opts = BulkOptions { read_ahead, ..BulkOptions::new(64 << 10) };
+                let opts = BulkOptions { chunk_bytes: 300, sst_target_bytes: 4096, ..opts };
                 let e = bulk(
                     Target { store: &store, tp: "t-0", end: 5_000 },
                     &mut src,
