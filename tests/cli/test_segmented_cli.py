@@ -362,10 +362,7 @@ def test_a_segment_of_a_type_statestore_does_not_know_is_reported_and_never_writ
     families = Rdict.list_cf(str(seg))
     reports = inspect_json(app)
     assert [r["store"] for r in reports] == ["win"]
-    assert (
-        "statestore does not know" in reports[0]["problem"]
-        and UNKNOWN_FAMILY in reports[0]["problem"]
-    )
+    assert "statestore does not know" in reports[0]["problem"] and UNKNOWN_FAMILY in reports[0]["problem"]
     out = verify(app, "--retention", f"win={RETENTION}")
     assert out.returncode == 1 and "UNREADABLE" in out.stdout, out.stdout + out.stderr
     out = cli(

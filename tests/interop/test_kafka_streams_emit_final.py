@@ -34,6 +34,7 @@ import pytest
 from statestore import _native
 from support import kstreams_app
 from support.kstreams_app import segments, store_path
+from support.kstreams_checks import check_own_state
 from support.model import store_contents, store_difference
 
 pytest.importorskip("statestore.changelog.kafka")
@@ -76,6 +77,8 @@ def test_kafka_streams_starts_on_emit_final_window_stores_statestore_restored(
     app = f"kse{uuid.uuid4().hex[:8]}"
     first = tmp_path / "first"
     assert run(app, first, produce=3000).closed_clean
+    # statestore inspect and verify on Kafka Streams' own state directory: every store, its segments
+    check_own_state(kafka_bootstrap, first, app, stores, PARTITIONS, "kip-1035")
 
     restored = tmp_path / "restored"
     kstreams_app.restore_with_threads(kafka_bootstrap, app, restored, stores, PARTITIONS)

@@ -29,6 +29,7 @@ answers after a restart is between two such instances.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -115,6 +116,15 @@ def test_kafka_streams_starts_on_a_versioned_store_statestore_restored(
         assert out.stdout.count("versioned") == PARTITIONS and out.stdout.count("exact") == PARTITIONS, (
             out.stdout
         )
+
+    # statestore inspect --kafka shows it as versioned (its bytes alone read as a plain store's)
+    out = run_cli("inspect", "--state-dir", str(first), "--app-id", app, "--kafka", bootstrap, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = json.loads(out.stdout)["stores"]
+    assert len(reports) == PARTITIONS and all(
+        r["format"] == "versioned" and r["kind"] == "versioned" and r["problem"] is None and r["lag"] == 0
+        for r in reports
+    ), reports
 
     # Kafka Streams on it: nothing restored, and the same answers as on its own state directory
     on_ours = run(bootstrap, app, restored, print_results=True)

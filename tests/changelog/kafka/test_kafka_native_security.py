@@ -210,6 +210,9 @@ def test_ssl_and_sasl_restores_are_native_and_equal_to_plaintext(secure_broker: 
             for i in range(200):
                 p.send(topic, 0, b"k%04d" % ((t * 37 + i) % 500), b"v%d-%d" % (t, i))
             if t % 4 == 3:
+                # delivered first: an abort before delivery can race the client's AddPartitionsToTxn
+                # (INVALID_TXN_STATE), and would purge the records instead of aborting them in the log
+                p.flush()
                 p.abort()
             else:
                 p.commit()
@@ -302,6 +305,7 @@ def test_a_tls_setup_rustls_refuses_restores_through_confluent_kafka_saying_why_
             for i in range(100):
                 p.send(topic, 0, b"k%03d" % ((t * 31 + i) % 150), b"v%d-%d" % (t, i))
             if t % 3 == 2:
+                p.flush()  # delivered first, as above
                 p.abort()
             else:
                 p.commit()
