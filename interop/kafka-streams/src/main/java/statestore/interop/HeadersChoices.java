@@ -11,16 +11,14 @@ import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.Topology;
 
 /**
- * What {@link StreamsApp} knows of the topologies of {@link HeadersTopologies} ({@code --stores headers} and
- * {@code emit-final}): their names, stores and input headers, in APIs every Kafka Streams version has.
+ * What {@link StreamsApp} knows of the topology of {@link HeadersTopologies} ({@code --stores headers}): its name,
+ * stores and input headers, in APIs every Kafka Streams version has.
  * {@code HeadersTopologies} itself uses Kafka Streams 4.3+ APIs, so a build against an older Kafka Streams (the
  * {@code .checkpoint} layout's proofs with 3.9 and 4.2) leaves that file out; its topology and summaries are
  * reached by name, and asking for them there is an error saying so.
  */
 final class HeadersChoices {
     static final String HEADERS = "headers";
-    static final String EMIT_FINAL = "emit-final";
-    static final String SWCOUNTS = "swcounts";
     static final String HLATEST = "hlatest";
     static final String HWLATEST = "hwlatest";
     static final String HSLATEST = "hslatest";
@@ -28,21 +26,13 @@ final class HeadersChoices {
 
     private HeadersChoices() {}
 
-    /** Whether {@code stores} is one of the topologies of {@link HeadersTopologies}. */
-    static boolean isOne(String stores) {
-        return stores.equals(HEADERS) || stores.equals(EMIT_FINAL);
-    }
-
-    /** The stores of topology {@code stores}. */
-    static List<String> storeNames(String stores) {
-        return stores.equals(HEADERS)
-                ? List.of(StreamsApp.COUNTS, StreamsApp.WCOUNTS, StreamsApp.SCOUNTS, HLATEST, HWLATEST, HSLATEST)
-                : List.of(StreamsApp.WCOUNTS, SWCOUNTS, StreamsApp.SCOUNTS);
-    }
+    /** The stores of the topology. */
+    static final List<String> STORES =
+            List.of(StreamsApp.COUNTS, StreamsApp.WCOUNTS, StreamsApp.SCOUNTS, HLATEST, HWLATEST, HSLATEST);
 
     /** Whether {@code name} is a store {@link HeadersTopologies} summarizes itself. */
     static boolean isOwnStore(String name) {
-        return List.of(HLATEST, HWLATEST, HSLATEST, SWCOUNTS).contains(name);
+        return List.of(HLATEST, HWLATEST, HSLATEST).contains(name);
     }
 
     /**
@@ -60,10 +50,9 @@ final class HeadersChoices {
         }
     }
 
-    /** {@link HeadersTopologies}' topology {@code stores}. */
-    static Topology topology(String input, String stores, AtomicLong processed) throws Exception {
-        return (Topology) call("topology", new Class<?>[] {String.class, String.class, AtomicLong.class},
-                input, stores, processed);
+    /** {@link HeadersTopologies}' topology. */
+    static Topology topology(String input, AtomicLong processed) throws Exception {
+        return (Topology) call("topology", new Class<?>[] {String.class, AtomicLong.class}, input, processed);
     }
 
     /** {@link HeadersTopologies}' {@code STORE} line of its own store {@code name}. */
@@ -77,8 +66,8 @@ final class HeadersChoices {
         try {
             c = Class.forName(TOPOLOGIES);
         } catch (ClassNotFoundException e) {
-            throw new IllegalArgumentException("--stores headers and emit-final need Kafka Streams 4.3+: this build "
-                    + "is against an older one", e);
+            throw new IllegalArgumentException("--stores headers needs Kafka Streams 4.3+: this build is against an "
+                    + "older one", e);
         }
         Method m = c.getDeclaredMethod(method, types);
         m.setAccessible(true);

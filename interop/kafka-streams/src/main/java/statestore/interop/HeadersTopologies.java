@@ -15,12 +15,10 @@ import org.apache.kafka.streams.StoreQueryParameters;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Consumed;
-import org.apache.kafka.streams.kstream.EmitStrategy;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.SessionWindows;
-import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.Windowed;
 import org.apache.kafka.streams.kstream.internals.SessionWindow;
@@ -43,7 +41,7 @@ import org.apache.kafka.streams.state.ValueTimestampHeaders;
 import org.apache.kafka.streams.state.WindowStore;
 
 /**
- * The topologies of {@link StreamsApp} for header-aware stores (Kafka Streams 4.3+) and emit-final windows.
+ * The topology of {@link StreamsApp} for header-aware stores (Kafka Streams 4.3+).
  *
  * <p>{@code --stores headers}: a {@code groupByKey().count()} ({@code counts}), a tumbling windowed count
  * ({@code wcounts}) and a session-windowed count ({@code scounts}), with the windows, gap and retentions of
@@ -56,18 +54,11 @@ import org.apache.kafka.streams.state.WindowStore;
  * 60 s) and {@code hslatest} (a session store, one session per 30 s bucket, retention 30 s). The producer attaches
  * headers to the input records ({@link HeadersChoices#addHeaders}), so those stored headers are not empty.
  *
- * <p>{@code --stores emit-final}: the tumbling windowed count {@code wcounts}, a sliding windowed count
- * {@code swcounts} (1-minute time difference, no grace: retention 2 minutes) and the session-windowed count
- * {@code scounts}, each with {@code emitStrategy(EmitStrategy.onWindowClose())} (Kafka Streams' time-ordered window
- * and session stores, {@code RocksDbIndexedTimeOrderedWindowBytesStoreSupplier},
- * {@code RocksDbTimeOrderedSessionBytesStoreSupplier}).
- *
  * <p>It uses Kafka Streams 4.3+ APIs: a build against an older Kafka Streams leaves this file out, and
  * {@link StreamsApp} reaches it only through {@link HeadersChoices}.
  */
 final class HeadersTopologies {
     static final String HEADERS = HeadersChoices.HEADERS;
-    static final String SWCOUNTS = HeadersChoices.SWCOUNTS;
     static final String HLATEST = HeadersChoices.HLATEST;
     static final String HWLATEST = HeadersChoices.HWLATEST;
     static final String HSLATEST = HeadersChoices.HSLATEST;
@@ -75,27 +66,10 @@ final class HeadersTopologies {
 
     private HeadersTopologies() {}
 
-    static Topology topology(String input, String stores, AtomicLong processed) {
+    static Topology topology(String input, AtomicLong processed) {
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
                 .peek((k, v) -> processed.incrementAndGet());
-        if (stores.equals(HeadersChoices.EMIT_FINAL)) {
-            in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
-                    .windowedBy(TimeWindows.ofSizeWithNoGrace(StreamsApp.WINDOW_SIZE))
-                    .emitStrategy(EmitStrategy.onWindowClose())
-                    .count(windowed(StreamsApp.WCOUNTS));
-            in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
-                    .windowedBy(SlidingWindows.ofTimeDifferenceWithNoGrace(StreamsApp.WINDOW_SIZE))
-                    .emitStrategy(EmitStrategy.onWindowClose())
-                    .count(windowed(SWCOUNTS));
-            in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
-                    .windowedBy(SessionWindows.ofInactivityGapWithNoGrace(StreamsApp.SESSION_GAP))
-                    .emitStrategy(EmitStrategy.onWindowClose())
-                    .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as(StreamsApp.SCOUNTS)
-                            .withKeySerde(Serdes.String())
-                            .withValueSerde(Serdes.Long()));
-            return b.build();
-        }
         in.groupByKey(Grouped.with(Serdes.String(), Serdes.String()))
                 .count(Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>as(StreamsApp.COUNTS)
                         .withKeySerde(Serdes.String())
@@ -154,16 +128,6 @@ final class HeadersTopologies {
     static String summarize(KafkaStreams streams, String name, int keys, boolean print) throws Exception {
         TreeMap<String, String> all = new TreeMap<>();
         switch (name) {
-            case SWCOUNTS -> {
-                ReadOnlyWindowStore<String, Long> s = streams.store(
-                        StoreQueryParameters.fromNameAndType(name, QueryableStoreTypes.<String, Long>windowStore()));
-                try (KeyValueIterator<Windowed<String>, Long> it = s.all()) {
-                    while (it.hasNext()) {
-                        KeyValue<Windowed<String>, Long> kv = it.next();
-                        all.put(kv.key.key() + "@" + kv.key.window().start(), Long.toString(kv.value));
-                    }
-                }
-            }
             case HLATEST -> {
                 ReadOnlyKeyValueStore<String, ValueTimestampHeaders<String>> s = streams.store(
                         StoreQueryParameters.fromNameAndType(

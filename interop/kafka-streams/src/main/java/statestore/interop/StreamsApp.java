@@ -75,12 +75,13 @@ import org.apache.kafka.streams.state.Stores;
  * the input and changelogs), so windows open, close and expire as the input goes. {@code --input-topic T} reads T instead of
  * {@code <app>-input} (a second application over the same input); a windowed run is done once it processed
  * {@code --expect N} records (default: those it produced). {@code --stores versioned} builds instead the topology
- * of {@link VersionedTopology}: a versioned key-value store fed out-of-order timestamps and tombstones.
+ * of {@link VersionedTopology}: versioned key-value stores (Processor API, and a DSL table) fed out-of-order
+ * timestamps and tombstones.
  *
  * <p>{@code --stores more-windows} builds {@link WindowTopologies}' application instead: a hopping-window count, a
  * stream-stream join whose results are counted, and a {@code groupBy} count in sub-topology 1. {@code --stores headers}
- * and {@code emit-final} build the topologies of {@link HeadersTopologies} (header-aware stores, emit-final windows),
- * done as a windowed run is.
+ * builds the topology of {@link HeadersTopologies} (header-aware stores, Kafka Streams 4.3+) and {@code emit-final}
+ * that of {@link EmitFinalTopology} (emit-final windows and sessions), done as a windowed run is.
  *
  * <p>Modes: {@code process} (optionally produce {@code --produce N} input records first, then run until every input
  * record is counted, print the results and close) and {@code restore} (start, wait until every store is restored,
@@ -184,7 +185,8 @@ public final class StreamsApp {
                 throw new IllegalArgumentException("--bootstrap, --application-id and --state-dir are required");
             }
             if (!List.of("both", LATEST, COUNTS, WINDOWED, WCOUNTS, VERSIONED).contains(a.stores)
-                    && !WindowTopologies.choices().contains(a.stores) && !HeadersChoices.isOne(a.stores)) {
+                    && !WindowTopologies.choices().contains(a.stores) && !a.stores.equals(HeadersChoices.HEADERS)
+                    && !a.stores.equals(EmitFinalTopology.NAME)) {
                 throw new IllegalArgumentException("--stores is both, latest, counts, windowed, wcounts, versioned, "
                         + "headers, emit-final or one of " + WindowTopologies.choices() + ", got " + a.stores);
             }
@@ -205,15 +207,14 @@ public final class StreamsApp {
 
         /** The stores of the topology. */
         List<String> storeNames() {
-            if (HeadersChoices.isOne(stores)) {
-                return HeadersChoices.storeNames(stores);
-            }
             return switch (stores) {
+                case HeadersChoices.HEADERS -> HeadersChoices.STORES;
+                case EmitFinalTopology.NAME -> EmitFinalTopology.STORES;
                 case LATEST -> List.of(LATEST);
                 case COUNTS -> List.of(COUNTS);
                 case WINDOWED -> List.of(WCOUNTS, SCOUNTS);
                 case WCOUNTS -> List.of(WCOUNTS);
-                case VERSIONED -> List.of(VersionedTopology.STORE);
+                case VERSIONED -> VersionedTopology.STORES;
                 default -> List.of(LATEST, COUNTS);
             };
         }
@@ -254,8 +255,11 @@ public final class StreamsApp {
         if (stores.equals(VERSIONED)) {
             return VersionedTopology.topology(input, processed);
         }
-        if (HeadersChoices.isOne(stores)) {
-            return HeadersChoices.topology(input, stores, processed);
+        if (stores.equals(HeadersChoices.HEADERS)) {
+            return HeadersChoices.topology(input, processed);
+        }
+        if (stores.equals(EmitFinalTopology.NAME)) {
+            return EmitFinalTopology.topology(input, processed);
         }
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
@@ -535,7 +539,8 @@ public final class StreamsApp {
                     && (more ? WindowTopologies.done(streams, topology, a.expect >= 0 ? a.expect : a.produce,
                             total, processed.get())
                     : a.stores.equals(LATEST) ? processed.get() >= a.produce
-                    : a.windowed() || a.stores.equals(VERSIONED) || HeadersChoices.isOne(a.stores)
+                    : a.windowed() || a.stores.equals(VERSIONED) || a.stores.equals(HeadersChoices.HEADERS)
+                            || a.stores.equals(EmitFinalTopology.NAME)
                             ? processed.get() >= (a.expect >= 0 ? a.expect : a.produce)
                     : countsSum(streams) == total)) {
                 done = true;
@@ -563,8 +568,9 @@ public final class StreamsApp {
                         : switch (name) {
                     case WCOUNTS -> summarizeWindows(streams, a.printResults);
                     case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
-                    case VersionedTopology.STORE -> VersionedTopology.summarize(
-                            streams, a.keys, a.firstTimestamp + (total - 1) * a.timeStepMs, a.printResults);
+                    case EmitFinalTopology.SWCOUNTS -> EmitFinalTopology.summarizeSliding(streams, a.printResults);
+                    case VersionedTopology.STORE, VersionedTopology.DSL_STORE -> VersionedTopology.summarize(
+                            streams, name, a.keys, a.firstTimestamp + (total - 1) * a.timeStepMs, a.printResults);
                     default -> summarize(streams, name, a.printResults);
                 });
             }

@@ -16,6 +16,8 @@ import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
 import org.apache.kafka.streams.processor.api.Record;
@@ -30,7 +32,8 @@ import org.apache.kafka.streams.state.VersionedRecord;
 /**
  * The versioned topology of {@code StreamsApp --stores versioned}: a Processor API versioned key-value store
  * ({@code vtable}, {@code Stores.persistentVersionedKeyValueStore} with a history retention of 30 s, so the
- * default segment interval of 10 s) that puts every input record with its timestamp; a null value deletes.
+ * default segment interval of 10 s) that puts every input record with its timestamp, a null value deleting; and the
+ * same input as a DSL versioned table ({@code vdsl}: {@code toTable} materialized in such a store).
  *
  * <p>Its input ({@link #produce}) is made to exercise every path of the store's put logic: record {@code seq}
  * (key {@code seq % keys}) has the timestamp {@code first + seq * step}, except that every 5th record is 20 steps
@@ -43,6 +46,8 @@ import org.apache.kafka.streams.state.VersionedRecord;
  */
 final class VersionedTopology {
     static final String STORE = "vtable";
+    static final String DSL_STORE = "vdsl";
+    static final List<String> STORES = List.of(STORE, DSL_STORE);
     static final Duration HISTORY_RETENTION = Duration.ofSeconds(30);
     /** Query times: the last input timestamp minus these (ms). */
     static final List<Long> AS_OF_BACK = List.of(0L, 1_000L, 5_000L, 10_000L, 20_000L, 29_000L, 40_000L);
@@ -74,8 +79,11 @@ final class VersionedTopology {
         StreamsBuilder b = new StreamsBuilder();
         b.addStateStore(Stores.versionedKeyValueStoreBuilder(
                 Stores.persistentVersionedKeyValueStore(STORE, HISTORY_RETENTION), Serdes.String(), Serdes.String()));
-        b.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
-                .process(() -> new VersionedProcessor(processed), STORE);
+        KStream<String, String> in = b.stream(input, Consumed.with(Serdes.String(), Serdes.String()));
+        in.process(() -> new VersionedProcessor(processed), STORE);
+        in.toTable(Materialized.<String, String>as(Stores.persistentVersionedKeyValueStore(DSL_STORE, HISTORY_RETENTION))
+                .withKeySerde(Serdes.String())
+                .withValueSerde(Serdes.String()));
         return b.build();
     }
 
@@ -107,10 +115,10 @@ final class VersionedTopology {
         StreamsApp.out("PRODUCED records=" + a.produce);
     }
 
-    /** One answer of the store: the version's value and validity, or none. */
-    static String answer(KafkaStreams streams, VersionedKeyQuery<String, String> query) {
+    /** One answer of store {@code name}: the version's value and validity, or none. */
+    static String answer(KafkaStreams streams, String name, VersionedKeyQuery<String, String> query) {
         StateQueryResult<VersionedRecord<String>> result =
-                streams.query(StateQueryRequest.inStore(STORE).withQuery(query));
+                streams.query(StateQueryRequest.inStore(name).withQuery(query));
         String found = "none";
         for (QueryResult<VersionedRecord<String>> r : result.getPartitionResults().values()) {
             if (!r.isSuccess()) {
@@ -124,18 +132,21 @@ final class VersionedTopology {
         return found;
     }
 
-    /** Every key's latest version and its versions as of {@link #AS_OF_BACK} before {@code lastTimestamp}. */
-    static String summarize(KafkaStreams streams, int keys, long lastTimestamp, boolean print) throws Exception {
+    /** Every key's latest version in store {@code name} and its versions as of {@link #AS_OF_BACK} before
+     * {@code lastTimestamp}. */
+    static String summarize(KafkaStreams streams, String name, int keys, long lastTimestamp, boolean print)
+            throws Exception {
         TreeMap<String, String> all = new TreeMap<>();
         for (int k = 0; k < keys; k++) {
             String key = String.format("k%06d", k);
-            all.put(key + "@latest", answer(streams, VersionedKeyQuery.withKey(key)));
+            all.put(key + "@latest", answer(streams, name, VersionedKeyQuery.withKey(key)));
             for (long back : AS_OF_BACK) {
                 long at = lastTimestamp - back;
                 all.put(key + "@" + at,
-                        answer(streams, VersionedKeyQuery.<String, String>withKey(key).asOf(Instant.ofEpochMilli(at))));
+                        answer(streams, name,
+                                VersionedKeyQuery.<String, String>withKey(key).asOf(Instant.ofEpochMilli(at))));
             }
         }
-        return StreamsApp.digest(STORE, all, print);
+        return StreamsApp.digest(name, all, print);
     }
 }
