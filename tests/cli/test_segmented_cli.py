@@ -257,6 +257,26 @@ def verify(app: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
+    ("store", "fmt"),
+    [("win", "emit-final-window"), ("win", "emit-final-sliding-window"), ("sess", "emit-final-session")],
+)
+def test_an_emit_final_store_is_written_for_the_checkpoint_layout(app: Path, store: str, fmt: str) -> None:
+    """For Kafka Streams 4.2: the segments and rows of the 4.4 layout, each segment without its offsets
+    family and at format_version 5, the offset in the task's ``.checkpoint``."""
+    restore_window(app, store, fmt, "--kafka-streams-version", "4.2")
+    (app / "state").rename(app / "legacy")
+    restore_window(app, store, fmt)
+    for p in (0, 1):
+        legacy, current = (app / d / APP / f"0_{p}" / store for d in ("legacy", "state"))
+        segs = sorted(d.name for d in current.iterdir())
+        assert segs and sorted(d.name for d in legacy.iterdir()) == segs
+        for seg in segs:
+            assert _native.store_dump(legacy / seg).entries == _native.store_dump(current / seg).entries
+            assert store_layout(legacy / seg) is CHECKPOINT and table_format_versions(legacy / seg) == {5}
+        assert OffsetCheckpoint(legacy.parent / ".checkpoint").read() == {TopicPartition(topic(store), p): 29}
+
+
+@pytest.mark.parametrize(
     ("store", "fmt"), [("win", "timestamped-window"), ("win", "window"), ("sess", "session")]
 )
 @pytest.mark.parametrize("version", ["4.4", "4.2"])

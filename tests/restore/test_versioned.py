@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from statestore import TopicPartition, _native
+from statestore import OffsetCheckpoint, TopicPartition, _native
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import StateStoreError
 from statestore.ops.inspection import inspect_app, local_stores, versioned_by_changelog
 from statestore.restore.engine import RestoreSpec, restore_many, restore_store
+from statestore.state.layout import CHECKPOINT, store_layout, table_format_versions
 from support.cli import restore_args
 from support.cli import run_cli as cli
 from support.model import store_contents
@@ -133,21 +134,26 @@ def test_statestore_restore_writes_a_versioned_store_with_its_history_retention(
     )
     assert not any((log_root / "state").glob(f"{APP}/*/rocksdb/{STORE}")), "never opened for writing"
 
-    out = cli(
-        *restore_args(
-            log_root, APP, *flags, "--retention", f"{STORE}={HISTORY}", "--kafka-streams-version", "4.2"
-        )
-    )
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "it is a versioned store, not written yet for that layout" in out.stdout
-    assert not any((log_root / "state").glob(f"{APP}/*/rocksdb/{STORE}")), "never opened for writing"
-
     out = cli(*restore_args(log_root, APP, *flags, "--retention", f"{STORE}={HISTORY}"))
     assert out.returncode == 0, out.stdout + out.stderr
     for p in (0, 1):
         c = store_contents(log_root / "state" / APP / f"0_{p}" / "rocksdb" / STORE)
         assert c.data == expected_rows()
         assert c.offsets == {f"{TOPIC}-{p}": 5}
+
+
+def test_statestore_restore_writes_a_versioned_store_for_the_checkpoint_layout(log_root: Path) -> None:
+    """For Kafka Streams 4.2: the same rows, no offsets family, table files of format_version 5 at
+    most, the offset in each task's ``.checkpoint``."""
+    flags = ["--store", STORE, "--store-format", f"{STORE}=versioned", "--retention", f"{STORE}={HISTORY}"]
+    out = cli(*restore_args(log_root, APP, *flags, "--kafka-streams-version", "4.2"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for p in (0, 1):
+        task = log_root / "state" / APP / f"0_{p}"
+        path = task / "rocksdb" / STORE
+        assert store_contents(path).data == expected_rows()
+        assert store_layout(path) is CHECKPOINT and table_format_versions(path) <= {5}
+        assert OffsetCheckpoint(task / ".checkpoint").read() == {TopicPartition(TOPIC, p): 5}
 
 
 def test_statestore_verify_rebuilds_a_versioned_store_by_its_put_logic(log_root: Path) -> None:

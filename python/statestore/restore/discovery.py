@@ -215,21 +215,26 @@ def _establish(
 
 
 #: The formats written for the ``.checkpoint`` layout of Kafka Streams 3.6 - 4.2, each proven with
-#: Kafka Streams 3.9 and 4.2 themselves (``tests/interop/test_kafka_streams_checkpoint_layout.py``).
+#: Kafka Streams 3.9 and 4.2 themselves (``tests/interop/``: the checkpoint-layout, emit-final,
+#: versioned and more-windows tests): every format but the header-aware ones, which came with 4.3.
 CHECKPOINT_LAYOUT_FORMATS: tuple[str, ...] = (
     "plain",
     "timestamped",
     "window",
     "timestamped-window",
     "session",
+    "emit-final-window",
+    "emit-final-sliding-window",
+    "emit-final-session",
+    "versioned",
 )
 
 
 def layout_refusal(fmt: str, *, offsets_in_store: bool) -> str | None:
     """Why a store of format ``fmt`` is not written for a layout (None: it is). With
     ``offsets_in_store=False`` (the ``.checkpoint`` layout of Kafka Streams 3.6 - 4.2) a
-    header-aware store does not exist (Kafka Streams has it since 4.3), and the formats outside
-    :data:`CHECKPOINT_LAYOUT_FORMATS` (versioned, emit-final) are not written yet."""
+    header-aware store does not exist (Kafka Streams has it since 4.3); any other format outside
+    :data:`CHECKPOINT_LAYOUT_FORMATS` is not written for it."""
     if offsets_in_store or fmt in CHECKPOINT_LAYOUT_FORMATS:
         return None
     if fmt in _native.HEADERS_STORE_FORMATS:
