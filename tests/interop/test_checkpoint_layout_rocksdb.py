@@ -6,7 +6,7 @@ timestamped store). A small Java program does that on stores statestore
 restored for 3.9: it reads every entry, writes one and compacts (so the
 files are read and rewritten by that RocksDB). The 4.3+ layout is refused
 by it, as Kafka Streams 3.9 would refuse it. Needs Java and Maven (the jar
-comes from Maven Central once, into ~/.m2).
+comes with the interop application's build against Kafka Streams 3.9.0).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from statestore import SegmentLog
+from support import kstreams_app
 
-ROCKSDBJNI = "org.rocksdb:rocksdbjni:7.9.2"
+ROCKSDBJNI_JAR = "rocksdbjni-7.9.2.jar"
 APP = "shop"
 STORES = {"latest": "plain", "counts": "timestamped"}
 
@@ -54,36 +55,12 @@ public class OpenStore {
 
 @pytest.fixture(scope="module")
 def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if shutil.which("mvn") is None or shutil.which("javac") is None:
-        pytest.skip("needs Maven and a JDK")
-
-    def get() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["mvn", "-q", "-B", "dependency:get", f"-Dartifact={ROCKSDBJNI}"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-    # Other test workers may be writing the same local Maven repository at this moment: a second try.
-    got = get()
-    if got.returncode != 0:
-        got = get()
-    group, artifact, version = ROCKSDBJNI.split(":")
-    jar = (
-        Path.home()
-        / ".m2"
-        / "repository"
-        / group.replace(".", "/")
-        / artifact
-        / version
-        / f"{artifact}-{version}.jar"
-    )
-    if got.returncode != 0 or not jar.is_file():
-        pytest.skip(
-            f"{ROCKSDBJNI} does not resolve (mvn exit {got.returncode}, jar at {jar}: {jar.is_file()}): "
-            f"{got.stdout[-300:]} {got.stderr[-300:]}"
-        )
+    """rocksdbjni 7.9.2, the jar Kafka Streams 3.9 runs (from the interop application's build against
+    it: one Maven run, serialized with the others), and the compiled program."""
+    if shutil.which("javac") is None:
+        kstreams_app.cannot_build("needs a JDK 17")
+    jar = kstreams_app.built("3.9.0") / "libs" / ROCKSDBJNI_JAR
+    assert jar.is_file(), f"Kafka Streams 3.9.0 no longer runs {ROCKSDBJNI_JAR}"
     build = tmp_path_factory.mktemp("open-store")
     (build / "OpenStore.java").write_text(OPEN_STORE)
     subprocess.run(["javac", "-cp", str(jar), "OpenStore.java"], cwd=build, check=True, timeout=300)

@@ -20,10 +20,7 @@ layout, segment by segment.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -39,78 +36,33 @@ from support.model import store_contents
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
 
-VERSIONS = ["3.9.0", "4.2.0"]
 PARTITIONS = 2
 KEYS = 150
 VALUE_SIZE = 40
-MODULE = kstreams_app.ROOT / "interop" / "kafka-streams"
 
 
-@pytest.fixture(scope="module", params=VERSIONS)
-def build(request: pytest.FixtureRequest) -> tuple[str, Path]:
-    """``(version, directory holding app.jar and libs/)`` of the application built against that Kafka Streams."""
-    version: str = request.param
-    if shutil.which("mvn") is None or shutil.which("javac") is None:
-        kstreams_app.cannot_build("needs Maven and a JDK 17")
-    digest = hashlib.sha256(version.encode())
-    for path in sorted(p for p in MODULE.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(MODULE)).encode() + path.read_bytes())
-    cache = Path(os.environ.get("STATESTORE_CACHE", Path.home() / ".cache" / "statestore"))
-    dest = cache / f"kafka-streams-app-{version}" / digest.hexdigest()[:16]
-    if (dest / ".complete").is_file():
-        return version, dest
-    tmp = dest.with_name(f".building-{uuid.uuid4().hex[:8]}")
-    shutil.copytree(MODULE, tmp)
-    for name in kstreams_app.SOURCES_SINCE_4_3:
-        next(tmp.rglob(name)).unlink()
-    pom = tmp / "pom.xml"
-    pom.write_text(pom.read_text().replace("<version>4.4.0</version>", f"<version>{version}</version>", 1))
-    for goal in (["package", "-DskipTests"], ["dependency:copy-dependencies", "-DincludeScope=runtime"]):
-        out = subprocess.run(
-            ["mvn", "-q", "-B", *goal, f"-DoutputDirectory={tmp / 'libs'}"],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        if out.returncode != 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            kstreams_app.cannot_build(
-                f"the application does not build against Kafka Streams {version}: {out.stdout[-2000:]}"
-            )
-    shutil.copy(tmp / "target" / "kafka-streams-app-1.jar", tmp / "app.jar")
-    (tmp / ".complete").touch()
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return version, dest
+@pytest.fixture(scope="module", params=kstreams_app.CHECKPOINT_LAYOUT_VERSIONS)
+def version(request: pytest.FixtureRequest) -> str:
+    """A Kafka Streams version of the ``.checkpoint`` layout, the application built against it."""
+    kstreams_app.built(request.param)
+    return str(request.param)
 
 
-def run_app(
-    build: Path, bootstrap: str, app: str, state: Path, config: dict[str, str] | None = None, **kw: object
-) -> kstreams_app.AppRun:
-    """One run of an older build (the 4.4 build's command line, another classpath)."""
-    args = kstreams_app.command(
+def run_app(version: str, bootstrap: str, app: str, state: Path, **kw: object) -> kstreams_app.AppRun:
+    """One run of the key-value application built against ``version``."""
+    config = {"commit.interval.ms": "500", **kw.pop("config", {})}  # type: ignore[dict-item]
+    return kstreams_app.run_app(
         bootstrap,
         app,
         state,
+        version,
         keys=KEYS,
         value_size=VALUE_SIZE,
         partitions=PARTITIONS,
         guarantee="exactly_once_v2",
-        config={"commit.interval.ms": "500", **(config or {})},
-        **kw,  # type: ignore[arg-type]
-    )[3:]
-    cmd = [
-        "java",
-        "-Xmx1g",
-        "-cp",
-        f"{build / 'app.jar'}:{build / 'libs'}/*",
-        "statestore.interop.StreamsApp",
-        *args,
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return kstreams_app.parse(out.stdout.splitlines(), out.returncode, out.stderr)
+        config=config,
+        **kw,
+    )
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -124,12 +76,11 @@ def check_results(run: kstreams_app.AppRun, total: int) -> None:
 
 
 def test_kafka_streams_3_9_and_4_2_start_on_the_checkpoint_layout(
-    build: tuple[str, Path], kafka_bootstrap: str, tmp_path: Path
+    version: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    version, app_dir = build
     app = f"ks{version.replace('.', '')}{uuid.uuid4().hex[:8]}"
     first = tmp_path / "first"
-    run = run_app(app_dir, kafka_bootstrap, app, first, mode="process", produce=4000, print_results=True)
+    run = run_app(version, kafka_bootstrap, app, first, mode="process", produce=4000, print_results=True)
     assert run.closed_clean
     check_results(run, 4000)
 
@@ -156,8 +107,7 @@ def test_kafka_streams_3_9_and_4_2_start_on_the_checkpoint_layout(
         str(restored),
         "--app-id",
         app,
-        "--kafka-streams-version",
-        version.rsplit(".", 1)[0],
+        *kstreams_app.version_flags(version),
         *formats,
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -172,22 +122,19 @@ def test_kafka_streams_3_9_and_4_2_start_on_the_checkpoint_layout(
             assert store_contents(ours).data == store_contents(theirs).data
 
     # that Kafka Streams starts on it: nothing to restore, then exact results on new input
-    only = run_app(app_dir, kafka_bootstrap, app, restored, mode="restore")
-    assert only.restored_records == 0, only.restores
-    more = run_app(app_dir, kafka_bootstrap, app, restored, mode="process", produce=1000, print_results=True)
+    more = run_app(version, kafka_bootstrap, app, restored, mode="process", produce=1000, print_results=True)
     assert more.restored_records == 0, more.restores
     check_results(more, 5000)
 
 
 def test_kafka_streams_3_9_and_4_2_start_on_window_and_session_stores_in_the_checkpoint_layout(
-    build: tuple[str, Path], kafka_bootstrap: str, tmp_path: Path
+    version: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """The windowed application (a tumbling windowed count, a session-windowed count) on that version:
     inspect and verify read its own segments and .checkpoint; statestore restores both stores for that
     version into an empty directory (segments without the offsets family, format_version 5, offsets in
     the task's .checkpoint), and that Kafka Streams starts there, restores nothing, and its windows and
     sessions after new input equal those of an application that processed all the input."""
-    version, app_dir = build
     app = f"kw{version.replace('.', '')}{uuid.uuid4().hex[:8]}"
     stores = kstreams_app.WINDOWED_STORES
     windowed: dict[str, object] = {
@@ -197,7 +144,7 @@ def test_kafka_streams_3_9_and_4_2_start_on_window_and_session_stores_in_the_che
         "config": kstreams_app.WINDOWED_CONFIG,
     }
     first = tmp_path / "first"
-    ran = run_app(app_dir, kafka_bootstrap, app, first, mode="process", produce=3000, **windowed)
+    ran = run_app(version, kafka_bootstrap, app, first, mode="process", produce=3000, **windowed)
     assert ran.closed_clean
     check_own_state(kafka_bootstrap, first, app, stores, PARTITIONS, "checkpoint")
 
@@ -211,8 +158,7 @@ def test_kafka_streams_3_9_and_4_2_start_on_window_and_session_stores_in_the_che
         "--app-id",
         app,
         *[a for name in stores for a in ("--store", name)],
-        "--kafka-streams-version",
-        version.rsplit(".", 1)[0],
+        *kstreams_app.version_flags(version),
         *kstreams_app.store_flags(stores),
     )
     assert out.returncode == 0, out.stdout + out.stderr
@@ -227,14 +173,12 @@ def test_kafka_streams_3_9_and_4_2_start_on_window_and_session_stores_in_the_che
                 assert store_layout(ours / seg) is CHECKPOINT and table_format_versions(ours / seg) <= {5}
                 assert store_contents(ours / seg).data == store_contents(theirs / seg).data, (task, seg)
 
-    only = run_app(app_dir, kafka_bootstrap, app, restored, mode="restore", **windowed)
-    assert only.restored_records == 0, only.restores
     more = run_app(
-        app_dir, kafka_bootstrap, app, restored, mode="process", produce=1000, print_results=True, **windowed
+        version, kafka_bootstrap, app, restored, mode="process", produce=1000, print_results=True, **windowed
     )
     assert more.restored_records == 0, more.restores
     ref = run_app(
-        app_dir,
+        version,
         kafka_bootstrap,
         f"{app}ref",
         tmp_path / "ref",

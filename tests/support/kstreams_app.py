@@ -23,13 +23,35 @@ import pytest
 
 from statestore import TopicPartition, _native
 from statestore.restore.engine import RestoreSpec, restore_many
+from support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kafka-streams-app.sh"
 
-#: The application's sources that use Kafka Streams 4.3+ APIs (header-aware stores), left out of a
-#: build against an older Kafka Streams; ``HeadersChoices.java`` reaches them by name.
-SOURCES_SINCE_4_3 = ("HeadersTopologies.java",)
+#: The Kafka Streams the application is built against by default (its ``pom.xml``): the KIP-1035 layout.
+NEWEST = "4.4.0"
+#: Older Kafka Streams it is built against too (``KAFKA_STREAMS_VERSION``), which keep offsets in the
+#: task's ``.checkpoint``: 3.9 (rocksdbjni 7.9, table ``format_version`` 5 at most) and 4.2, the newest
+#: such. The script leaves out the sources using 4.3+ APIs (header-aware stores) for them.
+CHECKPOINT_LAYOUT_VERSIONS = ("3.9.0", "4.2.0")
+
+
+def layout_of(version: str) -> str:
+    """The layout Kafka Streams ``version`` keeps its stores in: ``"kip-1035"`` (4.3+, offsets in each
+    store) or ``"checkpoint"`` (offsets in the task's ``.checkpoint``)."""
+    return "checkpoint" if version in CHECKPOINT_LAYOUT_VERSIONS else "kip-1035"
+
+
+def version_flags(version: str) -> list[str]:
+    """``--kafka-streams-version MAJOR.MINOR``: ``restore`` writes that version's layout."""
+    return ["--kafka-streams-version", version.rsplit(".", 1)[0]]
+
+
+#: Settings of every run: Kafka Streams does not leave its consumer group on close, so a run started
+#: after another of the same application waits out the previous member's session (45 s by default)
+#: before its tasks are assigned; the tests' runs follow one another, so their sessions are short (the
+#: broker's minimum is 6 s).
+QUICK_REJOIN = {"consumer.session.timeout.ms": "6000", "consumer.heartbeat.interval.ms": "1500"}
 
 #: The stores of the application and their formats.
 STORE_FORMATS = {"latest": "plain", "counts": "timestamped"}
@@ -69,9 +91,10 @@ def store_flags(stores: Mapping[str, tuple[str, int | None]]) -> list[str]:
     return flags
 
 
-#: The store of the application with ``stores="versioned"`` (``VersionedTopology.java``): format and
-#: history retention (ms); its segment interval is Kafka's default for it, 10 s.
-VERSIONED_STORES = {"vtable": ("versioned", 30_000)}
+#: The stores of the application with ``stores="versioned"`` (``VersionedTopology.java``), a Processor API
+#: store and a DSL table (``toTable``) over the same input: format and history retention (ms); their
+#: segment interval is Kafka's default for it, 10 s.
+VERSIONED_STORES: dict[str, StoreSpec] = {"vtable": ("versioned", 30_000), "vdsl": ("versioned", 30_000)}
 
 
 def cannot_build(why: str) -> NoReturn:
@@ -191,6 +214,29 @@ def windowed_runner(
     return run
 
 
+def restore_with_cli(
+    bootstrap: str, app: str, restored: Path, stores: Mapping[str, StoreSpec], version: str, *more: str
+) -> str:
+    """``statestore restore`` of ``stores`` of every task from the changelog topics into ``restored``, in
+    the layout of Kafka Streams ``version`` (``more``: further flags); what it printed."""
+    out = run_cli(
+        "restore",
+        "--kafka",
+        bootstrap,
+        "--state-dir",
+        str(restored),
+        "--app-id",
+        app,
+        *[a for name in stores for a in ("--store", name)],
+        *version_flags(version),
+        *store_flags(stores),
+        *more,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
 def check_more_input(
     run: Callable[..., AppRun], app: str, restored: Path, ref_dir: Path, produced: int, more: int = 1000
 ) -> AppRun:
@@ -207,14 +253,32 @@ def check_more_input(
     return ref
 
 
-def build() -> Path:
-    """Build the application if needed; the directory holding ``app.jar`` and ``libs/``."""
+def _env(version: str) -> dict[str, str]:
+    return {**os.environ, "KAFKA_STREAMS_VERSION": version}
+
+
+def build(version: str = NEWEST) -> Path:
+    """Build the application against Kafka Streams ``version`` if needed; the directory holding
+    ``app.jar`` and ``libs/``."""
     out = subprocess.run(
-        ["bash", str(SCRIPT), "build"], capture_output=True, text=True, check=False, timeout=900
+        ["bash", str(SCRIPT), "build"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1200,
+        env=_env(version),
     )
     if out.returncode != 0:
-        raise RuntimeError(f"building the Kafka Streams application failed:\n{out.stderr}")
+        raise RuntimeError(f"building the Kafka Streams application against {version} failed:\n{out.stderr}")
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def built(version: str = NEWEST) -> Path:
+    """:func:`build`, a skip when Maven or a JDK 17 is missing (a failure under ``CI=true``)."""
+    try:
+        return build(version)
+    except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as e:
+        cannot_build(f"the Kafka Streams application could not be built (Maven, JDK 17): {e}")
 
 
 @dataclass
@@ -352,16 +416,19 @@ def command(
         cmd += ["--expect", str(expect)]
     if retention_ms is not None:
         cmd += ["--retention-ms", str(retention_ms)]
-    for k, v in (config or {}).items():
+    for k, v in {**QUICK_REJOIN, **(config or {})}.items():
         cmd += ["--config", f"{k}={v}"]
     return cmd
 
 
-def run_app(bootstrap: str, app_id: str, state_dir: Path, **kw: object) -> AppRun:
-    """Run the application to its end and parse what it printed; a failed run raises with its output."""
+def run_app(bootstrap: str, app_id: str, state_dir: Path, version: str = NEWEST, **kw: object) -> AppRun:
+    """Run the application (built against Kafka Streams ``version``) to its end and parse what it
+    printed; a failed run raises with its output."""
     timeout = int(kw.get("timeout", 600))  # type: ignore[call-overload]
     cmd = command(bootstrap, app_id, state_dir, **kw)  # type: ignore[arg-type]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout + 120)
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, timeout=timeout + 120, env=_env(version)
+    )
     run = parse(out.stdout.splitlines(), out.returncode, out.stderr)
     if out.returncode != 0:
         raise RuntimeError(
@@ -396,10 +463,12 @@ def expected(total: int, keys: int, value_size: int) -> tuple[dict[str, str], di
 
 
 __all__ = [
+    "CHECKPOINT_LAYOUT_VERSIONS",
     "EMIT_FINAL_HEADERS_STORES",
     "EMIT_FINAL_STORES",
     "HEADERS_STORES",
-    "SOURCES_SINCE_4_3",
+    "NEWEST",
+    "QUICK_REJOIN",
     "STORE_FORMATS",
     "WINDOWED_CONFIG",
     "WINDOWED_STEP_MS",
@@ -408,11 +477,14 @@ __all__ = [
     "Restore",
     "StoreSpec",
     "build",
+    "built",
     "check_more_input",
     "command",
     "described_topology",
     "expected",
+    "layout_of",
     "parse",
+    "restore_with_cli",
     "restore_with_spark",
     "restore_with_threads",
     "run_app",
@@ -420,6 +492,7 @@ __all__ = [
     "store_flags",
     "store_path",
     "value_of",
+    "version_flags",
     "windowed_first_timestamp",
     "windowed_runner",
 ]

@@ -8,11 +8,14 @@ window or session store's segments, and data equal to its changelog.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from statestore import OffsetCheckpoint
+from statestore.state.layout import LAYOUTS, store_layout, table_format_versions
 from support.cli import run_cli
-from support.kstreams_app import store_flags
+from support.kstreams_app import layout_of, store_flags
 
 
 def check_own_state(
@@ -52,4 +55,25 @@ def check_own_state(
     assert out.stdout.count("exact") == len(reports), out.stdout
 
 
-__all__ = ["check_own_state"]
+def check_layout(theirs: Path, ours: Path, app: str, version: str) -> None:
+    """Every RocksDB statestore restored under ``ours`` (a state directory) for application ``app`` is
+    in the layout of Kafka Streams ``version``; in the ``.checkpoint`` layout every table file is of
+    ``format_version`` 5 at most and each task's ``.checkpoint`` records what Kafka Streams' own
+    (under ``theirs``) records."""
+    layout = LAYOUTS[layout_of(version)]
+    databases = sorted(p.parent for p in (ours / app).rglob("CURRENT"))
+    assert databases, f"no store under {ours / app}"
+    for db in databases:
+        assert store_layout(db) is layout, (db, store_layout(db))
+        if not layout.offsets_in_store:
+            assert table_format_versions(db) <= {layout.table_format_version}, db
+    if layout.offsets_in_store:
+        return
+    for task in sorted(p for p in (ours / app).iterdir() if re.fullmatch(r"\d+_\d+", p.name)):
+        ours_ckpt = OffsetCheckpoint(task / ".checkpoint").read()
+        assert ours_ckpt and ours_ckpt == OffsetCheckpoint(theirs / app / task.name / ".checkpoint").read(), (
+            task
+        )
+
+
+__all__ = ["check_layout", "check_own_state"]
