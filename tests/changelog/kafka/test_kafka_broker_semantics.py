@@ -302,9 +302,10 @@ def test_a_broker_killed_during_a_restore_and_a_commit_loses_nothing(
     tp = TopicPartition(topic, 0)
     model: Model = {}
     # A short transaction timeout: whichever comes first, the successor or the coordinator's timeout, aborts
-    # the transaction the broker crash left in doubt.
+    # the transaction the broker crash left in doubt. The commit to the dead broker fails after the request
+    # timeout, so that is short too (ample for the commits before it).
     with KafkaChangelog(
-        own_broker.bootstrap, request_timeout=60.0, restore_stall_timeout=120.0, transaction_timeout_ms=10_000
+        own_broker.bootstrap, request_timeout=20.0, restore_stall_timeout=120.0, transaction_timeout_ms=10_000
     ) as c:
         c.create_topics({topic: 1})
         rng = random.Random(3)
