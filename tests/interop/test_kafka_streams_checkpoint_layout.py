@@ -27,11 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from statestore import OffsetCheckpoint
-from statestore.state.layout import CHECKPOINT, store_layout, table_format_versions
 from support import kstreams_app
 from support.cli import run_cli
-from support.kstreams_checks import check_own_state
+from support.kstreams_checks import check_layout, check_own_state
 from support.model import store_contents
 
 kafka = pytest.importorskip("statestore.changelog.kafka")
@@ -111,14 +109,13 @@ def test_kafka_streams_3_9_and_4_2_start_on_the_checkpoint_layout(
         *formats,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    # the .checkpoint layout, each task's .checkpoint with Kafka Streams' entries (it writes them in its
+    # HashMap's order, statestore sorted)
+    check_layout(first, restored, app, version)
     for p in range(PARTITIONS):
         task = f"0_{p}"
-        # the same entries (Kafka writes them in its HashMap's order, statestore sorted)
-        ours_ckpt = OffsetCheckpoint(restored / app / task / ".checkpoint").read()
-        assert ours_ckpt == OffsetCheckpoint(first / app / task / ".checkpoint").read()
         for name in kstreams_app.STORE_FORMATS:
             ours, theirs = restored / app / task / "rocksdb" / name, first / app / task / "rocksdb" / name
-            assert store_layout(ours) is CHECKPOINT
             assert store_contents(ours).data == store_contents(theirs).data
 
     # that Kafka Streams starts on it: nothing to restore, then exact results on new input
@@ -149,28 +146,14 @@ def test_kafka_streams_3_9_and_4_2_start_on_window_and_session_stores_in_the_che
     check_own_state(kafka_bootstrap, first, app, stores, PARTITIONS, "checkpoint")
 
     restored = tmp_path / "restored"
-    out = cli(
-        "restore",
-        "--kafka",
-        kafka_bootstrap,
-        "--state-dir",
-        str(restored),
-        "--app-id",
-        app,
-        *[a for name in stores for a in ("--store", name)],
-        *kstreams_app.version_flags(version),
-        *kstreams_app.store_flags(stores),
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    kstreams_app.restore_with_cli(kafka_bootstrap, app, restored, stores, version)
+    check_layout(first, restored, app, version)
     for task in (f"0_{p}" for p in range(PARTITIONS)):
-        ours_ckpt = OffsetCheckpoint(restored / app / task / ".checkpoint").read()
-        assert ours_ckpt == OffsetCheckpoint(first / app / task / ".checkpoint").read()
         for name in stores:
             theirs, ours = first / app / task / name, restored / app / task / name
             names = sorted(p.name for p in theirs.iterdir() if p.is_dir())
             assert names and sorted(p.name for p in ours.iterdir()) == names, (task, name)
             for seg in names:
-                assert store_layout(ours / seg) is CHECKPOINT and table_format_versions(ours / seg) <= {5}
                 assert store_contents(ours / seg).data == store_contents(theirs / seg).data, (task, seg)
 
     more = run_app(

@@ -28,7 +28,6 @@ a second application that processed all the input from scratch.
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,7 @@ pytest.importorskip("statestore.changelog.kafka")
 
 PARTITIONS = 2
 KEYS = 150
-STEP = 250
-
-#: The timestamp of input record 0: an hour ago, on a minute.
-FIRST = (int(time.time() * 1000) // 60_000 - 60) * 60_000
+FIRST = kstreams_app.windowed_first_timestamp()
 
 
 @pytest.mark.parametrize(
@@ -63,27 +59,11 @@ def test_kafka_streams_starts_on_emit_final_window_stores_statestore_restored(
     kstreams_app.built(version)
     legacy = kstreams_app.layout_of(version) == "checkpoint"
     stores = kstreams_app.EMIT_FINAL_HEADERS_STORES if headers else kstreams_app.EMIT_FINAL_STORES
-    topology = "emit-final"
-    config = {"commit.interval.ms": "500", "statestore.cache.max.bytes": "0"}
-    if headers:
-        config["dsl.store.format"] = "headers"
+    config = {"dsl.store.format": "headers"} if headers else {}
+    runner = kstreams_app.windowed_runner("emit-final", KEYS, PARTITIONS, FIRST, config)
 
     def run(app: str, state: Path, **kw: Any) -> kstreams_app.AppRun:
-        return kstreams_app.run_app(
-            kafka_bootstrap,
-            app,
-            state,
-            version,
-            guarantee="exactly_once_v2",
-            stores=topology,
-            keys=KEYS,
-            value_size=20,
-            partitions=PARTITIONS,
-            time_step_ms=STEP,
-            first_timestamp_ms=FIRST,
-            config=config,
-            **kw,
-        )
+        return runner(kafka_bootstrap, app, state, version=version, **kw)
 
     kafka_bootstrap = str(kafka_broker.bootstrap)
     app = f"kse{uuid.uuid4().hex[:8]}"

@@ -106,8 +106,8 @@ def test_kafka_streams_starts_on_a_versioned_store_statestore_restored(
     # statestore rebuilds the stores into an empty state directory, by replaying Kafka's put logic
     restored = tmp_path / "restored"
     if legacy:
-        out = kstreams_app.restore_with_cli(bootstrap, app, restored, stores, version)
-        assert f"{len(stores) * PARTITIONS} ok, 0 failed" in out, out
+        printed = kstreams_app.restore_with_cli(bootstrap, app, restored, stores, version)
+        assert f"{len(stores) * PARTITIONS} ok, 0 failed" in printed, printed
     else:
         specs = []
         with kafka.KafkaChangelog(bootstrap) as changelog:

@@ -1,14 +1,10 @@
 package statestore.interop;
 
 import java.util.List;
-import java.util.TreeMap;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
-import org.apache.kafka.streams.KafkaStreams;
-import org.apache.kafka.streams.KeyValue;
-import org.apache.kafka.streams.StoreQueryParameters;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Consumed;
@@ -20,10 +16,6 @@ import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.SessionWindows;
 import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.TimeWindows;
-import org.apache.kafka.streams.kstream.Windowed;
-import org.apache.kafka.streams.state.KeyValueIterator;
-import org.apache.kafka.streams.state.QueryableStoreTypes;
-import org.apache.kafka.streams.state.ReadOnlyWindowStore;
 import org.apache.kafka.streams.state.SessionStore;
 import org.apache.kafka.streams.state.WindowStore;
 
@@ -59,20 +51,6 @@ final class EmitFinalTopology {
                         .withKeySerde(Serdes.String())
                         .withValueSerde(Serdes.Long()));
         return b.build();
-    }
-
-    /** The {@code STORE} line of the sliding windowed count: entries {@code key@windowStart}. */
-    static String summarizeSliding(KafkaStreams streams, boolean print) throws Exception {
-        ReadOnlyWindowStore<String, Long> s = streams.store(
-                StoreQueryParameters.fromNameAndType(SWCOUNTS, QueryableStoreTypes.<String, Long>windowStore()));
-        TreeMap<String, String> all = new TreeMap<>();
-        try (KeyValueIterator<Windowed<String>, Long> it = s.all()) {
-            while (it.hasNext()) {
-                KeyValue<Windowed<String>, Long> kv = it.next();
-                all.put(kv.key.key() + "@" + kv.key.window().start(), Long.toString(kv.value));
-            }
-        }
-        return StreamsApp.digest(SWCOUNTS, all, print);
     }
 
     private static KGroupedStream<String, String> grouped(KStream<String, String> in) {

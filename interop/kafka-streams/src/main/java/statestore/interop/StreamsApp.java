@@ -360,10 +360,10 @@ public final class StreamsApp {
         return digest(name, all, print);
     }
 
-    /** {@link #summarize} of the windowed count: entries {@code key@windowStart}. */
-    static String summarizeWindows(KafkaStreams streams, boolean print) throws Exception {
+    /** {@link #summarize} of a windowed count {@code name}: entries {@code key@windowStart}. */
+    static String summarizeWindows(KafkaStreams streams, String name, boolean print) throws Exception {
         ReadOnlyWindowStore<String, Long> store = streams.store(
-                StoreQueryParameters.fromNameAndType(WCOUNTS, QueryableStoreTypes.<String, Long>windowStore()));
+                StoreQueryParameters.fromNameAndType(name, QueryableStoreTypes.<String, Long>windowStore()));
         TreeMap<String, Long> all = new TreeMap<>();
         try (KeyValueIterator<Windowed<String>, Long> it = store.all()) {
             while (it.hasNext()) {
@@ -371,7 +371,7 @@ public final class StreamsApp {
                 all.put(kv.key.key() + "@" + kv.key.window().start(), kv.value);
             }
         }
-        return digest(WCOUNTS, all, print);
+        return digest(name, all, print);
     }
 
     /** {@link #summarize} of the session count, key by key: entries {@code key@start-end}. */
@@ -566,9 +566,8 @@ public final class StreamsApp {
                 out(more ? WindowTopologies.summarize(streams, name, a.printResults)
                         : HeadersChoices.isOwnStore(name) ? HeadersChoices.summarize(streams, name, a.keys, a.printResults)
                         : switch (name) {
-                    case WCOUNTS -> summarizeWindows(streams, a.printResults);
+                    case WCOUNTS, EmitFinalTopology.SWCOUNTS -> summarizeWindows(streams, name, a.printResults);
                     case SCOUNTS -> summarizeSessions(streams, a.keys, a.printResults);
-                    case EmitFinalTopology.SWCOUNTS -> EmitFinalTopology.summarizeSliding(streams, a.printResults);
                     case VersionedTopology.STORE, VersionedTopology.DSL_STORE -> VersionedTopology.summarize(
                             streams, name, a.keys, a.firstTimestamp + (total - 1) * a.timeStepMs, a.printResults);
                     default -> summarize(streams, name, a.printResults);
