@@ -12,6 +12,15 @@ minutes); run it by name, ``make bench BENCH=benches/test_bench_scale.py``.
   cost per record does not grow). The changelogs are written by the Rust codec
   (``_testing.write_synthetic_changelog``, ~4M records/s), one at a time, and deleted after
   their restores.
+- **From native Kafka** (``test_restore_from_kafka_at_size``): the same rows, restored through the
+  native fetcher from an Apache Kafka 4.4 broker of this module's own, at 1M, 10M and 20M records.
+  The records are the segment log's, written to the broker by the Rust codec over Produce
+  (``_testing.produce_synthetic_changelog``: ~1 MB batches, five requests in flight), each
+  size and shape on a topic of its own (``cleanup.policy=delete``, no retention limit: the
+  cleaner and retention leave the records alone), deleted after its rows. On the same broker,
+  ``test_bench_kafka_native.py``'s rows at 10x its records (4 partitions of 4M, ~10 updates a
+  key): native bulk vs native replay (goal >= 2) and ``restore_many`` on 2 threads vs 1 (goal
+  >= 1.6), each restore in a child process, rounds alternating.
 - **The ceiling of building tables** (``test_bulk_vs_table_building_ceiling``): RocksDB's own
   ``SstFileWriter`` writing the same number of records, already decoded and sorted, with bulk's
   options and file size, on every core (``_testing.sst_write_ceiling``), beside the disk's
@@ -44,6 +53,7 @@ from typing import Any
 import pytest
 
 from conftest import scaled
+from statestore import TopicPartition
 from statestore._native import _testing
 from statestore.restore.engine import DEFAULT_MEMORY_BUDGET
 
@@ -83,7 +93,11 @@ def written():
             return int(line.split()[1])
 before, w0 = status("VmHWM:"), written()
 t0 = time.perf_counter()
-r = restore_store(sys.argv[1], sys.argv[2], TopicPartition(sys.argv[3], 0), mode=sys.argv[4])
+source = sys.argv[2]
+if source.startswith("kafka:"):  # the native fetcher, from the broker at this bootstrap address
+    from statestore.changelog.kafka import KafkaChangelog
+    source = KafkaChangelog(source[len("kafka:"):], request_timeout=60.0, restore_stall_timeout=60.0)
+r = restore_store(sys.argv[1], source, TopicPartition(sys.argv[3], 0), mode=sys.argv[4])
 seconds = time.perf_counter() - t0
 print(json.dumps({"seconds": seconds, "records": r.records_applied, "bytes_read": r.bytes_read,
                   "rss_before": before, "peak_rss": status("VmHWM:"), "written": written() - w0}))
@@ -94,11 +108,12 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def restore_child(store: Path, log: Path, mode: str) -> dict[str, Any]:
+def restore_child(store: Path, source: Path | str, mode: str, topic: str = TOPIC) -> dict[str, Any]:
+    """One restore of partition 0 of ``topic`` from ``source`` (a segment log, or ``kafka:BOOTSTRAP``)."""
     shutil.rmtree(store.parent, ignore_errors=True)
     store.parent.mkdir(parents=True)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(store), str(log), TOPIC, mode],
+        [sys.executable, "-c", CHILD, str(store), str(source), topic, mode],
         check=True,
         capture_output=True,
         text=True,
@@ -157,28 +172,34 @@ def logs(root: Path) -> Logs:
 RATES: dict[tuple[str, str, int], float] = {}
 
 
-@pytest.mark.parametrize(
-    ("shape", "records", "mode"),
-    [(shape, n, mode) for shape in SHAPES for n in SIZES for mode in MODES],
-    ids=[f"{shape}-{label(n)}-{mode}" for shape in SHAPES for n in SIZES for mode in MODES],
-)
-def test_restore_at_size(benchmark: Any, logs: Logs, root: Path, shape: str, records: int, mode: str) -> None:
-    log = logs.get(shape, records)
+def record_restore_rows(
+    benchmark: Any,
+    root: Path,
+    source: Path | str,
+    topic: str,
+    shape: str,
+    records: int,
+    mode: str,
+    info: dict[str, float],
+    where: str,
+) -> float:
+    """Restore ``records`` records of ``topic`` from ``source`` in child processes and record the row
+    (peak RSS against the memory budget + 128 MiB, goal 1.0, with wall time, records/s and bytes
+    written). Returns records/s (the median round)."""
     store = root / "stores" / "s"
     free_before = shutil.disk_usage(root).free
     load_before = load()
     runs: list[dict[str, Any]] = []
     benchmark.pedantic(
-        lambda: runs.append(restore_child(store, log, mode)), rounds=ROUNDS.get(records, 1), iterations=1
+        lambda: runs.append(restore_child(store, source, mode, topic)),
+        rounds=ROUNDS.get(records, 1),
+        iterations=1,
     )
     shutil.rmtree(store.parent, ignore_errors=True)
-    if records == SIZES[-1] and mode == MODES[-1]:
-        shutil.rmtree(log, ignore_errors=True)  # the last row of this changelog
     seconds = statistics.median(r["seconds"] for r in runs)
     assert all(r["records"] == records for r in runs), [r["records"] for r in runs]
     peak = max(r["peak_rss"] for r in runs)
     limit = DEFAULT_MEMORY_BUDGET + 128 * MiB
-    RATES[(shape, mode, records)] = records / seconds
     extra = {
         "records": records,
         "keys": records // SHAPES[shape],
@@ -188,7 +209,7 @@ def test_restore_at_size(benchmark: Any, logs: Logs, root: Path, shape: str, rec
         "rss_before_restore_MiB": runs[0]["rss_before"] / MiB,
         "written_GiB": statistics.median(r["written"] for r in runs) / GiB,
         "store_GiB": runs[-1]["store_bytes"] / GiB,
-        **logs.info,
+        **info,
         "free_disk_before_GiB": free_before / GiB,
         "rounds_s": " ".join(f"{r['seconds']:.2f}" for r in runs),
         "load_before": load_before,
@@ -197,15 +218,227 @@ def test_restore_at_size(benchmark: Any, logs: Logs, root: Path, shape: str, rec
     benchmark.extra_info.update(
         {
             "baseline": f"memory budget {DEFAULT_MEMORY_BUDGET // MiB} MiB + 128 MiB",
-            "candidate": f"{mode} restore of {label(records)} records ({shape}): peak RSS",
+            "candidate": f"{mode} restore of {label(records)} records ({shape}) from {where}: peak RSS",
             "ratio": limit / peak,
             "goal": 1.0,
             **extra,
         }
     )
     print(
-        f"\n{mode} {label(records)} {shape}: {seconds:.2f}s, {records / seconds / 1e6:.2f}M records/s, "
-        f"peak RSS {peak / MiB:.0f} MiB, wrote {extra['written_GiB']:.2f} GiB, load {load_before:.2f}"
+        f"\n{mode} {label(records)} {shape} from {where}: {seconds:.2f}s, {records / seconds / 1e6:.2f}M "
+        f"records/s, peak RSS {peak / MiB:.0f} MiB, wrote {extra['written_GiB']:.2f} GiB, load {load_before:.2f}"
+    )
+    return records / seconds
+
+
+@pytest.mark.parametrize(
+    ("shape", "records", "mode"),
+    [(shape, n, mode) for shape in SHAPES for n in SIZES for mode in MODES],
+    ids=[f"{shape}-{label(n)}-{mode}" for shape in SHAPES for n in SIZES for mode in MODES],
+)
+def test_restore_at_size(benchmark: Any, logs: Logs, root: Path, shape: str, records: int, mode: str) -> None:
+    log = logs.get(shape, records)
+    RATES[(shape, mode, records)] = record_restore_rows(
+        benchmark, root, log, TOPIC, shape, records, mode, logs.info, "the segment log"
+    )
+    if records == SIZES[-1] and mode == MODES[-1]:
+        shutil.rmtree(log, ignore_errors=True)  # the last row of this changelog
+
+
+KAFKA_SIZES = [s for s in (scaled(1_000_000), scaled(10_000_000), scaled(20_000_000)) if s <= MAX_RECORDS]
+
+
+class KafkaLogs:
+    """The changelogs on a broker of this module's own (its data under the module's directory): one
+    topic a shape and size, the one before deleted when the next is made."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.broker: Any = None
+        self.changelog: Any = None
+        self.current: str | None = None
+        self.info: dict[str, float] = {}
+
+    def get(self, shape: str, records: int, partitions: int = 1) -> str:
+        """The topic of ``partitions`` partitions of ``records`` records each (partition ``p`` seeded ``p + 1``)."""
+        topic = f"scale-{shape}-{label(records)}" + (f"-x{partitions}" if partitions > 1 else "")
+        if self.current == topic:
+            return topic
+        if self.broker is None:
+            kafka = pytest.importorskip("statestore.changelog.kafka")
+            pytest.importorskip("confluent_kafka")
+            from support.kafka_broker import BrokerUnavailable, start_broker
+
+            try:
+                self.broker = start_broker(self.root / "broker")
+            except BrokerUnavailable as e:
+                pytest.skip(f"no Kafka broker could start: {e}")
+            self.changelog = kafka.KafkaChangelog(self.broker.bootstrap, request_timeout=60.0)
+            assert self.changelog.native is not None
+        if self.current is not None:
+            self.changelog.delete_topics([self.current])
+            self.current = None
+        # kept whole: the cleaner compacts nothing, retention deletes nothing (the timestamps are of 2023)
+        self.changelog.create_topics(
+            {topic: partitions},
+            config={"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"},
+        )
+        t0 = time.perf_counter()
+        for p in range(partitions):
+            sent = _testing.produce_synthetic_changelog(
+                self.changelog.native, topic, p, records, records // SHAPES[shape], seed=p + 1
+            )
+            bounds = self.changelog.offsets(TopicPartition(topic, p))
+            assert sent == records and bounds == (0, records, records), (topic, p, sent, bounds)
+        gen = time.perf_counter() - t0
+        self.info = {
+            "log_GiB": sum(du(self.broker.log_dir / f"{topic}-{p}") for p in range(partitions)) / GiB,
+            "produce_s": gen,
+            "produce_records_per_s": records * partitions / gen,
+        }
+        self.current = topic
+        print(
+            f"\nscale data on the broker: {partitions} x {label(records)} records ({shape}) produced in "
+            f"{gen:.1f}s ({records * partitions / gen / 1e6:.2f}M records/s), {self.info['log_GiB']:.2f} GiB"
+        )
+        return topic
+
+    def close(self) -> None:
+        if self.changelog is not None:
+            self.changelog.close()
+        if self.broker is not None:
+            self.broker.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_logs(root: Path) -> Iterator[KafkaLogs]:
+    k = KafkaLogs(root)
+    yield k
+    k.close()
+
+
+@pytest.mark.parametrize(
+    ("shape", "records", "mode"),
+    [(shape, n, mode) for shape in SHAPES for n in KAFKA_SIZES for mode in MODES],
+    ids=[f"{shape}-{label(n)}-{mode}" for shape in SHAPES for n in KAFKA_SIZES for mode in MODES],
+)
+def test_restore_from_kafka_at_size(
+    benchmark: Any, kafka_logs: KafkaLogs, root: Path, shape: str, records: int, mode: str
+) -> None:
+    topic = kafka_logs.get(shape, records)
+    source = f"kafka:{kafka_logs.broker.bootstrap}"
+    record_restore_rows(benchmark, root, source, topic, shape, records, mode, kafka_logs.info, "native Kafka")
+
+
+# test_bench_kafka_native.py's rows at 10x its records: 4 partitions of 4M records (not 400k), ~10 updates a key
+NATIVE_10X = scaled(4_000_000)
+NATIVE_PARTITIONS = 4
+NATIVE_ROUNDS = 3
+
+
+def test_native_kafka_bulk_vs_replay_at_10x(benchmark: Any, kafka_logs: KafkaLogs, root: Path) -> None:
+    """Native bulk vs native replay of one partition of 4M records (~10 updates a key); goal >= 2."""
+    topic = kafka_logs.get("updates10", NATIVE_10X, NATIVE_PARTITIONS)
+    source = f"kafka:{kafka_logs.broker.bootstrap}"
+    store = root / "stores" / "s"
+    rounds: dict[str, list[dict[str, Any]]] = {"replay": [], "bulk": []}
+    for _ in range(NATIVE_ROUNDS):  # alternating, so a change of load falls on both
+        for mode in rounds:
+            rounds[mode].append(restore_child(store, source, mode, topic))
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    shutil.rmtree(store.parent, ignore_errors=True)
+    med = {m: statistics.median(r["seconds"] for r in rs) for m, rs in rounds.items()}
+    assert all(r["records"] == NATIVE_10X for rs in rounds.values() for r in rs)
+    benchmark.extra_info.update(
+        {
+            "baseline": f"native Kafka replay restore of {label(NATIVE_10X)} records (~10 updates a key)",
+            "candidate": "native Kafka bulk restore of the same",
+            "ratio": med["replay"] / med["bulk"],
+            "goal": 2.0,
+            "records": NATIVE_10X,
+            **{f"{m}_records_per_s": NATIVE_10X / t for m, t in med.items()},
+            **{f"{m}_rounds_s": " ".join(f"{r['seconds']:.2f}" for r in rs) for m, rs in rounds.items()},
+            **{f"{m}_peak_rss_MiB": max(r["peak_rss"] for r in rs) / MiB for m, rs in rounds.items()},
+            "load_after": load(),
+        }
+    )
+    print(
+        f"\nnative 10x: replay {med['replay']:.2f}s, bulk {med['bulk']:.2f}s, "
+        f"ratio {med['replay'] / med['bulk']:.2f} (goal 2)"
+    )
+
+
+RESTORE_MANY_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from statestore import TopicPartition
+from statestore.changelog.kafka import KafkaChangelog
+from statestore.restore.engine import RestoreSpec, restore_many
+root, bootstrap, topic, partitions, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+kafka = KafkaChangelog(bootstrap, request_timeout=60.0, restore_stall_timeout=60.0)
+specs = [RestoreSpec(Path(root) / f"m{p}", kafka, TopicPartition(topic, p), mode="replay") for p in range(partitions)]
+t0 = time.perf_counter()
+rs = restore_many(specs, threads=threads)
+seconds = time.perf_counter() - t0
+assert all(r.ok for r in rs), [r.error for r in rs]
+print(json.dumps({"seconds": seconds, "records": sum(r.records_applied for r in rs)}))
+"""
+
+
+def test_native_kafka_restore_many_two_threads_vs_one_at_10x(
+    benchmark: Any, kafka_logs: KafkaLogs, root: Path
+) -> None:
+    """``restore_many`` (native replay) of 4 partitions of 4M records on 2 threads vs 1; goal >= 1.6."""
+    topic = kafka_logs.get("updates10", NATIVE_10X, NATIVE_PARTITIONS)
+    stores = root / "stores"
+
+    def run(threads: int) -> dict[str, Any]:
+        shutil.rmtree(stores, ignore_errors=True)
+        stores.mkdir(parents=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                RESTORE_MANY_CHILD,
+                str(stores),
+                kafka_logs.broker.bootstrap,
+                topic,
+                str(NATIVE_PARTITIONS),
+                str(threads),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        r: dict[str, Any] = json.loads(out)
+        assert r["records"] == NATIVE_10X * NATIVE_PARTITIONS, r
+        return r
+
+    rounds: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(NATIVE_ROUNDS):  # alternating, so a change of load falls on both
+        for threads in rounds:
+            rounds[threads].append(run(threads)["seconds"])
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    shutil.rmtree(stores, ignore_errors=True)
+    one, two = statistics.median(rounds[1]), statistics.median(rounds[2])
+    total = NATIVE_10X * NATIVE_PARTITIONS
+    benchmark.extra_info.update(
+        {
+            "baseline": f"restore_many of {NATIVE_PARTITIONS} x {label(NATIVE_10X)} Kafka records (native replay) "
+            "on 1 thread",
+            "candidate": "the same on 2 threads",
+            "ratio": one / two,
+            "goal": 1.6,
+            "records": total,
+            "one_thread_records_per_s": total / one,
+            "two_threads_records_per_s": total / two,
+            "one_thread_rounds_s": " ".join(f"{t:.2f}" for t in rounds[1]),
+            "two_threads_rounds_s": " ".join(f"{t:.2f}" for t in rounds[2]),
+            "load_after": load(),
+        }
+    )
+    print(
+        f"\nnative restore_many 10x: 1 thread {one:.2f}s, 2 threads {two:.2f}s, ratio {one / two:.2f} (goal 1.6)"
     )
 
 

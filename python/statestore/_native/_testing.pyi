@@ -7,7 +7,7 @@ Not part of the API.
 
 from collections.abc import Mapping, Sequence
 
-from statestore._native import _Path, _RecordRow, _TopicPartition
+from statestore._native import KafkaClient, _Path, _RecordRow, _TopicPartition
 
 def decode_batch(data: bytes) -> tuple[dict[str, object], list[_RecordRow]]: ...
 def encode_batch(
@@ -29,6 +29,16 @@ def sst_write_ceiling(
 def write_synthetic_changelog(
     log_dir: _Path, topic: str, partition: int, records: int, keys: int, value_size: int = 100, seed: int = 1
 ) -> int: ...
+def produce_synthetic_changelog(
+    client: KafkaClient,
+    topic: str,
+    partition: int,
+    records: int,
+    keys: int,
+    value_size: int = 100,
+    seed: int = 1,
+    acks: int = -1,
+) -> int: ...
 def store_write_batch(
     path: _Path,
     items: Sequence[tuple[bytes, bytes | None]],
@@ -40,6 +50,7 @@ def store_write_batch(
 __all__ = [
     "decode_batch",
     "encode_batch",
+    "produce_synthetic_changelog",
     "restore_write_ceiling",
     "sst_write_ceiling",
     "store_write_batch",

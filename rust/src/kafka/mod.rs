@@ -23,13 +23,15 @@
 //! [`client`] (metadata, leaders, offsets, connection pool, retries),
 //! [`fetch`] (fetch responses -> committed records, one partition's
 //! fetcher), [`session`] (the fetch threads a job's restores share, one per
-//! broker), [`frames`] (reused buffers for large responses).
+//! broker), [`frames`] (reused buffers for large responses), [`produce`]
+//! (synthetic changelogs written over Produce, for benchmarks and tests).
 
 pub mod client;
 pub mod config;
 pub mod conn;
 pub mod fetch;
 pub mod frames;
+pub mod produce;
 pub mod scram;
 pub mod session;
 #[cfg(feature = "tls")]

@@ -111,31 +111,52 @@ pub fn value_pool(value_size: usize, seed: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Append the changelog `spec` describes to the partition directory `dir`
-/// (created if missing; an existing log is appended to), without fsync: the
-/// caller syncs once if it must. Returns the records written.
-pub fn write_partition(dir: &Path, spec: &Synthetic) -> Result<u64, LogError> {
-    if spec.keys == 0 && spec.records > 0 {
-        return Err(LogError::other("a synthetic changelog with records needs at least one key"));
+impl Synthetic {
+    /// Why this changelog cannot be written, if it cannot.
+    pub fn invalid(&self) -> Option<&'static str> {
+        (self.keys == 0 && self.records > 0).then_some("a synthetic changelog with records needs at least one key")
     }
+}
+
+/// The timestamp of the `i`-th record.
+pub fn timestamp_of(i: u64) -> i64 {
+    BASE_TIMESTAMP_MS + i as i64
+}
+
+/// Call `f(i, key, value)` for each record `spec` describes, in log order
+/// (`i` counts from 0): the one sequence the segment log writer and the
+/// Kafka producer ([`crate::kafka::produce`]) both write. Stops at `f`'s
+/// first error. Returns the records visited.
+pub fn for_each_record<E>(spec: &Synthetic, mut f: impl FnMut(u64, &[u8], &[u8]) -> Result<(), E>) -> Result<u64, E> {
     let values = value_pool(spec.value_size, spec.seed);
-    let mut w = PartitionWriter::open(dir, WriterConfig { sync: false, ..WriterConfig::default() })?;
-    let meta = BatchMeta::default();
     let mut key = [0u8; KEY_BYTES];
     let mut sent = 0u64;
     let mut pass = 0u64;
-    while sent < spec.records {
+    while sent < spec.records && spec.keys > 0 {
         let order = Shuffle::new(spec.keys, spec.seed.wrapping_mul(1_000_003).wrapping_add(pass));
         let n = spec.keys.min(spec.records - sent);
         for j in 0..n {
             key_of(order.at(j), &mut key);
             let i = sent + j;
-            let value = &values[(i % VALUE_POOL as u64) as usize];
-            w.send(meta, BASE_TIMESTAMP_MS + i as i64, Some(&key), Some(value), &[])?;
+            f(i, &key, &values[(i % VALUE_POOL as u64) as usize])?;
         }
         sent += n;
         pass += 1;
     }
+    Ok(sent)
+}
+
+/// Append the changelog `spec` describes to the partition directory `dir`
+/// (created if missing; an existing log is appended to), without fsync: the
+/// caller syncs once if it must. Returns the records written.
+pub fn write_partition(dir: &Path, spec: &Synthetic) -> Result<u64, LogError> {
+    if let Some(why) = spec.invalid() {
+        return Err(LogError::other(why));
+    }
+    let mut w = PartitionWriter::open(dir, WriterConfig { sync: false, ..WriterConfig::default() })?;
+    let meta = BatchMeta::default();
+    let sent =
+        for_each_record(spec, |i, key, value| w.send(meta, timestamp_of(i), Some(key), Some(value), &[]).map(|_| ()))?;
     w.flush(false)?;
     Ok(sent)
 }

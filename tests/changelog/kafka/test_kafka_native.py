@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from statestore import SegmentLog, TopicPartition, _native, restore_many, restore_store
+from statestore import SegmentLog, TopicPartition, _native, errors, restore_many, restore_store
 from statestore.restore.engine import RestoreSpec
 from support.kafka_writes import write_twins
 from support.model import store_difference
@@ -209,3 +209,31 @@ def test_restore_on_spark_from_kafka(
             tmp_path / f"ref-{r.topic}-{r.partition}",
             tmp_path / "state" / app / f"0_{r.partition}" / "rocksdb" / r.store,
         )
+
+
+def test_the_synthetic_producer_writes_what_the_segment_log_writer_writes(
+    changelog: Any, tmp_path: Path
+) -> None:
+    """``_testing.produce_synthetic_changelog`` (the benchmarks' fast producer, ``kafka::produce``) puts the
+    records ``write_synthetic_changelog`` writes to a segment log on the broker, in the same order, over
+    batches of at most 1 MB and several requests in flight; a bad argument raises, naming it."""
+    topic = _topic("synthetic")
+    changelog.create_topics({topic: 1})
+    tp = TopicPartition(topic, 0)
+    records, keys = 30_000, 3_000  # ~4 MB: several batches, more than IN_FLIGHT requests
+    sent = _native._testing.produce_synthetic_changelog(changelog.native, topic, 0, records, keys, seed=7)
+    assert sent == records
+    assert changelog.offsets(tp) == (0, records, records)
+    seg = SegmentLog(tmp_path / "log", sync=False)
+    _native._testing.write_synthetic_changelog(tmp_path / "log", topic, 0, records, keys, seed=7)
+    got = [(r.offset, r.timestamp, r.key, r.value) for r in changelog.read(tp)]
+    want = [(r.offset, r.timestamp, r.key, r.value) for r in seg.read(tp)]
+    assert len(got) == records and got == want
+    for mode in ("bulk", "replay"):
+        restore_store(tmp_path / f"kafka-{mode}", changelog, tp, mode=mode)
+    _same_store(tmp_path / "kafka-bulk", tmp_path / "kafka-replay")
+    with pytest.raises(errors.LogError, match="acks must be 1 or -1"):
+        _native._testing.produce_synthetic_changelog(changelog.native, topic, 0, 10, 10, acks=0)
+    with pytest.raises(errors.LogError, match="at least one key"):
+        _native._testing.produce_synthetic_changelog(changelog.native, topic, 0, 10, 0)
+    assert changelog.offsets(tp) == (0, records, records), "nothing written by a refused call"

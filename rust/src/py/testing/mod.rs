@@ -10,8 +10,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::errors::ErrorClass;
+use super::kafka::{kafka_err, PyKafkaClient};
 use super::log::{push_record, records_to_py, Bytes, Headers};
 use crate::codec::{self, Compression};
+use crate::kafka::produce;
 use crate::log::synthetic;
 use crate::source::RecordChunk;
 
@@ -118,6 +120,33 @@ pub fn write_synthetic_changelog(
     Ok(py.detach(|| synthetic::write_partition(&dir, &spec))?)
 }
 
+/// Benchmark helper: write a synthetic changelog (`log::synthetic`, the
+/// records `write_synthetic_changelog` writes) to partition `partition` of
+/// `topic` on the cluster `client` talks to, over Produce (`kafka::produce`:
+/// codec-built batches, several requests in flight, no idempotence, no
+/// retries). `acks` is 1 or -1. Returns the records written.
+#[pyfunction]
+#[pyo3(
+    signature = (client, topic, partition, records, keys, value_size=100, seed=1, acks=-1),
+    text_signature = "(client, topic, partition, records, keys, value_size=100, seed=1, acks=-1)"
+)]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments
+pub fn produce_synthetic_changelog(
+    py: Python<'_>,
+    client: PyRef<'_, PyKafkaClient>,
+    topic: &str,
+    partition: i32,
+    records: u64,
+    keys: u64,
+    value_size: usize,
+    seed: u64,
+    acks: i16,
+) -> PyResult<u64> {
+    let spec = synthetic::Synthetic { records, keys, value_size, seed };
+    let client = client.client.clone();
+    py.detach(|| produce::produce_synthetic(&client, topic, partition, &spec, acks)).map_err(kafka_err)
+}
+
 /// Build the `_testing` submodule and make it importable as
 /// `statestore._native._testing`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -128,6 +157,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     t.add_function(wrap_pyfunction!(ceiling::restore_write_ceiling, &t)?)?;
     t.add_function(wrap_pyfunction!(sst_ceiling::sst_write_ceiling, &t)?)?;
     t.add_function(wrap_pyfunction!(write_synthetic_changelog, &t)?)?;
+    t.add_function(wrap_pyfunction!(produce_synthetic_changelog, &t)?)?;
     t.add_function(wrap_pyfunction!(super::store::store_write_batch, &t)?)?;
     m.add_submodule(&t)?;
     py.import("sys")?.getattr("modules")?.set_item("statestore._native._testing", &t)?;
