@@ -63,6 +63,25 @@ use collect::{Collector, Full, Stage};
 /// core's own cache is read from there (replay batches more, for RocksDB).
 pub const BULK_CHUNK_BYTES: usize = 1 << 20;
 
+/// Most runs one merge reads at once (each through a buffer of at least
+/// 256 KiB of the merge's quarter of the budget: 256 at the default 256 MiB).
+/// 100M unique keys spill ~167 runs: with 64 they were merged twice (29.3 GiB
+/// written for a 10.7 GiB store, 79 s), with 256 once (22.2 GiB, 67 s;
+/// test_bench_scale.py). A merge of more runs costs more comparisons a
+/// record (a binary heap), far less than writing every record once more.
+const MAX_FAN_IN: usize = 256;
+
+/// The fan-in a merge on `threads` threads may use within a quarter of the
+/// process's open-file limit: each thread's range merge opens every run
+/// (64 at least, as before the limit was looked at).
+fn fan_in_within_open_files(threads: usize) -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 { lim.rlim_cur } else { 1024 };
+    let room = usize::try_from(soft / 4).unwrap_or(usize::MAX);
+    (room / threads.max(1)).max(64)
+}
+
 /// Tuning of one bulk restore.
 #[derive(Debug, Clone, Copy)]
 pub struct BulkOptions {
@@ -170,7 +189,7 @@ fn run(
     let Target { store, tp, end } = target;
     let budget = opts.memory_budget.max(64 << 10);
     let merge_share = budget / 4;
-    let fan_in = (merge_share / (256 << 10)).clamp(2, 64);
+    let fan_in = (merge_share / (256 << 10)).clamp(2, MAX_FAN_IN).min(fan_in_within_open_files(opts.threads));
     let buffer = (merge_share / fan_in).clamp(4 << 10, 4 << 20);
     let mut into = Collecting {
         collector: Collector::new(budget * 3 / 5),
@@ -622,6 +641,19 @@ mod tests {
         fn reads_ahead(&self) -> bool {
             true
         }
+    }
+
+    #[test]
+    fn the_fan_in_keeps_within_the_open_file_limit() {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        let quarter = usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX);
+        for threads in [1, 2, 8, 64] {
+            let f = fan_in_within_open_files(threads);
+            assert!(f >= 64, "{threads} threads: {f}");
+            assert!(f == 64 || f * threads <= quarter, "{threads} threads: {f} runs each, limit {}", lim.rlim_cur);
+        }
+        assert_eq!(fan_in_within_open_files(usize::MAX / 2), 64, "never below the old fan-in");
     }
 
     #[test]
