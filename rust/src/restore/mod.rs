@@ -35,7 +35,7 @@ use std::sync::mpsc::{channel, sync_channel};
 use rocksdb::{DBCompressionType, Options};
 
 use crate::source::{ChangelogSource, LogError, LogErrorKind};
-use crate::store::{store_options, StoreError};
+use crate::store::{kafka_streams_table, store_options, StoreError};
 pub use dest::Dest;
 
 /// Most bytes of log asked of a source at a time; a replay batch gathers
@@ -210,6 +210,14 @@ pub fn restore_options() -> Options {
 /// mean less work lost to a crash (and more, smaller files).
 pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
     let mut o = store_options(true);
+    // The tables' index blocks in the block cache, not held beside it for
+    // every open table: they grow with the store (~70 MiB at 100M records,
+    // test_bench_scale.py), and a restore seldom reads them (compactions do,
+    // once a table). The store's own options, when the application opens
+    // it, are unchanged.
+    let mut table = kafka_streams_table();
+    table.set_cache_index_and_filter_blocks(true);
+    o.set_block_based_table_factory(&table);
     o.set_write_buffer_size(write_buffer_bytes.max(64 << 10));
     o.set_max_write_buffer_number(4);
     o.set_max_background_jobs(2);
