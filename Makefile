@@ -195,9 +195,9 @@ spark-cluster-stop: ## stop the cluster `make spark-cluster` started
 	PYTHON=$(PY) bash scripts/spark-cluster.sh stop $(SPARK_CLUSTER_DIR)
 
 # BENCH=benches/test_bench_x.py re-measures one module and keeps the other rows of BENCHMARKS.md; a full run
-# leaves out benches/test_bench_scale.py (marker scale: tens of GB, many minutes) and keeps its rows
+# leaves out the modules marked scale (benches/test_bench_scale.py, test_bench_kstreams_scale.py: tens of GB, many minutes) and keeps their rows
 BENCH ?=
-bench: build ## run benches/ (not the scale module: BENCH=benches/test_bench_scale.py) and write BENCHMARKS.md and its charts (BENCH=one module, BENCH_K=a pytest -k selection in it)
+bench: build ## run benches/ (not the scale modules: BENCH=benches/test_bench_scale.py) and write BENCHMARKS.md and its charts (BENCH=one module, BENCH_K=a pytest -k selection in it)
 	$(PY) benches/run.py $(if $(BENCH),--only $(BENCH)) $(if $(BENCH_K),-- -k '$(BENCH_K)')
 
 # -- fuzzing (docs/development.md) ---------------------------------------------

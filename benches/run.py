@@ -153,7 +153,7 @@ def scale_chart(results: dict[str, object], path: Path) -> bool:
 RESULTS = ROOT / "benches" / "results.json"
 # Modules a full run leaves out (they write tens of GB and run for many minutes; pytest marker `scale`):
 # they run only when named (--only), and a full run keeps their rows.
-BY_NAME_ONLY = ("benches/test_bench_scale.py",)
+BY_NAME_ONLY = ("benches/test_bench_scale.py", "benches/test_bench_kstreams_scale.py")
 
 
 def merge(run: dict[str, object], *, full: bool, stamp: str) -> dict[str, object]:
