@@ -5,9 +5,9 @@ segment log or of a Kafka topic (:class:`~statestore.changelog.kafka.KafkaChange
 pool of native threads. Two modes do the work:
 
 - **replay** applies the committed records in order, one large RocksDB
-  ``WriteBatch`` per chunk of log (an eighth of ``memory_budget_bytes``, 32
-  MiB at the default, at most 64 MiB; RocksDB's memtables take half the
-  budget) holding only the last operation of each key in the chunk,
+  ``WriteBatch`` per chunk of log (64 MiB, less when ``memory_budget_bytes``
+  is small; RocksDB's memtables, up to 4 x 64 MiB, come on top) holding
+  only the last operation of each key in the chunk,
   write-ahead log off, the offset of the last applied record written in the
   same batch; both column families are flushed together, so the store on disk
   is always a committed prefix with its offset.

@@ -331,13 +331,14 @@ fn run_one<'a>(
             }
             // A replay batch holds about 2.5 times its log bytes while it is
             // written; with read-ahead the next one, gathered meanwhile, holds
-            // about 1.2 times its own. They get half the budget: RocksDB's
-            // memtables take the other half (two of 64 MiB while one is
-            // flushed, at the default 256 MiB). With a quarter of the budget
-            // for a batch, 10M records peaked at 484-520 MiB, with an eighth
-            // at 318-346 MiB, in the same time (test_bench_scale.py).
+            // about 1.2 times its own: keep them within the budget. RocksDB's
+            // memtables come on top (up to 4 x 64 MiB). An eighth of the
+            // budget instead of a quarter kept the peak of 10M records at
+            // 315-346 MiB instead of 441-520, but a batch half as large
+            // meets each key half as often: 2.5M records over 250k keys
+            // replayed in 1.57 s instead of 1.05 s (benches/notes.md).
             _ => {
-                let share = if spec.read_ahead { 8 } else { 5 };
+                let share = if spec.read_ahead { 4 } else { 3 };
                 let chunk = spec.chunk_bytes.min((spec.memory_budget / share).max(READ_BYTES));
                 replay(target, source.as_mut(), chunk, spec.read_ahead, &mut progress)?
             }
