@@ -108,15 +108,18 @@ def chart(results: dict[str, object], path: Path) -> bool:
 
 
 def scale_points(results: dict[str, object]) -> dict[str, list[tuple[int, float]]]:
-    """``{"<mode> (<shape>)": [(records, records/s), ...]}`` from the rows of ``test_restore_at_size``."""
+    """``{"<mode> (<shape>[, Kafka])": [(records, records/s), ...]}`` from the rows of
+    ``test_restore_at_size`` (the segment log) and ``test_restore_from_kafka_at_size`` (native Kafka)."""
     curves: dict[str, list[tuple[int, float]]] = {}
+    sources = {"test_restore_at_size[": "", "test_restore_from_kafka_at_size[": ", Kafka"}
     for b in results.get("benchmarks", []):  # type: ignore[union-attr]
         name = str(b["name"])
         info = b.get("extra_info", {})
-        if not name.startswith("test_restore_at_size[") or "records_per_s" not in info:
+        prefix = next((p for p in sources if name.startswith(p)), None)
+        if prefix is None or "records_per_s" not in info:
             continue
-        shape, _size, mode = name.removeprefix("test_restore_at_size[").rstrip("]").split("-")
-        curves.setdefault(f"{mode} ({shape})", []).append(
+        shape, _size, mode = name.removeprefix(prefix).rstrip("]").split("-")
+        curves.setdefault(f"{mode} ({shape}{sources[prefix]})", []).append(
             (int(info["records"]), float(info["records_per_s"]))
         )
     return {k: sorted(v) for k, v in curves.items()}
@@ -136,13 +139,14 @@ def scale_chart(results: dict[str, object], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, points in sorted(curves.items()):
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        style = "--" if label.endswith(", Kafka)") else "-"
+        ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("records restored (segment log, 100-byte values)")
+    ax.set_xlabel("records restored (segment log; dashed: native Kafka; 100-byte values)")
     ax.set_ylabel("records/s")
     ax.set_title("statestore restores at growing sizes (benches/test_bench_scale.py)")
-    ax.legend()
+    ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
