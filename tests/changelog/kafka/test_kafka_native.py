@@ -220,7 +220,7 @@ def test_the_synthetic_producer_writes_what_the_segment_log_writer_writes(
     topic = _topic("synthetic")
     changelog.create_topics({topic: 1})
     tp = TopicPartition(topic, 0)
-    records, keys = 30_000, 3_000  # ~4 MB: several batches, more than IN_FLIGHT requests
+    records, keys = 60_000, 6_000  # ~8 MB: 8 batches of <= 1 MB, more than IN_FLIGHT (5) requests unanswered
     sent = _native._testing.produce_synthetic_changelog(changelog.native, topic, 0, records, keys, seed=7)
     assert sent == records
     assert changelog.offsets(tp) == (0, records, records)
