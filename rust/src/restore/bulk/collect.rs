@@ -135,8 +135,9 @@ fn split_at_pivots<'v, T: Copy>(
     split_at_pivots(hi, &pivots[m + 1..], less, parts);
 }
 
+/// Ask the CPU to bring the cache line at `p` in (a hint, never a fault).
 #[inline]
-fn prefetch_read<T>(p: *const T) {
+pub(in crate::restore) fn prefetch_read<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it never faults, whatever the address,
     // and SSE is part of the x86_64 baseline.

@@ -42,7 +42,7 @@
 //! idempotent and converges to the same store.
 
 pub mod collect;
-mod pool;
+pub(super) mod pool;
 pub mod runs;
 
 use std::collections::BTreeMap;

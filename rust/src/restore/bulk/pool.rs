@@ -8,12 +8,46 @@
 /// compete for the same memory bandwidth as the data (two restores side by
 /// side slow each other down the most there). Call it before the capacity is
 /// first written: pages already faulted in stay small. A hint only.
-pub(super) fn advise_huge_pages<T>(v: &Vec<T>) {
+pub(in crate::restore) fn advise_huge_pages<T>(v: &Vec<T>) {
     #[cfg(target_os = "linux")]
     advise(v, libc::MADV_HUGEPAGE);
     #[cfg(not(target_os = "linux"))]
     let _ = v;
 }
+
+/// Buffers smaller than this are left on small pages by [`reserve_advised`]:
+/// a huge page is zeroed whole on its first touch, which a small restore
+/// would pay without gaining from it.
+const MIN_ADVISED_BYTES: usize = 16 << 20;
+
+/// Make room in `v` for `additional` more elements, growing it as `Vec`
+/// would (at least doubling) but into a fresh allocation that
+/// [`advise_huge_pages`] covers before it is written, once it is at least
+/// [`MIN_ADVISED_BYTES`]. For buffers kept across the chunks of a replay and
+/// read at random (by key order, by hash): grown by `Vec`, their pages would
+/// all stay small.
+pub(in crate::restore) fn reserve_advised<T: Copy>(v: &mut Vec<T>, additional: usize) {
+    if v.capacity() - v.len() >= additional {
+        return;
+    }
+    let cap = (v.len() + additional).max(v.capacity() * 2);
+    let mut grown = Vec::with_capacity(cap);
+    if cap * std::mem::size_of::<T>() >= MIN_ADVISED_BYTES {
+        advise_huge_pages(&grown);
+        // Below the allocator's mmap threshold the capacity comes from memory
+        // it has handed out before, whose pages are already faulted in small;
+        // collapse them now (Linux 6.1+, a hint like the other).
+        #[cfg(target_os = "linux")]
+        advise(&grown, MADV_COLLAPSE);
+    }
+    grown.extend_from_slice(v);
+    *v = grown;
+}
+
+/// `MADV_COLLAPSE` (Linux 6.1 uapi; not in every libc crate target): back
+/// the range with huge pages now, its present small pages copied into them.
+#[cfg(target_os = "linux")]
+const MADV_COLLAPSE: libc::c_int = 25;
 
 /// `madvise(advice)` over the whole 2 MiB pages inside the capacity of `v`.
 #[cfg(target_os = "linux")]
@@ -24,9 +58,9 @@ fn advise<T>(v: &Vec<T>, advice: libc::c_int) {
     let (lo, hi) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
     if hi > lo {
         // SAFETY: [lo, hi) lies inside the allocation of `v`, and callers pass
-        // either MADV_HUGEPAGE (changes how future faults are served, never
-        // the contents) or MADV_FREE on a vector of length 0 (its capacity
-        // holds no values to lose).
+        // MADV_HUGEPAGE or MADV_COLLAPSE (they change how pages are backed,
+        // never the contents) or MADV_FREE on a vector of length 0 (its
+        // capacity holds no values to lose).
         unsafe {
             libc::madvise(lo as *mut libc::c_void, hi - lo, advice);
         }
@@ -118,5 +152,22 @@ mod tests {
         let v = take_spare(&mut list, 5 << 20).expect("the 8 MiB one");
         assert!(v.is_empty() && v.capacity() >= 8 << 20);
         assert_eq!(list.len(), 1);
+    }
+
+    #[test]
+    fn reserving_keeps_the_contents_and_grows_at_least_twofold() {
+        let mut v: Vec<u32> = vec![1, 2, 3];
+        reserve_advised(&mut v, 2);
+        let cap = v.capacity();
+        assert!(cap >= 5);
+        reserve_advised(&mut v, 1);
+        assert_eq!(v.capacity(), cap, "room enough: no new allocation");
+        reserve_advised(&mut v, cap);
+        assert_eq!(v, vec![1, 2, 3]);
+        assert!(v.capacity() >= (cap * 2).max(3 + cap));
+        let mut big: Vec<u8> = b"abc".to_vec();
+        reserve_advised(&mut big, MIN_ADVISED_BYTES);
+        assert_eq!(big, b"abc");
+        assert!(big.capacity() >= MIN_ADVISED_BYTES + 3);
     }
 }
