@@ -5,7 +5,7 @@
 
 use rocksdb::WriteBatch;
 
-use super::bulk::collect::{prefetch_read, sort_by_key, Collector};
+use super::bulk::collect::{prefetch_read, prefetch_span, sort_by_key, Collector};
 use super::bulk::pool::reserve_advised;
 use crate::source::{ChangeRecord, ChangelogSource, LogError};
 use crate::store::{Store, StoreFormat};
@@ -193,11 +193,8 @@ impl ChunkOps {
                 let (at, kl, vl) = self.ops[j as usize];
                 let end = at + kl as usize + if vl == u32::MAX { 0 } else { vl as usize };
                 let bytes = self.data[at..end].as_ptr_range();
-                let mut line = bytes.start;
-                while line < bytes.end {
-                    prefetch_read(line);
-                    line = line.wrapping_add(64);
-                }
+                prefetch_read(bytes.start);
+                prefetch_span(bytes);
             }
             self.get(i as usize)
         })
