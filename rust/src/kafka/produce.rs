@@ -4,11 +4,16 @@
 //! [`IN_FLIGHT`] requests on one connection -- where a Python loop over
 //! confluent-kafka manages a few hundred thousand records a second.
 //!
-//! Not a client for applications: no idempotence and no retries. A request
-//! that fails fails the call, naming the broker, the partition and the first
+//! Not a client for applications: no idempotence, and no retries but of
+//! the first batch, which is sent alone and retried while the partition has
+//! no leader that takes it (a topic just created answers
+//! `NOT_LEADER_OR_FOLLOWER` for a moment): the batches after it follow only
+//! once it is written, so the log keeps their order. Any other request that
+//! fails fails the call, naming the broker, the partition and the first
 //! record of the batch; the caller writes to a fresh topic again.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use bytes::Bytes;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
@@ -31,9 +36,8 @@ pub const BATCH_BYTES: usize = 1_000_000;
 /// Highest Produce version used: 12 names topics (13 names them by id).
 const PRODUCE_VERSION: i16 = 12;
 
-/// One partition's Produce requests on one connection, at most [`IN_FLIGHT`] unanswered.
+/// One partition's Produce requests on a connection, at most [`IN_FLIGHT`] unanswered.
 struct Sender {
-    conn: Conn,
     version: i16,
     topic: TopicName,
     partition: i32,
@@ -44,9 +48,9 @@ struct Sender {
 }
 
 impl Sender {
-    fn send(&mut self, batch: &BatchBuilder, first: u64) -> Result<(), KafkaError> {
+    fn send(&mut self, conn: &mut Conn, batch: &BatchBuilder, first: u64) -> Result<(), KafkaError> {
         if self.unanswered.len() == IN_FLIGHT {
-            self.answer()?;
+            self.answer(conn)?;
         }
         let req =
             ProduceRequest::default().with_acks(self.acks).with_timeout_ms(self.timeout_ms).with_topic_data(vec![
@@ -56,16 +60,16 @@ impl Sender {
                         .with_records(Some(Bytes::from(batch.finish(Compression::None)))),
                 ]),
             ]);
-        let corr = self.conn.send(&req, self.version)?;
+        let corr = conn.send(&req, self.version)?;
         self.unanswered.push_back((corr, first));
         Ok(())
     }
 
     /// Wait for the oldest unanswered request's answer; an error code fails.
-    fn answer(&mut self) -> Result<(), KafkaError> {
+    fn answer(&mut self, conn: &mut Conn) -> Result<(), KafkaError> {
         let Some((corr, first)) = self.unanswered.pop_front() else { return Ok(()) };
-        let resp = self.conn.recv::<ProduceRequest>(corr, self.version)?;
-        self.conn.throttle(resp.throttle_time_ms);
+        let resp = conn.recv::<ProduceRequest>(corr, self.version)?;
+        conn.throttle(resp.throttle_time_ms);
         let (topic, partition) = (self.topic.0.as_str(), self.partition);
         let p = resp
             .responses
@@ -74,15 +78,12 @@ impl Sender {
             .flat_map(|t| t.partition_responses.iter())
             .find(|p| p.index == partition)
             .ok_or_else(|| {
-                KafkaError::Protocol(format!(
-                    "broker {}: Produce answered without {topic}-{partition}",
-                    self.conn.broker
-                ))
+                KafkaError::Protocol(format!("broker {}: Produce answered without {topic}-{partition}", conn.broker))
             })?;
         if p.error_code != 0 {
             let what = format!("Produce to {topic}-{partition} of the batch from record {first}");
             let message = p.error_message.as_ref().map(|m| m.as_str());
-            return Err(self.conn.broker_error(&what, p.error_code, message));
+            return Err(conn.broker_error(&what, p.error_code, message));
         }
         Ok(())
     }
@@ -105,23 +106,36 @@ pub fn produce_synthetic(
     if acks != 1 && acks != -1 {
         return Err(KafkaError::Config(format!("acks must be 1 or -1 (an answer for every batch), not {acks}")));
     }
-    let leader = client.leader(topic, partition)?;
-    let conn = client.checkout(&leader.broker)?;
     let mut s = Sender {
-        version: conn.version::<ProduceRequest>(PRODUCE_VERSION)?,
-        // half the request timeout: the broker answers (or gives up) before this side stops waiting
-        timeout_ms: i32::try_from(conn.request_timeout().as_millis() / 2).unwrap_or(i32::MAX),
-        conn,
+        version: 0,
+        timeout_ms: 0,
         topic: TopicName(StrBytes::from_string(topic.to_string())),
         partition,
         acks,
         unanswered: VecDeque::with_capacity(IN_FLIGHT),
     };
+    let mut conn: Option<Conn> = None;
+    let mut send = |s: &mut Sender, batch: &BatchBuilder, first: u64| -> Result<(), KafkaError> {
+        if let Some(c) = conn.as_mut() {
+            return s.send(c, batch, first);
+        }
+        let deadline = Instant::now() + client.config.request_timeout;
+        client.with_leader(topic, partition, deadline, |c, _epoch| {
+            s.version = c.version::<ProduceRequest>(PRODUCE_VERSION)?;
+            // half the request timeout: the broker answers (or gives up) before this side stops waiting
+            s.timeout_ms = i32::try_from(c.request_timeout().as_millis() / 2).unwrap_or(i32::MAX);
+            s.unanswered.clear();
+            s.send(c, batch, first)?;
+            s.answer(c)
+        })?;
+        conn = Some(client.checkout(&client.leader(topic, partition)?.broker)?);
+        Ok(())
+    };
     let mut batch = BatchBuilder::new(0, BatchMeta::default());
     let mut first = 0u64;
     let written = synthetic::for_each_record(spec, |i, key, value| {
         if batch.count() > 0 && batch.size() + key.len() + value.len() + 32 > BATCH_BYTES {
-            s.send(&batch, first)?;
+            send(&mut s, &batch, first)?;
             batch = BatchBuilder::new(0, BatchMeta::default());
             first = i;
         }
@@ -130,11 +144,13 @@ pub fn produce_synthetic(
         Ok::<(), KafkaError>(())
     })?;
     if batch.count() > 0 {
-        s.send(&batch, first)?;
+        send(&mut s, &batch, first)?;
     }
-    while !s.unanswered.is_empty() {
-        s.answer()?;
+    if let Some(mut c) = conn {
+        while !s.unanswered.is_empty() {
+            s.answer(&mut c)?;
+        }
+        client.checkin(c);
     }
-    client.checkin(s.conn);
     Ok(written)
 }

@@ -22,9 +22,10 @@ use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionRespon
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
-    MetadataResponse, ProducerId, ResponseHeader, TopicName,
+    MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable, StrBytes};
 
@@ -88,6 +89,8 @@ struct Script {
     /// Error codes partitions of t answer to every Fetch at or past an
     /// offset: (partition, code, offset).
     partition_errors: Vec<(i32, i16, i64)>,
+    /// The record batches of the Produce requests taken, in the order taken.
+    produced: Vec<Bytes>,
 }
 
 type Shared = Arc<Mutex<Script>>;
@@ -258,7 +261,7 @@ fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log
         match key {
             ApiKey::ApiVersions => {
                 let fetch_max = if topic_id.is_nil() { 12 } else { 17 };
-                let keys = [(1, 4, fetch_max), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
+                let keys = [(0, 3, 12), (1, 4, fetch_max), (2, 1, 8), (3, 0, 12), (18, 0, 3)]
                     .map(|(k, a, b)| ApiVersion::default().with_api_key(k).with_min_version(a).with_max_version(b));
                 respond(&mut s, key, v, corr, &ApiVersionsResponse::default().with_api_keys(keys.to_vec()));
             }
@@ -283,6 +286,22 @@ fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log
                                 .collect(),
                         )],
                 );
+                respond(&mut s, key, v, corr, &r);
+            }
+            ApiKey::Produce => {
+                // A partition of t, its batch taken unless an error is scripted.
+                let req = ProduceRequest::decode(&mut buf, v).unwrap();
+                seen(-1);
+                let data = &req.topic_data[0].partition_data[0];
+                if error == 0 {
+                    sc.produced.push(data.records.clone().unwrap_or_default());
+                }
+                drop(sc);
+                let r = ProduceResponse::default().with_responses(vec![TopicProduceResponse::default()
+                    .with_name(TopicName(StrBytes::from_static_str("t")))
+                    .with_partition_responses(vec![PartitionProduceResponse::default()
+                        .with_index(data.index)
+                        .with_error_code(error)])]);
                 respond(&mut s, key, v, corr, &r);
             }
             ApiKey::ListOffsets => {
@@ -1254,4 +1273,34 @@ fn in_a_shared_fetch_one_partition_s_error_is_its_own() {
     assert!(e.message.contains(&addrs[0]) && e.message.contains("offset 202 of t-1 is out of range"), "{e}");
     let sc = script.lock().unwrap();
     assert!(sc.fetched.iter().any(|f| f.2.len() == 2), "t-0 and t-1 were never fetched together");
+}
+
+#[test]
+fn the_synthetic_producer_retries_its_first_batch_while_the_partition_has_no_leader() {
+    // A topic just created: its leader answers NOT_LEADER_OR_FOLLOWER for a
+    // moment. The first batch is retried alone; the rest follow it, in order.
+    use crate::log::synthetic::{self, Synthetic};
+    let (addrs, script) = cluster(1, Log::default(), Mode::Good, 1 << 20);
+    script.lock().unwrap().errors.extend([(ApiKey::Produce, 6), (ApiKey::Produce, 6)]);
+    let spec = Synthetic { records: 30_000, keys: 10_000, value_size: 100, seed: 3 };
+    let written = super::produce::produce_synthetic(&client(&addrs[0], Duration::from_secs(5)), "t", 0, &spec, -1);
+    assert_eq!(written.unwrap(), 30_000);
+    let sc = script.lock().unwrap();
+    assert!(sc.produced.len() > 3, "several batches: {}", sc.produced.len());
+    assert_eq!(sc.asked(ApiKey::Produce).len(), sc.produced.len() + 2, "the first batch was sent three times");
+    let mut want = Vec::new();
+    synthetic::for_each_record(&spec, |_, k, _| {
+        want.push(k.to_vec());
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    let mut got = Vec::new();
+    for batch in &sc.produced {
+        let h = codec::BatchHeader::parse(batch).unwrap();
+        let mut scratch = Vec::new();
+        for r in codec::batch_records(&h, batch, &mut scratch).unwrap() {
+            got.push(r.unwrap().key.unwrap().to_vec());
+        }
+    }
+    assert_eq!(got, want, "every record once, in the generator's order");
 }
