@@ -94,6 +94,12 @@ impl ChunkOps {
         self.ops.is_empty()
     }
 
+    /// Where the `i`-th operation's key and value lie in the chunk's bytes.
+    fn span(&self, i: usize) -> std::ops::Range<usize> {
+        let (at, kl, vl) = self.ops[i];
+        at..at + kl as usize + if vl == u32::MAX { 0 } else { vl as usize }
+    }
+
     /// The `i`-th operation pushed, in log order.
     pub fn get(&self, i: usize) -> (&[u8], Option<&[u8]>) {
         let (at, kl, vl) = self.ops[i];
@@ -190,9 +196,7 @@ impl ChunkOps {
                 prefetch_read(&self.ops[j as usize]);
             }
             if let Some(&(_, j)) = order.get(n + AHEAD) {
-                let (at, kl, vl) = self.ops[j as usize];
-                let end = at + kl as usize + if vl == u32::MAX { 0 } else { vl as usize };
-                let bytes = self.data[at..end].as_ptr_range();
+                let bytes = self.data[self.span(j as usize)].as_ptr_range();
                 prefetch_read(bytes.start);
                 prefetch_span(bytes);
             }
@@ -225,14 +229,7 @@ impl ChunkOps {
     fn batch_bytes(&self) -> usize {
         const BATCH_HEADER: usize = 12;
         const ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
-        let entries: usize = self
-            .order
-            .iter()
-            .map(|&(_, i)| {
-                let (_, kl, vl) = self.ops[i as usize];
-                kl as usize + if vl == u32::MAX { 0 } else { vl as usize } + ENTRY_OVERHEAD
-            })
-            .sum();
+        let entries: usize = self.order.iter().map(|&(_, i)| self.span(i as usize).len() + ENTRY_OVERHEAD).sum();
         BATCH_HEADER + entries + 256
     }
 
