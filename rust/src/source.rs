@@ -298,6 +298,14 @@ pub trait Changelog: Sync {
     /// A read_committed cursor on `topic`-`partition` positioned at `start`.
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError>;
 
+    /// A token, cheap next to [`bounds`](Self::bounds), that changes
+    /// whenever `topic`-`partition` does: equal tokens taken before and
+    /// after a call of `bounds` say its answer still holds. `None`: this
+    /// log cannot tell (a Kafka cluster is asked again).
+    fn stamp(&self, _topic: &str, _partition: i32) -> Option<u64> {
+        None
+    }
+
     /// Whether a restore's first steps with this log (its bounds, opening a
     /// cursor) may be taken on another thread ahead of the restore's turn
     /// (`restore_many` prepares the next restore while others run). A log

@@ -125,3 +125,38 @@ def test_cli_restore_rows_report_lag_in_records(log: SegmentLog, tmp_path: Path)
         threads=1,
     )
     assert row.ok and (row.lag, row.offset_lag) == (0, 42)
+
+
+def test_a_restore_hands_on_the_bounds_it_read_while_nothing_was_written(
+    log: SegmentLog, tmp_path: Path
+) -> None:
+    """The lag after a restore comes from the bounds the restore read, not from reading them again."""
+    result = restore_store(tmp_path / "s", log, TP)
+    assert result.changelog_bounds == log.offsets(TP) == (0, 426, 426)
+    assert store_lag(log, TP, result.offset, bounds=result.changelog_bounds) == store_lag(
+        log, TP, result.offset
+    )
+
+
+def test_a_log_written_to_during_the_restore_hands_on_no_bounds_and_the_lag_counts_the_new_records(
+    log: SegmentLog, tmp_path: Path
+) -> None:
+    from statestore.restore.staging import _lag_after
+
+    class WriteMore:
+        def on_restore_start(self, tp: TopicPartition, store_name: str, start: int, end: int) -> None:
+            p = log.producer(None)
+            for i in range(7):
+                p.send(TOPIC, 0, b"new%d" % i, b"v")
+            p.close()
+
+        def on_batch_restored(self, tp: TopicPartition, store_name: str, end: int, n: int) -> None:
+            pass
+
+        def on_restore_end(self, tp: TopicPartition, store_name: str, total: int) -> None:
+            pass
+
+    result = restore_store(tmp_path / "s", log, TP, listener=WriteMore())
+    assert result.end_offset == 426 and result.changelog_bounds is None
+    lag = _lag_after(log.log_dir, TP, result)
+    assert lag is not None and (lag.records, lag.log_end) == (7, 433)

@@ -133,6 +133,10 @@ class RestoreResult:
     #: Offset the store records afterwards (``None``: no record applied yet).
     offset: int | None
     error: StateStoreError | None = None
+    #: ``(start, end, last_stable)`` of the changelog partition as the restore left it, when the
+    #: changelog could tell that nothing was written to it since the restore asked (a segment log
+    #: whose files are unchanged); ``None``: ask the changelog. Spares reading its bounds again.
+    changelog_bounds: tuple[int, int, int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -215,6 +219,7 @@ def _result(tp: TopicPartition, store_path: Path, o: _native.RestoreOutcome) -> 
         bytes_read=o.bytes_read,
         seconds=o.seconds,
         offset=o.offset,
+        changelog_bounds=o.log_bounds,
     )
 
 

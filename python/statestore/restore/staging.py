@@ -50,7 +50,7 @@ from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import LockError, StateStoreError
 from statestore.ids import OFFSET_UNKNOWN, SENTINEL_OFFSETS, TaskId, TopicPartition
 from statestore.restore.discovery import layout_refusal
-from statestore.restore.engine import DEFAULT_MEMORY_BUDGET, MODES, restore_store
+from statestore.restore.engine import DEFAULT_MEMORY_BUDGET, MODES, RestoreResult, restore_store
 from statestore.restore.work import PartitionWork, RestoreRow
 from statestore.state.directory import StateDirectory, TaskLock
 from statestore.state.lag import Lag, store_lag
@@ -177,10 +177,15 @@ def _remove_tree(path: Path) -> None:
         path.parent.parent.rmdir()
 
 
-def _lag_after(changelog: Any, tp: TopicPartition, offset: int | None) -> Lag | None:
+def _lag_after(changelog: Any, tp: TopicPartition, result: RestoreResult) -> Lag | None:
     """The store's lag once restored; None (unknown) when the log cannot be read now."""
     try:
-        return store_lag(SegmentLog(changelog) if isinstance(changelog, Path) else changelog, tp, offset)
+        return store_lag(
+            SegmentLog(changelog) if isinstance(changelog, Path) else changelog,
+            tp,
+            result.offset,
+            bounds=result.changelog_bounds,
+        )
     except StateStoreError as e:
         logger.debug("lag of %s unknown after its restore: %s", tp, e)
         return None
@@ -349,7 +354,7 @@ def restore_partition(
             work,
             result,
             seconds=time.perf_counter() - t0,
-            lag=_lag_after(changelog, tp, result.offset),
+            lag=_lag_after(changelog, tp, result),
             attempts=attempt + 1,
         )
     except StateStoreError as e:

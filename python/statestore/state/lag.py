@@ -32,17 +32,21 @@ def store_lag(
     offset: int | None = None,
     *,
     log: Changelog | None = None,
+    bounds: tuple[int, int, int] | None = None,
 ) -> Lag:
     """The lag of a store whose last applied changelog offset is ``offset`` (None or negative: nothing applied).
 
     A store that is exactly up to date has ``records == 0`` even when aborted
-    records, markers or an open transaction follow its offset. ``log=`` is the
-    old name of ``changelog=`` (deprecated).
+    records, markers or an open transaction follow its offset. ``bounds`` are
+    the partition's ``(start, end, last_stable)`` when the caller knows them
+    as they are now (:attr:`RestoreResult.changelog_bounds
+    <statestore.restore.engine.RestoreResult.changelog_bounds>`); else the
+    changelog is asked. ``log=`` is the old name of ``changelog=`` (deprecated).
     """
     source: Changelog = changelog_argument(changelog, log, "store_lag")
     if tp is None:
         raise TypeError("store_lag: missing the changelog partition ('tp')")
-    start, end, lso = source.offsets(tp)
+    start, end, lso = bounds if bounds is not None else source.offsets(tp)
     first = offset + 1 if offset is not None and offset >= 0 else start
     first = max(first, start)
     return Lag(start, end, source.committed_records(tp, first, lso), max(0, end - first))

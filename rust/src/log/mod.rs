@@ -194,6 +194,10 @@ impl Changelog for SegmentLogDir {
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
         open_committed_source(&self.0, topic, partition, start)
     }
+
+    fn stamp(&self, topic: &str, partition: i32) -> Option<u64> {
+        segment::stamp(&partition_dir(&self.0, topic, partition).ok()?)
+    }
 }
 
 #[cfg(test)]

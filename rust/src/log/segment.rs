@@ -125,6 +125,21 @@ pub fn list_segments(dir: &Path) -> Result<Vec<Segment>, LogError> {
     Ok(out)
 }
 
+/// A token of the partition directory `dir`'s segment files as they are now:
+/// it changes when one is added, removed, replaced (a new inode, as the log
+/// cleaner swaps them), grown or truncated (length, modification and change
+/// times). `None` when a file cannot be examined.
+pub fn stamp(dir: &Path) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let mut h = std::hash::DefaultHasher::new();
+    for seg in list_segments(dir).ok()? {
+        let m = fs::metadata(&seg.path).ok()?;
+        (seg.base, m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()).hash(&mut h);
+    }
+    Some(h.finish())
+}
+
 /// Read the index of `seg`: the valid `(absolute offset, position)` entries,
 /// ignoring a partial trailing entry. Missing index: empty.
 pub fn read_index(seg: &Segment) -> Vec<(i64, u64)> {

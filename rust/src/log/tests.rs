@@ -642,3 +642,33 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
     {}
     assert_eq!(got, (0..15).chain(17..20).chain(22..27).chain(28..30).collect::<Vec<_>>());
 }
+
+#[test]
+fn the_stamp_of_a_partition_changes_with_its_files_and_only_then() {
+    let d = tempfile::tempdir().unwrap();
+    let log = Arc::new(Log::new(d.path(), cfg(2000)).unwrap());
+    let dir = d.path().join("t-0");
+    let mut p = log.producer(None).unwrap();
+    let mut send = |n: i64| {
+        for i in 0..n {
+            p.send("t", 0, Some(format!("k{i}").as_bytes()), Some(&[7; 40]), &[], None).unwrap();
+        }
+        p.flush().unwrap();
+    };
+    send(10);
+    let a = segment::stamp(&dir).unwrap();
+    assert_eq!(segment::stamp(&dir), Some(a), "nothing written");
+    send(1);
+    let b = segment::stamp(&dir).unwrap();
+    assert_ne!(a, b, "appended");
+    send(100);
+    let c = segment::stamp(&dir).unwrap();
+    assert!(segment::list_segments(&dir).unwrap().len() > 1);
+    assert_ne!(b, c, "rolled");
+    // A segment replaced by a copy of itself (as the cleaner swaps files): a new inode.
+    let first = &segment::list_segments(&dir).unwrap()[0].path;
+    let copy = first.with_extension("swap");
+    fs::copy(first, &copy).unwrap();
+    fs::rename(&copy, first).unwrap();
+    assert_ne!(segment::stamp(&dir).unwrap(), c, "replaced");
+}

@@ -41,6 +41,9 @@ pub struct PyRestoreOutcome {
     seconds: f64,
     /// The offset the store records afterwards.
     offset: Option<i64>,
+    /// `(start, end, last_stable)` of the partition as the restore left the
+    /// log, when it can tell nothing was written since the restore asked.
+    log_bounds: Option<(i64, i64, i64)>,
 }
 
 impl From<&RestoreOutcome> for PyRestoreOutcome {
@@ -56,6 +59,7 @@ impl From<&RestoreOutcome> for PyRestoreOutcome {
             bytes_read: o.bytes_read,
             seconds: o.seconds,
             offset: o.offset,
+            log_bounds: o.log_bounds.map(|b| (b.start, b.end, b.last_stable)),
         }
     }
 }

@@ -125,6 +125,10 @@ pub struct RestoreOutcome {
     pub seconds: f64,
     /// The offset the store records after the restore.
     pub offset: Option<i64>,
+    /// The partition's bounds as the restore leaves the log, when the log can
+    /// tell they have not changed since the restore asked for them
+    /// ([`Changelog::stamp`]); `None`: ask the log.
+    pub log_bounds: Option<Bounds>,
 }
 
 /// Restore one store from its changelog partition in `log`. Every error names
@@ -149,7 +153,13 @@ pub fn restore_prepared<'a>(
 ) -> Result<RestoreOutcome, RestoreError> {
     prepared
         .unwrap_or_else(|| prepare(log, spec))
-        .and_then(|p| run_one(spec, p, listener, on_read_all))
+        .and_then(|p| {
+            let (bounds, stamp) = (p.bounds, p.stamp);
+            let mut outcome = run_one(spec, p, listener, on_read_all)?;
+            // The bounds taken before the restore, if nothing was written to the log since.
+            outcome.log_bounds = stamp.filter(|&s| log.stamp(&spec.topic, spec.partition) == Some(s)).map(|_| bounds);
+            Ok(outcome)
+        })
         .map_err(|e| e.in_restore_of(&spec.store_path, &spec.topic, spec.partition))
 }
 
@@ -166,6 +176,9 @@ pub struct Prepared {
     source: Option<Box<dyn ChangelogSource>>,
     /// Time the preparation took (counted in the restore's seconds).
     took: Duration,
+    /// The partition's bounds, and the log's stamp taken before them.
+    bounds: Bounds,
+    stamp: Option<u64>,
 }
 
 /// Take a restore's first steps: open (or create) its store, ask the log for
@@ -188,6 +201,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let existing = if Dest::exists(path, spec.format) { Some(open()?) } else { None };
     // Kafka Streams' "no offset yet" is no position: such a store restores from the changelog's start.
     let recorded = existing.as_ref().map(offset_of).transpose()?.flatten().filter(|&o| o != OFFSET_UNKNOWN);
+    let stamp = log.stamp(&spec.topic, spec.partition);
     let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
     let out_of_range = |msg: String| {
         RestoreError::new(ErrorKind::OutOfRange, format!("restoring store {} from {tp}: {msg}", path.display()))
@@ -245,7 +259,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
         Mode::Auto => Mode::Replay,
         m => m,
     };
-    Ok(Prepared { store, recorded, start, end, mode, source, took: t0.elapsed() })
+    Ok(Prepared { store, recorded, start, end, mode, source, took: t0.elapsed(), bounds, stamp })
 }
 
 /// The exclusive end of a restore: the one asked for, else the last stable
@@ -275,7 +289,7 @@ fn run_one<'a>(
     on_read_all: Option<&'a dyn Fn()>,
 ) -> Result<RestoreOutcome, RestoreError> {
     let t0 = Instant::now();
-    let Prepared { store, recorded, start, end, mode, source, took } = prepared;
+    let Prepared { store, recorded, start, end, mode, source, took, .. } = prepared;
     let tp = spec.tp();
     let path = &spec.store_path;
     let scratch = scratch_dir(path);
@@ -308,6 +322,7 @@ fn run_one<'a>(
         bytes_read: 0,
         seconds: 0.0,
         offset: recorded,
+        log_bounds: None,
     };
     // A store no processor ever opened is closed: say so, as Kafka Streams
     // expects of a store it may reuse under exactly_once_v2. A status a
@@ -600,6 +615,38 @@ mod tests {
         let (m, last) = model(&log, 6_000);
         assert_eq!(dump(&store), m);
         assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    #[test]
+    fn the_bounds_of_a_segment_log_nobody_wrote_to_during_the_restore_are_handed_on() {
+        use crate::log::writer::WriterConfig;
+        use crate::log::{partition_offsets, Log, SegmentLogDir};
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("log");
+        let log = std::sync::Arc::new(Log::new(&root, WriterConfig { sync: false, ..Default::default() }).unwrap());
+        let mut p = log.producer(None).unwrap();
+        let mut send = |from: i64, to: i64| {
+            for i in from..to {
+                p.send("t", 0, Some(format!("k{i}").as_bytes()), Some(b"v"), &[], None).unwrap();
+            }
+            p.flush().unwrap();
+        };
+        send(0, 100);
+        let dir = SegmentLogDir(root.clone());
+        let spec = RestoreSpec::new(d.path().join("a"), "t", 0);
+        let o = restore(&dir, &spec, None).unwrap();
+        assert_eq!(o.log_bounds, Some(partition_offsets(&root, "t", 0).unwrap()));
+        assert_eq!(o.log_bounds.unwrap().end, 100);
+        // Written to after the restore asked for the bounds: they are not handed on.
+        let spec = RestoreSpec::new(d.path().join("b"), "t", 0);
+        let prepared = prepare(&dir, &spec);
+        send(100, 110);
+        let o = restore_prepared(&dir, &spec, Some(prepared), None, None).unwrap();
+        assert_eq!((o.end_offset, o.log_bounds), (100, None));
+        // A log that cannot tell hands none on.
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), random_log(50, 10, 3))]));
+        let o = restore(&vl, &RestoreSpec::new(d.path().join("c"), "t", 0), None).unwrap();
+        assert_eq!(o.log_bounds, None);
     }
 
     #[test]
