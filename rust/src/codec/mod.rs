@@ -409,6 +409,24 @@ impl<'a> Records<'a> {
         self.data.len() - self.pos
     }
 
+    /// Append every record left to `out`: the iterator's records, decoded in
+    /// one loop. On a damaged record the ones before it stay in `out` and
+    /// its error returns.
+    pub fn decode_into(&mut self, out: &mut Vec<RecordRef<'a>>) -> Result<(), CodecError> {
+        out.reserve(self.remaining());
+        while self.left > 0 {
+            self.left -= 1;
+            match self.read_one() {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    self.left = 0;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn read_one(&mut self) -> Result<RecordRef<'a>, CodecError> {
         let len = read_varint(self.data, &mut self.pos).map_err(|e| varint_err("length", e))?;
         if len < 0 || self.pos + len as usize > self.data.len() {

@@ -362,9 +362,15 @@ impl PartitionReader {
     where
         F: FnMut(&RecordRef<'_>) -> bool,
     {
-        self.read_batches(end, max_bytes, |records| {
+        self.read_batches(end, max_bytes, |records, from, end| {
             for r in records {
                 let r = r?;
+                if r.offset < from {
+                    continue;
+                }
+                if r.offset >= end {
+                    break;
+                }
                 if !sink(&r) {
                     return Ok(Some(r.offset + 1));
                 }
@@ -383,37 +389,35 @@ impl PartitionReader {
         sink: &mut dyn FnMut(&[RecordRef<'_>]),
     ) -> Result<bool, LogError> {
         let mut spare: Vec<RecordRef<'static>> = std::mem::take(&mut self.slice_spare);
-        let result = self.read_batches(end, max_bytes, |records| {
+        let result = self.read_batches(end, max_bytes, |mut records, from, end| {
             let mut slice: Vec<RecordRef<'_>> = recycle(std::mem::take(&mut spare));
-            let mut decoded = Ok(None);
-            for r in records {
-                match r {
-                    Ok(r) => slice.push(r),
-                    Err(e) => {
-                        decoded = Err(e);
-                        break;
-                    }
-                }
-            }
-            if !slice.is_empty() {
-                sink(&slice);
+            let decoded = records.decode_into(&mut slice);
+            // Offsets ascend inside a batch (the decoder checks it).
+            let lo = slice.partition_point(|r| r.offset < from);
+            let hi = slice.partition_point(|r| r.offset < end);
+            // A record damaged past `end` is not one this read takes, as `read` does not reach it.
+            let reached_end = hi < slice.len();
+            if lo < hi {
+                sink(&slice[lo..hi]);
             }
             spare = recycle(slice);
-            decoded
+            match decoded {
+                Err(_) if reached_end => Ok(None),
+                d => d.map(|()| None),
+            }
         });
         self.slice_spare = spare;
         result
     }
 
     /// The loop behind [`read`](Self::read) and [`read_slices`](Self::read_slices):
-    /// `each` gets the records of each batch the isolation level lets through,
-    /// from the position on and below `end`, and returns the offset after the
-    /// last one it took if it stopped early (the next read resumes there).
+    /// `each` gets the records of each batch the isolation level lets through
+    /// with the range of offsets to take from them (from the position on, and
+    /// below `end`), and returns the offset after the last one it took if it
+    /// stopped early (the next read resumes there).
     fn read_batches<F>(&mut self, end: i64, max_bytes: usize, mut each: F) -> Result<bool, LogError>
     where
-        F: FnMut(
-            &mut dyn Iterator<Item = Result<RecordRef<'_>, codec::CodecError>>,
-        ) -> Result<Option<i64>, codec::CodecError>,
+        F: FnMut(codec::Records<'_>, i64, i64) -> Result<Option<i64>, codec::CodecError>,
     {
         let mut consumed = 0usize;
         while self.position < end {
@@ -464,12 +468,8 @@ impl PartitionReader {
                         )).with_path(path).with_offset(h.base_offset),
                         e => LogError::corrupt(path, p.position, h.base_offset, e),
                     })?;
-                    let pos = self.position;
-                    let mut wanted = records
-                        .skip_while(|r| r.as_ref().is_ok_and(|r| r.offset < pos))
-                        .take_while(|r| r.as_ref().map_or(true, |r| r.offset < end));
-                    let stopped_at =
-                        each(&mut wanted).map_err(|e| LogError::corrupt(path, p.position, h.base_offset, e))?;
+                    let stopped_at = each(records, self.position, end)
+                        .map_err(|e| LogError::corrupt(path, p.position, h.base_offset, e))?;
                     if let Some(next) = stopped_at {
                         if next < upto {
                             // Mid-batch: the next read re-reads this batch from `next`.
