@@ -672,3 +672,41 @@ fn the_stamp_of_a_partition_changes_with_its_files_and_only_then() {
     fs::rename(&copy, first).unwrap();
     assert_ne!(segment::stamp(&dir).unwrap(), c, "replaced");
 }
+
+#[test]
+fn a_damaged_record_is_reported_by_the_reads_that_reach_it_and_only_them() {
+    // One batch of offsets 0..10 whose last record says it has -1 headers,
+    // with a CRC that matches: the batch reads as whole, the record does not.
+    let mut b = codec::BatchBuilder::new(0, codec::BatchMeta::default());
+    for o in 0..10 {
+        b.append(o, 1000 + o, Some(format!("k{o}").as_bytes()), Some(b"v"), &[]);
+    }
+    let mut batch = b.finish(Compression::None);
+    let last = batch.len() - 1;
+    assert_eq!(batch[last], 0, "the last record's header count");
+    batch[last] = 0x01; // zigzag varint -1
+    let crc = codec::batch_crc(&batch);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes()); // the CRC field
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("t-0");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join(segment::log_file_name(0)), &batch).unwrap();
+    let read = |end: i64| {
+        let mut src = CommittedReader::open(&dir, 0).unwrap();
+        let mut got = Vec::new();
+        let r = loop {
+            match src.next_records(end, 1 << 20, &mut |s| got.extend(s.iter().map(|r| r.offset))) {
+                Ok(true) => continue,
+                Ok(false) => break Ok(src.position()),
+                Err(e) => break Err(e),
+            }
+        };
+        (got, r)
+    };
+    let (got, r) = read(5);
+    assert_eq!((got, r.unwrap()), ((0..5).collect::<Vec<i64>>(), 5), "stops before the damaged record");
+    let (got, r) = read(10);
+    assert_eq!(got, (0..9).collect::<Vec<i64>>(), "the records before it are handed over");
+    let e = r.unwrap_err();
+    assert!(matches!(e, LogError { kind: LogErrorKind::Corrupt, .. }) && e.to_string().contains("offset 0"), "{e}");
+}
