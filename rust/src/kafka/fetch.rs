@@ -1076,30 +1076,34 @@ impl FetchCursor {
     }
 }
 
-/// Push the records of `records` with offsets in `[from, end)` (stopping at
-/// the first at or past `end`) onto `slice`, handing it to `sink` and
-/// emptying it each time it holds [`SLICE_RECORDS`].
+/// Push the records of `records` with offsets in `[from, end)` onto `slice`,
+/// handing it to `sink` in slices of [`SLICE_RECORDS`] whenever it holds
+/// that many (what is left stays in `slice`). The batch is decoded in one
+/// loop and trimmed after (offsets ascend in a batch: the decoder checks it);
+/// a record damaged past `end` is not reported, as a read stops before it.
 fn slice_records<'a>(
-    records: codec::Records<'a>,
+    mut records: codec::Records<'a>,
     from: i64,
     end: i64,
     slice: &mut Vec<RecordRef<'a>>,
     sink: &mut dyn FnMut(&[RecordRef<'_>]),
 ) -> Result<(), CodecError> {
-    for r in records {
-        let r = r?;
-        if r.offset >= end {
-            break;
-        }
-        if r.offset >= from {
-            slice.push(r);
-            if slice.len() >= SLICE_RECORDS {
-                sink(slice);
-                slice.clear();
-            }
-        }
+    let at = slice.len();
+    let decoded = records.decode_into(slice);
+    let lo = at + slice[at..].partition_point(|r| r.offset < from);
+    let hi = at + slice[at..].partition_point(|r| r.offset < end);
+    let reached_end = hi < slice.len();
+    slice.truncate(hi);
+    slice.drain(at..lo);
+    let full = slice.len() / SLICE_RECORDS * SLICE_RECORDS;
+    if full > 0 {
+        slice[..full].chunks(SLICE_RECORDS).for_each(&mut *sink);
+        slice.drain(..full);
     }
-    Ok(())
+    match decoded {
+        Err(_) if reached_end => Ok(()),
+        d => d,
+    }
 }
 
 impl Drop for FetchCursor {
@@ -1179,5 +1183,62 @@ impl ChangelogSource for KafkaSource {
 
     fn prime(&mut self, end: i64) {
         self.cursor.prime(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{BatchBuilder, BatchMeta, Compression};
+
+    /// A batch of offsets `base..base + n`; with `damaged`, its last record
+    /// says it has -1 headers (and the CRC is not checked here).
+    fn batch(base: i64, n: i64, damaged: bool) -> (BatchHeader, Vec<u8>) {
+        let mut b = BatchBuilder::new(base, BatchMeta::default());
+        for o in base..base + n {
+            b.append(o, o, Some(format!("k{o}").as_bytes()), Some(b"v"), &[]);
+        }
+        let mut bytes = b.finish(Compression::None);
+        if damaged {
+            *bytes.last_mut().unwrap() = 0x01;
+        }
+        (BatchHeader::parse(&bytes).unwrap(), bytes)
+    }
+
+    fn take(
+        b: &(BatchHeader, Vec<u8>),
+        from: i64,
+        end: i64,
+        slice: &mut Vec<RecordRef<'static>>,
+    ) -> (Vec<Vec<i64>>, Result<(), CodecError>) {
+        let mut handed = Vec::new();
+        let mut own: Vec<RecordRef<'_>> = recycle(std::mem::take(slice));
+        let r = slice_records(codec::Records::new(&b.0, &b.1[HEADER_LEN..]), from, end, &mut own, &mut |s| {
+            handed.push(s.iter().map(|r| r.offset).collect())
+        });
+        let left = own.iter().map(|r| r.offset).collect::<Vec<_>>();
+        handed.push(left);
+        (handed, r)
+    }
+
+    #[test]
+    fn a_batch_s_records_in_range_go_out_in_slices_of_a_fixed_size() {
+        let b = batch(100, 600, false);
+        let (handed, r) = take(&b, 150, 690, &mut Vec::new());
+        r.unwrap();
+        let sizes: Vec<usize> = handed.iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![SLICE_RECORDS, SLICE_RECORDS, 540 - 2 * SLICE_RECORDS], "the rest stays");
+        assert_eq!(handed.concat(), (150..690).collect::<Vec<i64>>());
+    }
+
+    #[test]
+    fn a_damaged_record_is_reported_only_to_a_read_that_reaches_it() {
+        let b = batch(0, 10, true);
+        let (handed, r) = take(&b, 0, 5, &mut Vec::new());
+        assert!(r.is_ok());
+        assert_eq!(handed.concat(), (0..5).collect::<Vec<i64>>());
+        let (handed, r) = take(&b, 0, 10, &mut Vec::new());
+        assert!(r.is_err());
+        assert_eq!(handed.concat(), (0..9).collect::<Vec<i64>>(), "the records before it are kept");
     }
 }
