@@ -86,12 +86,18 @@ class KafkaAdmin:
                 raise LogError(
                     f"creating changelog topic {topic} on {cl.bootstrap_servers} failed: {e}"
                 ) from e
-        self._wait_for(
-            lambda: all(self.topic_partitions(t) is not None for t in topics),
-            f"topics {sorted(topics)} to appear",
-        )
+        # Judge the counts from the listing that showed every topic: on a cluster the next metadata
+        # request may go to a broker that has not heard of a topic yet, which is no answer.
+        seen: dict[str, int | None] = {}
+
+        def all_seen() -> bool:
+            listed = self.topics()
+            seen.update({t: listed.get(t) for t in topics})
+            return all(c is not None for c in seen.values())
+
+        self._wait_for(all_seen, f"topics {sorted(topics)} to appear")
         for topic, n in topics.items():
-            got = self.topic_partitions(topic)
+            got = seen[topic]
             if got != n:
                 raise LogError(
                     f"changelog topic {topic} on {cl.bootstrap_servers} was created meanwhile with "
