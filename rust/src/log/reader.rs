@@ -589,24 +589,9 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::codec::{self, BatchBuilder, BatchMeta, Compression};
+    use crate::codec;
     use crate::log::segment::log_file_name;
-
-    /// A batch of `n` records from `base` with `value_len`-byte values; transactional for `pid`.
-    fn batch(base: i64, n: i64, value_len: usize, pid: Option<i64>) -> Vec<u8> {
-        let meta = pid.map_or_else(BatchMeta::default, |p| BatchMeta {
-            producer_id: p,
-            producer_epoch: 0,
-            base_sequence: 0,
-            transactional: true,
-            ..Default::default()
-        });
-        let mut b = BatchBuilder::new(base, meta);
-        for o in base..base + n {
-            b.append(o, 1000 + o, Some(format!("k{o}").as_bytes()), Some(&vec![b'v'; value_len]), &[]);
-        }
-        b.finish(Compression::None)
-    }
+    use crate::log::tests::records as batch;
 
     #[test]
     fn the_scan_steps_over_large_batches_reading_their_headers_alone() {

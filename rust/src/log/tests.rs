@@ -572,7 +572,9 @@ fn empty_control(base: i64, pid: i64) -> Vec<u8> {
     codec::BatchBuilder::new(base, meta).finish(Compression::None)
 }
 
-fn records(base: i64, n: i64, pid: Option<i64>) -> Vec<u8> {
+/// A batch of `n` records from `base` (keys `k<offset>`, `value_len`-byte
+/// values), transactional for producer `pid`. Also the reader's tests' batches.
+pub(super) fn records(base: i64, n: i64, value_len: usize, pid: Option<i64>) -> Vec<u8> {
     let meta = match pid {
         Some(p) => codec::BatchMeta {
             producer_id: p,
@@ -584,8 +586,9 @@ fn records(base: i64, n: i64, pid: Option<i64>) -> Vec<u8> {
         None => codec::BatchMeta::default(),
     };
     let mut b = codec::BatchBuilder::new(base, meta);
+    let value = vec![b'v'; value_len];
     for o in base..base + n {
-        b.append(o, 1000 + o, Some(format!("k{o}").as_bytes()), Some(b"v"), &[]);
+        b.append(o, 1000 + o, Some(format!("k{o}").as_bytes()), Some(&value), &[]);
     }
     b.finish(Compression::None)
 }
@@ -601,21 +604,21 @@ fn empty_control_batches_left_by_the_cleaner_are_skipped() {
     let dir = d.path().join("t-0");
     fs::create_dir_all(&dir).unwrap();
     let segment: Vec<u8> = [
-        records(0, 10, None),
-        records(10, 5, Some(5)),
+        records(0, 10, 1, None),
+        records(10, 5, 1, Some(5)),
         codec::control_batch(15, 5, 0, false, 2000, 0),
         empty_control(16, 5),
-        records(17, 3, Some(6)),
+        records(17, 3, 1, Some(6)),
         codec::control_batch(20, 6, 0, true, 2000, 0),
         empty_control(21, 6),
-        records(22, 5, None),
+        records(22, 5, 1, None),
         // An idempotent producer's last batch, its records compacted away.
         codec::BatchBuilder::new(
             27,
             codec::BatchMeta { producer_id: 8, producer_epoch: 0, base_sequence: 3, ..Default::default() },
         )
         .finish(Compression::None),
-        records(28, 2, None),
+        records(28, 2, 1, None),
     ]
     .concat();
     fs::write(dir.join(segment::log_file_name(0)), &segment).unwrap();
@@ -677,11 +680,7 @@ fn the_stamp_of_a_partition_changes_with_its_files_and_only_then() {
 fn a_damaged_record_is_reported_by_the_reads_that_reach_it_and_only_them() {
     // One batch of offsets 0..10 whose last record says it has -1 headers,
     // with a CRC that matches: the batch reads as whole, the record does not.
-    let mut b = codec::BatchBuilder::new(0, codec::BatchMeta::default());
-    for o in 0..10 {
-        b.append(o, 1000 + o, Some(format!("k{o}").as_bytes()), Some(b"v"), &[]);
-    }
-    let mut batch = b.finish(Compression::None);
+    let mut batch = records(0, 10, 1, None);
     let last = batch.len() - 1;
     assert_eq!(batch[last], 0, "the last record's header count");
     batch[last] = 0x01; // zigzag varint -1
