@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::pool::{keep_spare, new_arena, new_table, spares};
+use super::side_by_side;
 
 /// `val_len` of a tombstone, in the collector and in the run files it spills.
 pub(super) const TOMBSTONE: u32 = u32::MAX;
@@ -66,17 +67,6 @@ pub fn sort_by_key<'a, H: Copy, I: Iterator<Item = H>>(
     handles: impl Fn() -> I,
     key: impl Fn(H) -> &'a [u8],
 ) {
-    let shared = fill_order(order, handles, &key);
-    order.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
-}
-
-/// Fill `order` with each handle and the 8 bytes of its key after the prefix
-/// all the keys share (unsorted); returns that prefix's length.
-fn fill_order<'a, H: Copy, I: Iterator<Item = H>>(
-    order: &mut Vec<(u64, H)>,
-    handles: impl Fn() -> I,
-    key: &impl Fn(H) -> &'a [u8],
-) -> usize {
     let mut all = handles();
     let shared = match all.next() {
         Some(h0) => {
@@ -87,10 +77,11 @@ fn fill_order<'a, H: Copy, I: Iterator<Item = H>>(
     };
     order.clear();
     order.extend(handles().map(|h| (prefix_of(&key(h)[shared..]), h)));
-    shared
+    order.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
 }
 
-/// The bytewise order of two entries of an `order` filled by [`fill_order`].
+/// The bytewise order of two entries `(prefix_of(key[shared..]), handle)`
+/// whose keys all share their first `shared` bytes.
 #[inline]
 fn cmp_order<'a, H: Copy>(
     a: &(u64, H),
@@ -99,40 +90,6 @@ fn cmp_order<'a, H: Copy>(
     key: &impl Fn(H) -> &'a [u8],
 ) -> std::cmp::Ordering {
     a.0.cmp(&b.0).then_with(|| key(a.1)[shared..].cmp(&key(b.1)[shared..]))
-}
-
-/// Move the entries of `v` for which `left` holds to its front; returns how many.
-fn partition_in_place<T>(v: &mut [T], mut left: impl FnMut(&T) -> bool) -> usize {
-    let mut n = 0;
-    for i in 0..v.len() {
-        if left(&v[i]) {
-            v.swap(n, i);
-            n += 1;
-        }
-    }
-    n
-}
-
-/// Split `v` at `pivots` (in increasing order) into `pivots.len() + 1`
-/// consecutive slices, the `i`-th holding the entries in
-/// `[pivots[i - 1], pivots[i])`: a partition pass per level, halving the
-/// pivots each time.
-fn split_at_pivots<'v, T: Copy>(
-    v: &'v mut [T],
-    pivots: &[T],
-    less: &impl Fn(&T, &T) -> bool,
-    parts: &mut Vec<&'v mut [T]>,
-) {
-    if pivots.is_empty() {
-        parts.push(v);
-        return;
-    }
-    let m = pivots.len() / 2;
-    let p = pivots[m];
-    let n = partition_in_place(v, |x| less(x, &p));
-    let (lo, hi) = v.split_at_mut(n);
-    split_at_pivots(lo, &pivots[..m], less, parts);
-    split_at_pivots(hi, &pivots[m + 1..], less, parts);
 }
 
 /// Prefetch every cache line of `bytes` but the first (fetched on its own,
@@ -225,6 +182,46 @@ pub struct Collector {
     garbage: usize,
     /// Sort keys of the live records, reused from drain to drain.
     order: Vec<(u64, usize)>,
+    /// The first key added since the collector was last emptied, and how
+    /// many of its leading bytes every key added since shares: the sort
+    /// compares what follows, and needs no pass over the keys to find it.
+    first_key: Vec<u8>,
+    shared: usize,
+    /// Where a drain on several threads divides its walk of the arena
+    /// (records carry no mark a walk could start from).
+    sections: Sections,
+}
+
+/// Stretches of the arena that several threads walk at once: the offset of
+/// the first record at or after every multiple of `every` bytes.
+struct Sections {
+    starts: Vec<usize>,
+    every: usize,
+}
+
+/// Stretches an arena is divided into (at most as many threads as this walk it).
+const SECTIONS: usize = 64;
+
+impl Sections {
+    fn new(arena_cap: usize) -> Self {
+        Self { starts: Vec::new(), every: (arena_cap / SECTIONS).max(1) }
+    }
+
+    /// A record was appended at `off`.
+    #[inline]
+    fn note(&mut self, off: usize) {
+        if off >= self.starts.len() * self.every {
+            self.starts.push(off);
+        }
+    }
+
+    /// The arena's `[0, len)` cut into `parts` consecutive byte ranges that
+    /// start and end at records (some empty when the arena is small).
+    fn split(&self, parts: usize, len: usize) -> Vec<std::ops::Range<usize>> {
+        let n = self.starts.len();
+        let at = |i: usize| self.starts.get(i * n / parts).copied().unwrap_or(len);
+        (0..parts).map(|w| at(w)..if w + 1 == parts { len } else { at(w + 1) }).collect()
+    }
 }
 
 /// Bytes of a record's header: key length, value length, value capacity.
@@ -315,6 +312,9 @@ impl Collector {
             max_slots,
             garbage: 0,
             order: Vec::new(),
+            first_key: Vec::new(),
+            shared: 0,
+            sections: Sections::new(arena_cap),
         }
     }
 
@@ -327,11 +327,16 @@ impl Collector {
         self.keys
     }
 
-    /// Live records in arena order, with their hashes.
+    /// Live records in arena order.
     fn live(arena: &[u8]) -> impl Iterator<Item = Record> + '_ {
-        let mut off = 0;
+        Self::live_in(arena, 0..arena.len())
+    }
+
+    /// Live records of the records that start in `range` (which starts at one).
+    fn live_in(arena: &[u8], range: std::ops::Range<usize>) -> impl Iterator<Item = Record> + '_ {
+        let mut off = range.start;
         std::iter::from_fn(move || {
-            while off < arena.len() {
+            while off < range.end {
                 let r = Record::at(arena, off);
                 off += r.size();
                 if !r.dead {
@@ -412,14 +417,7 @@ impl Collector {
         if self.arena.capacity() == 0 {
             self.arena = new_arena(self.arena_cap.max(size));
         }
-        let off = self.arena.len();
-        self.arena.extend_from_slice(&(key.len() as u32).to_ne_bytes());
-        self.arena.extend_from_slice(&value.map_or(TOMBSTONE, |_| vlen as u32).to_ne_bytes());
-        self.arena.extend_from_slice(&(vlen as u32).to_ne_bytes());
-        self.arena.extend_from_slice(key);
-        self.arena.extend_from_slice(value.unwrap_or_default());
-        self.arena.resize(off + size, 0);
-        Some(off)
+        Some(append_record(&mut self.arena, &mut self.sections, key, value))
     }
 
     /// False when there is no room.
@@ -461,6 +459,13 @@ impl Collector {
         }
         let Some(off) = self.push_record(key, value) else { return false };
         self.table[i] = tag | (off / ALIGN + 1) as u64;
+        if self.keys == 0 {
+            self.first_key.clear();
+            self.first_key.extend_from_slice(key);
+            self.shared = key.len();
+        } else {
+            self.shared = common_prefix(&self.first_key[..self.shared], key);
+        }
         self.keys += 1;
         if self.keys * SLOTS_PER_KEY > self.table.len() && self.table.len() < self.max_slots {
             self.reindex(self.table.len() * 2);
@@ -475,16 +480,9 @@ impl Collector {
             return false;
         }
         let mut fresh = new_arena(self.arena_cap);
+        self.sections.starts.clear();
         for r in Self::live(&self.arena) {
-            let value = r.value(&self.arena);
-            let vlen = value.map_or(0, <[u8]>::len);
-            let off = fresh.len();
-            fresh.extend_from_slice(&(r.key_len as u32).to_ne_bytes());
-            fresh.extend_from_slice(&r.val_len.to_ne_bytes());
-            fresh.extend_from_slice(&(vlen as u32).to_ne_bytes());
-            fresh.extend_from_slice(r.key(&self.arena));
-            fresh.extend_from_slice(value.unwrap_or_default());
-            fresh.resize(off + padded(HEADER + r.key_len + vlen), 0);
+            append_record(&mut fresh, &mut self.sections, r.key(&self.arena), r.value(&self.arena));
         }
         keep_spare(&mut spares().arenas, std::mem::replace(&mut self.arena, fresh));
         self.garbage = 0;
@@ -499,71 +497,179 @@ impl Collector {
     /// the sort compares the 8 bytes that follow the prefix common to all
     /// held keys, and only on a tie the rest of the keys.
     pub fn drain_sorted<E>(&mut self, mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>) -> Result<(), E> {
-        let arena = &self.arena;
+        let (arena, shared) = (&self.arena, self.shared);
+        let key = |off: usize| Record::at(arena, off).key(arena);
         let mut order = std::mem::take(&mut self.order);
-        sort_by_key(&mut order, || Self::live(arena).map(|r| r.off), |off| Record::at(arena, off).key(arena));
+        order.clear();
+        order.extend(Self::live(arena).map(|r| (prefix_of(&r.key(arena)[shared..]), r.off)));
+        order.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
         let result = order.iter().enumerate().try_for_each(|(i, &(_, off))| {
             prefetch_sorted(arena, &order, i);
             let r = Record::at(arena, off);
             f(r.key(arena), r.value(arena))
         });
         self.order = order;
+        self.empty();
+        result
+    }
+
+    /// Forget every record (the buffers are kept).
+    fn empty(&mut self) {
         self.arena.clear();
+        self.sections.starts.clear();
         self.table.fill(0);
         self.keys = 0;
         self.garbage = 0;
-        result
     }
 }
 
 impl Collector {
     /// [`Collector::drain_sorted`] on `parts` threads: the held keys are split
-    /// into `parts` consecutive key ranges at pivots taken from an evenly
-    /// spaced sample of them, then each range is sorted and handed to
-    /// `f(part, range)` on a thread of its own (the first on this one).
-    /// Returns the parts' results in key order and empties the collector.
-    /// Uses no memory beyond the collector's own: the ranges are slices of
-    /// the one sort order, split in place.
+    /// into `parts` consecutive key ranges at pivots taken from a sample of
+    /// them, then each range is sorted and handed to `f(part, range)` on a
+    /// thread of its own (the first on this one). Returns the parts' results
+    /// in key order and empties the collector.
+    ///
+    /// Every step runs on the `parts` threads: each walks its stretch of the
+    /// arena twice, counting its records per range, then placing them where
+    /// the counts say, so the one sort order holds each range in a slice of
+    /// its own, and no memory beyond the collector's is used.
     pub fn drain_sorted_parts<R: Send>(
         &mut self,
         parts: usize,
         f: impl Fn(usize, SortedRange<'_>) -> R + Sync,
     ) -> Vec<R> {
         let parts = parts.max(1);
-        let arena = &self.arena;
+        let (arena, shared) = (&self.arena, self.shared);
         let key = |off: usize| Record::at(arena, off).key(arena);
-        let mut order = std::mem::take(&mut self.order);
-        let shared = fill_order(&mut order, || Self::live(arena).map(|r| r.off), &key);
-        let less = |a: &(u64, usize), b: &(u64, usize)| cmp_order(a, b, shared, &key).is_lt();
-        // Pivots: the `parts`-quantiles of a sample of 64 keys per part.
-        let step = (order.len() / (64 * parts)).max(1);
-        let mut sample: Vec<(u64, usize)> = order.iter().step_by(step).copied().collect();
-        sample.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
-        let pivots: Vec<(u64, usize)> =
-            if sample.is_empty() { Vec::new() } else { (1..parts).map(|i| sample[i * sample.len() / parts]).collect() };
-        let mut ranges = Vec::with_capacity(parts);
-        split_at_pivots(&mut order, &pivots, &less, &mut ranges);
-        ranges.resize_with(parts, || &mut []); // no keys: every range empty
-        let one = |part: usize, range: &mut [(u64, usize)]| {
-            range.sort_unstable_by(|a, b| cmp_order(a, b, shared, &key));
-            f(part, SortedRange { arena, order: range })
+        let entry = |r: Record| (prefix_of(&r.key(arena)[shared..]), r.off);
+        let cmp = |a: &(u64, usize), b: &(u64, usize)| cmp_order(a, b, shared, &key);
+        let less = |a: &(u64, usize), b: &(u64, usize)| cmp(a, b).is_lt();
+        let pivots = self.pivots(parts, &entry, &cmp);
+        // Ties go after the pivot, as `less` is strict.
+        let range_of = |e: &(u64, usize)| pivots.partition_point(|p| !less(e, p));
+        let walks = self.sections.split(parts, arena.len());
+        let counts: Vec<Vec<usize>> = if pivots.is_empty() {
+            let mut counts = vec![vec![0; parts]; parts];
+            counts[0][0] = self.keys; // one walk, one range: no need to count
+            counts
+        } else {
+            side_by_side(
+                walks
+                    .iter()
+                    .map(|walk| {
+                        move || {
+                            let mut n = vec![0; parts];
+                            for r in Self::live_in(arena, walk.clone()) {
+                                n[range_of(&entry(r))] += 1;
+                            }
+                            n
+                        }
+                    })
+                    .collect(),
+            )
         };
-        let results = std::thread::scope(|s| {
-            let one = &one;
-            let mut ranges = ranges.into_iter().enumerate();
-            let (_, first) = ranges.next().expect("at least one part");
-            let others: Vec<_> = ranges.map(|(part, range)| s.spawn(move || one(part, range))).collect();
-            let mut results = vec![one(0, first)];
-            results.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
-            results
-        });
+        let mut order = std::mem::take(&mut self.order);
+        order.resize(self.keys, (0, 0)); // every entry is written below
+                                         // Per walk, per range: the slice of `order` its records go to.
+        let mut places: Vec<Vec<&mut [(u64, usize)]>> = (0..parts).map(|_| Vec::with_capacity(parts)).collect();
+        let mut rest = &mut order[..];
+        for range in 0..parts {
+            for (walk, n) in counts.iter().enumerate() {
+                let (place, after) = rest.split_at_mut(n[range]);
+                places[walk].push(place);
+                rest = after;
+            }
+        }
+        side_by_side(
+            walks
+                .iter()
+                .zip(places)
+                .filter(|(walk, _)| !walk.is_empty())
+                .map(|(walk, mut places)| {
+                    move || {
+                        let mut at = vec![0; parts];
+                        for r in Self::live_in(arena, walk.clone()) {
+                            let e = entry(r);
+                            let range = range_of(&e);
+                            places[range][at[range]] = e;
+                            at[range] += 1;
+                        }
+                    }
+                })
+                .collect(),
+        );
+        let mut ranges = Vec::with_capacity(parts);
+        let mut rest = &mut order[..];
+        for range in 0..parts {
+            let (this, after) = rest.split_at_mut(counts.iter().map(|n| n[range]).sum());
+            ranges.push(this);
+            rest = after;
+        }
+        let f = &f;
+        let results = side_by_side(
+            ranges
+                .into_iter()
+                .enumerate()
+                .map(|(part, range)| {
+                    move || {
+                        range.sort_unstable_by(cmp);
+                        f(part, SortedRange { arena, order: range })
+                    }
+                })
+                .collect(),
+        );
         self.order = order;
-        self.arena.clear();
-        self.table.fill(0);
-        self.keys = 0;
-        self.garbage = 0;
+        self.empty();
         results
     }
+
+    /// `parts - 1` pivots that split the held keys into `parts` ranges of
+    /// about equal counts: quantiles of a sample of the keys read from
+    /// evenly spaced index slots (the hash places keys at random).
+    fn pivots(
+        &self,
+        parts: usize,
+        entry: &impl Fn(Record) -> (u64, usize),
+        cmp: &impl Fn(&(u64, usize), &(u64, usize)) -> std::cmp::Ordering,
+    ) -> Vec<(u64, usize)> {
+        if parts <= 1 || self.keys == 0 {
+            return Vec::new();
+        }
+        let want = (PIVOT_SAMPLE * parts).min(self.keys);
+        let step = self.table.len() / want;
+        let mut sample: Vec<(u64, usize)> = (0..want)
+            .map(|j| {
+                let mut i = j * step;
+                while self.table[i & self.mask] == 0 {
+                    i += 1;
+                }
+                let slot = self.table[i & self.mask];
+                entry(Record::at(&self.arena, ((slot as u32) as usize - 1) * ALIGN))
+            })
+            .collect();
+        sample.sort_unstable_by(cmp);
+        (1..parts).map(|i| sample[i * sample.len() / parts]).collect()
+    }
+}
+
+/// Keys sampled per range to choose a drain's pivots: with 256, the largest
+/// of two ranges holds at most a few percent more than half.
+const PIVOT_SAMPLE: usize = 256;
+
+/// Append a record of `key` and `value` (`None`: a tombstone) to `arena`,
+/// its value's capacity its length; its offset.
+fn append_record(arena: &mut Vec<u8>, sections: &mut Sections, key: &[u8], value: Option<&[u8]>) -> usize {
+    let vlen = value.map_or(0, <[u8]>::len);
+    let off = arena.len();
+    arena.extend_from_slice(&(key.len() as u32).to_ne_bytes());
+    arena.extend_from_slice(&value.map_or(TOMBSTONE, |_| vlen as u32).to_ne_bytes());
+    arena.extend_from_slice(&(vlen as u32).to_ne_bytes());
+    arena.extend_from_slice(key);
+    arena.extend_from_slice(value.unwrap_or_default());
+    arena.resize(off + padded(HEADER + key.len() + vlen), 0);
+    sections.note(off);
+    off
 }
 
 /// One key range of a [`Collector::drain_sorted_parts`], sorted.
@@ -717,6 +823,61 @@ mod tests {
         }
         // nothing held: every part gets nothing
         assert!(c.drain_sorted_parts(3, |_, range| range.records().count()).iter().all(|&n| n == 0));
+    }
+
+    #[test]
+    fn drained_in_parts_after_moves_and_compactions_every_key_is_in_its_range_once() {
+        // Values that grow move their records (the old copy dies in its
+        // stretch of the arena), compactions rebuild the arena and its
+        // stretches; the first key added moves, and keys added later share
+        // less and less of it ("ns:" with most, "n" with a few, "" with one).
+        for parts in [2, 3, 5] {
+            let mut c = Collector::new(1 << 20);
+            let mut model = BTreeMap::new();
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ parts as u64;
+            let mut compactions = 0;
+            for i in 0..40_000u32 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = match i {
+                    0 => b"ns:first".to_vec(),
+                    39_999 => Vec::new(),
+                    _ if i % 997 == 0 => format!("n{}", x % 50).into_bytes(),
+                    _ => format!("ns:{:06}", x % 1_500).into_bytes(),
+                };
+                // values grow over time: records keep moving
+                let v = (x % 7 != 0).then(|| vec![i as u8; (x >> 16) as usize % (20 + i as usize / 250)]);
+                let garbage = c.garbage;
+                assert_eq!(c.add(&k, v.as_deref()), Full::No, "the keys fit");
+                compactions += usize::from(c.garbage + 1024 < garbage); // an overwrite gives back < 200
+                model.insert(k, v);
+            }
+            assert!(compactions > 1, "{compactions} compactions");
+            assert!(c.sections.starts.len() > parts, "the arena is walked in stretches");
+            assert_eq!(c.shared, 0, "the empty key shares nothing");
+            let ranges = c.drain_sorted_parts(parts, |_, range| {
+                range.records().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect::<Vec<_>>()
+            });
+            assert!(c.is_empty());
+            let sizes: Vec<usize> = ranges.iter().map(Vec::len).collect();
+            assert!(sizes.iter().all(|&n| n > model.len() / parts / 2), "{parts} parts: {sizes:?}");
+            assert_eq!(ranges.concat(), model.into_iter().collect::<Vec<_>>(), "{parts} parts");
+        }
+    }
+
+    #[test]
+    fn the_arena_is_cut_into_walks_at_record_starts() {
+        let sections = Sections { starts: vec![0, 16, 40, 72], every: 16 };
+        assert_eq!(sections.split(1, 90), vec![0..90]);
+        assert_eq!(sections.split(2, 90), vec![0..40, 40..90]);
+        assert_eq!(sections.split(3, 90), vec![0..16, 16..40, 40..90]);
+        let many = sections.split(6, 90);
+        assert_eq!(many.len(), 6);
+        assert_eq!((many[0].start, many[5].end), (0, 90));
+        assert!(many.windows(2).all(|w| w[0].end == w[1].start), "{many:?}");
+        assert!(many.iter().all(|r| [0, 16, 40, 72, 90].contains(&r.start)), "{many:?}");
+        assert_eq!(Sections { starts: Vec::new(), every: 16 }.split(2, 0), vec![0..0, 0..0]);
     }
 
     #[test]
