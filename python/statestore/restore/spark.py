@@ -16,6 +16,7 @@ and :func:`spark_session` do.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -93,6 +94,26 @@ def _task_payload(work: PartitionWork, index: int, **job: Any) -> dict[str, Any]
     }
 
 
+_worker_settled = False
+
+
+def _settle_worker() -> None:
+    """Once per Python worker of Spark, after its first task: collect, then move every object the
+    worker holds (pyspark's, statestore's, their modules') to the garbage collector's permanent
+    generation. Called by the task function only where a Spark task context exists.
+
+    PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker: 10-13 ms
+    over those ~35,000 objects, on the core the next task waits for. Frozen, they are no longer
+    scanned; objects made later are collected as before, and reference counting frees frozen
+    ones as ever (only a cycle among them would stay).
+    """
+    global _worker_settled
+    if not _worker_settled:
+        gc.collect()
+        gc.freeze()
+        _worker_settled = True
+
+
 def _spark_task(payload: dict[str, Any], attempt: int, label: str, cpus: int = 1) -> RestoreRow:
     """Run one (store, partition) inside a Spark task. Unknown errors raise while Spark may retry."""
     host = socket.gethostname()
@@ -153,11 +174,12 @@ def _make_task_function(
         import sys as _sys
 
         payload = payloads[index]
-        attempt, cpus, label = 0, 1, "local"
+        attempt, cpus, label, in_worker = 0, 1, "local", False
         try:
             from pyspark import TaskContext
 
             tc = TaskContext.get()
+            in_worker = tc is not None
             if tc is not None:
                 attempt = tc.attemptNumber()
                 cpus = tc.cpus()  # spark.task.cpus: the cores this task may use
@@ -165,7 +187,7 @@ def _make_task_function(
         except ImportError:
             pass
         try:
-            from statestore.restore.spark import _spark_task
+            from statestore.restore.spark import _settle_worker, _spark_task
         except Exception as e:  # ImportError, or the extension failing to load
             row = list(payload["failed_row"])
             error_at, attempts_at = payload["error_at"], payload["attempts_at"]
@@ -181,7 +203,11 @@ def _make_task_function(
             row[attempts_at] = attempt + 1
             yield tuple(row)
             return
-        yield tuple(_spark_task(payload, attempt, label, cpus))
+        try:
+            yield tuple(_spark_task(payload, attempt, label, cpus))
+        finally:
+            if in_worker:
+                _settle_worker()
 
     return run
 
