@@ -536,6 +536,10 @@ impl Chunk {
     }
 }
 
+/// Bytes an SST entry may take beyond its key and value (its lengths and
+/// sequence number; counted high: a low count would let a file pass its target).
+const SST_ENTRY_OVERHEAD: u64 = 16;
+
 /// Writes the merged stream into SST files of about `target` bytes each,
 /// per database of the store ([`Dest::route`]: one for a key-value store,
 /// one per live segment, expired segments skipped). Tombstones bound for a
@@ -556,6 +560,12 @@ struct DbOut<'a> {
     drop_tombstones: bool,
     writer: Option<SstFileWriter<'a>>,
     files: Vec<PathBuf>,
+    /// The open file's size when last asked, and the key and value bytes
+    /// added since: the file grows by no more than those (no compression;
+    /// keys share prefixes within a block), so it is asked again only when
+    /// the two together reach the target, not after every record.
+    size: u64,
+    added: u64,
 }
 
 impl<'a> SstOut<'a> {
@@ -570,6 +580,8 @@ impl<'a> SstOut<'a> {
             drop_tombstones: !dest.holds_data(id),
             writer: None,
             files: Vec::new(),
+            size: 0,
+            added: 0,
         });
         if value.is_none() && out.drop_tombstones {
             return Ok(());
@@ -581,14 +593,19 @@ impl<'a> SstOut<'a> {
             w.open(&path)?;
             out.files.push(path);
             out.writer = Some(w);
+            (out.size, out.added) = (0, 0);
         }
         let w = out.writer.as_mut().expect("opened above");
         match value {
             Some(v) => w.put(key, v)?,
             None => w.delete(key)?,
         }
-        if w.file_size() >= self.target {
-            out.writer.take().expect("open").finish()?;
+        out.added += (key.len() + value.map_or(0, <[u8]>::len)) as u64 + SST_ENTRY_OVERHEAD;
+        if out.size + out.added >= self.target {
+            (out.size, out.added) = (w.file_size(), 0);
+            if out.size >= self.target {
+                out.writer.take().expect("open").finish()?;
+            }
         }
         Ok(())
     }
@@ -759,6 +776,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn sst_files_are_cut_at_their_target_size() {
+        // The writer asks a file's size only once the bytes added could have
+        // reached the target: each file still ends at the first record that
+        // takes it past the target.
+        let dir = tempfile::tempdir().unwrap();
+        let store = Dest::Store(Store::open_with(&dir.path().join("s"), restore_options()).unwrap());
+        let scratch = dir.path().join("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        let opts = restore_options();
+        let target = 64 << 10;
+        let mut out = SstOut::new(&opts, &scratch, target, &store, 0);
+        let value = [7u8; 100];
+        for i in 0..20_000u32 {
+            assert!(out.add(format!("key-{i:012}").as_bytes(), (i % 9 != 0).then_some(&value[..])).is_ok());
+        }
+        let Ok(mut files) = out.finish() else { panic!("finishing the files failed") };
+        let files = files.remove(&0).unwrap();
+        let sizes: Vec<u64> = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).collect();
+        assert!(sizes.len() > 20, "{sizes:?}");
+        let (last, full) = sizes.split_last().unwrap();
+        // A file's size counts its data blocks; the index and filter come on top at its end.
+        assert!(full.iter().all(|&n| n >= target && n < target + (16 << 10)), "{sizes:?}");
+        assert!(*last < target + (16 << 10), "{sizes:?}");
     }
 
     #[test]
