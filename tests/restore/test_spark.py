@@ -409,7 +409,7 @@ def test_a_spark_worker_freezes_what_it_holds_after_its_first_task(
     ]
     (tmp_path / "fn.pkl").write_bytes(cloudpickle.dumps(_make_task_function(payloads)))
     child = textwrap.dedent(f"""
-        import gc, pickle, time
+        import gc, pickle
         import pyspark
         from statestore.restore.work import RestoreRow
 
@@ -426,19 +426,17 @@ def test_a_spark_worker_freezes_what_it_holds_after_its_first_task(
         for i in (0, 1):
             statuses += [RestoreRow(*r).status for r in fn(i, iter([i]))]
             frozen.append(gc.get_freeze_count())
-        t0 = time.perf_counter()
-        gc.collect()
-        print(repr((statuses, frozen, (time.perf_counter() - t0) * 1000)))
+        print(repr((statuses, frozen, len(gc.get_objects()))))
     """)
     out = subprocess.run(
         [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=True
     )
-    statuses, frozen, collect_ms = eval(out.stdout)
+    statuses, frozen, scanned = eval(out.stdout)
     assert statuses == ["ok", "ok"], out.stdout
     if in_spark:
         assert frozen[0] > 10_000, frozen  # pyspark, statestore and their modules
         assert frozen[1] == frozen[0], "frozen once per worker"
-        assert collect_ms < 5, collect_ms  # was ~10 ms over the same objects
+        assert scanned < frozen[0] / 4, (scanned, frozen)  # what the daemon's collections still scan
     else:
         assert frozen == [0, 0]
 
