@@ -409,22 +409,34 @@ impl<'a> Records<'a> {
         self.data.len() - self.pos
     }
 
-    /// Append every record left to `out`: the iterator's records, decoded in
-    /// one loop. On a damaged record the ones before it stay in `out` and
-    /// its error returns.
-    pub fn decode_into(&mut self, out: &mut Vec<RecordRef<'a>>) -> Result<(), CodecError> {
+    /// Append the records left with offsets in `[from, end)` to `out`,
+    /// decoded in one loop, then trimmed (offsets ascend in a batch: the
+    /// decoder checks it). On a damaged record the records in range before it
+    /// stay in `out` and its error returns -- unless it lies past `end`: a
+    /// read that stops before a record does not report it.
+    pub fn decode_range_into(&mut self, out: &mut Vec<RecordRef<'a>>, from: i64, end: i64) -> Result<(), CodecError> {
+        let at = out.len();
         out.reserve(self.remaining());
+        let mut decoded = Ok(());
         while self.left > 0 {
             self.left -= 1;
             match self.read_one() {
                 Ok(r) => out.push(r),
                 Err(e) => {
                     self.left = 0;
-                    return Err(e);
+                    decoded = Err(e);
                 }
             }
         }
-        Ok(())
+        let lo = at + out[at..].partition_point(|r| r.offset < from);
+        let hi = at + out[at..].partition_point(|r| r.offset < end);
+        let reached_end = hi < out.len();
+        out.truncate(hi);
+        out.drain(at..lo);
+        if reached_end {
+            return Ok(());
+        }
+        decoded
     }
 
     fn read_one(&mut self) -> Result<RecordRef<'a>, CodecError> {

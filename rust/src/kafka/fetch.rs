@@ -1076,11 +1076,9 @@ impl FetchCursor {
     }
 }
 
-/// Push the records of `records` with offsets in `[from, end)` onto `slice`,
-/// handing it to `sink` in slices of [`SLICE_RECORDS`] whenever it holds
-/// that many (what is left stays in `slice`). The batch is decoded in one
-/// loop and trimmed after (offsets ascend in a batch: the decoder checks it);
-/// a record damaged past `end` is not reported, as a read stops before it.
+/// Push the records of `records` with offsets in `[from, end)` onto `slice`
+/// ([`codec::Records::decode_range_into`]), handing it to `sink` in slices of
+/// [`SLICE_RECORDS`] whenever it holds that many (what is left stays in `slice`).
 fn slice_records<'a>(
     mut records: codec::Records<'a>,
     from: i64,
@@ -1088,22 +1086,13 @@ fn slice_records<'a>(
     slice: &mut Vec<RecordRef<'a>>,
     sink: &mut dyn FnMut(&[RecordRef<'_>]),
 ) -> Result<(), CodecError> {
-    let at = slice.len();
-    let decoded = records.decode_into(slice);
-    let lo = at + slice[at..].partition_point(|r| r.offset < from);
-    let hi = at + slice[at..].partition_point(|r| r.offset < end);
-    let reached_end = hi < slice.len();
-    slice.truncate(hi);
-    slice.drain(at..lo);
+    let decoded = records.decode_range_into(slice, from, end);
     let full = slice.len() / SLICE_RECORDS * SLICE_RECORDS;
     if full > 0 {
         slice[..full].chunks(SLICE_RECORDS).for_each(&mut *sink);
         slice.drain(..full);
     }
-    match decoded {
-        Err(_) if reached_end => Ok(()),
-        d => d,
-    }
+    decoded
 }
 
 impl Drop for FetchCursor {

@@ -391,20 +391,12 @@ impl PartitionReader {
         let mut spare: Vec<RecordRef<'static>> = std::mem::take(&mut self.slice_spare);
         let result = self.read_batches(end, max_bytes, |mut records, from, end| {
             let mut slice: Vec<RecordRef<'_>> = recycle(std::mem::take(&mut spare));
-            let decoded = records.decode_into(&mut slice);
-            // Offsets ascend inside a batch (the decoder checks it).
-            let lo = slice.partition_point(|r| r.offset < from);
-            let hi = slice.partition_point(|r| r.offset < end);
-            // A record damaged past `end` is not one this read takes, as `read` does not reach it.
-            let reached_end = hi < slice.len();
-            if lo < hi {
-                sink(&slice[lo..hi]);
+            let decoded = records.decode_range_into(&mut slice, from, end);
+            if !slice.is_empty() {
+                sink(&slice);
             }
             spare = recycle(slice);
-            match decoded {
-                Err(_) if reached_end => Ok(None),
-                d => d.map(|()| None),
-            }
+            decoded.map(|()| None)
         });
         self.slice_spare = spare;
         result
