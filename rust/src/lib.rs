@@ -27,6 +27,8 @@ pub mod segments;
 pub mod source;
 #[cfg(feature = "store")]
 pub mod store;
+#[cfg(feature = "store")]
+mod threads;
 pub mod versioned;
 
 #[cfg(feature = "python")]

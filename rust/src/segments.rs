@@ -45,6 +45,7 @@ use std::sync::Mutex;
 use rocksdb::{IngestExternalFileOptions, Options, WriteBatch};
 
 use crate::store::{Store, StoreError, StoreFormat, STATUS_CLOSED};
+use crate::threads::side_by_side;
 
 /// Where the timestamp that chooses a record's segment sits in its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -622,26 +623,6 @@ impl SegmentedStore {
         self.take_unflushed();
         segments.values().try_for_each(Store::flush)
     }
-}
-
-/// `f` of every item, each but the first on a thread of its own (the
-/// first on this one), in the items' order: for work that waits on the
-/// disk (syncs), which it then serves together.
-fn side_by_side<I, T, R>(items: I, f: impl Fn(T) -> R + Sync) -> Vec<R>
-where
-    I: IntoIterator<Item = T>,
-    T: Send,
-    R: Send,
-{
-    let mut items = items.into_iter();
-    let Some(first) = items.next() else { return Vec::new() };
-    let f = &f;
-    std::thread::scope(|sc| {
-        let others: Vec<_> = items.map(|t| sc.spawn(move || f(t))).collect();
-        let mut out = vec![f(first)];
-        out.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
-        out
-    })
 }
 
 #[cfg(test)]

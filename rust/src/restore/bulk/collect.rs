@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::pool::{keep_spare, new_arena, new_table, spares};
-use super::side_by_side;
+use crate::threads::side_by_side;
 
 /// `val_len` of a tombstone, in the collector and in the run files it spills.
 pub(super) const TOMBSTONE: u32 = u32::MAX;
@@ -554,24 +554,17 @@ impl Collector {
             counts[0][0] = self.keys; // one walk, one range: no need to count
             counts
         } else {
-            side_by_side(
-                walks
-                    .iter()
-                    .map(|walk| {
-                        move || {
-                            let mut n = vec![0; parts];
-                            for r in Self::live_in(arena, walk.clone()) {
-                                n[range_of(&entry(r))] += 1;
-                            }
-                            n
-                        }
-                    })
-                    .collect(),
-            )
+            side_by_side(&walks, |walk| {
+                let mut n = vec![0; parts];
+                for r in Self::live_in(arena, walk.clone()) {
+                    n[range_of(&entry(r))] += 1;
+                }
+                n
+            })
         };
         let mut order = std::mem::take(&mut self.order);
-        order.resize(self.keys, (0, 0)); // every entry is written below
-                                         // Per walk, per range: the slice of `order` its records go to.
+        // Every entry is written below. Per walk, per range: the slice of `order` its records go to.
+        order.resize(self.keys, (0, 0));
         let mut places: Vec<Vec<&mut [(u64, usize)]>> = (0..parts).map(|_| Vec::with_capacity(parts)).collect();
         let mut rest = &mut order[..];
         for range in 0..parts {
@@ -581,24 +574,15 @@ impl Collector {
                 rest = after;
             }
         }
-        side_by_side(
-            walks
-                .iter()
-                .zip(places)
-                .filter(|(walk, _)| !walk.is_empty())
-                .map(|(walk, mut places)| {
-                    move || {
-                        let mut at = vec![0; parts];
-                        for r in Self::live_in(arena, walk.clone()) {
-                            let e = entry(r);
-                            let range = range_of(&e);
-                            places[range][at[range]] = e;
-                            at[range] += 1;
-                        }
-                    }
-                })
-                .collect(),
-        );
+        side_by_side(walks.iter().zip(places).filter(|(walk, _)| !walk.is_empty()), |(walk, mut places)| {
+            let mut at = vec![0; parts];
+            for r in Self::live_in(arena, walk.clone()) {
+                let e = entry(r);
+                let range = range_of(&e);
+                places[range][at[range]] = e;
+                at[range] += 1;
+            }
+        });
         let mut ranges = Vec::with_capacity(parts);
         let mut rest = &mut order[..];
         for range in 0..parts {
@@ -606,19 +590,10 @@ impl Collector {
             ranges.push(this);
             rest = after;
         }
-        let f = &f;
-        let results = side_by_side(
-            ranges
-                .into_iter()
-                .enumerate()
-                .map(|(part, range)| {
-                    move || {
-                        range.sort_unstable_by(cmp);
-                        f(part, SortedRange { arena, order: range })
-                    }
-                })
-                .collect(),
-        );
+        let results = side_by_side(ranges.into_iter().enumerate(), |(part, range)| {
+            range.sort_unstable_by(cmp);
+            f(part, SortedRange { arena, order: range })
+        });
         self.order = order;
         self.empty();
         results

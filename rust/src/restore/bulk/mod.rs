@@ -56,6 +56,7 @@ use super::{for_each_chunk, restore_options, Applied, Dest, ErrorKind, Progress,
 use crate::segments::KeySchema;
 use crate::source::{ChangelogSource, LogError};
 use crate::store::StoreFormat;
+use crate::threads::side_by_side;
 use collect::{Collector, Full, Stage};
 
 /// Largest chunk of log a bulk restore buffers at a time: a chunk is decoded,
@@ -188,18 +189,11 @@ fn remove_scratch(dir: &Path, threads: usize) {
     let files: Vec<PathBuf> =
         std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
     let threads = threads.clamp(1, files.len().max(1));
-    let files = &files;
-    side_by_side(
-        (0..threads)
-            .map(|t| {
-                move || {
-                    for f in files.iter().skip(t).step_by(threads) {
-                        let _ = std::fs::remove_file(f);
-                    }
-                }
-            })
-            .collect(),
-    );
+    side_by_side(0..threads, |t| {
+        for f in files.iter().skip(t).step_by(threads) {
+            let _ = std::fs::remove_file(f);
+        }
+    });
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -288,8 +282,7 @@ fn run(
             runs::merge_range(&runs, buffer, lo, pivots.get(part).map(|p| &p[..]), |k, v| out.add(k, v))?;
             out.finish()
         };
-        let range = &range;
-        join_parts(side_by_side((0..=pivots.len()).map(|part| move || range(part)).collect()))?
+        join_parts(side_by_side(0..=pivots.len(), range))?
     };
     store.ingest_all(files).map_err(|e| {
         RestoreError::new(
@@ -303,20 +296,6 @@ fn run(
     })?;
     store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e))?;
     Ok(applied)
-}
-
-/// Run `jobs` at once, the first on this thread and each other on a thread
-/// of its own; their results in the jobs' order (a job's panic is raised
-/// here once all have ended).
-pub(super) fn side_by_side<T: Send, J: FnOnce() -> T + Send>(jobs: Vec<J>) -> Vec<T> {
-    let mut jobs = jobs.into_iter();
-    let Some(first) = jobs.next() else { return Vec::new() };
-    std::thread::scope(|s| {
-        let others: Vec<_> = jobs.map(|job| s.spawn(job)).collect();
-        let mut results = vec![first()];
-        results.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
-        results
-    })
 }
 
 /// The files of the key ranges written side by side, per database, in key

@@ -1,0 +1,23 @@
+//! Running a few pieces of work at once on threads of their own.
+
+/// `f` of every item, each but the first on a thread of its own (the first on
+/// this one), in the items' order. A panic in one is raised here once all
+/// have ended. For work split by key range (a bulk restore's sorts, merges,
+/// SST files) and for work that waits on the disk (syncs, file removals),
+/// which the threads then serve together.
+pub(crate) fn side_by_side<I, T, R>(items: I, f: impl Fn(T) -> R + Sync) -> Vec<R>
+where
+    I: IntoIterator<Item = T>,
+    T: Send,
+    R: Send,
+{
+    let mut items = items.into_iter();
+    let Some(first) = items.next() else { return Vec::new() };
+    let f = &f;
+    std::thread::scope(|sc| {
+        let others: Vec<_> = items.map(|t| sc.spawn(move || f(t))).collect();
+        let mut out = vec![f(first)];
+        out.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))));
+        out
+    })
+}
