@@ -218,6 +218,33 @@ def test_tiny_budget_far_below_the_data_size(tmp_path: Path) -> None:
     assert not (tmp_path / ".s.restore-tmp").exists()
 
 
+def _column_family_options(store: Path, cf: str) -> dict[str, str]:
+    """The options of column family ``cf`` in the OPTIONS file RocksDB wrote when ``store`` was last opened."""
+    text = sorted(store.glob("OPTIONS-*"))[-1].read_text()
+    section = text.split(f'[CFOptions "{cf}"]', 1)[1].split("\n[", 1)[0]
+    pairs = (line.strip().split("=", 1) for line in section.splitlines() if "=" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+@pytest.mark.parametrize(
+    ("budget", "memtable", "level0_files"),
+    [(256 << 20, 32 << 20, 8), (64 << 20, 8 << 20, 16), (4 << 30, 64 << 20, 4)],
+)
+def test_a_replay_gives_rocksdbs_memtables_half_of_its_memory_budget(
+    tmp_path: Path, budget: int, memtable: int, level0_files: int
+) -> None:
+    """Memtables came on top of the budget (4 x 64 MiB): now four of an eighth each, 64 MiB at most, and
+    level 0 compacted after as many bytes as RocksDB's defaults would keep there."""
+    model = _mixed_log(tmp_path / "log", 3_000, 500)
+    res = restore_store(tmp_path / "s", tmp_path / "log", TP, mode="replay", memory_budget_bytes=budget)
+    assert res.mode == "replay"
+    check(tmp_path / "s", model, model.end)
+    opts = _column_family_options(tmp_path / "s", "default")
+    assert int(opts["write_buffer_size"]) == memtable
+    assert int(opts["max_write_buffer_number"]) * memtable <= budget // 2
+    assert int(opts["level0_file_num_compaction_trigger"]) == level0_files
+
+
 def test_restored_store_reads_in_rocksdict_raw_mode(tmp_path: Path) -> None:
     from rocksdict import AccessType, Options, Rdict
 
@@ -281,7 +308,7 @@ def _big_plain_log(log_dir: Path, n: int, value_size: int = 1000) -> Model:
     return model
 
 
-# A replay batch covers at most a third of the memory budget, a fourth with
+# A replay batch covers at most a fifth of the memory budget, an eighth with
 # read-ahead (and at least a 4 MiB read): with this budget the 20 MB logs below
 # replay in several batches.
 SMALL_REPLAY_BATCHES = 12 << 20

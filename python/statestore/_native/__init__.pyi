@@ -99,7 +99,7 @@ def restore_store(
     memory_budget_bytes: int = ...,
     listener: object | None = None,
     progress_interval: float = 0.1,
-    write_buffer_bytes: int = ...,
+    write_buffer_bytes: int | None = None,
     chunk_bytes: int = ...,
     read_ahead: bool = True,
     format: str = "plain",

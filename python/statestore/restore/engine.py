@@ -5,8 +5,8 @@ segment log or of a Kafka topic (:class:`~statestore.changelog.kafka.KafkaChange
 pool of native threads. Two modes do the work:
 
 - **replay** applies the committed records in order, one large RocksDB
-  ``WriteBatch`` per chunk of log (64 MiB, less when ``memory_budget_bytes``
-  is small; RocksDB's memtables, up to 4 x 64 MiB, come on top) holding
+  ``WriteBatch`` per chunk of log (its share of ``memory_budget_bytes``, 64
+  MiB at most; RocksDB's memtables get the other half of the budget) holding
   only the last operation of each key in the chunk,
   write-ahead log off, the offset of the last applied record written in the
   same batch; both column families are flushed together, so the store on disk
@@ -261,9 +261,11 @@ def restore_store(
     :func:`restore_many` does this by itself when it has fewer specs than threads.
 
     ``memory_budget_bytes`` bounds what the restore holds in memory: bulk
-    spills sorted runs beyond it, and a replay batch covers at most a third of
-    it in log bytes (64 MiB at most, 4 MiB at least), a fourth with
-    ``read_ahead``, which gathers the next batch while one is written.
+    spills sorted runs beyond it; a replay gives half of it to RocksDB's
+    memtables (four of an eighth each, 1-64 MiB) and half to its batches: one
+    covers at most a fifth of the budget in log bytes (64 MiB at most, 4 MiB
+    at least), an eighth with ``read_ahead``, which gathers the next batch
+    while one is written.
 
     ``format`` is how the store lays out its data (:data:`STORE_FORMATS`):
     ``"plain"`` (column family ``default``, the value as logged: Kafka

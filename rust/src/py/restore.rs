@@ -20,7 +20,7 @@ use crate::kafka::client::{KafkaClient, KafkaLog, SessionLog};
 use crate::log::SegmentLogDir;
 use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec};
 use crate::restore::replay::DEFAULT_CHUNK_BYTES;
-use crate::restore::{ErrorKind, Listener, RestoreError, DEFAULT_WRITE_BUFFER_BYTES};
+use crate::restore::{ErrorKind, Listener, RestoreError};
 use crate::segments::Segmentation;
 use crate::source::Changelog;
 use crate::store::StoreFormat;
@@ -271,11 +271,11 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
 /// Restore the store at `store_path` from partition `tp` (a `TopicPartition`)
 /// of `log`: the segment log in that directory, or a Python changelog. Returns the outcome; raises the
 /// `statestore.errors` class of the failure. The GIL is released throughout.
-/// `write_buffer_bytes` (memtable size) and `chunk_bytes` (log bytes per
-/// `WriteBatch`) are tuning knobs for tests and tools; `bulk_threads` splits
+/// `write_buffer_bytes` (memtable size; by default its share of the budget) and
+/// `chunk_bytes` (most log bytes per `WriteBatch`) are tuning knobs for tests and tools; `bulk_threads` splits
 /// a bulk restore's sort, merge and SST writing by key range across that many threads.
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=DEFAULT_WRITE_BUFFER_BYTES, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None, bulk_threads=1))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=None, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None, bulk_threads=1))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -287,7 +287,7 @@ fn restore_store(
     memory_budget_bytes: usize,
     listener: Option<Py<PyAny>>,
     progress_interval: f64,
-    write_buffer_bytes: usize,
+    write_buffer_bytes: Option<usize>,
     chunk_bytes: usize,
     read_ahead: bool,
     format: &str,

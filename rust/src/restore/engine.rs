@@ -12,10 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
 use super::replay::{replay, DEFAULT_CHUNK_BYTES};
-use super::{
-    restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, RestoreError, Target,
-    DEFAULT_WRITE_BUFFER_BYTES, READ_BYTES,
-};
+use super::{restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, ReplayMemory, RestoreError, Target};
 use crate::offsets::OFFSET_UNKNOWN;
 use crate::segments::Segmentation;
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError, SkipCounts};
@@ -67,8 +64,9 @@ pub struct RestoreSpec {
     pub progress_interval: Duration,
     /// Bytes of log per replay `WriteBatch` (see [`DEFAULT_CHUNK_BYTES`]).
     pub chunk_bytes: usize,
-    /// Memtable size of the store while restoring.
-    pub write_buffer_bytes: usize,
+    /// Memtable size of the store while restoring; `None`: its share of
+    /// `memory_budget` ([`ReplayMemory`]).
+    pub write_buffer_bytes: Option<usize>,
     /// Decode the log on a second thread while applying (one restore alone).
     /// [`restore_many`] turns it off: there the pool's threads are the
     /// parallelism, one per partition.
@@ -97,12 +95,19 @@ impl RestoreSpec {
             memory_budget: 256 << 20,
             progress_interval: Duration::from_millis(100),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
-            write_buffer_bytes: DEFAULT_WRITE_BUFFER_BYTES,
+            write_buffer_bytes: None,
             read_ahead: true,
             bulk_threads: 1,
             format: StoreFormat::Plain,
             segmentation: None,
         }
+    }
+
+    /// How a replay of this spec shares its memory budget, with the
+    /// overrides of `write_buffer_bytes` and `chunk_bytes` (a cap).
+    pub fn replay_memory(&self) -> ReplayMemory {
+        let shares = ReplayMemory::of(self.memory_budget, self.read_ahead, self.chunk_bytes);
+        ReplayMemory { write_buffer_bytes: self.write_buffer_bytes.unwrap_or(shares.write_buffer_bytes), ..shares }
     }
 
     /// Kafka's `"<topic>-<partition>"`.
@@ -193,7 +198,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let path = &spec.store_path;
     let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
     let open = || {
-        Dest::open(path, restore_options_with(spec.write_buffer_bytes), spec.format, spec.segmentation)
+        Dest::open(path, restore_options_with(spec.replay_memory().write_buffer_bytes), spec.format, spec.segmentation)
             .map_err(|e| RestoreError::store(&tp, e))
     };
     let offset_of = |store: &Dest| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
@@ -344,17 +349,8 @@ fn run_one<'a>(
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
-            // A replay batch holds about 2.5 times its log bytes while it is
-            // written; with read-ahead the next one, gathered meanwhile, holds
-            // about 1.2 times its own: keep them within the budget. RocksDB's
-            // memtables come on top (up to 4 x 64 MiB). An eighth of the
-            // budget instead of a quarter kept the peak of 10M records at
-            // 315-346 MiB instead of 441-520, but a batch half as large
-            // meets each key half as often: 2.5M records over 250k keys
-            // replayed in 1.57 s instead of 1.05 s (benches/notes.md).
             _ => {
-                let share = if spec.read_ahead { 4 } else { 3 };
-                let chunk = spec.chunk_bytes.min((spec.memory_budget / share).max(READ_BYTES));
+                let chunk = spec.replay_memory().chunk_bytes;
                 replay(target, source.as_mut(), chunk, spec.read_ahead, &mut progress)?
             }
         };

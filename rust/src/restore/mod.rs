@@ -194,18 +194,63 @@ impl Applied {
     }
 }
 
-/// Memtable size of a store opened for restoring.
-pub const DEFAULT_WRITE_BUFFER_BYTES: usize = 64 << 20;
+/// Largest memtable of a store opened for restoring (RocksDB's default).
+pub const MAX_WRITE_BUFFER_BYTES: usize = 64 << 20;
+/// Smallest memtable a restore's memory budget gives a store.
+const MIN_WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Memtables a store opened for restoring may hold: one being written, the
+/// others waiting for or in their flush.
+const MEMTABLES: usize = 4;
+/// Level-0 bytes that start a compaction into level 1: RocksDB's default
+/// (four files of 64 MiB, and its `max_bytes_for_level_base`). Smaller
+/// memtables make more level-0 files of the same total, not earlier
+/// compactions ([`restore_options_with`]).
+const LEVEL0_BYTES: usize = 256 << 20;
+
+/// How a replay shares its memory budget: half for RocksDB's memtables
+/// ([`MEMTABLES`] of an eighth each), half for its batches. A batch holds
+/// about 2.5 times its log bytes while it is written, and with read-ahead the
+/// next one, gathered meanwhile, about 1.2 times its own: a chunk of an eighth
+/// of the budget (a fifth without read-ahead) keeps both within that half.
+/// RocksDB switches memtables only between writes, so a memtable takes whole
+/// batches: one each when the two are the same size.
+///
+/// Before, four 64 MiB memtables came on top of the budget: 482-587 MiB peak
+/// RSS at 10M-100M records under a budget of 256 MiB; with these shares
+/// 266-326 MiB, at the same speed up to 10M records and with repeated keys,
+/// but a replay of 100M unique keys took 1.4-1.5x as long (more compaction
+/// bytes). Two or three larger memtables kept that speed and went over the
+/// budget, or stalled repeated keys (benches/notes.md). A budget of 512 MiB
+/// gives the memtables and batches of before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayMemory {
+    /// Memtable size of the store while it is restored.
+    pub write_buffer_bytes: usize,
+    /// Most log bytes per replay `WriteBatch`.
+    pub chunk_bytes: usize,
+}
+
+impl ReplayMemory {
+    /// The shares of `memory_budget`, within [`MIN_WRITE_BUFFER_BYTES`]..=[`MAX_WRITE_BUFFER_BYTES`]
+    /// and [`READ_BYTES`]..=`max_chunk_bytes`.
+    pub fn of(memory_budget: usize, read_ahead: bool, max_chunk_bytes: usize) -> Self {
+        let write_buffer_bytes =
+            (memory_budget / (2 * MEMTABLES)).clamp(MIN_WRITE_BUFFER_BYTES, MAX_WRITE_BUFFER_BYTES);
+        let chunk_share = if read_ahead { 8 } else { 5 };
+        let chunk_bytes = (memory_budget / chunk_share).max(READ_BYTES).min(max_chunk_bytes.max(1));
+        Self { write_buffer_bytes, chunk_bytes }
+    }
+}
 
 /// Options a store is opened with for restoring: big memtables so flushes are
 /// few and large, no compression (as Kafka Streams), two background jobs, its
 /// tables loaded by at most one thread per core.
 /// `atomic_flush` and the column families are enforced by [`crate::store::Store::open_with`].
 pub fn restore_options() -> Options {
-    restore_options_with(DEFAULT_WRITE_BUFFER_BYTES)
+    restore_options_with(MAX_WRITE_BUFFER_BYTES)
 }
 
-/// [`restore_options`] with another memtable size. With the WAL off, replay
+/// [`restore_options`] with another memtable size (see [`ReplayMemory`]). With the WAL off, replay
 /// progress reaches disk when memtables are flushed, so smaller memtables
 /// mean less work lost to a crash (and more, smaller files).
 pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
@@ -218,8 +263,10 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
     let mut table = kafka_streams_table();
     table.set_cache_index_and_filter_blocks(true);
     o.set_block_based_table_factory(&table);
-    o.set_write_buffer_size(write_buffer_bytes.max(64 << 10));
-    o.set_max_write_buffer_number(4);
+    let write_buffer_bytes = write_buffer_bytes.max(64 << 10);
+    o.set_write_buffer_size(write_buffer_bytes);
+    o.set_max_write_buffer_number(MEMTABLES as i32);
+    o.set_level_zero_file_num_compaction_trigger(level0_trigger(write_buffer_bytes));
     o.set_max_background_jobs(2);
     o.set_compression_type(DBCompressionType::None);
     o.set_level_zero_slowdown_writes_trigger(40);
@@ -230,6 +277,14 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
     // More threads than cores load no faster.
     o.set_max_file_opening_threads(file_opening_threads());
     o
+}
+
+/// Level-0 files that start a compaction when each is a memtable of
+/// `write_buffer_bytes`: [`LEVEL0_BYTES`] of them, 4 (RocksDB's default) to 16,
+/// so level 0 holds as many bytes before a compaction as with 64 MiB
+/// memtables. The slowdown (40) and stop (64) triggers stay well above.
+fn level0_trigger(write_buffer_bytes: usize) -> i32 {
+    (LEVEL0_BYTES / write_buffer_bytes.max(1)).clamp(4, 16) as i32
 }
 
 /// Threads a store opened for restoring loads its tables with: one per core, at most RocksDB's default 16.
@@ -290,4 +345,55 @@ where
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a replay holds at its peak: the batch being written (~2.5x its
+    /// log bytes), the next one gathered beside it with read-ahead (~1.2x)
+    /// and every memtable full.
+    fn peak(m: ReplayMemory, read_ahead: bool) -> usize {
+        let batches = if read_ahead { m.chunk_bytes * 37 / 10 } else { m.chunk_bytes * 5 / 2 };
+        batches + MEMTABLES * m.write_buffer_bytes
+    }
+
+    #[test]
+    fn a_replay_keeps_its_batches_and_memtables_within_its_budget() {
+        for budget_mib in [40, 64, 100, 256, 500, 511] {
+            for read_ahead in [true, false] {
+                let budget = budget_mib << 20;
+                let m = ReplayMemory::of(budget, read_ahead, usize::MAX);
+                assert!(peak(m, read_ahead) <= budget, "{budget_mib} MiB, read-ahead {read_ahead}: {m:?}");
+                assert!(MEMTABLES * m.write_buffer_bytes <= budget / 2, "{budget_mib} MiB: {m:?}");
+            }
+        }
+        let m = ReplayMemory::of(256 << 20, true, replay::DEFAULT_CHUNK_BYTES);
+        assert_eq!(m, ReplayMemory { write_buffer_bytes: 32 << 20, chunk_bytes: 32 << 20 });
+        assert_eq!(ReplayMemory::of(256 << 20, false, usize::MAX).chunk_bytes, (256 << 20) / 5);
+    }
+
+    #[test]
+    fn replay_shares_stay_within_their_bounds() {
+        // A tiny budget still reads whole reads and keeps a usable memtable;
+        // a huge one stops at RocksDB's default memtable and the chunk cap.
+        let tiny = ReplayMemory::of(1 << 20, true, usize::MAX);
+        assert_eq!(tiny, ReplayMemory { write_buffer_bytes: MIN_WRITE_BUFFER_BYTES, chunk_bytes: READ_BYTES });
+        let huge = ReplayMemory::of(64 << 30, true, replay::DEFAULT_CHUNK_BYTES);
+        assert_eq!(
+            huge,
+            ReplayMemory { write_buffer_bytes: MAX_WRITE_BUFFER_BYTES, chunk_bytes: replay::DEFAULT_CHUNK_BYTES }
+        );
+        assert_eq!(ReplayMemory::of(256 << 20, true, 300).chunk_bytes, 300, "the cap is a test's small chunk");
+    }
+
+    #[test]
+    fn level_zero_holds_the_same_bytes_before_a_compaction_whatever_the_memtable() {
+        assert_eq!(level0_trigger(64 << 20), 4);
+        assert_eq!(level0_trigger(32 << 20), 8);
+        assert_eq!(level0_trigger(16 << 20), 16);
+        assert_eq!(level0_trigger(1 << 20), 16, "at most 16 files");
+        assert_eq!(level0_trigger(1 << 30), 4, "at least RocksDB's default");
+    }
 }
