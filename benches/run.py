@@ -25,6 +25,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,18 +288,37 @@ def main() -> int:
         *marks,
         *args.pytest_args,
     ]
+    started = time.time()
     rc = subprocess.call(cmd, cwd=ROOT)
-    if rc != 0 or args.no_markdown:
+    run = None if args.no_markdown else this_runs_json(args.json, started)
+    if run is None:
         return rc
+    if rc != 0:
+        print(
+            f"run.py: pytest exited with {rc}; recording the benchmarks that passed, "
+            "the others keep their older rows",
+            file=sys.stderr,
+        )
     scale = os.environ.get("STATESTORE_BENCH_SCALE", "1.0")
     stamp = f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, scale {scale}"
-    results = merge(
-        json.loads(args.json.read_text()), full=not args.only and not args.pytest_args, stamp=stamp
-    )
+    # a failed run is never full: the rows of the benchmarks that failed must not disappear
+    results = merge(run, full=rc == 0 and not args.only and not args.pytest_args, stamp=stamp)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     render(results)
     print((ROOT / "BENCHMARKS.md").read_text())
-    return 0
+    return rc
+
+
+def this_runs_json(path: Path, started: float) -> dict[str, object] | None:
+    """The pytest-benchmark JSON this run wrote, or None (not written, or left by an earlier run).
+
+    pytest-benchmark writes it when tests fail too, with the benchmarks that passed: a scale
+    run of half an hour keeps those when one row fails (a full disk, a broker that did not start).
+    """
+    if not path.exists() or path.stat().st_mtime < started:
+        return None
+    run: dict[str, object] = json.loads(path.read_text())
+    return run if run.get("benchmarks") else None
 
 
 if __name__ == "__main__":

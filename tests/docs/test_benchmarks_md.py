@@ -10,10 +10,14 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 REGENERATE = "python benches/run.py --render-only"
@@ -76,3 +80,34 @@ def test_readme_headline_ratios_are_benchmarks_md_figures() -> None:
         if name not in ratios or ratios[name] is None or f"{ratios[name]:.2f}" != shown
     ]
     assert not wrong, "README ratios that BENCHMARKS.md does not show:\n" + "\n".join(wrong)
+
+
+def test_a_failed_run_records_what_passed_and_keeps_the_older_rows_of_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = run_py()
+    monkeypatch.setattr(run, "RESULTS", tmp_path / "results.json")
+    old = {"name": "test_a", "module": "benches/x.py", "extra_info": {"ratio": 1.0}, "measured": "then"}
+    (tmp_path / "results.json").write_text(json.dumps({"benchmarks": [old, {**old, "name": "test_b"}]}))
+    started = time.time()
+    latest = tmp_path / "latest.json"
+    latest.write_text(
+        json.dumps(
+            {
+                "benchmarks": [
+                    {"name": "test_a", "fullname": "benches/x.py::test_a", "extra_info": {"ratio": 2.0}}
+                ]
+            }
+        )
+    )
+    this_run = run.this_runs_json(latest, started)
+    assert this_run is not None
+    merged = run.merge(this_run, full=False, stamp="now")["benchmarks"]
+    assert [(b["name"], b["extra_info"]["ratio"], b["measured"]) for b in merged] == [
+        ("test_a", 2.0, "now"),
+        ("test_b", 1.0, "then"),
+    ]
+    # a JSON an earlier run left behind (pytest stopped before writing its own) records nothing
+    os.utime(latest, (started - 60, started - 60))
+    assert run.this_runs_json(latest, started) is None
+    assert run.this_runs_json(tmp_path / "missing.json", started) is None
