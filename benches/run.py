@@ -7,7 +7,9 @@ likes) in pytest-benchmark's ``extra_info``. Every result is kept in
 measured at; this script merges a run into it -- a run of some modules
 (``--only benches/test_bench_kafka.py``) replaces only their rows, a run of
 everything replaces all -- and writes the table in BENCHMARKS.md from it,
-followed by the hand-written notes of ``benches/notes.md``.
+followed by the hand-written notes of ``benches/notes.md``. When a benchmark
+fails, the ones that passed are still recorded and the failed ones keep their
+older rows; the exit status stays pytest's.
 
 BENCHMARKS.md is generated, never edited by hand: it is a function of
 ``benches/results.json`` and ``benches/notes.md`` alone (:func:`render_text`),
