@@ -463,6 +463,13 @@ pub fn kafka_streams_table() -> rocksdb::BlockBasedOptions {
     table
 }
 
+/// Memtables the offsets column family may hold: at least as many as the data's (atomic flush
+/// switches them together), so it never stops writes the data's own limit would let through.
+const OFFSETS_MEMTABLES: i32 = 16;
+/// Level-0 files of the offsets column family (a key per partition each) at which RocksDB would
+/// slow writes: far above what a long compaction lets pile up.
+const OFFSETS_LEVEL0_STALL_FILES: i32 = 1 << 10;
+
 /// Options every statestore store is opened with.
 pub fn store_options(create: bool) -> Options {
     let mut o = Options::default();
@@ -607,6 +614,14 @@ impl Store {
         }
         let mut offsets_opts = Options::default();
         offsets_opts.set_block_based_table_factory(&kafka_streams_table());
+        // Atomic flush switches and flushes this column family's memtable with the data's, one
+        // tiny memtable and level-0 file per flush. With RocksDB's defaults (two memtables, writes
+        // slowed at 20 level-0 files and stopped at 36) those stopped and slowed the writes to the
+        // data while a long compaction held the one compaction thread: a replay of 100M records
+        // was stopped 236 times and slowed to 16 MiB/s 147 times (benches/notes.md).
+        offsets_opts.set_max_write_buffer_number(OFFSETS_MEMTABLES);
+        offsets_opts.set_level_zero_slowdown_writes_trigger(OFFSETS_LEVEL0_STALL_FILES);
+        offsets_opts.set_level_zero_stop_writes_trigger(2 * OFFSETS_LEVEL0_STALL_FILES);
         let cfs: Vec<ColumnFamilyDescriptor> = format
             .column_families()
             .iter()

@@ -234,7 +234,8 @@ def test_a_replay_gives_rocksdbs_memtables_half_of_its_memory_budget(
     tmp_path: Path, budget: int, memtable: int, level0_files: int
 ) -> None:
     """Memtables came on top of the budget (4 x 64 MiB): now four of an eighth each, 64 MiB at most, and
-    level 0 compacted after as many bytes as RocksDB's defaults would keep there."""
+    level 0 compacted, and writes slowed and stopped, after as many bytes as RocksDB's defaults would
+    keep there."""
     model = _mixed_log(tmp_path / "log", 3_000, 500)
     res = restore_store(tmp_path / "s", tmp_path / "log", TP, mode="replay", memory_budget_bytes=budget)
     assert res.mode == "replay"
@@ -243,6 +244,13 @@ def test_a_replay_gives_rocksdbs_memtables_half_of_its_memory_budget(
     assert int(opts["write_buffer_size"]) == memtable
     assert int(opts["max_write_buffer_number"]) * memtable <= budget // 2
     assert int(opts["level0_file_num_compaction_trigger"]) == level0_files
+    # writes slow and stop at as many level-0 bytes as RocksDB's defaults (40 and 64 files of 64 MiB)
+    assert int(opts["level0_slowdown_writes_trigger"]) == 10 * level0_files
+    assert int(opts["level0_stop_writes_trigger"]) == 16 * level0_files
+    # the offsets' column family, flushed with the data, never stops or slows the data's writes first
+    offsets = _column_family_options(tmp_path / "s", "offsets")
+    assert int(offsets["max_write_buffer_number"]) >= int(opts["max_write_buffer_number"])
+    assert int(offsets["level0_slowdown_writes_trigger"]) >= 4 * int(opts["level0_slowdown_writes_trigger"])
 
 
 def test_restored_store_reads_in_rocksdict_raw_mode(tmp_path: Path) -> None:

@@ -217,11 +217,9 @@ const LEVEL0_BYTES: usize = 256 << 20;
 ///
 /// Before, four 64 MiB memtables came on top of the budget: 482-587 MiB peak
 /// RSS at 10M-100M records under a budget of 256 MiB; with these shares
-/// 266-326 MiB, at the same speed up to 10M records and with repeated keys,
-/// but a replay of 100M unique keys took 1.4-1.5x as long (more compaction
-/// bytes). Two or three larger memtables kept that speed and went over the
-/// budget, or stalled repeated keys (benches/notes.md). A budget of 512 MiB
-/// gives the memtables and batches of before.
+/// 263-349 MiB, at the same speed (benches/notes.md). Two or three larger
+/// memtables went over the budget, or stalled repeated keys. A budget of
+/// 512 MiB gives the memtables and batches of before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayMemory {
     /// Memtable size of the store while it is restored.
@@ -266,11 +264,12 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
     let write_buffer_bytes = write_buffer_bytes.max(64 << 10);
     o.set_write_buffer_size(write_buffer_bytes);
     o.set_max_write_buffer_number(MEMTABLES as i32);
-    o.set_level_zero_file_num_compaction_trigger(level0_trigger(write_buffer_bytes));
+    let level0_files = level0_trigger(write_buffer_bytes);
+    o.set_level_zero_file_num_compaction_trigger(level0_files);
     o.set_max_background_jobs(2);
     o.set_compression_type(DBCompressionType::None);
-    o.set_level_zero_slowdown_writes_trigger(40);
-    o.set_level_zero_stop_writes_trigger(64);
+    o.set_level_zero_slowdown_writes_trigger(10 * level0_files);
+    o.set_level_zero_stop_writes_trigger(16 * level0_files);
     // Opening a database starts `max_file_opening_threads - 1` threads per column family to load
     // its tables, even when it has none: 15 of them (the default, 16) for every store a restore
     // creates, started and joined within its fixed cost (test_bench_scale.py: many small stores).
@@ -282,7 +281,10 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
 /// Level-0 files that start a compaction when each is a memtable of
 /// `write_buffer_bytes`: [`LEVEL0_BYTES`] of them, 4 (RocksDB's default) to 16,
 /// so level 0 holds as many bytes before a compaction as with 64 MiB
-/// memtables. The slowdown (40) and stop (64) triggers stay well above.
+/// memtables. The slowdown and stop triggers, also counted in files, are 10
+/// and 16 times it (40 and 64 at 64 MiB): left at 40 with 32 MiB files, they
+/// slowed a replay of 100M unique keys at half the bytes, and each compaction
+/// into the base level took less of level 0 (45.8 GiB written, not 40.6).
 fn level0_trigger(write_buffer_bytes: usize) -> i32 {
     (LEVEL0_BYTES / write_buffer_bytes.max(1)).clamp(4, 16) as i32
 }
