@@ -37,7 +37,18 @@ pub struct ChunkOps {
     timestamps: Vec<i64>,
     /// Records pushed (an emit-final session store's record is two operations).
     records: usize,
+    /// Operations `slots` holds (each slot the last of its key among them);
+    /// 0 after `clear`, which leaves the table to be emptied.
+    hashed: usize,
+    /// Old index to new of the operations `keep_last_per_key` keeps.
+    renumber: Vec<u32>,
+    /// The operations count `last` was found for
+    /// ([`ChunkOps::index_last_per_key`]): still true while none is pushed.
+    last_of: Option<usize>,
 }
+
+/// Bytes of an operation's place in a chunk (`ChunkOps::ops`).
+const OP_BYTES: usize = std::mem::size_of::<(usize, u32, u32)>();
 
 impl ChunkOps {
     pub fn clear(&mut self) {
@@ -47,6 +58,8 @@ impl ChunkOps {
         self.last_offset = None;
         self.null_keys = 0;
         self.records = 0;
+        self.last_of = None;
+        self.hashed = 0;
     }
 
     /// Add the records of one read of `source` (about `max_bytes` of log
@@ -92,6 +105,68 @@ impl ChunkOps {
 
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// Bytes the chunk's operations hold (keys, values and their places),
+    /// those of operations a later one overrides included until
+    /// [`ChunkOps::keep_last_per_key`]: about its log bytes when no key
+    /// repeats.
+    pub fn held_bytes(&self) -> usize {
+        self.data.len() + self.ops.len() * OP_BYTES
+    }
+
+    /// Find the last operation of each key (by hashing), unless no
+    /// operation was pushed since they were found.
+    pub fn index_last_per_key(&mut self) {
+        if self.last_of != Some(self.ops.len()) {
+            self.find_last_per_key();
+            self.last_of = Some(self.ops.len());
+        }
+    }
+
+    /// Bytes the last operations per key would hold alone (after
+    /// [`ChunkOps::index_last_per_key`]).
+    pub fn kept_bytes(&self) -> usize {
+        self.last.iter().map(|&i| self.span(i as usize).len() + OP_BYTES).sum()
+    }
+
+    /// Drop every operation a later one of the same key overrides, with its
+    /// bytes, keeping the others in log order: the batch is the same, and a
+    /// chunk of repeated keys can then gather more of the log in the same
+    /// memory (replay's `gather`). Not for a versioned store, whose every
+    /// record counts.
+    pub fn keep_last_per_key(&mut self) {
+        debug_assert!(self.timestamps.is_empty(), "a versioned store's chunk keeps every record");
+        self.index_last_per_key();
+        if self.last.len() == self.ops.len() {
+            return;
+        }
+        let Self { data, ops, last, slots, renumber, .. } = &mut *self;
+        renumber.clear();
+        renumber.resize(ops.len(), 0);
+        let mut to = 0;
+        // `last` ascends, so each kept operation moves down (or stays), never over one still to move.
+        for (n, &i) in last.iter().enumerate() {
+            let (at, kl, vl) = ops[i as usize];
+            let len = kl as usize + if vl == u32::MAX { 0 } else { vl as usize };
+            if at != to {
+                data.copy_within(at..at + len, to);
+            }
+            ops[n] = (to, kl, vl);
+            renumber[i as usize] = n as u32;
+            to += len;
+        }
+        data.truncate(to);
+        ops.truncate(last.len());
+        // Every operation the table holds is a kept one: it holds them under their new numbers.
+        for e in slots.iter_mut().filter(|e| **e != 0) {
+            *e = renumber[(*e - 1) as usize] + 1;
+        }
+        last.clear();
+        last.extend(0..ops.len() as u32);
+        let kept = ops.len();
+        self.hashed = kept;
+        self.last_of = Some(kept);
     }
 
     /// Where the `i`-th operation's key and value lie in the chunk's bytes.
@@ -170,7 +245,7 @@ impl ChunkOps {
     /// nearly as fast per key as a small one); [`ChunkOps::sorted`] then
     /// hands them out.
     pub fn sort_last(&mut self) {
-        self.find_last_per_key();
+        self.index_last_per_key();
         let Self { data, ops, last, order, .. } = &mut *self;
         sort_by_key(
             order,
@@ -235,16 +310,21 @@ impl ChunkOps {
 
     /// Fill `last` with the index of the last operation of each key (in no order).
     fn find_last_per_key(&mut self) {
-        let Self { data, ops, slots, last, .. } = self;
+        let Self { data, ops, slots, last, hashed, .. } = self;
         let key = |i: u32| {
             let (at, kl, _) = ops[i as usize];
             &data[at..at + kl as usize]
         };
+        // Operations already in `slots` (left there by the last pass, renumbered
+        // by `keep_last_per_key`) are not hashed again while the table has room.
         let size = (ops.len() * 2).next_power_of_two().max(16);
-        slots.clear();
-        reserve_advised(slots, size);
-        slots.resize(size, 0);
-        let mask = size - 1;
+        let from = if slots.len() >= size { *hashed } else { 0 };
+        if from == 0 {
+            slots.clear();
+            reserve_advised(slots, size);
+            slots.resize(size, 0);
+        }
+        let mask = slots.len() - 1;
         // The slots are probed at random: each operation's slot is
         // prefetched 2 x AHEAD operations before its turn, and the entry of
         // the operation found there AHEAD before, so the cache misses overlap.
@@ -253,11 +333,11 @@ impl ChunkOps {
         let n = ops.len();
         let home = |i: usize| Collector::hash(key(i as u32)) as usize & mask;
         let mut ring = [0usize; RING];
-        for (j, r) in ring.iter_mut().enumerate().take(n.min(2 * AHEAD)) {
-            *r = home(j);
-            prefetch_read(&slots[*r]);
+        for j in from..n.min(from + 2 * AHEAD) {
+            ring[j % RING] = home(j);
+            prefetch_read(&slots[ring[j % RING]]);
         }
-        for i in 0..n {
+        for i in from..n {
             if i + 2 * AHEAD < n {
                 let h = home(i + 2 * AHEAD);
                 ring[(i + 2 * AHEAD) % RING] = h;
@@ -279,6 +359,7 @@ impl ChunkOps {
             }
             slots[at] = i + 1; // a later operation of the same key wins
         }
+        *hashed = n;
         // In log order, not slot order: sorting reads every kept key twice,
         // and in log order those reads run through the chunk front to back.
         let mut kept = vec![0u64; ops.len().div_ceil(64)];
@@ -352,5 +433,86 @@ mod tests {
             got,
             vec![(b"a".to_vec(), b"2".to_vec()), (b"c".to_vec(), b"3".to_vec()), (b"d".to_vec(), b"5".to_vec())]
         );
+    }
+
+    #[test]
+    fn keeping_the_last_operation_per_key_at_any_points_gives_the_batch_of_none() {
+        // The hash table is carried from one pass to the next (renumbered when
+        // operations are dropped, rebuilt when it is too small): at random
+        // points, the store is the one written without any.
+        let log = crate::restore::testing::random_log(20_000, 700, 5);
+        let ops_of = |every: usize| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+            let mut ops = ChunkOps::default();
+            let mut x = every as u64 * 7919 + 1;
+            for e in &log {
+                if let crate::restore::testing::Entry::Data { key: Some(k), value } = e {
+                    ops.push(k, value.as_deref());
+                }
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                if every > 0 && (x >> 33) as usize % every == 0 {
+                    if (x >> 20) % 3 == 0 {
+                        ops.index_last_per_key();
+                        assert!(ops.kept_bytes() <= ops.held_bytes());
+                    } else {
+                        ops.keep_last_per_key();
+                        assert_eq!(ops.kept_bytes(), ops.held_bytes(), "nothing dropped is held");
+                    }
+                }
+            }
+            store.write(ops.to_batch(&store), false).unwrap();
+            dump(&store)
+        };
+        let whole = ops_of(0);
+        assert!(whole.len() > 600);
+        for every in [1, 7, 100, 3000] {
+            assert_eq!(ops_of(every), whole, "every ~{every} operations");
+        }
+    }
+
+    #[test]
+    fn keeping_the_last_operation_per_key_midway_drops_overridden_bytes_and_keeps_the_batch() {
+        let ops_of = |keep_at: &[usize]| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open_with(&dir.path().join("s"), restore_options()).unwrap();
+            let mut ops = ChunkOps::default();
+            let log: [(&[u8], Option<&[u8]>); 9] = [
+                (b"b", Some(b"1")),
+                (b"a", Some(b"11")),
+                (b"b", None),
+                (b"c", None),
+                (b"c", Some(b"333")),
+                (b"a", Some(b"2")),
+                (b"d", Some(b"4")),
+                (b"b", Some(b"5")),
+                (b"d", Some(b"66")),
+            ];
+            let mut seen = vec![];
+            for (n, (k, v)) in log.into_iter().enumerate() {
+                ops.push(k, v);
+                if keep_at.contains(&n) {
+                    ops.keep_last_per_key();
+                    seen.push((
+                        ops.len(),
+                        ops.data.len(),
+                        (0..ops.len()).map(|i| ops.get(i).0.to_vec()).collect::<Vec<_>>(),
+                    ));
+                }
+            }
+            store.write(ops.to_batch(&store), false).unwrap();
+            (dump(&store), seen, ops.records())
+        };
+        let (whole, _, records) = ops_of(&[]);
+        assert_eq!(records, 9);
+        let (midway, seen, records) = ops_of(&[4, 5, 8]);
+        assert_eq!(midway, whole, "the same store");
+        assert_eq!(records, 9, "records pushed are counted, kept or not");
+        // after "c"="333": a=11, b (tombstone), c=333, in the log order of each key's last
+        // operation; then a=2 moves a last
+        assert_eq!(seen[0], (3, 1 + 2 + 1 + 1 + 3, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]));
+        assert_eq!(seen[1], (3, 1 + 1 + 3 + 1 + 1, vec![b"b".to_vec(), b"c".to_vec(), b"a".to_vec()]));
+        assert_eq!(seen[2].0, 4);
+        assert_eq!(seen[2].2, vec![b"c".to_vec(), b"a".to_vec(), b"b".to_vec(), b"d".to_vec()]);
     }
 }

@@ -62,7 +62,8 @@ pub struct RestoreSpec {
     pub memory_budget: usize,
     /// Least time between two progress calls of the listener.
     pub progress_interval: Duration,
-    /// Bytes of log per replay `WriteBatch` (see [`DEFAULT_CHUNK_BYTES`]).
+    /// Most bytes per replay `WriteBatch` (see [`DEFAULT_CHUNK_BYTES`]): a cap on its share of
+    /// `memory_budget` ([`ReplayMemory`]).
     pub chunk_bytes: usize,
     /// Memtable size of the store while restoring; `None`: its share of
     /// `memory_budget` ([`ReplayMemory`]).

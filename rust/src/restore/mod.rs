@@ -218,16 +218,20 @@ const LEVEL0_BYTES: usize = 256 << 20;
 /// Before, four 64 MiB memtables came on top of the budget: 482-587 MiB peak
 /// RSS at 10M-100M records under a budget of 256 MiB; with these shares
 /// 263-363 MiB from the segment log (423-442 MiB from native Kafka at
-/// 10M-20M, beside the fetcher's buffers). The smaller batch meets a
-/// repeated key less often: 2M records over 200k keys replay ~19% slower
-/// (benches/notes.md). Two or three larger memtables went over the budget,
+/// 10M-20M, beside the fetcher's buffers). The smaller batch met a
+/// repeated key less often (2M records over 200k keys replayed ~19% slower,
+/// benches/notes.md) until a key-value store's chunk dropped the operations
+/// a later one overrides as it gathers (`replay::gather`), covering more log
+/// in the same memory. Two or three larger memtables went over the budget,
 /// or stalled repeated keys. A budget of 512 MiB gives the memtables and
 /// batches of before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayMemory {
     /// Memtable size of the store while it is restored.
     pub write_buffer_bytes: usize,
-    /// Most log bytes per replay `WriteBatch`.
+    /// Bytes a replay chunk holds (one `WriteBatch`): of log, or for a
+    /// key-value store of its operations, dropping those a later one of the
+    /// same key overrides (`replay::gather`).
     pub chunk_bytes: usize,
 }
 

@@ -13,12 +13,12 @@ use super::{for_each_chunk, Applied, Progress, RestoreError, Target, READ_BYTES}
 use crate::source::{ChangelogSource, LogError};
 use crate::store::StoreFormat;
 
-/// Bytes of log one replay `WriteBatch` covers by default. Large on
-/// purpose: a batch keeps only the last operation of each key, so the more
-/// log it covers, the fewer writes reach RocksDB when keys repeat (a
-/// changelog with ~10 updates a key replays twice as fast with 64 MiB
-/// batches as with 4 MiB ones). Building a batch holds about 2.5 times this
-/// in memory. With the WAL off nothing reaches disk before a memtable
+/// Most bytes a replay chunk holds (one `WriteBatch`; see `gather`),
+/// whatever the memory budget. Large on purpose: a batch keeps only the last
+/// operation of each key, so the more log it covers, the fewer writes reach
+/// RocksDB when keys repeat (a changelog with ~10 updates a key replays
+/// twice as fast with 64 MiB batches as with 4 MiB ones). Building a batch
+/// holds about 2.5 times this in memory. With the WAL off nothing reaches disk before a memtable
 /// flush, so a larger batch does not put more work at risk in a crash.
 pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
 
@@ -50,8 +50,28 @@ pub fn replay(
     Ok(applied)
 }
 
-/// Gather the next chunk of `source` below `end` (about `chunk_bytes` of
-/// log, read [`READ_BYTES`] at a time) into `ops`; whether more follows.
+/// Most log one replay chunk covers, in chunks: a chunk whose keys repeat
+/// keeps gathering while its last operations per key take less than
+/// [`KEPT_SHARE_TO_GATHER_ON`] of it, up to this many times its size in log.
+/// The bound keeps batches (and progress reports) coming, and the writer
+/// busy beside the reader.
+const MAX_LOG_PER_CHUNK: usize = 4;
+/// A chunk full of operations is deduplicated, and gathers on while what
+/// it keeps is below this share (numerator, denominator) of its size: each
+/// such pass then makes room for at least a fifth of a chunk of new log, so
+/// no record is hashed more than about five times. A pass that would keep
+/// more ends the chunk as it is (its last operations already found for the
+/// batch, nothing moved).
+const KEPT_SHARE_TO_GATHER_ON: (usize, usize) = (4, 5);
+
+/// Gather the next chunk of `source` below `end` into `ops`, read
+/// [`READ_BYTES`] at a time; whether more follows. A chunk covers about
+/// `chunk_bytes` of log for a versioned or segmented store. A key-value
+/// store's chunk holds about `chunk_bytes` of operations
+/// ([`ChunkOps::held_bytes`], about its log when no key repeats) and drops
+/// those a later one of the same key overrides as it fills
+/// ([`ChunkOps::keep_last_per_key`]), so it covers more log when keys
+/// repeat, in the same memory: fewer writes reach RocksDB.
 fn gather(
     ops: &mut ChunkOps,
     source: &mut dyn ChangelogSource,
@@ -60,14 +80,33 @@ fn gather(
     format: StoreFormat,
 ) -> Result<bool, LogError> {
     ops.clear();
+    let keeps_last = !format.is_versioned() && format.key_schema().is_none();
+    let log_bytes = if keeps_last { MAX_LOG_PER_CHUNK.saturating_mul(chunk_bytes) } else { chunk_bytes };
+    let (kept_num, kept_den) = KEPT_SHARE_TO_GATHER_ON;
     let first = source.bytes_read();
     let mut more = true;
     while more {
         let read = usize::try_from(source.bytes_read().saturating_sub(first)).unwrap_or(usize::MAX);
-        if read >= chunk_bytes {
+        if read >= log_bytes {
             break;
         }
-        more = ops.read(source, end, (chunk_bytes - read).min(READ_BYTES), format)?;
+        let room = if keeps_last {
+            if ops.held_bytes() >= chunk_bytes {
+                ops.index_last_per_key();
+                if ops.kept_bytes() > chunk_bytes / kept_den * kept_num {
+                    break;
+                }
+                ops.keep_last_per_key();
+            }
+            chunk_bytes - ops.held_bytes()
+        } else {
+            chunk_bytes - read
+        };
+        more = ops.read(source, end, room.min(log_bytes - read).min(READ_BYTES), format)?;
+    }
+    if keeps_last {
+        // On this (the reading) thread, beside the writer: the batch then only sorts.
+        ops.index_last_per_key();
     }
     Ok(more)
 }
@@ -136,9 +175,11 @@ mod tests {
 
     #[test]
     fn replay_gathers_several_reads_into_one_batch_when_its_chunk_is_larger_than_a_read() {
-        // ~6 MiB of log: a 5 MiB chunk is two reads (READ_BYTES, then the rest of the chunk)
-        let n = 150_000;
-        let log = random_log(n, 5_000, 13);
+        // ~6 MiB of log of unique keys: a 5 MiB chunk is two reads (READ_BYTES, then the rest of the chunk)
+        let n = 28_000;
+        let log: Vec<Entry> = (0..n)
+            .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; 200]) })
+            .collect();
         let dir = tempfile::tempdir().unwrap();
         struct Batches(usize);
         impl Listener for Batches {
@@ -172,6 +213,70 @@ mod tests {
             assert_eq!(store.offset("t-0").unwrap(), last, "{name}");
             assert_eq!(a.last_offset, last, "{name}");
         }
+    }
+
+    #[test]
+    fn a_chunk_of_repeated_keys_gathers_more_log_up_to_its_bound() {
+        // ~4 MiB of log over 2,000 keys: a chunk's last operation per key takes
+        // a fraction of it, so it covers MAX_LOG_PER_CHUNK chunks of log; a
+        // versioned store (every record counts) and unique keys do not.
+        struct Batches(usize);
+        impl Listener for Batches {
+            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+                Ok(())
+            }
+            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+                self.0 += 1;
+                Ok(())
+            }
+            fn on_end(&mut self, _: u64) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let n = 100_000;
+        let chunk = 128 << 10;
+        let log = random_log(n, 2_000, 21);
+        let (m, last) = model(&log, n as i64);
+        let dir = tempfile::tempdir().unwrap();
+        for read_ahead in [false, true] {
+            let store =
+                Dest::Store(Store::open_with(&dir.path().join(format!("s{read_ahead}")), restore_options()).unwrap());
+            let mut src = VecSource::new(log.clone(), 0);
+            let mut counted = Batches(0);
+            let mut p = Progress::new(Some(&mut counted), Duration::ZERO);
+            let target = Target { store: &store, tp: "t-0", end: n as i64 };
+            let a = replay(target, &mut src, chunk, read_ahead, &mut p).unwrap();
+            let by_log = (src.bytes as usize).div_ceil(chunk);
+            let bound = (src.bytes as usize).div_ceil(MAX_LOG_PER_CHUNK * chunk);
+            assert!(by_log > 20, "{by_log} chunks of log");
+            assert!(counted.0 <= bound + 1, "read-ahead {read_ahead}: {} batches, {bound} chunks of log", counted.0);
+            assert_eq!(dump(&store), m, "read-ahead {read_ahead}");
+            assert_eq!(store.offset("t-0").unwrap(), last);
+            assert_eq!(
+                (a.last_offset, a.records as usize),
+                (last, n - (src.skipped.aborted + src.skipped.control) as usize - a.null_keys as usize)
+            );
+        }
+    }
+
+    #[test]
+    fn a_chunk_gathers_by_log_bytes_where_every_record_counts_or_no_key_repeats() {
+        let chunk = 128 << 10;
+        let dir = tempfile::tempdir().unwrap();
+        let mut ops = ChunkOps::default();
+        let log = random_log(100_000, 2_000, 21);
+        let mut src = VecSource::new(log, 0);
+        gather(&mut ops, &mut src, 100_000, chunk, StoreFormat::Versioned).unwrap();
+        assert!(src.bytes as usize >= chunk && (src.bytes as usize) < chunk + READ_BYTES, "{}", src.bytes);
+        let unique: Vec<Entry> = (0..20_000)
+            .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; 40]) })
+            .collect();
+        let mut src = VecSource::new(unique, 0);
+        ops = ChunkOps::default();
+        gather(&mut ops, &mut src, 20_000, chunk, StoreFormat::Plain).unwrap();
+        assert!(ops.held_bytes() >= chunk && ops.held_bytes() < chunk + 4096, "{}", ops.held_bytes());
+        assert!((src.bytes as usize) < chunk + 4096, "about a chunk of log: {}", src.bytes);
+        drop(dir);
     }
 
     #[test]
