@@ -33,7 +33,8 @@ unique keys about as much again; bulk's spilled runs (its memory budget is 256 M
 store's size once more while it merges, so 100M unique keys need ~38 GB at the peak, 100M
 records over 10M keys ~16 GB. ``STATESTORE_SCALE_MAX_RECORDS`` (default 100,000,000) leaves
 out the sizes above it; ``STATESTORE_SCALE_DIR`` puts the data elsewhere than pytest's temporary
-directory. Every store is deleted after its row, every changelog after its last row.
+directory. Every store is deleted after its row, every changelog after its last row. A row
+whose changelog or restore would not fit in the free disk is skipped, with the sizes in its reason.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ TOPIC = "scale"
 MiB, GiB = 2**20, 2**30
 # the rows of one restore at each size; the smallest sizes take the median of more rounds
 ROUNDS = {SIZES[0]: 3}
+# Disk a row needs free: the codec writes 127 bytes a record of changelog; a restore then takes up to
+# about twice the changelog's bytes beside it (bulk of unique keys: its spilled runs and the SST files
+# at once, 2.0x at 100M records; replay: its compactions' outputs before their inputs go), and a margin.
+LOG_BYTES_PER_RECORD = 127
+RESTORE_DISK_PER_LOG_BYTE = 2.2
+DISK_MARGIN = 2 * 2**30
 
 
 def label(n: int) -> str:
@@ -108,6 +115,17 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def require_free_disk(root: Path, need: float, what: str) -> None:
+    """Skip, naming the sizes, when ``root``'s file system has less than ``need`` bytes free: a row that
+    fills the disk after minutes of work measures nothing (and leaves others too little)."""
+    free = shutil.disk_usage(root).free
+    if free < need:
+        pytest.skip(
+            f"{what} needs ~{need / GiB:.0f} GiB free under {root}, {free / GiB:.0f} GiB are "
+            "(STATESTORE_SCALE_DIR puts the data elsewhere, STATESTORE_SCALE_MAX_RECORDS leaves large sizes out)"
+        )
+
+
 def restore_child(store: Path, source: Path | str, mode: str, topic: str = TOPIC) -> dict[str, Any]:
     """One restore of partition 0 of ``topic`` from ``source`` (a segment log, or ``kafka:BOOTSTRAP``)."""
     shutil.rmtree(store.parent, ignore_errors=True)
@@ -145,6 +163,9 @@ class Logs:
         if self.current != (shape, records):
             shutil.rmtree(d, ignore_errors=True)
             self.current = None
+            require_free_disk(
+                self.root, records * LOG_BYTES_PER_RECORD + DISK_MARGIN, f"a changelog of {label(records)}"
+            )
             t0 = time.perf_counter()
             _testing.write_synthetic_changelog(d, TOPIC, 0, records, records // SHAPES[shape])
             gen = time.perf_counter() - t0
@@ -187,6 +208,11 @@ def record_restore_rows(
     (peak RSS against the memory budget + 128 MiB, goal 1.0, with wall time, records/s and bytes
     written). Returns records/s (the median round)."""
     store = root / "stores" / "s"
+    require_free_disk(
+        root,
+        info["log_GiB"] * GiB * RESTORE_DISK_PER_LOG_BYTE + DISK_MARGIN,
+        f"a {mode} restore of {label(records)} records ({shape})",
+    )
     free_before = shutil.disk_usage(root).free
     load_before = load()
     runs: list[dict[str, Any]] = []
