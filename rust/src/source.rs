@@ -306,6 +306,14 @@ pub trait Changelog: Sync {
         None
     }
 
+    /// Bytes of fetched log a source of this changelog holds beside a
+    /// restore's own chunks (a Kafka fetcher's responses in flight): a
+    /// replay's shares of its memory budget leave them room
+    /// (`restore::ReplayMemory`).
+    fn buffered_bytes(&self) -> usize {
+        0
+    }
+
     /// Whether a restore's first steps with this log (its bounds, opening a
     /// cursor) may be taken on another thread ahead of the restore's turn
     /// (`restore_many` prepares the next restore while others run). A log

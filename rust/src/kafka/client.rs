@@ -492,6 +492,10 @@ impl Changelog for KafkaLog {
         Ok(Box::new(KafkaSource::new(self.0.clone(), topic, partition, start)))
     }
 
+    fn buffered_bytes(&self) -> usize {
+        super::fetch::RESPONSES_HELD * self.0.config.partition_max_bytes as usize
+    }
+
     fn for_job(&self) -> Option<Box<dyn Changelog + Send>> {
         Some(Box::new(SessionLog::new(self.0.clone())))
     }
@@ -516,5 +520,10 @@ impl Changelog for SessionLog {
 
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
         Ok(Box::new(KafkaSource::in_session(&self.0, topic, partition, start)))
+    }
+
+    /// A partition's queued responses and the one its restore reads.
+    fn buffered_bytes(&self) -> usize {
+        (super::session::QUEUED + 1) * self.0.client().config.partition_max_bytes as usize
     }
 }

@@ -711,6 +711,10 @@ impl Drop for Fetcher {
 /// decoded and the one on the wire).
 const RESPONSES_AHEAD: usize = 1;
 
+/// Responses a cursor reading ahead holds at most: those waiting, the one
+/// being decoded (or left partly read) and the one being received.
+pub(super) const RESPONSES_HELD: usize = RESPONSES_AHEAD + 2;
+
 /// A [`Fetcher`] on a thread of its own, receiving (the kernel's copy out
 /// of the socket) and deciding where to fetch next while the cursor's thread
 /// decodes: a Kafka client's network thread, in the way librdkafka's broker
@@ -776,6 +780,9 @@ pub struct FetchCursor {
     bytes_read: u64,
     /// Decompressed records of the last compressed batch.
     scratch: Vec<u8>,
+    /// A response a read stopped in, at its byte budget: the next read goes
+    /// on with its batches from the position before fetching another.
+    pending: Option<Response>,
     /// The buffers of the last slices handed over (kept for their allocation).
     slice_spare: Vec<RecordRef<'static>>,
     batch_spare: Vec<RecordRef<'static>>,
@@ -807,6 +814,7 @@ impl FetchCursor {
             skipped: SkipCounts::default(),
             bytes_read: 0,
             scratch: Vec::new(),
+            pending: None,
             slice_spare: Vec::new(),
             batch_spare: Vec::new(),
         }
@@ -825,6 +833,7 @@ impl FetchCursor {
             skipped: SkipCounts::default(),
             bytes_read: 0,
             scratch: Vec::new(),
+            pending: None,
             slice_spare: Vec::new(),
             batch_spare: Vec::new(),
         }
@@ -875,6 +884,9 @@ impl FetchCursor {
 
     /// The response at the position, reading below `end`.
     fn next_response(&mut self, end: i64) -> Result<Response, KafkaError> {
+        if let Some(resp) = self.pending.take() {
+            return Ok(resp);
+        }
         let position = self.position;
         if let Responses::Session(m) = &mut self.responses {
             return m.next(position, end);
@@ -963,37 +975,53 @@ impl FetchCursor {
                 }
             };
             let mut slice: Vec<RecordRef<'_>> = recycle(std::mem::take(&mut spare));
-            let outcome = self.take_response(&resp, end, &mut used, &mut slice, &mut batch_spare, sink);
+            let budget = Budget { max: max_bytes.max(1), used: &mut used };
+            let outcome = self.take_response(&resp, end, budget, &mut slice, &mut batch_spare, sink);
             if !slice.is_empty() {
                 sink(&slice);
             }
             spare = recycle(slice);
-            if let Err(e) = outcome {
-                result = Err(e);
-                break;
+            match outcome {
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+                Ok(Taken::Partly) => {
+                    self.pending = Some(resp);
+                    result = Ok(true);
+                    break;
+                }
+                Ok(Taken::Whole) => {}
             }
         }
         (self.slice_spare, self.batch_spare) = (spare, batch_spare);
         result
     }
 
-    /// Use the batches of `resp` from the position on: the data records of
-    /// its uncompressed batches go into `slice` (handed to `sink` whenever
-    /// full; the caller hands over the rest), those of a compressed batch to
-    /// `sink` after what `slice` holds, so that records keep their order.
+    /// Use the batches of `resp` from the position on, until the read's
+    /// `budget` is spent (a read of a few MiB stops within a response of 8, so
+    /// a replay's chunk does not overshoot its size by most of a response):
+    /// the data records of its uncompressed batches go into `slice` (handed to
+    /// `sink` whenever full; the caller hands over the rest), those of a
+    /// compressed batch to `sink` after what `slice` holds, so that records
+    /// keep their order.
     fn take_response<'r>(
         &mut self,
         resp: &'r Response,
         end: i64,
-        used: &mut usize,
+        budget: Budget<'_>,
         slice: &mut Vec<RecordRef<'r>>,
         batch_spare: &mut Vec<RecordRef<'static>>,
         sink: &mut dyn FnMut(&[RecordRef<'_>]),
-    ) -> Result<(), KafkaError> {
+    ) -> Result<Taken, KafkaError> {
+        let used = budget.used;
         for c in &resp.checked {
             let (h, len) = (c.header, c.len);
             if h.next_offset() <= self.position {
                 continue; // before the position (the broker sends whole batches)
+            }
+            if *used >= budget.max && h.base_offset < end {
+                return Ok(Taken::Partly);
             }
             if h.base_offset >= end {
                 self.position = end; // everything below `end` was consumed
@@ -1072,8 +1100,22 @@ impl FetchCursor {
                 )),
             });
         }
-        Ok(())
+        Ok(Taken::Whole)
     }
+}
+
+/// The bytes of batches one read may use, and those it used so far.
+struct Budget<'a> {
+    max: usize,
+    used: &'a mut usize,
+}
+
+/// How much of a response a read took.
+enum Taken {
+    /// All of it from the position (or up to the read's end).
+    Whole,
+    /// Batches up to the read's budget; the rest waits for the next read.
+    Partly,
 }
 
 /// Push the records of `records` with offsets in `[from, end)` onto `slice`

@@ -48,7 +48,7 @@ use super::KafkaError;
 /// Responses a partition may have waiting to be decoded (besides the one
 /// being decoded): as many as a fetcher of its own holds (one handed over,
 /// one checked, one on the wire), so that a restore waits no more often.
-const QUEUED: usize = 3;
+pub(super) const QUEUED: usize = 3;
 
 /// Longest a waiting thread sleeps before it looks again (it is woken on
 /// every change; this only bounds a missed one).

@@ -612,6 +612,39 @@ fn large_responses_read_into_reused_buffers_hand_over_each_response_s_own_record
 }
 
 #[test]
+fn a_read_stops_within_a_response_at_its_byte_budget_and_the_next_goes_on_from_it() {
+    // Responses of two or three ~160 KB batches, reads of one batch's worth:
+    // each read takes one batch, and the next takes the following one from
+    // the same response rather than fetching again (a replay's chunk would
+    // otherwise overshoot its size by most of a response).
+    let pad = 8_000;
+    let batches: Vec<(i64, Vec<u8>)> =
+        (0..24).map(|i| (i * 20, data_with(i * 20, 20, None, Compression::None, pad))).collect();
+    let log = Log { batches, aborted: vec![], end: 480 };
+    let addr = fake(log, Mode::Good, 400_000);
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    for via in Via::ALL {
+        let before = fetches_asked(port);
+        let mut cur = via.cursor(client(&addr, Duration::from_secs(5)), 0);
+        let (mut got, mut reads) = (Vec::new(), 0);
+        loop {
+            let mut this = Vec::new();
+            let more = cur.read(480, 1, &mut |r| this.push(r.offset)).unwrap();
+            reads += 1;
+            assert_eq!(this.len(), 20, "{via:?}: read {reads} took one batch");
+            got.extend(this);
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(got, (0..480).collect::<Vec<_>>(), "{via:?}");
+        assert_eq!(reads, 24, "{via:?}");
+        let fetches = fetches_asked(port) - before;
+        assert!(fetches < 16, "{via:?}: {fetches} Fetch requests for 24 batches in responses of 2-3");
+    }
+}
+
+#[test]
 fn slices_of_compressed_and_plain_batches_hand_over_every_committed_record_once_in_order() {
     for via in Via::ALL {
         for max in [400, 1000, 1 << 20] {

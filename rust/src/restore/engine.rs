@@ -104,10 +104,12 @@ impl RestoreSpec {
         }
     }
 
-    /// How a replay of this spec shares its memory budget, with the
-    /// overrides of `write_buffer_bytes` and `chunk_bytes` (a cap).
-    pub fn replay_memory(&self) -> ReplayMemory {
-        let shares = ReplayMemory::of(self.memory_budget, self.read_ahead, self.chunk_bytes);
+    /// How a replay of this spec shares its memory budget, less the
+    /// `buffered` bytes its source holds ([`Changelog::buffered_bytes`]), with
+    /// the overrides of `write_buffer_bytes` and `chunk_bytes` (a cap).
+    pub fn replay_memory(&self, buffered: usize) -> ReplayMemory {
+        let budget = self.memory_budget.saturating_sub(buffered);
+        let shares = ReplayMemory::of(budget, self.read_ahead, self.chunk_bytes);
         ReplayMemory { write_buffer_bytes: self.write_buffer_bytes.unwrap_or(shares.write_buffer_bytes), ..shares }
     }
 
@@ -180,6 +182,8 @@ pub struct Prepared {
     mode: Mode,
     /// `None` when there is nothing to restore.
     source: Option<Box<dyn ChangelogSource>>,
+    /// A replay's shares of the memory budget, beside what the source buffers.
+    memory: ReplayMemory,
     /// Time the preparation took (counted in the restore's seconds).
     took: Duration,
     /// The partition's bounds, and the log's stamp taken before them.
@@ -198,8 +202,9 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let tp = spec.tp();
     let path = &spec.store_path;
     let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
+    let memory = spec.replay_memory(log.buffered_bytes());
     let open = || {
-        Dest::open(path, restore_options_with(spec.replay_memory().write_buffer_bytes), spec.format, spec.segmentation)
+        Dest::open(path, restore_options_with(memory.write_buffer_bytes), spec.format, spec.segmentation)
             .map_err(|e| RestoreError::store(&tp, e))
     };
     let offset_of = |store: &Dest| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
@@ -265,7 +270,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
         Mode::Auto => Mode::Replay,
         m => m,
     };
-    Ok(Prepared { store, recorded, start, end, mode, source, took: t0.elapsed(), bounds, stamp })
+    Ok(Prepared { store, recorded, start, end, mode, source, memory, took: t0.elapsed(), bounds, stamp })
 }
 
 /// The exclusive end of a restore: the one asked for, else the last stable
@@ -295,7 +300,7 @@ fn run_one<'a>(
     on_read_all: Option<&'a dyn Fn()>,
 ) -> Result<RestoreOutcome, RestoreError> {
     let t0 = Instant::now();
-    let Prepared { store, recorded, start, end, mode, source, took, .. } = prepared;
+    let Prepared { store, recorded, start, end, mode, source, memory, took, .. } = prepared;
     let tp = spec.tp();
     let path = &spec.store_path;
     let scratch = scratch_dir(path);
@@ -350,10 +355,7 @@ fn run_one<'a>(
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
-            _ => {
-                let chunk = spec.replay_memory().chunk_bytes;
-                replay(target, source.as_mut(), chunk, spec.read_ahead, &mut progress)?
-            }
+            _ => replay(target, source.as_mut(), memory.chunk_bytes, spec.read_ahead, &mut progress)?,
         };
         if source.position() < end {
             return Err(bad(format!(
@@ -589,6 +591,45 @@ mod tests {
             let log = self.0.get(&(topic.to_string(), partition)).expect("checked by bounds");
             Ok(Box::new(VecSource::new(log.clone(), start)))
         }
+    }
+
+    /// A [`VecLog`] whose sources hold `buffered` bytes of fetched log.
+    struct Buffering(VecLog, usize);
+
+    impl Changelog for Buffering {
+        fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
+            self.0.bounds(topic, partition)
+        }
+        fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
+            self.0.open(topic, partition, start)
+        }
+        fn buffered_bytes(&self) -> usize {
+            self.1
+        }
+    }
+
+    #[test]
+    fn a_replay_shares_what_its_source_leaves_of_the_budget() {
+        // 256 MiB less the 64 MiB a source buffers: memtables of 24 MiB, not 32.
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(2_000, 100, 3);
+        let mut spec = RestoreSpec::new(dir.path().join("s"), "t", 0);
+        spec.mode = Mode::Replay;
+        assert_eq!(spec.replay_memory(0).write_buffer_bytes, 32 << 20);
+        assert_eq!(spec.replay_memory(64 << 20), ReplayMemory::of(192 << 20, true, spec.chunk_bytes));
+        let buffering = Buffering(VecLog(HashMap::from([(("t".to_string(), 0), log.clone())])), 64 << 20);
+        restore(&buffering, &spec, None).unwrap();
+        let options = std::fs::read_dir(&spec.store_path)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
+            .max()
+            .unwrap();
+        let text = std::fs::read_to_string(options).unwrap();
+        let data = text.split("[CFOptions ").find(|section| section.starts_with("\"default\"]")).unwrap();
+        assert!(data.contains(&format!("write_buffer_size={}", 24 << 20)), "the data's memtables: {data:.400}");
+        let store = Store::open(&spec.store_path, false).unwrap();
+        assert_eq!(dump(&store), model(&log, 2_000).0);
     }
 
     #[test]

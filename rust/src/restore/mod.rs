@@ -215,10 +215,14 @@ const LEVEL0_BYTES: usize = 256 << 20;
 /// RocksDB switches memtables only between writes, so a memtable takes whole
 /// batches: one each when the two are the same size.
 ///
+/// A source's own buffers (a Kafka fetcher's responses in flight,
+/// `Changelog::buffered_bytes`) come out of the budget first.
+///
 /// Before, four 64 MiB memtables came on top of the budget: 482-587 MiB peak
 /// RSS at 10M-100M records under a budget of 256 MiB; with these shares
-/// 263-363 MiB from the segment log (423-442 MiB from native Kafka at
-/// 10M-20M, beside the fetcher's buffers). The smaller batch met a
+/// 263-363 MiB from the segment log, and from native Kafka 339-365 MiB at
+/// 10M records once its buffers were counted and its reads stopped within a
+/// response (372-446 MiB before). The smaller batch met a
 /// repeated key less often (2M records over 200k keys replayed ~19% slower,
 /// benches/notes.md) until a key-value store's chunk dropped the operations
 /// a later one overrides as it gathers (`replay::gather`), covering more log
