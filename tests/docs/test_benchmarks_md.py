@@ -111,3 +111,36 @@ def test_a_failed_run_records_what_passed_and_keeps_the_older_rows_of_the_rest(
     os.utime(latest, (started - 60, started - 60))
     assert run.this_runs_json(latest, started) is None
     assert run.this_runs_json(tmp_path / "missing.json", started) is None
+
+
+def test_a_failed_benchmark_run_exits_with_pytest_s_code_and_writes_what_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # main() end to end, with pytest replaced by a run that writes one benchmark's JSON and fails.
+    run = run_py()
+    monkeypatch.setattr(run, "RESULTS", tmp_path / "results.json")
+    rendered: list[dict[str, object]] = []
+    monkeypatch.setattr(run, "render", rendered.append)
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    (tmp_path / "BENCHMARKS.md").write_text("rendered\n")
+    old = {"name": "test_a", "module": "benches/x.py", "extra_info": {"ratio": 1.0}, "measured": "then"}
+    (tmp_path / "results.json").write_text(json.dumps({"benchmarks": [old, {**old, "name": "test_b"}]}))
+    latest = tmp_path / "latest.json"
+    asked: list[list[str]] = []
+
+    def pytest_that_fails(cmd: list[str], cwd: Path) -> int:
+        asked.append(cmd)
+        passed = {"name": "test_a", "fullname": "benches/x.py::test_a", "extra_info": {"ratio": 2.0}}
+        latest.write_text(json.dumps({"benchmarks": [passed]}))
+        return 1
+
+    monkeypatch.setattr(run.subprocess, "call", pytest_that_fails)
+    monkeypatch.setattr(sys, "argv", ["run.py", "--json", str(latest)])
+    assert run.main() == 1, "the run's exit code is pytest's"
+    assert "-m" in asked[0] and "not scale" in asked[0], "a whole run leaves the scale modules out"
+    written = json.loads((tmp_path / "results.json").read_text())["benchmarks"]
+    assert [(b["name"], b["extra_info"]["ratio"]) for b in written] == [("test_a", 2.0), ("test_b", 1.0)], (
+        "a failed whole run is merged as a partial one: test_b keeps its row"
+    )
+    assert rendered and rendered[0]["benchmarks"] == written
+    assert "recording the benchmarks that passed" in capsys.readouterr().err
