@@ -287,6 +287,13 @@ impl StoreFormat {
         self == StoreFormat::Versioned
     }
 
+    /// Whether the store is one RocksDB of one row per key (neither
+    /// segmented nor versioned): its last operation per key is all a restore
+    /// needs of a key.
+    pub fn is_key_value(self) -> bool {
+        !self.is_versioned() && self.key_schema().is_none()
+    }
+
     /// Whether a stored value holds the record's timestamp.
     pub fn is_timestamped(self) -> bool {
         matches!(

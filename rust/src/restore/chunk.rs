@@ -37,18 +37,23 @@ pub struct ChunkOps {
     timestamps: Vec<i64>,
     /// Records pushed (an emit-final session store's record is two operations).
     records: usize,
-    /// Operations `slots` holds (each slot the last of its key among them);
-    /// 0 after `clear`, which leaves the table to be emptied.
-    hashed: usize,
     /// Old index to new of the operations `keep_last_per_key` keeps.
     renumber: Vec<u32>,
-    /// The operations count `last` was found for
-    /// ([`ChunkOps::index_last_per_key`]): still true while none is pushed.
+    /// The operations `last` was found for ([`ChunkOps::index_last_per_key`]),
+    /// the first this many, which `slots` also holds (each slot the last of
+    /// its key among them): still true of them while more are pushed. `None`
+    /// after `clear`, which leaves the table to be emptied.
     last_of: Option<usize>,
 }
 
 /// Bytes of an operation's place in a chunk (`ChunkOps::ops`).
 const OP_BYTES: usize = std::mem::size_of::<(usize, u32, u32)>();
+
+/// Bytes of an operation's key and value in a chunk (a tombstone's value
+/// length is `u32::MAX`).
+fn op_len(key_len: u32, value_len: u32) -> usize {
+    key_len as usize + if value_len == u32::MAX { 0 } else { value_len as usize }
+}
 
 impl ChunkOps {
     pub fn clear(&mut self) {
@@ -59,7 +64,6 @@ impl ChunkOps {
         self.null_keys = 0;
         self.records = 0;
         self.last_of = None;
-        self.hashed = 0;
     }
 
     /// Add the records of one read of `source` (about `max_bytes` of log
@@ -148,7 +152,7 @@ impl ChunkOps {
         // `last` ascends, so each kept operation moves down (or stays), never over one still to move.
         for (n, &i) in last.iter().enumerate() {
             let (at, kl, vl) = ops[i as usize];
-            let len = kl as usize + if vl == u32::MAX { 0 } else { vl as usize };
+            let len = op_len(kl, vl);
             if at != to {
                 data.copy_within(at..at + len, to);
             }
@@ -165,14 +169,13 @@ impl ChunkOps {
         last.clear();
         last.extend(0..ops.len() as u32);
         let kept = ops.len();
-        self.hashed = kept;
         self.last_of = Some(kept);
     }
 
     /// Where the `i`-th operation's key and value lie in the chunk's bytes.
     fn span(&self, i: usize) -> std::ops::Range<usize> {
         let (at, kl, vl) = self.ops[i];
-        at..at + kl as usize + if vl == u32::MAX { 0 } else { vl as usize }
+        at..at + op_len(kl, vl)
     }
 
     /// The `i`-th operation pushed, in log order.
@@ -310,7 +313,8 @@ impl ChunkOps {
 
     /// Fill `last` with the index of the last operation of each key (in no order).
     fn find_last_per_key(&mut self) {
-        let Self { data, ops, slots, last, hashed, .. } = self;
+        let hashed = self.last_of.unwrap_or(0);
+        let Self { data, ops, slots, last, .. } = self;
         let key = |i: u32| {
             let (at, kl, _) = ops[i as usize];
             &data[at..at + kl as usize]
@@ -318,7 +322,7 @@ impl ChunkOps {
         // Operations already in `slots` (left there by the last pass, renumbered
         // by `keep_last_per_key`) are not hashed again while the table has room.
         let size = (ops.len() * 2).next_power_of_two().max(16);
-        let from = if slots.len() >= size { *hashed } else { 0 };
+        let from = if slots.len() >= size { hashed } else { 0 };
         if from == 0 {
             slots.clear();
             reserve_advised(slots, size);
@@ -359,7 +363,6 @@ impl ChunkOps {
             }
             slots[at] = i + 1; // a later operation of the same key wins
         }
-        *hashed = n;
         // In log order, not slot order: sorting reads every kept key twice,
         // and in log order those reads run through the chunk front to back.
         let mut kept = vec![0u64; ops.len().div_ceil(64)];

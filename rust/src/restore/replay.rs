@@ -80,7 +80,7 @@ fn gather(
     format: StoreFormat,
 ) -> Result<bool, LogError> {
     ops.clear();
-    let keeps_last = !format.is_versioned() && format.key_schema().is_none();
+    let keeps_last = format.is_key_value();
     let log_bytes = if keeps_last { MAX_LOG_PER_CHUNK.saturating_mul(chunk_bytes) } else { chunk_bytes };
     let (kept_num, kept_den) = KEPT_SHARE_TO_GATHER_ON;
     let first = source.bytes_read();
@@ -155,6 +155,29 @@ mod tests {
     use crate::restore::{restore_options, ErrorKind, Listener};
     use crate::store::Store;
 
+    /// A listener that counts the batches written.
+    struct Batches(usize);
+
+    impl Listener for Batches {
+        fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+            Ok(())
+        }
+        fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+            self.0 += 1;
+            Ok(())
+        }
+        fn on_end(&mut self, _: u64) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// `n` records of distinct keys with values of `value_len` bytes.
+    fn unique_log(n: usize, value_len: usize) -> Vec<Entry> {
+        (0..n)
+            .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; value_len]) })
+            .collect()
+    }
+
     #[test]
     fn replay_equals_model_and_records_offset_in_small_chunks() {
         let log = random_log(3000, 300, 7);
@@ -177,23 +200,8 @@ mod tests {
     fn replay_gathers_several_reads_into_one_batch_when_its_chunk_is_larger_than_a_read() {
         // ~6 MiB of log of unique keys: a 5 MiB chunk is two reads (READ_BYTES, then the rest of the chunk)
         let n = 28_000;
-        let log: Vec<Entry> = (0..n)
-            .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; 200]) })
-            .collect();
+        let log = unique_log(n, 200);
         let dir = tempfile::tempdir().unwrap();
-        struct Batches(usize);
-        impl Listener for Batches {
-            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
-                Ok(())
-            }
-            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
-                self.0 += 1;
-                Ok(())
-            }
-            fn on_end(&mut self, _: u64) -> Result<(), String> {
-                Ok(())
-            }
-        }
         for (name, chunk, batches, read_ahead) in [
             ("gathered", 5 << 20, 2, false),
             ("default", DEFAULT_CHUNK_BYTES, 1, false),
@@ -218,21 +226,8 @@ mod tests {
     #[test]
     fn a_chunk_of_repeated_keys_gathers_more_log_up_to_its_bound() {
         // ~4 MiB of log over 2,000 keys: a chunk's last operation per key takes
-        // a fraction of it, so it covers MAX_LOG_PER_CHUNK chunks of log; a
-        // versioned store (every record counts) and unique keys do not.
-        struct Batches(usize);
-        impl Listener for Batches {
-            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
-                Ok(())
-            }
-            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
-                self.0 += 1;
-                Ok(())
-            }
-            fn on_end(&mut self, _: u64) -> Result<(), String> {
-                Ok(())
-            }
-        }
+        // a fraction of it, so it covers MAX_LOG_PER_CHUNK chunks of log (the
+        // next test: a versioned store and unique keys do not).
         let n = 100_000;
         let chunk = 128 << 10;
         let log = random_log(n, 2_000, 21);
@@ -262,21 +257,16 @@ mod tests {
     #[test]
     fn a_chunk_gathers_by_log_bytes_where_every_record_counts_or_no_key_repeats() {
         let chunk = 128 << 10;
-        let dir = tempfile::tempdir().unwrap();
         let mut ops = ChunkOps::default();
         let log = random_log(100_000, 2_000, 21);
         let mut src = VecSource::new(log, 0);
         gather(&mut ops, &mut src, 100_000, chunk, StoreFormat::Versioned).unwrap();
         assert!(src.bytes as usize >= chunk && (src.bytes as usize) < chunk + READ_BYTES, "{}", src.bytes);
-        let unique: Vec<Entry> = (0..20_000)
-            .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; 40]) })
-            .collect();
-        let mut src = VecSource::new(unique, 0);
+        let mut src = VecSource::new(unique_log(20_000, 40), 0);
         ops = ChunkOps::default();
         gather(&mut ops, &mut src, 20_000, chunk, StoreFormat::Plain).unwrap();
         assert!(ops.held_bytes() >= chunk && ops.held_bytes() < chunk + 4096, "{}", ops.held_bytes());
         assert!((src.bytes as usize) < chunk + 4096, "about a chunk of log: {}", src.bytes);
-        drop(dir);
     }
 
     #[test]
