@@ -329,12 +329,13 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
     share_fetch_sessions(&mut jobs);
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let restores = jobs.len();
+    let lookahead = engine::Lookahead::of(threads, restores, jobs.iter().any(|j| j.log.buffered_bytes() > 0));
     let results = py.detach(|| {
-        let ahead = engine::prepares_ahead(threads);
         engine::run_pipeline(
             jobs,
             threads,
-            |j| (ahead && j.log.prepares_ahead()).then(|| engine::prepare(&*j.log, &j.spec)),
+            lookahead,
+            |j| j.log.prepares_ahead().then(|| engine::prepare(&*j.log, &j.spec)),
             |mut j, prepared, read_all| {
                 engine::share_threads(&mut j.spec, threads, restores);
                 let listener = j.listener.as_mut().map(|l| l as &mut dyn Listener);

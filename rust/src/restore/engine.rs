@@ -392,13 +392,64 @@ enum Slot<T, P> {
     Taken,
 }
 
-/// Jobs prepared ahead of the workers, beyond those they took.
-const PREPARED_AHEAD: usize = 1;
+/// How far [`run_pipeline`] prepares its jobs ahead of its workers: on how
+/// many preparer threads, and how many jobs beyond those the workers took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lookahead {
+    pub preparers: usize,
+    pub jobs: usize,
+}
 
-/// Where [`run_pipeline`]'s jobs are: the next job to take, each job's slot,
-/// which jobs said they read all they read, and how many did.
+/// A job of at least this many restores per thread is taken to be one of
+/// many small stores ([`Lookahead::of`]).
+const MANY_RESTORES_PER_THREAD: usize = 8;
+
+impl Lookahead {
+    /// No job prepared ahead: each worker prepares its own.
+    pub const NONE: Lookahead = Lookahead { preparers: 0, jobs: 0 };
+
+    /// How `restore_many` on `threads` threads prepares `restores` restores
+    /// ahead, `buffers` telling whether a prepared restore holds fetched log
+    /// (a Kafka cursor primed). The one policy for every caller:
+    ///
+    /// - Many restores per thread, none holding fetched log (many small
+    ///   stores from the segment log): 4 preparers, 8 jobs ahead, whatever
+    ///   the cores. Creating a store waits on a dozen of RocksDB's fsyncs,
+    ///   so several creations overlap each other and the workers' CPU: 1,024
+    ///   stores of ~3,900 records took 3.0-3.2 s instead of 3.8 s on 2
+    ///   threads and 2 cores (4 partitions: 0.28-0.30 s either way). With
+    ///   Kafka, a store prepared ahead holds its first responses, so the
+    ///   memory of 8 would be outside the budget.
+    /// - Otherwise one preparer, one job ahead, only when the threads leave
+    ///   a core free. With a restore thread on every core a third busy
+    ///   thread beside two bulk restores (which are bound by cache misses)
+    ///   slowed them by ~8% (the segment log, 4 partitions of 500k records:
+    ///   112 ms -> 122 ms), while one restore thread beside it gained ~16%
+    ///   (205 ms -> 171 ms).
+    pub fn of(threads: usize, restores: usize, buffers: bool) -> Lookahead {
+        let threads = threads.max(1);
+        if !buffers && restores >= MANY_RESTORES_PER_THREAD * threads {
+            Lookahead { preparers: 4, jobs: 8 }
+        } else if std::thread::available_parallelism().map_or(1, |n| n.get()) > threads {
+            Lookahead { preparers: 1, jobs: 1 }
+        } else {
+            Lookahead::NONE
+        }
+    }
+
+    /// Whether job `i` may be prepared now that `line`'s workers took
+    /// `line.next` jobs and `line.read_count` said they read all they read.
+    fn allows<T, P>(&self, i: usize, line: &Line<T, P>, workers: usize) -> bool {
+        i < line.next + self.jobs && i + 1 < line.read_count + workers + self.jobs
+    }
+}
+
+/// Where [`run_pipeline`]'s jobs are: the next job to take and the next to
+/// prepare, each job's slot, which jobs said they read all they read, and
+/// how many did.
 struct Line<T, P> {
     next: usize,
+    to_prepare: usize,
     slots: Vec<Slot<T, P>>,
     read: Vec<bool>,
     read_count: usize,
@@ -425,11 +476,12 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 /// one per job); results come back in job order. A panic in one job becomes
 /// that job's `on_panic` result and leaves the others running.
 ///
-/// A preparer runs beside the workers and takes the next job's first steps
-/// (`prepare`, e.g. [`prepare`]: creating a store, asking the broker for
-/// offsets, the first fetch), which wait mostly on the disk and the network.
-/// It prepares a job once the jobs before it that hold the workers have read
-/// all they read (`f` is given a function to say so, for the job it runs):
+/// Preparers (`lookahead`) run beside the workers and take the next jobs'
+/// first steps (`prepare`, e.g. [`prepare`]: creating a store, asking the
+/// broker for offsets, the first fetch), which wait mostly on the disk and the
+/// network. A job is prepared once it is at most `lookahead.jobs` beyond the
+/// jobs the workers took, and the jobs before it that hold the workers have
+/// read all they read (`f` is given a function to say so, for the job it runs):
 /// a restore then spends its last phase writing (a bulk restore's sort and
 /// SST files), on its own core, while the next one's first responses arrive
 /// on the other, instead of taking the fetch thread's core while it is the
@@ -440,6 +492,7 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 pub fn run_pipeline<T: Send, P: Send, R: Send>(
     jobs: Vec<T>,
     threads: usize,
+    lookahead: Lookahead,
     prepare: impl Fn(&T) -> Option<P> + Sync,
     f: impl Fn(T, Option<P>, &dyn Fn()) -> R + Sync,
     on_panic: impl Fn(String) -> R + Sync,
@@ -447,6 +500,7 @@ pub fn run_pipeline<T: Send, P: Send, R: Send>(
     let n = jobs.len();
     let line = Mutex::new(Line {
         next: 0,
+        to_prepare: 0,
         slots: jobs.into_iter().map(Slot::Waiting).collect::<Vec<Slot<T, P>>>(),
         read: vec![false; n],
         read_count: 0,
@@ -461,12 +515,17 @@ pub fn run_pipeline<T: Send, P: Send, R: Send>(
     let results: Vec<Mutex<Option<R>>> = (0..n).map(|_| Mutex::new(None)).collect();
     let workers = threads.clamp(1, n.max(1));
     std::thread::scope(|s| {
-        s.spawn(|| {
-            for i in 0..n {
+        for _ in 0..lookahead.preparers {
+            s.spawn(|| loop {
                 let mut l = lock();
-                while i >= l.next + PREPARED_AHEAD || l.read_count + workers <= i {
+                while l.to_prepare < n && !lookahead.allows(l.to_prepare, &l, workers) {
                     l = changed.wait(l).unwrap_or_else(|p| p.into_inner());
                 }
+                let i = l.to_prepare;
+                if i >= n {
+                    return;
+                }
+                l.to_prepare += 1;
                 let Slot::Waiting(job) = std::mem::replace(&mut l.slots[i], Slot::Preparing) else {
                     l.slots[i] = Slot::Taken; // a worker took it first
                     continue;
@@ -475,8 +534,8 @@ pub fn run_pipeline<T: Send, P: Send, R: Send>(
                 let p = catch_unwind(AssertUnwindSafe(|| prepare(&job))).map_err(panic_message);
                 lock().slots[i] = Slot::Ready(job, p);
                 changed.notify_all();
-            }
-        });
+            });
+        }
         for _ in 0..workers {
             s.spawn(|| loop {
                 let mut l = lock();
@@ -512,16 +571,6 @@ pub fn run_pipeline<T: Send, P: Send, R: Send>(
     results.into_iter().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).expect("every job ran")).collect()
 }
 
-/// Whether `restore_many` on `threads` threads prepares restores ahead: only
-/// when the threads leave a core free. With a restore thread on every core
-/// the preparer has no idle core to use; a third busy thread beside two
-/// bulk restores (which are bound by cache misses) slowed them by ~8% (the
-/// segment log, 4 partitions of 500k records: 112 ms -> 122 ms), while one
-/// restore thread beside it gained ~16% (205 ms -> 171 ms).
-pub fn prepares_ahead(threads: usize) -> bool {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) > threads.max(1)
-}
-
 /// What one of `restores` restores of a job on `threads` threads may use:
 /// one thread (no read-ahead), the pool's threads being the parallelism; or,
 /// when the job has fewer restores than threads, its share of them
@@ -535,8 +584,8 @@ pub fn share_threads(spec: &mut RestoreSpec, threads: usize, restores: usize) {
 }
 
 /// Restore many (store, partition) pairs on `threads` threads, each restore
-/// on one thread (no read-ahead), the next restore prepared ahead
-/// ([`run_pipeline`]), all reading through the log's changelog for one job
+/// on one thread (no read-ahead), the next restores prepared ahead
+/// ([`run_pipeline`], [`Lookahead::of`]), all reading through the log's changelog for one job
 /// ([`Changelog::for_job`]). Each pair's result is its own: a failure leaves the
 /// other restores running.
 ///
@@ -553,12 +602,12 @@ pub fn restore_many(
         Some(j) => &**j,
         None => log,
     };
-    let ahead = prepares_ahead(threads);
     let restores = specs.len();
     run_pipeline(
         specs,
         threads,
-        |(spec, _)| (ahead && log.prepares_ahead()).then(|| prepare(log, spec)),
+        Lookahead::of(threads, restores, log.buffered_bytes() > 0),
+        |(spec, _)| log.prepares_ahead().then(|| prepare(log, spec)),
         |(mut spec, mut listener), prepared, read_all| {
             share_threads(&mut spec, threads, restores);
             let listener = listener.as_mut().map(|b| &mut **b as &mut dyn Listener);
@@ -866,6 +915,7 @@ mod tests {
         let out = run_pipeline(
             (0..5).collect(),
             1,
+            Lookahead { preparers: 1, jobs: 1 },
             |&j: &usize| {
                 // One worker: job j is prepared only once the job before it read all it reads
                 // (job 3 fails while being prepared and reads nothing: job 4 may follow its failure).
@@ -904,11 +954,63 @@ mod tests {
         let r = run_pipeline(
             vec![1, 2, 3],
             2,
+            Lookahead::NONE,
             |_| None::<()>,
             |x, _, _| if x == 2 { panic!("two") } else { x * 10 },
             |_| -1,
         );
         assert_eq!(r, vec![10, -1, 30]);
+    }
+
+    #[test]
+    fn many_small_restores_are_prepared_on_several_threads_at_most_their_lookahead_beyond_the_workers() {
+        use std::thread;
+        let la = Lookahead { preparers: 4, jobs: 8 };
+        let taken = Mutex::new(0usize);
+        let (preparing, most) = (Mutex::new(0usize), Mutex::new(0usize));
+        let out = run_pipeline(
+            (0..40).collect(),
+            1,
+            la,
+            |&j: &usize| {
+                // The worker's count lags the pipeline's by the job it is about to start.
+                assert!(j < *taken.lock().unwrap() + la.jobs + 1, "job {j} prepared too far ahead");
+                let now = {
+                    let mut p = preparing.lock().unwrap();
+                    *p += 1;
+                    *p
+                };
+                let mut m = most.lock().unwrap();
+                *m = (*m).max(now);
+                drop(m);
+                thread::sleep(Duration::from_millis(20)); // a store's creation, waiting on its fsyncs
+                *preparing.lock().unwrap() -= 1;
+                Some(j)
+            },
+            |j, p, read_all| {
+                *taken.lock().unwrap() += 1;
+                read_all();
+                thread::sleep(Duration::from_millis(10)); // the restore, slower than 4 creations side by side
+                (j, p)
+            },
+            |_| (usize::MAX, None),
+        );
+        assert!(out.iter().enumerate().all(|(i, &(j, p))| j == i && (p.is_none() || p == Some(i))), "{out:?}");
+        let prepared = out.iter().filter(|(_, p)| p.is_some()).count();
+        assert!(prepared >= 20, "only {prepared} of 40 prepared ahead");
+        assert!(*most.lock().unwrap() >= 3, "at most {} preparations at once", most.lock().unwrap());
+    }
+
+    #[test]
+    fn only_many_restores_per_thread_that_hold_no_fetched_log_are_prepared_on_several_threads() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let one = |threads: usize| if cores > threads { Lookahead { preparers: 1, jobs: 1 } } else { Lookahead::NONE };
+        assert_eq!(Lookahead::of(2, 1024, false), Lookahead { preparers: 4, jobs: 8 });
+        assert_eq!(Lookahead::of(2, 16, false), Lookahead { preparers: 4, jobs: 8 });
+        assert_eq!(Lookahead::of(2, 15, false), one(2));
+        assert_eq!(Lookahead::of(2, 1024, true), one(2), "Kafka's prepared cursors hold their responses");
+        assert_eq!(Lookahead::of(cores, 4, false), Lookahead::NONE);
+        assert_eq!(Lookahead::of(0, 4, false), one(1));
     }
 
     /// Each segment of the segmented store at `dir` (segment id -> contents),
