@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options, WriteBatch, WriteOptions, DB,
+    ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, LogLevel, Options, WriteBatch, WriteOptions, DB,
 };
 
 use crate::codec::RawHeaders;
@@ -477,6 +477,25 @@ const OFFSETS_MEMTABLES: i32 = 16;
 /// slow writes: far above what a long compaction lets pile up.
 const OFFSETS_LEVEL0_STALL_FILES: i32 = 1 << 10;
 
+/// The environment variable that sets what a store's RocksDB writes to its
+/// `LOG`: `debug`, `info`, `warn` (the default) or `error`.
+pub const ROCKSDB_LOG_ENV: &str = "STATESTORE_ROCKSDB_LOG";
+
+/// What a store's RocksDB writes to its `LOG` ([`ROCKSDB_LOG_ENV`]; any other
+/// value is the default). Warnings by default: stalled and stopped writes, and
+/// errors. Not the dump of every option (some 280 lines, ~38 KB a store)
+/// formatted at every open, which was ~10% of the CPU of creating 1,024 small
+/// stores, nor every flush and compaction; `info` brings those back to
+/// diagnose a slow store. Kafka Streams logs errors only.
+pub fn rocksdb_log_level() -> LogLevel {
+    match std::env::var(ROCKSDB_LOG_ENV).as_deref() {
+        Ok("debug") => LogLevel::Debug,
+        Ok("info") => LogLevel::Info,
+        Ok("error") => LogLevel::Error,
+        _ => LogLevel::Warn,
+    }
+}
+
 /// Options every statestore store is opened with.
 pub fn store_options(create: bool) -> Options {
     let mut o = Options::default();
@@ -484,6 +503,7 @@ pub fn store_options(create: bool) -> Options {
     o.create_if_missing(create);
     o.create_missing_column_families(true);
     o.set_atomic_flush(true);
+    o.set_log_level(rocksdb_log_level());
     o
 }
 

@@ -253,6 +253,25 @@ def test_a_replay_gives_rocksdbs_memtables_half_of_its_memory_budget(
     assert int(offsets["level0_slowdown_writes_trigger"]) >= 4 * int(opts["level0_slowdown_writes_trigger"])
 
 
+@pytest.mark.parametrize("level", [None, "warn", "nonsense", "info"])
+def test_rocksdb_logs_its_warnings_not_its_options_unless_asked_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: str | None
+) -> None:
+    """RocksDB formatted some 280 lines of options into a store's LOG at every open, ~10% of the CPU
+    of creating many small stores: the LOG now holds warnings (stalled writes), and
+    STATESTORE_ROCKSDB_LOG=info brings the rest back for a diagnosis."""
+    if level is None:
+        monkeypatch.delenv("STATESTORE_ROCKSDB_LOG", raising=False)
+    else:
+        monkeypatch.setenv("STATESTORE_ROCKSDB_LOG", level)
+    model = _mixed_log(tmp_path / "log", 500, 50)
+    restore_store(tmp_path / "s", tmp_path / "log", TP, mode="replay")
+    check(tmp_path / "s", model, model.end)
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "s").glob("LOG*")]
+    assert logs, "RocksDB keeps its LOG whatever the level"
+    assert any("Options.write_buffer_size" in log for log in logs) == (level == "info"), logs
+
+
 def test_restored_store_reads_in_rocksdict_raw_mode(tmp_path: Path) -> None:
     from rocksdict import AccessType, Options, Rdict
 
