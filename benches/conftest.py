@@ -37,3 +37,16 @@ def run_times(fn: Callable[[], Any], reset: Callable[[], None], rounds: int) -> 
 def median_time(fn: Callable[[], Any], reset: Callable[[], None], rounds: int) -> float:
     """The median of :func:`run_times`: one slow round (a page-cache miss, a GC) does not move it."""
     return statistics.median(run_times(fn, reset, rounds))
+
+
+def median_times_alternating(
+    baseline: Callable[[], Any], candidate: Callable[[], Any], reset: Callable[[], None], rounds: int
+) -> tuple[float, float]:
+    """The median wall seconds of ``rounds`` calls of each of ``baseline`` and ``candidate``, called in
+    turn (each after ``reset``, not timed): a change of the shared machine's speed during the
+    measurement falls on both sides alike, not on whichever ran last."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for side, fn in zip(times, (baseline, candidate), strict=True):
+            side.extend(run_times(fn, reset, 1))
+    return statistics.median(times[0]), statistics.median(times[1])
