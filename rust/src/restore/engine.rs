@@ -416,8 +416,9 @@ impl Lookahead {
     ///   stores from the segment log): 4 preparers, 8 jobs ahead, whatever
     ///   the cores. Creating a store waits on a dozen of RocksDB's fsyncs,
     ///   so several creations overlap each other and the workers' CPU: 1,024
-    ///   stores of ~3,900 records took 3.0-3.2 s instead of 3.8 s on 2
-    ///   threads and 2 cores (4 partitions: 0.28-0.30 s either way). With
+    ///   stores of ~3,900 records took 4.0-4.6 s instead of 6.3-7.5 s on 2
+    ///   threads and 2 cores (the same records in 4 partitions: 0.5-0.7 s
+    ///   either way; 8 preparers 16 ahead were no faster). With
     ///   Kafka, a store prepared ahead holds its first responses, so the
     ///   memory of 8 would be outside the budget.
     /// - Otherwise one preparer, one job ahead, only when the threads leave
