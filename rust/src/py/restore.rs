@@ -329,6 +329,10 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
     share_fetch_sessions(&mut jobs);
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let restores = jobs.len();
+    // Each spec takes its share before it is prepared: a preparation sizes the replay's chunks by it.
+    for j in &mut jobs {
+        engine::share_threads(&mut j.spec, threads, restores);
+    }
     let lookahead = engine::Lookahead::of(threads, restores, jobs.iter().any(|j| j.log.buffered_bytes() > 0));
     let results = py.detach(|| {
         engine::run_pipeline(
@@ -337,7 +341,6 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
             lookahead,
             |j| j.log.prepares_ahead().then(|| engine::prepare(&*j.log, &j.spec)),
             |mut j, prepared, read_all| {
-                engine::share_threads(&mut j.spec, threads, restores);
                 let listener = j.listener.as_mut().map(|l| l as &mut dyn Listener);
                 engine::restore_prepared(&*j.log, &j.spec, prepared, listener, Some(read_all))
             },

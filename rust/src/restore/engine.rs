@@ -421,21 +421,21 @@ impl Lookahead {
     ///   either way; 8 preparers 16 ahead were no faster). With
     ///   Kafka, a store prepared ahead holds its first responses, so the
     ///   memory of 8 would be outside the budget.
-    /// - Otherwise one preparer, one job ahead: always for restores that
-    ///   hold fetched log (Kafka), whose preparation mostly waits on the
-    ///   broker and whose first responses then wait for their worker (4
-    ///   partitions of 400k records on 2 threads and 2 cores: 0.32-0.39 s
-    ///   instead of 0.35-0.52 s, 1 thread unchanged); from the segment log
-    ///   only when the threads leave a core free. With a restore thread on
-    ///   every core a third busy thread beside two bulk restores (which are
-    ///   bound by cache misses) slowed them by ~8% (the segment log, 4
-    ///   partitions of 500k records: 112 ms -> 122 ms), while one restore
-    ///   thread beside it gained ~16% (205 ms -> 171 ms).
+    /// - Otherwise one preparer, one job ahead, only when the threads leave
+    ///   a core free. With a restore thread on every core a third busy
+    ///   thread beside two bulk restores (which are bound by cache misses)
+    ///   slowed them by ~8% (the segment log, 4 partitions of 500k records:
+    ///   112 ms -> 122 ms), while one restore thread beside it gained ~16%
+    ///   (205 ms -> 171 ms). From Kafka it is the same: 4 partitions of 2M
+    ///   records on 2 threads and 2 cores took 2.44 s with a preparer and
+    ///   2.08 s without (of 400k records, 0.38 s with and 0.46 s without:
+    ///   only small restores gain), and on 1 thread 3.06 s with, 3.30 s
+    ///   without.
     pub fn of(threads: usize, restores: usize, buffers: bool) -> Lookahead {
         let threads = threads.max(1);
         if !buffers && restores >= MANY_RESTORES_PER_THREAD * threads {
             Lookahead { preparers: 4, jobs: 8 }
-        } else if buffers || std::thread::available_parallelism().map_or(1, |n| n.get()) > threads {
+        } else if std::thread::available_parallelism().map_or(1, |n| n.get()) > threads {
             Lookahead { preparers: 1, jobs: 1 }
         } else {
             Lookahead::NONE
@@ -608,13 +608,20 @@ pub fn restore_many(
         None => log,
     };
     let restores = specs.len();
+    // Each spec takes its share before it is prepared: a preparation sizes the replay's chunks by it.
+    let specs = specs
+        .into_iter()
+        .map(|(mut spec, listener)| {
+            share_threads(&mut spec, threads, restores);
+            (spec, listener)
+        })
+        .collect();
     run_pipeline(
         specs,
         threads,
         Lookahead::of(threads, restores, log.buffered_bytes() > 0),
         |(spec, _)| log.prepares_ahead().then(|| prepare(log, spec)),
-        |(mut spec, mut listener), prepared, read_all| {
-            share_threads(&mut spec, threads, restores);
+        |(spec, mut listener), prepared, read_all| {
             let listener = listener.as_mut().map(|b| &mut **b as &mut dyn Listener);
             restore_prepared(log, &spec, prepared, listener, Some(read_all))
         },
@@ -806,6 +813,62 @@ mod tests {
         assert_eq!(e.path.as_deref(), Some(dir.path().join("missing").as_path()));
         assert_eq!((e.topic.as_deref(), e.partition), (Some("t"), Some(9)));
         assert!(e.message.contains("t-9"), "{e}");
+    }
+
+    #[test]
+    fn a_restore_prepared_ahead_replays_in_the_chunks_of_the_threads_restore_many_gave_it() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        struct Count(Arc<AtomicUsize>);
+        impl Listener for Count {
+            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+                Ok(())
+            }
+            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            fn on_end(&mut self, _: u64) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        // ~22 MiB of unique keys a partition: a batch per chunk, 8 MiB without read-ahead and 5 with it.
+        let log: Vec<Entry> = (0..200_000)
+            .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; 100]) })
+            .collect();
+        let vl = VecLog((0..3).map(|p| (("t".to_string(), p), log.clone())).collect());
+        let spec = |dir: &Path, p: i32| {
+            let mut s = RestoreSpec::new(dir.join(format!("s{p}")), "t", p);
+            s.mode = Mode::Replay;
+            s.memory_budget = 40 << 20;
+            s.progress_interval = Duration::ZERO;
+            s
+        };
+        let lone = |read_ahead: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut s = spec(dir.path(), 0);
+            s.read_ahead = read_ahead;
+            let n = Arc::new(AtomicUsize::new(0));
+            restore(&vl, &s, Some(&mut Count(n.clone()))).unwrap();
+            n.load(Ordering::Relaxed)
+        };
+        let (one_thread, read_ahead) = (lone(false), lone(true));
+        assert_ne!(one_thread, read_ahead, "the budget gives the two ways different chunks");
+        // One thread for three restores: each on one thread, without read-ahead, and (on two
+        // cores or more) the second and third prepared ahead, with the spec they run with.
+        let dir = tempfile::tempdir().unwrap();
+        let counts: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+        let specs = (0..3)
+            .map(|p| (spec(dir.path(), p), Some(Box::new(Count(counts[p as usize].clone())) as Box<dyn Listener>)))
+            .collect();
+        let out = restore_many(&vl, specs, 1);
+        assert!(out.iter().all(|o| o.is_ok()), "{:?}", out.iter().map(|o| o.as_ref().err()).collect::<Vec<_>>());
+        let got: Vec<usize> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        assert_eq!(
+            got,
+            vec![one_thread; 3],
+            "batches of each restore (one thread alone: {one_thread}, read-ahead: {read_ahead})"
+        );
     }
 
     #[test]
@@ -1007,15 +1070,14 @@ mod tests {
     }
 
     #[test]
-    fn many_small_restores_are_prepared_on_several_threads_and_kafka_restores_always_one_ahead() {
+    fn only_many_restores_per_thread_that_hold_no_fetched_log_are_prepared_on_several_threads() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let one = |threads: usize| if cores > threads { Lookahead { preparers: 1, jobs: 1 } } else { Lookahead::NONE };
         assert_eq!(Lookahead::of(2, 1024, false), Lookahead { preparers: 4, jobs: 8 });
         assert_eq!(Lookahead::of(2, 16, false), Lookahead { preparers: 4, jobs: 8 });
         assert_eq!(Lookahead::of(2, 15, false), one(2));
-        // Kafka's prepared cursors hold their responses: one restore ahead, whatever the cores.
-        assert_eq!(Lookahead::of(2, 1024, true), Lookahead { preparers: 1, jobs: 1 });
-        assert_eq!(Lookahead::of(cores, 4, true), Lookahead { preparers: 1, jobs: 1 });
+        assert_eq!(Lookahead::of(2, 1024, true), one(2), "Kafka's prepared cursors hold their responses");
+        assert_eq!(Lookahead::of(cores, 4, true), Lookahead::NONE);
         assert_eq!(Lookahead::of(cores, 4, false), Lookahead::NONE);
         assert_eq!(Lookahead::of(0, 4, false), one(1));
     }
