@@ -385,21 +385,26 @@ impl KafkaClient {
 
     /// Run `f` on a connection to the leader of `topic-partition` (with the
     /// leader's epoch), retrying retriable failures after a metadata refresh
-    /// until `deadline`. Each attempt waits at most an attempt's timeout for
-    /// an answer; a leader that gave none is tried after the other brokers
-    /// (its idle connections closed), so the refresh asks one that answers.
+    /// until `deadline`, or until `patience` once a broker left an attempt
+    /// unanswered (a leader paused or cut off: what follows, an election,
+    /// takes the cluster its own time; a refused connection keeps the
+    /// deadline, so a wrong address fails fast). Each attempt waits at most an attempt's timeout for an answer;
+    /// a leader that gave none is tried after the other brokers (its idle
+    /// connections closed), so the refresh asks one that answers.
     pub fn with_leader<T>(
         &self,
         topic: &str,
         partition: i32,
         deadline: Instant,
+        patience: Instant,
         mut f: impl FnMut(&mut Conn, i32) -> Result<T, KafkaError>,
     ) -> Result<T, KafkaError> {
         let mut backoff = FIRST_BACKOFF;
+        let mut until = deadline;
         loop {
             let r = self.leader(topic, partition).and_then(|l| {
                 let mut c = self.checkout(&l.broker)?;
-                c.within(Some(deadline));
+                c.within(Some(until));
                 let r = f(&mut c, l.epoch);
                 match &r {
                     Ok(_) | Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_)) => {
@@ -410,8 +415,11 @@ impl KafkaClient {
                 }
                 r
             });
+            if let Err(KafkaError::Timeout(_)) = &r {
+                until = until.max(patience);
+            }
             match r {
-                Err(e) if e.retriable() && Instant::now() + backoff < deadline => {
+                Err(e) if e.retriable() && Instant::now() + backoff < until => {
                     self.invalidate(topic, partition);
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -461,8 +469,22 @@ impl KafkaClient {
     /// `(start, end, last_stable)` of `topic-partition`: earliest, latest, and
     /// latest under read_committed (the last stable offset).
     pub fn offsets(&self, topic: &str, partition: i32) -> Result<Bounds, KafkaError> {
-        let deadline = Instant::now() + self.config.request_timeout;
-        self.with_leader(topic, partition, deadline, |c, epoch| {
+        self.offsets_within(topic, partition, self.config.request_timeout)
+    }
+
+    /// [`Self::offsets`] of a partition a restore starts on: a leader that
+    /// stops answering is waited out within the restore's stall timeout, as
+    /// the restore's fetches wait for it (a leader paused past the request
+    /// timeout failed the restore before its first fetch); an unknown topic
+    /// or a refused connection still fails within the request timeout.
+    pub fn restore_offsets(&self, topic: &str, partition: i32) -> Result<Bounds, KafkaError> {
+        self.offsets_within(topic, partition, self.config.stall_timeout.max(self.config.request_timeout))
+    }
+
+    fn offsets_within(&self, topic: &str, partition: i32, patience: Duration) -> Result<Bounds, KafkaError> {
+        let now = Instant::now();
+        let deadline = now + self.config.request_timeout;
+        self.with_leader(topic, partition, deadline, now + patience, |c, epoch| {
             let start = self.list_offset(c, topic, partition, epoch, -2, 0)?;
             let end = self.list_offset(c, topic, partition, epoch, -1, 0)?;
             let lso = self.list_offset(c, topic, partition, epoch, -1, 1)?;
@@ -485,7 +507,7 @@ pub struct KafkaLog(pub Arc<KafkaClient>);
 
 impl Changelog for KafkaLog {
     fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
-        Ok(self.0.offsets(topic, partition)?)
+        Ok(self.0.restore_offsets(topic, partition)?)
     }
 
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
@@ -515,7 +537,7 @@ impl SessionLog {
 
 impl Changelog for SessionLog {
     fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
-        Ok(self.0.client().offsets(topic, partition)?)
+        Ok(self.0.client().restore_offsets(topic, partition)?)
     }
 
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {

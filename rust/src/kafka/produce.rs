@@ -120,7 +120,7 @@ pub fn produce_synthetic(
             return s.send(c, batch, first);
         }
         let deadline = Instant::now() + client.config.request_timeout;
-        client.with_leader(topic, partition, deadline, |c, _epoch| {
+        client.with_leader(topic, partition, deadline, deadline, |c, _epoch| {
             s.version = c.version::<ProduceRequest>(PRODUCE_VERSION)?;
             // half the request timeout: the broker answers (or gives up) before this side stops waiting
             s.timeout_ms = i32::try_from(c.request_timeout().as_millis() / 2).unwrap_or(i32::MAX);

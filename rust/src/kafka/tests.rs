@@ -976,6 +976,41 @@ fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refre
 }
 
 #[test]
+fn a_restore_waits_out_a_leader_paused_past_the_request_timeout_before_its_first_fetch() {
+    // Attempts of 1 s in a request budget of 3 s, a stall timeout of 10 s: node 1 leads, then
+    // stops answering (its connections open); node 2 leads only 4 s later, past the request budget.
+    use crate::source::Changelog;
+    for restore in [false, true] {
+        let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
+        let pairs = [("bootstrap.servers", addrs[0].as_str())];
+        let c = KafkaClient::new(ClientConfig::parse(pairs, Duration::from_secs(3), Duration::from_secs(10)).unwrap());
+        c.offsets("t", 0).unwrap(); // a pooled connection to node 1, which the next call takes
+        script.lock().unwrap().muted.push(1);
+        let moved = script.clone();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_secs(4));
+            moved.lock().unwrap().leader = 2;
+        });
+        let t = Instant::now();
+        if restore {
+            let o = super::client::KafkaLog(c)
+                .bounds("t", 0)
+                .unwrap_or_else(|e| panic!("a restore's bounds after {:?}: {e}", t.elapsed()));
+            assert_eq!((o.start, o.end), (0, 37));
+            assert!(t.elapsed() < Duration::from_secs(8), "bounds took {:?}", t.elapsed());
+        } else {
+            let e = c.offsets("t", 0).unwrap_err();
+            assert!(matches!(e, KafkaError::Timeout(_)), "{e}");
+            assert!(
+                t.elapsed() < Duration::from_millis(3600),
+                "outside a restore: the request budget, {:?}",
+                t.elapsed()
+            );
+        }
+    }
+}
+
+#[test]
 fn a_leader_that_stops_answering_costs_an_attempt_not_the_call_s_budget() {
     // A budget of 3 s, attempts of 1 s: node 1 leads, then is paused (its
     // connections open, nothing answered); 300 ms later node 2 leads.
