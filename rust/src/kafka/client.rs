@@ -388,9 +388,10 @@ impl KafkaClient {
     /// until `deadline`, or until `patience` once a broker left an attempt
     /// unanswered (a leader paused or cut off: what follows, an election,
     /// takes the cluster its own time; a refused connection keeps the
-    /// deadline, so a wrong address fails fast). Each attempt waits at most an attempt's timeout for an answer;
-    /// a leader that gave none is tried after the other brokers (its idle
-    /// connections closed), so the refresh asks one that answers.
+    /// deadline, so a wrong address fails fast). Each attempt waits at most
+    /// an attempt's timeout for an answer; a leader that gave none is tried
+    /// after the other brokers (its idle connections closed), so the refresh
+    /// asks one that answers.
     pub fn with_leader<T>(
         &self,
         topic: &str,
