@@ -617,6 +617,11 @@ impl SegmentedStore {
         Ok(())
     }
 
+    /// [`Store::settle_level0`] for every segment.
+    pub fn settle_level0(&self, files: u64) {
+        self.lock().values().for_each(|s| s.settle_level0(files));
+    }
+
     /// Flush every segment.
     pub fn flush(&self) -> Result<(), StoreError> {
         let segments = self.lock();

@@ -477,6 +477,18 @@ const OFFSETS_MEMTABLES: i32 = 16;
 /// slow writes: far above what a long compaction lets pile up.
 const OFFSETS_LEVEL0_STALL_FILES: i32 = 1 << 10;
 
+/// Level-0 files in one column family at which RocksDB's defaults slow writes
+/// (`level0_slowdown_writes_trigger`; they stop them at 36). Kafka Streams and
+/// [`store_options`] keep the defaults, so no restore hands over a store with
+/// this many ([`Store::settle_level0`]).
+pub const DEFAULT_LEVEL0_SLOWDOWN_FILES: u64 = 20;
+
+/// How often [`Store::settle_level0`] looks at level 0 while RocksDB compacts it.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+/// How long [`Store::settle_level0`] waits for a compaction to start: RocksDB
+/// schedules the next one within milliseconds of the last while one is due.
+const SETTLE_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The environment variable that sets what a store's RocksDB writes to its
 /// `LOG`: `debug`, `info`, `warn` (the default) or `error`.
 pub const ROCKSDB_LOG_ENV: &str = "STATESTORE_ROCKSDB_LOG";
@@ -779,6 +791,36 @@ impl Store {
         self.db.write_opt(batch, &wo).map_err(|e| self.err("write", e))
     }
 
+    /// The most level-0 files any column family holds.
+    pub fn level0_files(&self) -> u64 {
+        let files = |cf| self.db.property_int_value_cf(cf, "rocksdb.num-files-at-level0").ok().flatten();
+        let families = self.format.column_families().iter().filter_map(|cf| self.db.cf_handle(cf));
+        families.filter_map(files).max().unwrap_or(0)
+    }
+
+    /// Wait, while RocksDB's own compactions run, until no column family holds
+    /// `files` level-0 files or more. A large replay writes faster than one
+    /// compaction merges level 0 into the levels below, and ends with up to
+    /// tens of level-0 files: handed over as they are, they would slow (or stop)
+    /// the writes of the application that opens the store next, while its own
+    /// compactions caught up. Waiting here puts that cost in the restore, whose
+    /// time the user sees and measures. Returns at once when level 0 is below
+    /// `files`, and stops waiting once no compaction has run for
+    /// [`SETTLE_IDLE`] (a background error, or compactions turned off): the
+    /// store is valid either way.
+    pub fn settle_level0(&self, files: u64) {
+        let mut idle = std::time::Duration::ZERO;
+        while self.level0_files() >= files && idle < SETTLE_IDLE {
+            let int = |name| self.db.property_int_value(name).ok().flatten().unwrap_or(0);
+            if int("rocksdb.background-errors") > 0 {
+                break;
+            }
+            idle =
+                if int("rocksdb.num-running-compactions") > 0 { std::time::Duration::ZERO } else { idle + SETTLE_POLL };
+            std::thread::sleep(SETTLE_POLL);
+        }
+    }
+
     /// Flush both column families together and wait for it.
     pub fn flush(&self) -> Result<(), StoreError> {
         let mut fo = FlushOptions::default();
@@ -955,6 +997,21 @@ mod tests {
         s.flush().unwrap();
         let ro = Store::open_read_only(&p).unwrap();
         assert_eq!(ro.offset("t-0").unwrap(), Some(7));
+    }
+
+    #[test]
+    fn settling_level0_stops_waiting_when_rocksdb_runs_no_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        crate::restore::testing::store_with_level0_files(&p, 24);
+        let mut o = crate::restore::restore_options();
+        o.set_disable_auto_compactions(true);
+        let s = Store::open_with(&p, o).unwrap();
+        let t0 = std::time::Instant::now();
+        s.settle_level0(DEFAULT_LEVEL0_SLOWDOWN_FILES);
+        assert!(t0.elapsed() < SETTLE_IDLE * 3, "{:?}", t0.elapsed());
+        assert_eq!(s.level0_files(), 24);
+        s.settle_level0(25); // below already: returns at once
     }
 
     #[test]

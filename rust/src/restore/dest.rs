@@ -178,6 +178,15 @@ impl Dest {
         }
     }
 
+    /// Wait until no database of the store holds `files` level-0 files or more
+    /// ([`Store::settle_level0`]).
+    pub fn settle_level0(&self, files: u64) {
+        match self {
+            Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => s.settle_level0(files),
+            Dest::Segmented(s) => s.settle_level0(files),
+        }
+    }
+
     /// Make what was written durable.
     pub fn flush(&self) -> Result<(), StoreError> {
         match self {

@@ -287,3 +287,19 @@ pub fn model_segmented(log: &[Entry], end: i64, format: StoreFormat, seg: Segmen
     }
     (m, last)
 }
+
+/// Create a store at `path` whose data holds `files` level-0 files of ~100 KB
+/// each (written with compactions off, every one across the whole key range,
+/// no key in two), as a large replay leaves it.
+pub fn store_with_level0_files(path: &std::path::Path, files: u64) {
+    let mut o = super::restore_options();
+    o.set_disable_auto_compactions(true);
+    let s = Store::open_with(path, o).unwrap();
+    for f in 0..files {
+        let mut b = rocksdb::WriteBatch::default();
+        (0..1_000).for_each(|i| b.put(format!("k{i:06}{f:03}").as_bytes(), [b'v'; 80]));
+        s.write(b, false).unwrap();
+        s.flush().unwrap();
+    }
+    assert_eq!(s.level0_files(), files);
+}
