@@ -139,6 +139,15 @@ struct Job {
     kafka: Option<Arc<KafkaClient>>,
 }
 
+impl engine::RestoreJob for Job {
+    fn parts(&self) -> (&dyn Changelog, &RestoreSpec) {
+        (&*self.log, &self.spec)
+    }
+    fn parts_mut(&mut self) -> (&dyn Changelog, &mut RestoreSpec, Option<&mut dyn Listener>) {
+        (&*self.log, &mut self.spec, self.listener.as_mut().map(|l| l as &mut dyn Listener))
+    }
+}
+
 /// Seconds a Python changelog may go without handing out anything before a
 /// restore gives up, unless it says otherwise (`restore_stall_timeout`).
 const DEFAULT_STALL_SECONDS: f64 = 60.0;
@@ -328,25 +337,7 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
     let mut jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
     share_fetch_sessions(&mut jobs);
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
-    let restores = jobs.len();
-    // Each spec takes its share before it is prepared: a preparation sizes the replay's chunks by it.
-    for j in &mut jobs {
-        engine::share_threads(&mut j.spec, threads, restores);
-    }
-    let lookahead = engine::Lookahead::of(threads, restores, jobs.iter().any(|j| j.log.buffered_bytes() > 0));
-    let results = py.detach(|| {
-        engine::run_pipeline(
-            jobs,
-            threads,
-            lookahead,
-            |j| j.log.prepares_ahead().then(|| engine::prepare(&*j.log, &j.spec)),
-            |mut j, prepared, read_all| {
-                let listener = j.listener.as_mut().map(|l| l as &mut dyn Listener);
-                engine::restore_prepared(&*j.log, &j.spec, prepared, listener, Some(read_all))
-            },
-            |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
-        )
-    });
+    let results = py.detach(|| engine::restore_jobs(jobs, threads));
     results
         .into_iter()
         .zip(raised)

@@ -607,23 +607,58 @@ pub fn restore_many(
         Some(j) => &**j,
         None => log,
     };
-    let restores = specs.len();
-    // Each spec takes its share before it is prepared: a preparation sizes the replay's chunks by it.
-    let specs = specs
-        .into_iter()
-        .map(|(mut spec, listener)| {
-            share_threads(&mut spec, threads, restores);
-            (spec, listener)
-        })
-        .collect();
+    let jobs = specs.into_iter().map(|(spec, listener)| OneLog { log, spec, listener }).collect();
+    restore_jobs(jobs, threads)
+}
+
+/// One restore of a job [`restore_jobs`] runs: the log it reads, its spec and
+/// its listener.
+pub trait RestoreJob: Send {
+    /// The log and the spec, to prepare the restore.
+    fn parts(&self) -> (&dyn Changelog, &RestoreSpec);
+    /// The log, the spec and the listener, to share the threads and to run it.
+    fn parts_mut(&mut self) -> (&dyn Changelog, &mut RestoreSpec, Option<&mut dyn Listener>);
+}
+
+/// A restore of [`restore_many`]: every one reads the same log.
+struct OneLog<'a> {
+    log: &'a dyn Changelog,
+    spec: RestoreSpec,
+    listener: Option<Box<dyn Listener>>,
+}
+
+impl RestoreJob for OneLog<'_> {
+    fn parts(&self) -> (&dyn Changelog, &RestoreSpec) {
+        (self.log, &self.spec)
+    }
+    fn parts_mut(&mut self) -> (&dyn Changelog, &mut RestoreSpec, Option<&mut dyn Listener>) {
+        (self.log, &mut self.spec, self.listener.as_mut().map(|b| &mut **b as &mut dyn Listener))
+    }
+}
+
+/// Run `jobs` on `threads` threads, the one way both `restore_many`s (this
+/// module's and the Python binding's, whose restores each have a log of
+/// their own) do it: each restore takes its share of the threads
+/// ([`share_threads`]) before it is prepared, as the preparation sizes its
+/// replay's chunks by it, and the restores are prepared as far ahead as
+/// [`Lookahead::of`] allows for their logs ([`run_pipeline`]).
+pub fn restore_jobs<J: RestoreJob>(mut jobs: Vec<J>, threads: usize) -> Vec<Result<RestoreOutcome, RestoreError>> {
+    let restores = jobs.len();
+    for j in &mut jobs {
+        share_threads(j.parts_mut().1, threads, restores);
+    }
+    let buffers = jobs.iter().any(|j| j.parts().0.buffered_bytes() > 0);
     run_pipeline(
-        specs,
+        jobs,
         threads,
-        Lookahead::of(threads, restores, log.buffered_bytes() > 0),
-        |(spec, _)| log.prepares_ahead().then(|| prepare(log, spec)),
-        |(spec, mut listener), prepared, read_all| {
-            let listener = listener.as_mut().map(|b| &mut **b as &mut dyn Listener);
-            restore_prepared(log, &spec, prepared, listener, Some(read_all))
+        Lookahead::of(threads, restores, buffers),
+        |j| {
+            let (log, spec) = j.parts();
+            log.prepares_ahead().then(|| prepare(log, spec))
+        },
+        |mut j, prepared, read_all| {
+            let (log, spec, listener) = j.parts_mut();
+            restore_prepared(log, spec, prepared, listener, Some(read_all))
         },
         |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
     )
@@ -817,21 +852,6 @@ mod tests {
 
     #[test]
     fn a_restore_prepared_ahead_replays_in_the_chunks_of_the_threads_restore_many_gave_it() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use std::sync::Arc;
-        struct Count(Arc<AtomicUsize>);
-        impl Listener for Count {
-            fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
-                Ok(())
-            }
-            fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
-                self.0.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            fn on_end(&mut self, _: u64) -> Result<(), String> {
-                Ok(())
-            }
-        }
         // ~22 MiB of unique keys a partition: a batch per chunk, 8 MiB without read-ahead and 5 with it.
         let log: Vec<Entry> = (0..200_000)
             .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; 100]) })
@@ -848,22 +868,22 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let mut s = spec(dir.path(), 0);
             s.read_ahead = read_ahead;
-            let n = Arc::new(AtomicUsize::new(0));
-            restore(&vl, &s, Some(&mut Count(n.clone()))).unwrap();
-            n.load(Ordering::Relaxed)
+            let mut n = Batches::default();
+            restore(&vl, &s, Some(&mut n)).unwrap();
+            n.count()
         };
         let (one_thread, read_ahead) = (lone(false), lone(true));
         assert_ne!(one_thread, read_ahead, "the budget gives the two ways different chunks");
         // One thread for three restores: each on one thread, without read-ahead, and (on two
         // cores or more) the second and third prepared ahead, with the spec they run with.
         let dir = tempfile::tempdir().unwrap();
-        let counts: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+        let counts: Vec<Batches> = (0..3).map(|_| Batches::default()).collect();
         let specs = (0..3)
-            .map(|p| (spec(dir.path(), p), Some(Box::new(Count(counts[p as usize].clone())) as Box<dyn Listener>)))
+            .map(|p| (spec(dir.path(), p), Some(Box::new(counts[p as usize].clone()) as Box<dyn Listener>)))
             .collect();
         let out = restore_many(&vl, specs, 1);
         assert!(out.iter().all(|o| o.is_ok()), "{:?}", out.iter().map(|o| o.as_ref().err()).collect::<Vec<_>>());
-        let got: Vec<usize> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let got: Vec<usize> = counts.iter().map(Batches::count).collect();
         assert_eq!(
             got,
             vec![one_thread; 3],

@@ -158,22 +158,6 @@ mod tests {
     use crate::restore::{restore_options, ErrorKind, Listener};
     use crate::store::Store;
 
-    /// A listener that counts the batches written.
-    struct Batches(usize);
-
-    impl Listener for Batches {
-        fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
-            Ok(())
-        }
-        fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
-            self.0 += 1;
-            Ok(())
-        }
-        fn on_end(&mut self, _: u64) -> Result<(), String> {
-            Ok(())
-        }
-    }
-
     /// `n` records of distinct keys with values of `value_len` bytes.
     fn unique_log(n: usize, value_len: usize) -> Vec<Entry> {
         (0..n)
@@ -212,13 +196,13 @@ mod tests {
         ] {
             let store = Dest::Store(Store::open_with(&dir.path().join(name), restore_options()).unwrap());
             let mut src = VecSource::new(log.clone(), 0);
-            let mut counted = Batches(0);
+            let mut counted = Batches::default();
             let mut p = Progress::new(Some(&mut counted), Duration::ZERO);
             let target = Target { store: &store, tp: "t-0", end: n as i64 };
             let a = replay(target, &mut src, chunk, read_ahead, &mut p).unwrap();
             assert!(src.bytes > (READ_BYTES + (1 << 20)) as u64, "{name}: the log is larger than a read");
             assert!(src.bytes < (5 << 20) + READ_BYTES as u64, "{name}: two 5 MiB chunks at most");
-            assert_eq!(counted.0, batches, "{name}: one write per chunk, not per read");
+            assert_eq!(counted.count(), batches, "{name}: one write per chunk, not per read");
             let (m, last) = model(&log, n as i64);
             assert_eq!(dump(&store), m, "{name}");
             assert_eq!(store.offset("t-0").unwrap(), last, "{name}");
@@ -240,14 +224,18 @@ mod tests {
             let store =
                 Dest::Store(Store::open_with(&dir.path().join(format!("s{read_ahead}")), restore_options()).unwrap());
             let mut src = VecSource::new(log.clone(), 0);
-            let mut counted = Batches(0);
+            let mut counted = Batches::default();
             let mut p = Progress::new(Some(&mut counted), Duration::ZERO);
             let target = Target { store: &store, tp: "t-0", end: n as i64 };
             let a = replay(target, &mut src, chunk, read_ahead, &mut p).unwrap();
             let by_log = (src.bytes as usize).div_ceil(chunk);
             let bound = (src.bytes as usize).div_ceil(MAX_LOG_PER_CHUNK * chunk);
             assert!(by_log > 20, "{by_log} chunks of log");
-            assert!(counted.0 <= bound + 1, "read-ahead {read_ahead}: {} batches, {bound} chunks of log", counted.0);
+            assert!(
+                counted.count() <= bound + 1,
+                "read-ahead {read_ahead}: {} batches, {bound} chunks of log",
+                counted.count()
+            );
             assert_eq!(dump(&store), m, "read-ahead {read_ahead}");
             assert_eq!(store.offset("t-0").unwrap(), last);
             assert_eq!(

@@ -303,3 +303,28 @@ pub fn store_with_level0_files(path: &std::path::Path, files: u64) {
     }
     assert_eq!(s.level0_files(), files);
 }
+
+/// A listener that counts the batches a restore writes; its clones share
+/// the count, so one can be handed to a restore that takes it away.
+#[derive(Clone, Default)]
+pub struct Batches(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Batches {
+    /// The batches counted so far.
+    pub fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl super::Listener for Batches {
+    fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+        Ok(())
+    }
+    fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    fn on_end(&mut self, _: u64) -> Result<(), String> {
+        Ok(())
+    }
+}
