@@ -7,7 +7,8 @@ minutes); run it by name, ``make bench BENCH=benches/test_bench_scale.py``.
   1M, 10M and 100M records (100-byte values; unique keys, and ~10 updates a key), each in a
   child process of its own, recording wall time, records/s, peak RSS (``VmHWM``) and the bytes
   the restore wrote to storage (``/proc/self/io`` ``write_bytes``: SST files, spilled runs,
-  flushes and compactions). A row's ratio is (memory budget + 128 MiB) / peak RSS, goal >= 1.
+  flushes and compactions), and the level-0 files it hands over (a replay waits for RocksDB's
+  compactions while there are 36 or more, which would stop the application's writes). A row's ratio is (memory budget + 128 MiB) / peak RSS, goal >= 1.
   ``test_growth`` divides records/s at the largest size by records/s at 10M: goal >= 0.8 (the
   cost per record does not grow). The changelogs are written by the Rust codec
   (``_testing.write_synthetic_changelog``, ~4M records/s), one at a time, and deleted after
@@ -106,8 +107,15 @@ if source.startswith("kafka:"):  # the native fetcher, from the broker at this b
     source = KafkaChangelog(source[len("kafka:"):], request_timeout=60.0, restore_stall_timeout=60.0)
 r = restore_store(sys.argv[1], source, TopicPartition(sys.argv[3], 0), mode=sys.argv[4])
 seconds = time.perf_counter() - t0
+# what the application that opens the store next finds in level 0 (it slows writes at 20, stops them at 36)
+from rocksdict import AccessType, Options, Rdict
+db = Rdict(sys.argv[1], Options(raw_mode=True), access_type=AccessType.read_only())
+level0 = max(int(db.get_column_family(cf).property_int_value("rocksdb.num-files-at-level0") or 0)
+             for cf in Rdict.list_cf(sys.argv[1]))
+db.close()
 print(json.dumps({"seconds": seconds, "records": r.records_applied, "bytes_read": r.bytes_read,
-                  "rss_before": before, "peak_rss": status("VmHWM:"), "written": written() - w0}))
+                  "rss_before": before, "peak_rss": status("VmHWM:"), "written": written() - w0,
+                  "level0_files": level0}))
 """
 
 
@@ -235,6 +243,7 @@ def record_restore_rows(
         "rss_before_restore_MiB": runs[0]["rss_before"] / MiB,
         "written_GiB": statistics.median(r["written"] for r in runs) / GiB,
         "store_GiB": runs[-1]["store_bytes"] / GiB,
+        "level0_files_handed_over": max(r["level0_files"] for r in runs),
         **info,
         "free_disk_before_GiB": free_before / GiB,
         "rounds_s": " ".join(f"{r['seconds']:.2f}" for r in runs),
@@ -252,7 +261,8 @@ def record_restore_rows(
     )
     print(
         f"\n{mode} {label(records)} {shape} from {where}: {seconds:.2f}s, {records / seconds / 1e6:.2f}M "
-        f"records/s, peak RSS {peak / MiB:.0f} MiB, wrote {extra['written_GiB']:.2f} GiB, load {load_before:.2f}"
+        f"records/s, peak RSS {peak / MiB:.0f} MiB, wrote {extra['written_GiB']:.2f} GiB, "
+        f"{extra['level0_files_handed_over']} level-0 files, load {load_before:.2f}"
     )
     return records / seconds
 

@@ -477,11 +477,12 @@ const OFFSETS_MEMTABLES: i32 = 16;
 /// slow writes: far above what a long compaction lets pile up.
 const OFFSETS_LEVEL0_STALL_FILES: i32 = 1 << 10;
 
-/// Level-0 files in one column family at which RocksDB's defaults slow writes
-/// (`level0_slowdown_writes_trigger`; they stop them at 36). Kafka Streams and
+/// Level-0 files in one column family at which RocksDB's defaults stop writes
+/// (`level0_stop_writes_trigger`; they slow them from 20). Kafka Streams and
 /// [`store_options`] keep the defaults, so no restore hands over a store with
-/// this many ([`Store::settle_level0`]).
-pub const DEFAULT_LEVEL0_SLOWDOWN_FILES: u64 = 20;
+/// this many ([`Store::settle_level0`]): the application's first write would
+/// wait for a compaction of gigabytes.
+pub const DEFAULT_LEVEL0_STOP_FILES: u64 = 36;
 
 /// How often [`Store::settle_level0`] looks at level 0 while RocksDB compacts it.
 const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
@@ -801,10 +802,11 @@ impl Store {
     /// Wait, while RocksDB's own compactions run, until no column family holds
     /// `files` level-0 files or more. A large replay writes faster than one
     /// compaction merges level 0 into the levels below, and ends with up to
-    /// tens of level-0 files: handed over as they are, they would slow (or stop)
-    /// the writes of the application that opens the store next, while its own
-    /// compactions caught up. Waiting here puts that cost in the restore, whose
-    /// time the user sees and measures. Returns at once when level 0 is below
+    /// tens of level-0 files: handed over as they are, they would stop the
+    /// writes of the application that opens the store next until its own
+    /// compactions caught up (a stream thread blocked in a write for longer
+    /// than its poll interval leaves the group). Waiting here puts that cost in
+    /// the restore, whose time the user sees and measures. Returns at once when level 0 is below
     /// `files`, and stops waiting once no compaction has run for
     /// [`SETTLE_IDLE`] (a background error, or compactions turned off): the
     /// store is valid either way.
@@ -1003,15 +1005,15 @@ mod tests {
     fn settling_level0_stops_waiting_when_rocksdb_runs_no_compaction() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
-        crate::restore::testing::store_with_level0_files(&p, 24);
+        crate::restore::testing::store_with_level0_files(&p, 40);
         let mut o = crate::restore::restore_options();
         o.set_disable_auto_compactions(true);
         let s = Store::open_with(&p, o).unwrap();
         let t0 = std::time::Instant::now();
-        s.settle_level0(DEFAULT_LEVEL0_SLOWDOWN_FILES);
+        s.settle_level0(DEFAULT_LEVEL0_STOP_FILES);
         assert!(t0.elapsed() < SETTLE_IDLE * 3, "{:?}", t0.elapsed());
-        assert_eq!(s.level0_files(), 24);
-        s.settle_level0(25); // below already: returns at once
+        assert_eq!(s.level0_files(), 40);
+        s.settle_level0(41); // below already: returns at once
     }
 
     #[test]

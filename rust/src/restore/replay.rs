@@ -11,7 +11,7 @@
 use super::chunk::ChunkOps;
 use super::{for_each_chunk, Applied, Progress, RestoreError, Target, READ_BYTES};
 use crate::source::{ChangelogSource, LogError};
-use crate::store::{StoreFormat, DEFAULT_LEVEL0_SLOWDOWN_FILES};
+use crate::store::{StoreFormat, DEFAULT_LEVEL0_STOP_FILES};
 
 /// Most bytes a replay chunk holds (one `WriteBatch`; see `gather`),
 /// whatever the memory budget. Large on purpose: a batch keeps only the last
@@ -48,8 +48,8 @@ pub fn replay(
     result?;
     flushed?;
     // The store is complete and durable; what RocksDB has not merged of level 0 is left for the
-    // application only while it would not slow its writes (the cost of a large replay).
-    store.settle_level0(DEFAULT_LEVEL0_SLOWDOWN_FILES);
+    // application only while it would not stop its writes (the cost of a large replay).
+    store.settle_level0(DEFAULT_LEVEL0_STOP_FILES);
     Ok(applied)
 }
 
@@ -261,20 +261,23 @@ mod tests {
     }
 
     #[test]
-    fn a_replay_hands_over_no_level0_that_would_slow_the_application_s_writes() {
-        // 24 level-0 files (~2.4 MB) compacted at 1 MB/s: the compaction outlasts the replay
+    fn a_replay_hands_over_no_level0_that_would_stop_the_application_s_writes() {
+        // 40 level-0 files (~4 MB) compacted at 1 MB/s: the compaction outlasts the replay
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
-        store_with_level0_files(&p, 24);
+        store_with_level0_files(&p, 40);
         let mut o = restore_options();
         o.set_ratelimiter(1 << 20, 100_000, 10);
+        // the replay's own writes are never slowed (which would wait for the compaction too)
+        o.set_level_zero_slowdown_writes_trigger(1 << 10);
+        o.set_level_zero_stop_writes_trigger(1 << 11);
         let store = Dest::Store(Store::open_with(&p, o).unwrap());
         let log = unique_log(100, 10);
         let mut src = VecSource::new(log.clone(), 0);
         let mut p = Progress::new(None, Duration::ZERO);
         replay(Target { store: &store, tp: "t-0", end: 100 }, &mut src, 1 << 20, false, &mut p).unwrap();
         let Dest::Store(s) = &store else { unreachable!() };
-        assert!(s.level0_files() < DEFAULT_LEVEL0_SLOWDOWN_FILES, "{} level-0 files", s.level0_files());
+        assert!(s.level0_files() < DEFAULT_LEVEL0_STOP_FILES, "{} level-0 files", s.level0_files());
         assert_eq!(store.offset("t-0").unwrap(), Some(99));
     }
 
