@@ -272,6 +272,35 @@ def test_rocksdb_logs_its_warnings_not_its_options_unless_asked_to(
     assert any("Options.write_buffer_size" in log for log in logs) == (level == "info"), logs
 
 
+def _level0_files(store: Path) -> int:
+    """The most level-0 files any of the store's column families holds."""
+    from rocksdict import AccessType, Options, Rdict
+
+    db = Rdict(str(store), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        return max(
+            int(db.get_column_family(cf).property_int_value("rocksdb.num-files-at-level0") or 0)
+            for cf in Rdict.list_cf(str(store))
+        )
+    finally:
+        db.close()
+
+
+def test_a_restore_in_chunks_hands_over_no_level0_that_would_stop_writes(tmp_path: Path) -> None:
+    """The state updater restores in chunks (a call per 50,000 offsets), and each call flushed a
+    level-0 file and closed the store before RocksDB's compaction of them could finish: 40 chunks
+    handed the application 40 level-0 files, where RocksDB's defaults stop writes at 36. A replay
+    now waits for RocksDB's compactions while a column family holds 36 or more."""
+    records, chunk = 400_000, 10_000
+    _testing.write_synthetic_changelog(tmp_path / "log", TP.topic, TP.partition, records, records)
+    store, most = tmp_path / "s", 0
+    for end in range(chunk, records + 1, chunk):
+        r = restore_store(store, tmp_path / "log", TP, mode="replay", end_offset=end, read_ahead=False)
+        assert r.records_applied == chunk
+        most = max(most, _level0_files(store))
+    assert 8 <= most < 36, f"{most} level-0 files after a chunk"
+
+
 def test_restored_store_reads_in_rocksdict_raw_mode(tmp_path: Path) -> None:
     from rocksdict import AccessType, Options, Rdict
 
