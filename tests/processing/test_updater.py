@@ -13,7 +13,12 @@ import pytest
 
 from statestore import SegmentLog, TaskCorruptedError, TaskId
 from statestore.processing.task import ActiveTask, StandbyTask, TaskState, build_state_manager
-from statestore.processing.updater import StateUpdater, SuspendReason
+from statestore.processing.updater import (
+    DEFAULT_CHUNK_OFFSETS,
+    MAX_CHUNK_OFFSETS,
+    StateUpdater,
+    SuspendReason,
+)
 from statestore.restore.engine import restore_store
 from statestore.state.directory import StateDirectory
 from statestore.state.policy import Policy
@@ -361,6 +366,62 @@ def test_background_restore(sd: StateDirectory, log: SegmentLog) -> None:
             break
     assert done == [task]
     assert len(contents(task)) == 500 and contents(task)[b"k499"] == b"499"
+    updater.close()
+    task.suspend()
+    task.close()
+
+
+def test_an_updater_sizes_its_chunks_by_how_long_its_rounds_take(log: SegmentLog) -> None:
+    """Every restore call opens, flushes and closes the store: 2M records in calls of 50,000 took 2.6x
+    as long as in one. Unless told a chunk size, the updater doubles its chunks after a round far
+    shorter than its aim (one second in the background, the time slice in the foreground) and
+    halves them after one far longer, within DEFAULT_CHUNK_OFFSETS..MAX_CHUNK_OFFSETS."""
+    background = StateUpdater(log, background=True)
+    assert background.chunk_offsets == DEFAULT_CHUNK_OFFSETS
+    for want in (2, 4, 8):
+        background._size_chunks(0.1)  # a tenth of its aim
+        assert background.chunk_offsets == want * DEFAULT_CHUNK_OFFSETS
+    background._size_chunks(0.5)  # about its aim: kept
+    assert background.chunk_offsets == 8 * DEFAULT_CHUNK_OFFSETS
+    background._size_chunks(3.0)
+    assert background.chunk_offsets == 4 * DEFAULT_CHUNK_OFFSETS
+    for _ in range(20):
+        background._size_chunks(0.0)
+    assert background.chunk_offsets == MAX_CHUNK_OFFSETS
+    for _ in range(20):
+        background._size_chunks(60.0)
+    assert background.chunk_offsets == DEFAULT_CHUNK_OFFSETS
+    background.close()
+    foreground = StateUpdater(log, time_slice_ms=100)
+    foreground._size_chunks(0.1)  # its time slice: kept
+    assert foreground.chunk_offsets == DEFAULT_CHUNK_OFFSETS
+    foreground._size_chunks(0.01)
+    assert foreground.chunk_offsets == 2 * DEFAULT_CHUNK_OFFSETS
+    told = StateUpdater(log, chunk_offsets=10, background=True)
+    told._size_chunks(0.0)
+    assert told.chunk_offsets == 10, "a chunk size given is kept"
+    told.close()
+
+
+def test_a_background_restore_takes_larger_chunks_as_its_rounds_stay_short(
+    sd: StateDirectory, log: SegmentLog
+) -> None:
+    produce(log, TP, [(b"k%d" % i, b"v") for i in range(20_000)])
+    events = Events()
+    updater = StateUpdater(log, listener=events, background=True)
+    updater.chunk_offsets = 1_000  # as if told: rounds of 1,000 records are far below a second
+    updater._sizes_chunks = True
+    task = active(sd, log)
+    updater.add(task)
+    done: list[ActiveTask] = []
+    for _ in range(1000):
+        done += updater.poll(timeout=0.05)
+        if done:
+            break
+    assert done == [task]
+    batches = [c[4] for c in events.calls if c[0] == "batch"]
+    assert sum(batches) == 20_000 and len(contents(task)) == 20_000
+    assert batches[:2] == [1_000, 2_000] and max(batches) > 2_000, batches
     updater.close()
     task.suspend()
     task.close()

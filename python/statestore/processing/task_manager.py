@@ -48,7 +48,6 @@ from statestore.processing.task import (
     store_formats,
 )
 from statestore.processing.updater import (
-    DEFAULT_CHUNK_OFFSETS,
     DEFAULT_TIME_SLICE_MS,
     StandbyUpdateListener,
     StateUpdater,
@@ -108,7 +107,7 @@ class TaskManager:
         max_startup_tasks: int = DEFAULT_MAX_STARTUP_TASKS,
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         time_slice_ms: int = DEFAULT_TIME_SLICE_MS,
-        chunk_offsets: int = DEFAULT_CHUNK_OFFSETS,
+        chunk_offsets: int | None = None,
         background_restore: bool = False,
         checkpoint_delta: int | None = None,
         clock: Callable[[], float] = time.monotonic,

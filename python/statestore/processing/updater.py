@@ -18,7 +18,12 @@ with every byte of restoration going through the Rust restore engine
 * Work per :meth:`StateUpdater.poll` is bounded: restores run in chunks of at
   most ``chunk_offsets`` offsets per changelog and a poll stops starting new
   chunks once its time slice is spent. With ``background=True`` chunks run on
-  a worker thread and ``poll`` only collects what finished.
+  a worker thread and ``poll`` only collects what finished. Unless
+  ``chunk_offsets`` is given, the updater sizes the chunks itself: from
+  50,000 offsets, doubled after a round of restore calls much shorter than
+  its aim (the time slice; one second in the background) and halved after
+  one much longer, since every call pays for opening, flushing and closing
+  the store.
 * "Restore complete" belongs to one assignment (guarantee 5 of docs/architecture.md, KAFKA-7672): all
   progress of a task is kept in one record that :meth:`StateUpdater.remove`
   drops, so a task added again starts from what its stores hold now.
@@ -42,8 +47,13 @@ from statestore.restore.engine import RestoreListener, RestoreResult, RestoreSpe
 
 logger = logging.getLogger(__name__)
 
-#: Default most offsets one restore call covers per changelog.
+#: Default most offsets one restore call covers per changelog, to begin with (see ``chunk_offsets``).
 DEFAULT_CHUNK_OFFSETS = 50_000
+#: Most offsets one restore call grows to cover per changelog when the updater sizes its chunks.
+MAX_CHUNK_OFFSETS = 64 * DEFAULT_CHUNK_OFFSETS
+#: Seconds a round of restore calls on the background thread aims at: what removing a task in
+#: the middle of its restoration may wait for.
+BACKGROUND_ROUND_S = 1.0
 #: Default time slice of one poll, in milliseconds.
 DEFAULT_TIME_SLICE_MS = 100
 #: Least time between two attempts to abort expired transactions, in seconds.
@@ -165,12 +175,12 @@ class StateUpdater:
         commit_interval_ms: int = 30_000,
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         time_slice_ms: int = DEFAULT_TIME_SLICE_MS,
-        chunk_offsets: int = DEFAULT_CHUNK_OFFSETS,
+        chunk_offsets: int | None = None,
         threads: int | None = None,
         background: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if chunk_offsets < 1:
+        if chunk_offsets is not None and chunk_offsets < 1:
             raise ValueError(f"chunk_offsets must be >= 1, got {chunk_offsets}")
         if time_slice_ms < 0 or commit_interval_ms < 0 or transaction_timeout_ms < 0:
             raise ValueError("time_slice_ms, commit_interval_ms and transaction_timeout_ms must be >= 0")
@@ -181,7 +191,11 @@ class StateUpdater:
         self.commit_interval = commit_interval_ms / 1000
         self.transaction_timeout_ms = transaction_timeout_ms
         self.time_slice = time_slice_ms / 1000
-        self.chunk_offsets = chunk_offsets
+        #: Offsets the next restore call covers per changelog.
+        self.chunk_offsets = DEFAULT_CHUNK_OFFSETS if chunk_offsets is None else chunk_offsets
+        self._sizes_chunks = chunk_offsets is None
+        #: Seconds a round of restore calls aims at when the updater sizes its chunks.
+        self._round_s = BACKGROUND_ROUND_S if background else time_slice_ms / 1000
         self.threads = threads
         self._clock = clock
         self._tasks: dict[TaskId, _Updating] = {}
@@ -323,7 +337,25 @@ class StateUpdater:
         ]
 
     def _run(self, plan: list[tuple[_Updating, _Changelog, int]]) -> list[RestoreResult]:
-        return restore_many(self._specs(plan), threads=self.threads)
+        started = time.monotonic()
+        results = restore_many(self._specs(plan), threads=self.threads)
+        self._size_chunks(time.monotonic() - started)
+        return results
+
+    def _size_chunks(self, round_s: float) -> None:
+        """Double the chunk after a round that took under a quarter of its aim, halve it after one
+        that took over twice it, within ``DEFAULT_CHUNK_OFFSETS..MAX_CHUNK_OFFSETS``.
+
+        Every restore call opens the store, flushes a level-0 file and closes it, stopping the
+        compaction it started: 2M records in calls of 50,000 took 2.6x as long as in one call.
+        Larger calls keep that cost small while a round stays about as long as its aim.
+        """
+        if not self._sizes_chunks:
+            return
+        if round_s < self._round_s / 4:
+            self.chunk_offsets = min(MAX_CHUNK_OFFSETS, self.chunk_offsets * 2)
+        elif round_s > self._round_s * 2:
+            self.chunk_offsets = max(DEFAULT_CHUNK_OFFSETS, self.chunk_offsets // 2)
 
     def poll(self, timeout: float | None = None) -> list[ActiveTask]:
         """Do at most a time slice of work (``timeout`` seconds if given); return tasks that turned RUNNING.
