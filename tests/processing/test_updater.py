@@ -97,6 +97,15 @@ def poll_until_restored(updater: StateUpdater, polls: int = 100) -> list[ActiveT
     raise AssertionError("restoration did not complete")
 
 
+def poll_in_background_until_done(updater: StateUpdater, polls: int = 1000) -> list[ActiveTask]:
+    """Poll a background updater until a task turns RUNNING; the tasks that did."""
+    for _ in range(polls):
+        done = updater.poll(timeout=0.05)
+        if done:
+            return done
+    return []
+
+
 # -- StoreChangelogReaderTest -------------------------------------------------------------------
 
 
@@ -359,11 +368,7 @@ def test_background_restore(sd: StateDirectory, log: SegmentLog) -> None:
     updater = StateUpdater(log, chunk_offsets=100, background=True)
     task = active(sd, log)
     updater.add(task)
-    done: list[ActiveTask] = []
-    for _ in range(1000):
-        done += updater.poll(timeout=0.05)
-        if done:
-            break
+    done = poll_in_background_until_done(updater)
     assert done == [task]
     assert len(contents(task)) == 500 and contents(task)[b"k499"] == b"499"
     updater.close()
@@ -413,11 +418,7 @@ def test_a_background_restore_takes_larger_chunks_as_its_rounds_stay_short(
     updater._sizes_chunks = True
     task = active(sd, log)
     updater.add(task)
-    done: list[ActiveTask] = []
-    for _ in range(1000):
-        done += updater.poll(timeout=0.05)
-        if done:
-            break
+    done = poll_in_background_until_done(updater)
     assert done == [task]
     batches = [c[4] for c in events.calls if c[0] == "batch"]
     assert sum(batches) == 20_000 and len(contents(task)) == 20_000
