@@ -55,6 +55,7 @@ from statestore.processing.updater import (
     SuspendReason,
 )
 from statestore.restore.engine import (
+    OpenStores,
     RestoreListener,
     RestoreResult,
     RestoreSpec,
@@ -127,6 +128,7 @@ __all__ = [
     "MetricsSnapshot",
     "OffsetCheckpoint",
     "OffsetsMode",
+    "OpenStores",
     "Policy",
     "ProcessingError",
     "Producer",

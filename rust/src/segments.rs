@@ -422,6 +422,11 @@ impl SegmentedStore {
         self.seg
     }
 
+    /// Bytes the memtables of every segment hold.
+    pub fn memtable_bytes(&self) -> u64 {
+        self.lock().values().map(Store::memtable_bytes).sum()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, Store>> {
         self.segments.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -792,6 +792,13 @@ impl Store {
         self.db.write_opt(batch, &wo).map_err(|e| self.err("write", e))
     }
 
+    /// Bytes the memtables of every column family hold, flushing ones included.
+    pub fn memtable_bytes(&self) -> u64 {
+        let bytes = |cf| self.db.property_int_value_cf(cf, "rocksdb.cur-size-all-mem-tables").ok().flatten();
+        let families = self.format.column_families().iter().filter_map(|cf| self.db.cf_handle(cf));
+        families.filter_map(bytes).sum()
+    }
+
     /// The most level-0 files any column family holds.
     pub fn level0_files(&self) -> u64 {
         let files = |cf| self.db.property_int_value_cf(cf, "rocksdb.num-files-at-level0").ok().flatten();

@@ -107,7 +107,25 @@ def restore_store(
     segment_interval_ms: int | None = None,
     bulk_threads: int = 1,
 ) -> RestoreOutcome: ...
-def restore_many(specs: Sequence[_RestoreSpec], threads: int) -> list[RestoreOutcome | BaseException]: ...
+def restore_many(
+    specs: Sequence[_RestoreSpec], threads: int, open_stores: OpenStores | None = None
+) -> list[RestoreOutcome | BaseException]: ...
+
+@final
+class OpenStores:
+    """Stores kept open between restores of them (``restore_many(..., open_stores=)``).
+
+    Their memtables share ``memory_budget_bytes``; a replay leaves its store
+    unflushed, so whoever records a store's offsets outside it flushes it first.
+    """
+
+    def __new__(cls, memory_budget_bytes: int = ...) -> Self: ...
+    def flush(self, path: _Path) -> bool: ...
+    def close(self, path: _Path) -> bool: ...
+    def close_all(self) -> None: ...
+    def paths(self) -> list[_Path]: ...
+    def memtable_bytes(self) -> int: ...
+    def __len__(self) -> int: ...
 
 #: The restore modes (``rust/src/restore/engine.rs``, ``Mode::ALL``).
 MODES: Final[tuple[str, ...]]
@@ -404,6 +422,7 @@ __all__ = [
     "KafkaReaderCore",
     "LogBatch",
     "LogReaderCore",
+    "OpenStores",
     "PartitionBounds",
     "ProducerCore",
     "RestoreOutcome",

@@ -325,7 +325,14 @@ def restore_store(
     return _result(tp, path, out)
 
 
-def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) -> list[RestoreResult]:
+#: Stores kept open between restores of them (the state updater's rounds): ``restore_many(...,
+#: open_stores=)`` takes each store from there if it is open and keeps it there afterwards.
+OpenStores = _native.OpenStores
+
+
+def restore_many(
+    specs: Sequence[RestoreSpec], *, threads: int | None = None, open_stores: OpenStores | None = None
+) -> list[RestoreResult]:
     """Run many restores on ``threads`` native threads (default: one per core, at most one per spec).
 
     Each restore runs on one thread (a lone :func:`restore_store` also decodes
@@ -345,6 +352,14 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
     Results come back in the order of ``specs``. A failing restore does not
     raise: its result carries the exception in ``error`` and the other
     restores go on. Two specs must not name the same store.
+
+    With ``open_stores`` each store is taken from there if it is open, and
+    kept there afterwards: the next restore of it opens nothing, and a replay
+    leaves it unflushed (each of its batches holds its offset, so a crash
+    loses a suffix, never vouches for missing data). Before recording a
+    store's offsets anywhere else, flush it (``open_stores.flush(path)``); close
+    it there before opening it in any other way. A restore that fails closes
+    its store.
     """
     if threads is None:
         threads = min(len(specs), os.cpu_count() or 1)
@@ -363,7 +378,7 @@ def restore_many(specs: Sequence[RestoreSpec], *, threads: int | None = None) ->
         )
         for p, s in zip(paths, specs, strict=True)
     ]
-    out = _native.restore_many(specs, max(threads, 1))
+    out = _native.restore_many(specs, max(threads, 1), open_stores)
     results = []
     for p, s, outcome in zip(paths, specs, out, strict=True):
         tp = coerce_tp(s.tp)
@@ -400,6 +415,7 @@ __all__ = [
     "STORE_FORMATS",
     "HasLogDir",
     "LogLike",
+    "OpenStores",
     "RestoreListener",
     "RestoreResult",
     "RestoreSpec",

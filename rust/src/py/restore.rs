@@ -19,6 +19,7 @@ use super::kafka::PyKafkaClient;
 use crate::kafka::client::{KafkaClient, KafkaLog, SessionLog};
 use crate::log::SegmentLogDir;
 use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec};
+use crate::restore::open_stores::OpenStores;
 use crate::restore::replay::DEFAULT_CHUNK_BYTES;
 use crate::restore::{ErrorKind, Listener, RestoreError};
 use crate::segments::Segmentation;
@@ -330,11 +331,23 @@ fn restore_store(
 /// the attributes of `statestore.restore.engine.RestoreSpec` (`store_path`, `log`,
 /// `tp`, `end_offset`, `mode`, `memory_budget_bytes`, `listener`,
 /// `progress_interval`, `format`, `retention_ms`, `segment_interval_ms`), read by name. Returns, per spec in order, its
-/// `RestoreOutcome` or the exception it failed with.
+/// `RestoreOutcome` or the exception it failed with. With `open_stores`, each
+/// store is taken from there if open and kept there afterwards, a replay
+/// leaving it unflushed.
 #[pyfunction]
-#[pyo3(signature = (specs, threads))]
-fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResult<Vec<Py<PyAny>>> {
+#[pyo3(signature = (specs, threads, open_stores=None))]
+fn restore_many(
+    py: Python<'_>,
+    specs: Vec<SpecArgs>,
+    threads: usize,
+    open_stores: Option<PyRef<'_, PyOpenStores>>,
+) -> PyResult<Vec<Py<PyAny>>> {
     let mut jobs = specs.into_iter().map(|s| job(py, s)).collect::<PyResult<Vec<_>>>()?;
+    if let Some(kept) = open_stores {
+        for j in &mut jobs {
+            j.spec.kept_open = Some(kept.inner.clone());
+        }
+    }
     share_fetch_sessions(&mut jobs);
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| engine::restore_jobs(jobs, threads));
@@ -346,6 +359,58 @@ fn restore_many(py: Python<'_>, specs: Vec<SpecArgs>, threads: usize) -> PyResul
             Err(e) => Ok(to_pyerr(e, &raised, fed.as_ref()).into_value(py).into_any()),
         })
         .collect()
+}
+
+/// Stores kept open between restores of them (`restore_many(...,
+/// open_stores=)`): the state updater's rounds. Their memtables share
+/// `memory_budget_bytes`; whoever records a store's offsets outside it (a
+/// checkpoint file) flushes it first. A store must not be flushed or closed
+/// while a restore of it runs.
+#[pyclass(module = "statestore._native", name = "OpenStores", frozen)]
+pub struct PyOpenStores {
+    inner: Arc<OpenStores>,
+}
+
+#[pymethods]
+impl PyOpenStores {
+    #[new]
+    #[pyo3(signature = (memory_budget_bytes=256 << 20))]
+    fn new(memory_budget_bytes: usize) -> Self {
+        Self { inner: Arc::new(OpenStores::new(memory_budget_bytes)) }
+    }
+
+    /// Flush the store open at `path` to disk; whether one was open.
+    fn flush(&self, py: Python<'_>, path: PathBuf) -> PyResult<bool> {
+        Ok(py.detach(|| self.inner.flush(&path))?)
+    }
+
+    /// Flush and close the store open at `path`; whether one was open.
+    fn close(&self, py: Python<'_>, path: PathBuf) -> PyResult<bool> {
+        Ok(py.detach(|| self.inner.close(&path))?)
+    }
+
+    /// Flush and close every store open here.
+    fn close_all(&self, py: Python<'_>) -> PyResult<()> {
+        Ok(py.detach(|| self.inner.close_all())?)
+    }
+
+    /// The paths of the stores open here, sorted.
+    fn paths(&self) -> Vec<PathBuf> {
+        self.inner.paths()
+    }
+
+    /// Bytes the memtables of these stores hold now.
+    fn memtable_bytes(&self) -> u64 {
+        self.inner.memtable_bytes()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.paths().len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner)
+    }
 }
 
 /// The native Kafka restores of one job read through one fetch session per
@@ -373,5 +438,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(restore_store, m)?)?;
     m.add_function(wrap_pyfunction!(restore_many, m)?)?;
     m.add_class::<PyRestoreOutcome>()?;
+    m.add_class::<PyOpenStores>()?;
     Ok(())
 }

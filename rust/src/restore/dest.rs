@@ -84,6 +84,22 @@ impl Dest {
         }
     }
 
+    /// Bytes the store's memtables hold.
+    pub fn memtable_bytes(&self) -> u64 {
+        match self {
+            Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => s.memtable_bytes(),
+            Dest::Segmented(s) => s.memtable_bytes(),
+        }
+    }
+
+    /// Whether every replay batch holds the store's offset beside its data
+    /// ([`Dest::write_chunk`]), so whatever RocksDB flushes of it is a
+    /// committed prefix with its offset: not for a segmented store, which
+    /// records its offset once every segment is flushed.
+    pub fn offset_in_every_batch(&self) -> bool {
+        !matches!(self, Dest::Segmented(_))
+    }
+
     pub fn format(&self) -> StoreFormat {
         match self {
             Dest::Store(s) => s.format(),

@@ -7,11 +7,12 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
-use super::replay::{replay, DEFAULT_CHUNK_BYTES};
+use super::open_stores::OpenStores;
+use super::replay::{replay_handing_over, Handover, DEFAULT_CHUNK_BYTES};
 use super::{restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, ReplayMemory, RestoreError, Target};
 use crate::offsets::OFFSET_UNKNOWN;
 use crate::segments::Segmentation;
@@ -83,6 +84,11 @@ pub struct RestoreSpec {
     /// Retention and segment interval of a window or session store (needed
     /// by those formats only).
     pub segmentation: Option<Segmentation>,
+    /// Where the store stays open after the restore, for the next restore of
+    /// it (the state updater's rounds): taken from there if open, and a
+    /// replay leaves it unflushed ([`OpenStores`]). `None`: the store is
+    /// flushed and closed.
+    pub kept_open: Option<Arc<OpenStores>>,
 }
 
 impl RestoreSpec {
@@ -101,6 +107,7 @@ impl RestoreSpec {
             bulk_threads: 1,
             format: StoreFormat::Plain,
             segmentation: None,
+            kept_open: None,
         }
     }
 
@@ -209,7 +216,26 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     };
     let offset_of = |store: &Dest| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
     // A store that does not exist yet records no offset: it is created after its cursor is primed.
-    let existing = if Dest::exists(path, spec.format) { Some(open()?) } else { None };
+    let existing = match spec.kept_open.as_ref().and_then(|kept| kept.take(path)) {
+        Some(store) if store.format() != spec.format => {
+            let open_as = store.format();
+            if let Some(kept) = &spec.kept_open {
+                kept.keep(store).map_err(|e| RestoreError::store(&tp, e))?;
+            }
+            return Err(RestoreError::new(
+                ErrorKind::Restore,
+                format!(
+                    "restoring store {} from {tp} as a {} store: it is open as a {} store; close it first",
+                    path.display(),
+                    spec.format.name(),
+                    open_as.name()
+                ),
+            ));
+        }
+        Some(store) => Some(store),
+        None if Dest::exists(path, spec.format) => Some(open()?),
+        None => None,
+    };
     // Kafka Streams' "no offset yet" is no position: such a store restores from the changelog's start.
     let recorded = existing.as_ref().map(offset_of).transpose()?.flatten().filter(|&o| o != OFFSET_UNKNOWN);
     let stamp = log.stamp(&spec.topic, spec.partition);
@@ -355,7 +381,17 @@ fn run_one<'a>(
                 };
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
-            _ => replay(target, source.as_mut(), memory.chunk_bytes, spec.read_ahead, &mut progress)?,
+            _ => {
+                let handover = if spec.kept_open.is_some() { Handover::KeptOpen } else { Handover::Flushed };
+                replay_handing_over(
+                    target,
+                    source.as_mut(),
+                    memory.chunk_bytes,
+                    spec.read_ahead,
+                    handover,
+                    &mut progress,
+                )?
+            }
         };
         if source.position() < end {
             return Err(bad(format!(
@@ -376,6 +412,9 @@ fn run_one<'a>(
     }
     progress.end(outcome.records_applied)?;
     outcome.seconds = (took + t0.elapsed()).as_secs_f64();
+    if let Some(kept) = &spec.kept_open {
+        kept.keep(store).map_err(|e| RestoreError::store(&tp, e))?; // a restore that failed closed its store above
+    }
     Ok(outcome)
 }
 
@@ -726,6 +765,76 @@ mod tests {
         assert!(data.contains(&format!("write_buffer_size={}", 24 << 20)), "the data's memtables: {data:.400}");
         let store = Store::open(&spec.store_path, false).unwrap();
         assert_eq!(dump(&store), model(&log, 2_000).0);
+    }
+
+    /// The `.sst` files under `dir`.
+    fn sst_files(dir: &Path) -> usize {
+        std::fs::read_dir(dir).map_or(0, |d| {
+            d.filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "sst"))).count()
+        })
+    }
+
+    #[test]
+    fn a_store_kept_open_between_restores_writes_no_file_until_flushed_and_resumes_from_its_unflushed_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(3_000, 300, 11);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let path = dir.path().join("s");
+        let kept = Arc::new(OpenStores::new(64 << 20));
+        for (i, end) in [1_000, 2_000, 3_000].into_iter().enumerate() {
+            let mut spec = RestoreSpec::new(path.clone(), "t", 0);
+            (spec.mode, spec.end_offset, spec.kept_open) = (Mode::Replay, Some(end), Some(kept.clone()));
+            // The path spelt another way is the same open store.
+            if i == 1 {
+                spec.store_path = dir.path().join(".").join("s");
+            }
+            let o = restore(&vl, &spec, None).unwrap();
+            assert_eq!(o.start_offset, end - 1_000, "each round resumes from the open store's offset");
+            assert_eq!(kept.paths().len(), 1, "the store stays open after round {i}");
+        }
+        assert_eq!(sst_files(&path), 0, "no round flushed: a crash now would find the store empty");
+        assert!(kept.flush(&path).unwrap());
+        assert!(sst_files(&path) > 0);
+        assert!(kept.close(&path).unwrap());
+        assert!(!kept.close(&path).unwrap(), "closed once");
+        let store = Store::open(&path, false).unwrap();
+        let (m, last) = model(&log, 3_000);
+        assert_eq!(dump(&store), m);
+        assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    #[test]
+    fn a_store_open_as_one_format_is_not_restored_as_another_and_stays_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), random_log(100, 10, 3))]));
+        let kept = Arc::new(OpenStores::new(64 << 20));
+        let mut spec = RestoreSpec::new(dir.path().join("s"), "t", 0);
+        spec.kept_open = Some(kept.clone());
+        restore(&vl, &spec, None).unwrap();
+        spec.format = StoreFormat::Timestamped;
+        let e = restore(&vl, &spec, None).unwrap_err();
+        assert!(e.message.contains("it is open as a plain store"), "{}", e.message);
+        assert_eq!(kept.paths().len(), 1);
+        kept.close_all().unwrap();
+        assert!(kept.paths().is_empty());
+    }
+
+    #[test]
+    fn stores_kept_open_share_one_memtable_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 4 << 20;
+        let kept = Arc::new(OpenStores::new(budget));
+        let logs: HashMap<_, _> = (0..8).map(|p| (("t".to_string(), p), unique_log(20_000, 100))).collect();
+        let vl = VecLog(logs);
+        for p in 0..8 {
+            let mut spec = RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p);
+            (spec.mode, spec.kept_open) = (Mode::Replay, Some(kept.clone()));
+            restore(&vl, &spec, None).unwrap();
+        }
+        // 8 stores of ~2.4 MB each: alone each would keep all of it in its memtable.
+        assert!(kept.memtable_bytes() <= budget as u64, "{} bytes of memtables", kept.memtable_bytes());
+        let flushed = (0..8).filter(|p| sst_files(&dir.path().join(format!("s{p}"))) > 0).count();
+        assert!(flushed > 0, "the budget flushed some stores' memtables");
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod chunk;
 pub mod dest;
 pub mod engine;
 pub mod feed;
+pub mod open_stores;
 mod progress;
 pub mod replay;
 #[cfg(test)]

@@ -40,11 +40,38 @@ pub fn replay(
     read_ahead: bool,
     progress: &mut Progress<'_>,
 ) -> Result<Applied, RestoreError> {
+    replay_handing_over(target, source, chunk_bytes, read_ahead, Handover::Flushed, progress)
+}
+
+/// How a replay that succeeded leaves its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// Flushed, its offset recorded: durable (the store is then closed).
+    Flushed,
+    /// Left open to the next replay ([`super::open_stores::OpenStores`]): a
+    /// key-value or versioned store unflushed, since each of its batches
+    /// holds its own offset; a segmented store flushed all the same, its
+    /// offset being recorded only once every segment is. A replay that fails
+    /// flushes either way.
+    KeptOpen,
+}
+
+/// [`replay`], leaving the store as `handover` says.
+pub fn replay_handing_over(
+    target: Target<'_>,
+    source: &mut dyn ChangelogSource,
+    chunk_bytes: usize,
+    read_ahead: bool,
+    handover: Handover,
+    progress: &mut Progress<'_>,
+) -> Result<Applied, RestoreError> {
     let Target { store, tp, .. } = target;
     let mut applied = Applied::default();
     let result = replay_chunks(target, source, chunk_bytes, read_ahead, progress, &mut applied);
     progress.read_all();
-    let flushed = store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e));
+    let unflushed = handover == Handover::KeptOpen && result.is_ok() && store.offset_in_every_batch();
+    let flushed =
+        if unflushed { Ok(()) } else { store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e)) };
     result?;
     flushed?;
     // The store is complete and durable; what RocksDB has not merged of level 0 is left for the
@@ -157,13 +184,6 @@ mod tests {
     use crate::restore::Dest;
     use crate::restore::{restore_options, ErrorKind, Listener};
     use crate::store::Store;
-
-    /// `n` records of distinct keys with values of `value_len` bytes.
-    fn unique_log(n: usize, value_len: usize) -> Vec<Entry> {
-        (0..n)
-            .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; value_len]) })
-            .collect()
-    }
 
     #[test]
     fn replay_equals_model_and_records_offset_in_small_chunks() {

@@ -128,6 +128,13 @@ pub fn model(log: &[Entry], end: i64) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64
     (m, last)
 }
 
+/// `n` records of distinct keys with values of `value_len` bytes.
+pub fn unique_log(n: usize, value_len: usize) -> Vec<Entry> {
+    (0..n)
+        .map(|i| Entry::Data { key: Some(format!("k{i:08}").into_bytes()), value: Some(vec![b'v'; value_len]) })
+        .collect()
+}
+
 /// A deterministic pseudo-random log with overwrites, tombstones, null
 /// keys, aborted records and markers.
 pub fn random_log(n: usize, keys: u64, seed: u64) -> Vec<Entry> {
