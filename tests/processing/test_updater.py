@@ -23,6 +23,7 @@ from statestore.restore.engine import restore_store
 from statestore.state.directory import StateDirectory
 from statestore.state.policy import Policy
 from statestore.state.store import Store
+from support.model import store_contents
 from support.tasks import STORE, Events, changelog_tp, close_all, manager, produce
 
 T = TaskId(0, 0)
@@ -482,3 +483,26 @@ def test_exactly_once_without_checkpoint_but_local_files_wipes_and_restores(tmp_
     assert events.calls[0][3] == 0 and events.total_restored() == 21, "wiped and restored in full"
     assert dict(tm.active_task(t11).store(STORE))[b"x"] == b"1"
     close_all(tm)
+
+
+def test_a_standby_s_store_stays_open_between_rounds_and_is_closed_when_it_leaves(
+    sd: StateDirectory, log: SegmentLog
+) -> None:
+    """A round neither opens (a new MANIFEST and OPTIONS file each time) nor flushes (a table file) the store."""
+    produce(log, TP, [(b"k%d" % i, b"v") for i in range(100)])
+    updater = StateUpdater(log, time_slice_ms=0)
+    sb = standby(sd, log)
+    updater.add(sb)
+    updater.poll()
+    path = sd.store_dir(T, STORE)
+    files = sorted(p.name for p in path.iterdir())
+    for i in range(5):
+        produce(log, TP, [(b"k%d" % i, b"w%d" % i)])
+        updater.poll()
+    assert sb.offsets() == {TP: 104}
+    assert sorted(p.name for p in path.iterdir()) == files, "no round opened, flushed or closed the store"
+    assert updater.remove(T) is sb
+    sb.close()
+    with Store(path) as store:
+        assert dict(store) == {b"k%d" % i: (b"w%d" % i if i < 5 else b"v") for i in range(100)}
+    assert store_contents(path).offsets == {str(TP): 104}

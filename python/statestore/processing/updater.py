@@ -22,8 +22,15 @@ with every byte of restoration going through the Rust restore engine
   ``chunk_offsets`` is given, the updater sizes the chunks itself: from
   50,000 offsets, doubled after a round of restore calls much shorter than
   its aim (the time slice; one second in the background) and halved after
-  one much longer, since every call pays for opening, flushing and closing
-  the store.
+  one much longer, since every call pays a fixed cost.
+* A task's stores stay open in the engine between rounds
+  (:class:`~statestore.restore.engine.OpenStores`), their memtables
+  unflushed: a round opens nothing and writes no file of its own. The task's
+  state manager flushes them whenever its policy flushes (before offsets are
+  recorded outside the stores), and has them closed before anything else
+  opens, closes or wipes them; the updater closes them when the task leaves
+  it or the updater closes (:meth:`StateManager.lend_stores
+  <statestore.state.state_manager.StateManager.lend_stores>`).
 * "Restore complete" belongs to one assignment (guarantee 5 of docs/architecture.md, KAFKA-7672): all
   progress of a task is kept in one record that :meth:`StateUpdater.remove`
   drops, so a task added again starts from what its stores hold now.
@@ -43,7 +50,14 @@ from statestore.errors import LogError, RestoreError, StateStoreError, StoreErro
 from statestore.ids import TaskId, TopicPartition
 from statestore.ops.metrics import RestoreMetrics
 from statestore.processing.task import ActiveTask, ChangelogStore, StandbyTask, Task, TaskState
-from statestore.restore.engine import RestoreListener, RestoreResult, RestoreSpec, restore_many
+from statestore.restore.engine import (
+    DEFAULT_MEMORY_BUDGET,
+    OpenStores,
+    RestoreListener,
+    RestoreResult,
+    RestoreSpec,
+    restore_many,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +222,8 @@ class StateUpdater:
         self._inflight: Future[list[RestoreResult]] | None = None
         self._inflight_plan: list[tuple[_Updating, _Changelog, int]] = []
         self._completed: list[ActiveTask] = []
+        # The stores of the tasks here, open in the engine between rounds.
+        self._open = OpenStores(DEFAULT_MEMORY_BUDGET)
         #: Whether the last poll applied a restored chunk.
         self.made_progress = False
 
@@ -227,6 +243,7 @@ class StateUpdater:
                 f"{task.kind} task {task.id} must be {expected.value} to be added, it is {task.state.value}"
             )
         task.release_stores()
+        task.state_manager.lend_stores(self._open)
         entry = _Updating(task)
         offsets = task.offsets()
         for cs in task.changelog_stores():
@@ -260,6 +277,7 @@ class StateUpdater:
             if entry is None:  # it completed or failed meanwhile
                 return None
         del self._tasks[task_id]
+        self._close_stores(entry)
         if self.metrics is not None:
             self.metrics.forget(task_id)
         for cl in entry.changelogs:
@@ -338,7 +356,7 @@ class StateUpdater:
 
     def _run(self, plan: list[tuple[_Updating, _Changelog, int]]) -> list[RestoreResult]:
         started = time.monotonic()
-        results = restore_many(self._specs(plan), threads=self.threads)
+        results = restore_many(self._specs(plan), threads=self.threads, open_stores=self._open)
         self._size_chunks(time.monotonic() - started)
         return results
 
@@ -346,9 +364,10 @@ class StateUpdater:
         """Double the chunk after a round that took under a quarter of its aim, halve it after one
         that took over twice it, within ``DEFAULT_CHUNK_OFFSETS..MAX_CHUNK_OFFSETS``.
 
-        Every restore call opens the store, flushes a level-0 file and closes it, stopping the
-        compaction it started: 2M records in calls of 50,000 took 2.6x as long as in one call.
-        Larger calls keep that cost small while a round stays about as long as its aim.
+        Every restore call has a fixed cost (reading the store's offset, opening a cursor on the
+        changelog; before stores stayed open between rounds, also opening, flushing and closing
+        the store: 2M records in calls of 50,000 took 2.6x as long as in one call). Larger calls
+        keep that cost small while a round stays about as long as its aim.
         """
         if not self._sizes_chunks:
             return
@@ -434,7 +453,7 @@ class StateUpdater:
                 task = entry.task
                 assert isinstance(task, ActiveTask)
                 try:
-                    task.complete_restoration()
+                    task.complete_restoration()  # its stores come back from the engine first
                 except StateStoreError as e:
                     self._fail(entry, e, None)
                     continue
@@ -463,6 +482,13 @@ class StateUpdater:
                 self.metrics.standby_updated(
                     entry.task.id, cl.store.tp, cl.store.name, result.records_applied, cl.position, end
                 )
+
+    def _close_stores(self, entry: _Updating) -> None:
+        """Flush and close the task's stores open in the engine (a store that fails is marked corrupted)."""
+        try:
+            entry.task.state_manager.reclaim_stores()
+        except StateStoreError:
+            pass  # logged by the state manager, which no longer vouches for that store's offset
 
     def _fail(self, entry: _Updating, error: StateStoreError, cl: _Changelog | None) -> None:
         entry.failed = True
@@ -508,12 +534,14 @@ class StateUpdater:
                 self._fail(entry, e, None)
 
     def close(self) -> None:
-        """Wait for in-flight work and stop the worker thread; tasks stay as they are."""
+        """Wait for in-flight work, stop the worker thread, flush and close the stores; tasks stay here."""
         if self._inflight is not None:
             self._collect(wait=None)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        for entry in self._tasks.values():
+            self._close_stores(entry)
 
 
 __all__ = [

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from statestore.errors import IllegalStateError, LockError, StateStoreError, TaskCorruptedError
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic, committed_offset
@@ -29,6 +31,19 @@ logger = logging.getLogger(__name__)
 
 #: Either kind of store a state manager holds.
 AnyStore = Store | InMemoryStore
+
+
+class StoreHolder(Protocol):
+    """Who keeps a task's released stores open between restores of them
+    (:class:`statestore.restore.engine.OpenStores`, for the state updater)."""
+
+    def flush(self, path: Path) -> bool:
+        """Flush the store open at ``path``; whether one was open."""
+        ...
+
+    def close(self, path: Path) -> bool:
+        """Flush and close the store open at ``path``; whether one was open."""
+        ...
 
 
 @dataclass
@@ -82,6 +97,8 @@ class StateManager:
         self._lock: TaskLock | None = None
         self._recorded: dict[TopicPartition, int] | None = None
         self._state = "created"
+        # Who holds the released stores open (lend_stores), if anyone.
+        self._holder: StoreHolder | None = None
 
     def __repr__(self) -> str:
         return f"StateManager(task {self.task_id}, {self.policy.guarantee.value}, offsets={self.policy.offsets.value})"
@@ -306,7 +323,8 @@ class StateManager:
             raise IllegalStateError(f"task {self.task_id}: cannot {what}: state manager is {self._state}")
 
     def flush(self) -> None:
-        """Flush every store's committed data to disk, in registration order."""
+        """Flush every store's committed data to disk, in registration order (also stores lent out)."""
+        self._each_lent("flush")
         first: BaseException | None = None
         for meta in self._stores.values():
             if meta.store is not None and not meta.store.closed:
@@ -453,7 +471,49 @@ class StateManager:
     def reopen_stores(self) -> None:
         """Open the stores again after :meth:`release_stores` (the lock must still be held)."""
         self._check_initialized("reopen stores")
+        self.reclaim_stores()
         self._open_stores()
+
+    def lend_stores(self, holder: StoreHolder) -> None:
+        """The released stores may be kept open by ``holder`` (the state updater's engine).
+
+        The holder's stores are flushed whenever this manager flushes (before
+        it records offsets outside them, as the policy says), and closed
+        before anything else opens, closes or wipes them (:meth:`reclaim_stores`).
+        """
+        self._holder = holder
+
+    def reclaim_stores(self) -> None:
+        """Have the holder the stores were lent to flush and close them; nothing if not lent."""
+        try:
+            self._each_lent("close")
+        finally:
+            self._holder = None
+
+    def _each_lent(self, what: str) -> None:
+        """Flush or close (``what``) every persistent store the holder keeps open; the first failure.
+
+        A store that fails has its changelog marked corrupted: what the holder
+        had not flushed is lost while the offsets here count it, so none may be
+        recorded for that store until the task is wiped.
+        """
+        holder = self._holder
+        if holder is None:
+            return
+        stores_dir = self.directory.stores_dir(self.task_id)
+        first: StateStoreError | None = None
+        for meta in self._stores.values():
+            if not meta.persistent:
+                continue
+            try:
+                getattr(holder, what)(stores_dir / meta.name)
+            except StateStoreError as e:
+                logger.error("task %s: %s of store %s failed: %s", self.task_id, what, meta.name, e)
+                if meta.changelog is not None:
+                    self.mark_changelog_corrupted([meta.changelog])
+                first = first or e
+        if first is not None:
+            raise first
 
     def _holds_lock(self) -> bool:
         try:
@@ -476,6 +536,10 @@ class StateManager:
             self._require_committed("close")
         lost: LockError | None = None
         try:
+            try:
+                self.reclaim_stores()
+            except StateStoreError:
+                pass  # logged, and the store marked: no offset vouches for what the holder lost
             if self._state == "initialized" and clean:
                 try:
                     self._run(Event.CLOSE_CLEAN)
@@ -510,6 +574,10 @@ class StateManager:
         Offsets become unknown, so the next :meth:`initialize` restores from
         the beginning. Corruption marks are cleared.
         """
+        try:
+            self.reclaim_stores()
+        except StateStoreError:
+            pass  # logged; the files go anyway
         self._close_stores(clean=False)
         self.directory.wipe(self.task_id, self._lock)
         for meta in self._stores.values():
