@@ -6,6 +6,9 @@
 (c) Bulk vs replay: >= 3x with 10 updates per key, >= 1.2x with unique keys.
 (d) ``restore_many`` on 4 partitions, 2 threads vs 1 (>= 1.7x); rounds alternate between the two.
 (e) Peak RSS of a bulk restore vs its memory budget (peak <= budget + 128 MiB).
+(f) Rounds of 100 standby stores (10 new records each a round, as the state updater updates
+    standbys every 0.25 s): stores kept open between rounds (``open_stores``) vs opened, flushed
+    and closed by every round (goal >= 5x).
 
 Changelogs hold >= 2M records of 100-byte values at scale 1.0.
 """
@@ -26,9 +29,9 @@ import pytest
 
 from conftest import scaled
 from restore_baseline import restore_python
-from statestore import TopicPartition
+from statestore import SegmentLog, TopicPartition
 from statestore._native import _testing
-from statestore.restore.engine import RestoreSpec, restore_many, restore_store
+from statestore.restore.engine import OpenStores, RestoreSpec, restore_many, restore_store
 from support.model import store_contents
 from support.restore_data import write_changelog
 
@@ -231,4 +234,65 @@ def test_e_bulk_peak_rss_vs_budget(benchmark: Any, logs: Path, tmp_path: Path, b
         rss_before_restore_mib=result["before"] / MiB,
         log_mib=result["bytes_read"] / MiB,
         log_to_budget=result["bytes_read"] / budget,
+    )
+
+
+STANDBYS = 100
+STANDBY_ROUND_RECORDS = 10
+
+
+def test_f_standby_rounds_with_stores_kept_open(benchmark: Any, tmp_path: Path) -> None:
+    log_dir = tmp_path / "standby-log"
+    log_dir.mkdir()
+    log = SegmentLog(log_dir, sync=False)
+    producer = log.producer()
+    value = b"v" * 100
+
+    def append(records: int) -> None:
+        for p in range(STANDBYS):
+            for i in range(records):
+                producer.send("bench-standby", p, b"k%d" % (i % 50), value)
+        producer.flush()
+
+    def specs(root: Path) -> list[RestoreSpec]:
+        return [
+            RestoreSpec(root / f"s{p}", log_dir, TopicPartition("bench-standby", p)) for p in range(STANDBYS)
+        ]
+
+    append(1_000)
+    kept = OpenStores()
+    for root, open_stores in ((tmp_path / "closed", None), (tmp_path / "open", kept)):
+        fresh(root)
+        assert all(r.ok for r in restore_many(specs(root), threads=1, open_stores=open_stores))
+    closed_s: list[float] = []
+
+    def setup() -> None:  # a round of the baseline, then new records for the next pair of rounds
+        append(STANDBY_ROUND_RECORDS)
+        t0 = time.perf_counter()
+        assert all(r.ok for r in restore_many(specs(tmp_path / "closed"), threads=1))
+        closed_s.append(time.perf_counter() - t0)
+
+    benchmark.pedantic(
+        lambda: restore_many(specs(tmp_path / "open"), threads=1, open_stores=kept),
+        setup=setup,
+        rounds=ROUNDS * 4,
+        iterations=1,
+    )
+    kept.close_all()
+    for p in (0, STANDBYS - 1):
+        closed = store_contents(tmp_path / "closed" / f"s{p}")
+        assert store_contents(tmp_path / "open" / f"s{p}") == closed, "both sides restored the same"
+    base = statistics.median(closed_s)
+    cand = float(benchmark.stats.stats.median)
+    record(
+        benchmark,
+        f"a round of {STANDBYS} standby stores opened, flushed and closed",
+        "the same rounds, stores kept open between them (OpenStores), 1 thread",
+        base,
+        cand,
+        5.0,
+        stores=STANDBYS,
+        records_per_store_per_round=STANDBY_ROUND_RECORDS,
+        closed_round_ms=1000 * base,
+        open_round_ms=1000 * cand,
     )
