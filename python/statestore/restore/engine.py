@@ -358,8 +358,8 @@ def restore_many(
     leaves it unflushed (each of its batches holds its offset, so a crash
     loses a suffix, never vouches for missing data). Before recording a
     store's offsets anywhere else, flush it (``open_stores.flush(path)``); close
-    it there before opening it in any other way. A restore that fails closes
-    its store.
+    it there before opening it in any other way. A store goes back there after
+    a failed restore too, as its offset describes it.
     """
     if threads is None:
         threads = min(len(specs), os.cpu_count() or 1)

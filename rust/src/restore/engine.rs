@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
-use super::open_stores::OpenStores;
+use super::open_stores::{Held, OpenStores};
 use super::replay::{replay_handing_over, Handover, DEFAULT_CHUNK_BYTES};
 use super::{restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, ReplayMemory, RestoreError, Target};
 use crate::offsets::OFFSET_UNKNOWN;
@@ -182,7 +182,7 @@ pub fn restore_prepared<'a>(
 /// decided, and its changelog cursor open and asked to start fetching.
 /// Nothing of it is applied yet, and the listener has not been called.
 pub struct Prepared {
-    store: Dest,
+    store: Held,
     recorded: Option<i64>,
     start: i64,
     end: i64,
@@ -212,16 +212,14 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let memory = spec.replay_memory(log.buffered_bytes());
     let open = || {
         Dest::open(path, restore_options_with(memory.write_buffer_bytes), spec.format, spec.segmentation)
+            .map(|store| Held::new(store, spec.kept_open.as_ref()))
             .map_err(|e| RestoreError::store(&tp, e))
     };
     let offset_of = |store: &Dest| store.offset(&tp).map_err(|e| RestoreError::store(&tp, e));
     // A store that does not exist yet records no offset: it is created after its cursor is primed.
-    let existing = match spec.kept_open.as_ref().and_then(|kept| kept.take(path)) {
+    let existing = match spec.kept_open.as_ref().and_then(|kept| Held::take(kept, path)) {
         Some(store) if store.format() != spec.format => {
             let open_as = store.format();
-            if let Some(kept) = &spec.kept_open {
-                kept.keep(store).map_err(|e| RestoreError::store(&tp, e))?;
-            }
             return Err(RestoreError::new(
                 ErrorKind::Restore,
                 format!(
@@ -237,7 +235,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
         None => None,
     };
     // Kafka Streams' "no offset yet" is no position: such a store restores from the changelog's start.
-    let recorded = existing.as_ref().map(offset_of).transpose()?.flatten().filter(|&o| o != OFFSET_UNKNOWN);
+    let recorded = existing.as_deref().map(offset_of).transpose()?.flatten().filter(|&o| o != OFFSET_UNKNOWN);
     let stamp = log.stamp(&spec.topic, spec.partition);
     let bounds = log.bounds(&spec.topic, spec.partition).map_err(log_err)?;
     let out_of_range = |msg: String| {
@@ -412,9 +410,7 @@ fn run_one<'a>(
     }
     progress.end(outcome.records_applied)?;
     outcome.seconds = (took + t0.elapsed()).as_secs_f64();
-    if let Some(kept) = &spec.kept_open {
-        kept.keep(store).map_err(|e| RestoreError::store(&tp, e))?; // a restore that failed closed its store above
-    }
+    store.give_back().map_err(|e| RestoreError::store(&tp, e))?; // after an error, dropping it gives it back
     Ok(outcome)
 }
 
@@ -800,6 +796,28 @@ mod tests {
         let store = Store::open(&path, false).unwrap();
         let (m, last) = model(&log, 3_000);
         assert_eq!(dump(&store), m);
+        assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    #[test]
+    fn a_store_taken_from_open_stores_goes_back_unflushed_when_its_restore_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(1_000, 100, 5);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let path = dir.path().join("s");
+        let kept = Arc::new(OpenStores::new(64 << 20));
+        let mut spec = RestoreSpec::new(path.clone(), "t", 0);
+        (spec.mode, spec.end_offset, spec.kept_open) = (Mode::Replay, Some(500), Some(kept.clone()));
+        restore(&vl, &spec, None).unwrap();
+        spec.end_offset = Some(5_000);
+        let e = restore(&vl, &spec, None).unwrap_err();
+        assert!(e.message.contains("beyond the last stable offset"), "{}", e.message);
+        assert_eq!(kept.paths().len(), 1, "the store went back");
+        assert_eq!(sst_files(&path), 0, "still unflushed");
+        assert!(kept.close(&path).unwrap());
+        let store = Store::open(&path, false).unwrap();
+        let (m, last) = model(&log, 500);
+        assert_eq!(dump(&store), m, "nothing it held unflushed was dropped with it");
         assert_eq!(store.offset("t-0").unwrap(), last);
     }
 

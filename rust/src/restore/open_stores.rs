@@ -24,13 +24,16 @@
 //! database being written to, and a standby that receives nothing more keeps
 //! its memtable.
 //!
-//! A store is either here or in one restore, never both: the caller must not
-//! flush or close a store while a restore of it runs.
+//! A store is either here or in one restore ([`Held`]), never both: the
+//! caller must not flush or close a store while a restore of it runs. A store
+//! taken from here goes back whatever the restore's outcome, so nothing it
+//! holds unflushed is dropped with it; the caller flushes or closes it.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::Dest;
 use crate::store::StoreError;
@@ -141,5 +144,52 @@ impl Drop for OpenStores {
     fn drop(&mut self) {
         // Closing a RocksDB without flushing it loses its memtables: flush what is still open.
         let _ = self.close_all();
+    }
+}
+
+/// A restore's store: one it opened and closes, or one taken from (or opened
+/// for) [`OpenStores`], which goes back there when this is dropped, after an
+/// error or a panic too.
+pub struct Held {
+    store: Option<Dest>,
+    home: Option<Arc<OpenStores>>,
+}
+
+impl Held {
+    /// The store at `path` from `home` if it is open there, else `None`.
+    pub(crate) fn take(home: &Arc<OpenStores>, path: &Path) -> Option<Held> {
+        home.take(path).map(|store| Held { store: Some(store), home: Some(home.clone()) })
+    }
+
+    /// `store`, to go to `home` (if any) when dropped, else to be closed.
+    pub(crate) fn new(store: Dest, home: Option<&Arc<OpenStores>>) -> Held {
+        Held { store: Some(store), home: home.cloned() }
+    }
+
+    /// Give the store back to its home now, with the error of the flush that
+    /// keeping it may take ([`OpenStores::keep`]); closed if it has none.
+    pub(crate) fn give_back(mut self) -> Result<(), StoreError> {
+        match (self.store.take(), self.home.take()) {
+            (Some(store), Some(home)) => home.keep(store),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Deref for Held {
+    type Target = Dest;
+
+    fn deref(&self) -> &Dest {
+        self.store.as_ref().expect("a held store is there until given back")
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let (Some(store), Some(home)) = (self.store.take(), self.home.take()) {
+            // Its flush error, if keeping it flushed it, closed it: the caller's next flush or
+            // close of it finds it gone, as after a crash, and its offset says what is there.
+            let _ = home.keep(store);
+        }
     }
 }
