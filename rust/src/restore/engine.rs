@@ -838,6 +838,19 @@ mod tests {
     }
 
     #[test]
+    fn a_store_that_comes_back_holding_more_than_flush_bytes_is_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), unique_log(60_000, 100))]));
+        let kept = Arc::new(OpenStores::new(1 << 30));
+        let mut spec = RestoreSpec::new(dir.path().join("s"), "t", 0);
+        (spec.mode, spec.kept_open) = (Mode::Replay, Some(kept.clone()));
+        restore(&vl, &spec, None).unwrap();
+        assert!(sst_files(&spec.store_path) > 0, "~7 MB applied: flushed as it came back");
+        assert!(kept.memtable_bytes() < crate::restore::open_stores::FLUSH_BYTES);
+        assert_eq!(kept.paths().len(), 1, "and kept open");
+    }
+
+    #[test]
     fn stores_kept_open_share_one_memtable_budget() {
         let dir = tempfile::tempdir().unwrap();
         let budget = 4 << 20;
