@@ -42,8 +42,8 @@ use crate::store::StoreError;
 /// standby holds unflushed, its promotion must flush before the application
 /// opens the store, so this bounds that wait (up to a memtable, 32 MiB by
 /// default, made a promoted task's restore 0.40-0.56 s instead of 0.18 s in
-/// the failover benchmark) at the cost of a level-0 file per this many bytes. Kafka Streams flushes a standby every 10,000
-/// records.
+/// the failover benchmark) at the cost of a level-0 file per this many
+/// bytes. Kafka Streams flushes a standby every 10,000 records.
 pub const FLUSH_BYTES: u64 = 4 << 20;
 
 /// Stores kept open between restores; see the module documentation.
