@@ -48,7 +48,10 @@ pub const FLUSH_BYTES: u64 = 4 << 20;
 
 /// Stores kept open between restores; see the module documentation.
 pub struct OpenStores {
-    stores: Mutex<HashMap<PathBuf, Dest>>,
+    /// Each store, with the bytes its memtables held when it came back: only
+    /// restores write them, so the budget is checked without asking every
+    /// store each time one comes back.
+    stores: Mutex<HashMap<PathBuf, (Dest, u64)>>,
     /// Most bytes the memtables of the stores here hold when one comes back.
     memory_budget: u64,
 }
@@ -59,7 +62,7 @@ impl OpenStores {
         Self { stores: Mutex::new(HashMap::new()), memory_budget: memory_budget as u64 }
     }
 
-    fn stores(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Dest>> {
+    fn stores(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, (Dest, u64)>> {
         self.stores.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -70,7 +73,7 @@ impl OpenStores {
 
     /// Take the store open at `path` for a restore of it.
     pub(crate) fn take(&self, path: &Path) -> Option<Dest> {
-        self.stores().remove(&Self::key(path))
+        self.stores().remove(&Self::key(path)).map(|(store, _)| store)
     }
 
     /// Keep `store` open for the next restore of it, flushed first if its
@@ -79,25 +82,29 @@ impl OpenStores {
     /// half of it. A store whose flush fails is closed (what it held unflushed
     /// is lost with its offset, as in a crash) and the error returned.
     pub(crate) fn keep(&self, store: Dest) -> Result<(), StoreError> {
-        if store.memtable_bytes() > FLUSH_BYTES {
+        let mut bytes = store.memtable_bytes();
+        if bytes > FLUSH_BYTES {
             store.flush()?;
+            bytes = 0;
         }
         let mut stores = self.stores();
-        stores.insert(Self::key(store.path()), store);
-        let mut sizes: Vec<(u64, PathBuf)> = stores.iter().map(|(p, s)| (s.memtable_bytes(), p.clone())).collect();
-        let mut held: u64 = sizes.iter().map(|(b, _)| b).sum();
+        stores.insert(Self::key(store.path()), (store, bytes));
+        let mut held: u64 = stores.values().map(|(_, b)| b).sum();
         if held <= self.memory_budget {
             return Ok(());
         }
+        let mut sizes: Vec<(u64, PathBuf)> = stores.iter().map(|(p, (_, b))| (*b, p.clone())).collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
         for (bytes, path) in sizes {
             if held <= self.memory_budget / 2 {
                 break;
             }
-            if let Err(e) = stores[&path].flush() {
+            let Some((store, held_bytes)) = stores.get_mut(&path) else { continue };
+            if let Err(e) = store.flush() {
                 stores.remove(&path);
                 return Err(e);
             }
+            *held_bytes = 0;
             held -= bytes;
         }
         Ok(())
@@ -106,8 +113,11 @@ impl OpenStores {
     /// Flush the store open at `path` (its data and offsets reach disk); whether one was open.
     pub fn flush(&self, path: &Path) -> Result<bool, StoreError> {
         // Under the lock: a restore cannot take the store while it is flushed.
-        match self.stores().get(&Self::key(path)) {
-            Some(store) => store.flush().map(|()| true),
+        match self.stores().get_mut(&Self::key(path)) {
+            Some((store, bytes)) => store.flush().map(|()| {
+                *bytes = 0;
+                true
+            }),
             None => Ok(false),
         }
     }
@@ -123,7 +133,7 @@ impl OpenStores {
 
     /// Flush and close every store here; the first error, after closing them all.
     pub fn close_all(&self) -> Result<(), StoreError> {
-        let stores: Vec<Dest> = self.stores().drain().map(|(_, s)| s).collect();
+        let stores: Vec<Dest> = self.stores().drain().map(|(_, (s, _))| s).collect();
         let mut first = Ok(());
         for store in stores {
             if let Err(e) = store.flush() {
@@ -142,7 +152,7 @@ impl OpenStores {
 
     /// Bytes the memtables of these stores hold now.
     pub fn memtable_bytes(&self) -> u64 {
-        self.stores().values().map(Dest::memtable_bytes).sum()
+        self.stores().values().map(|(store, _)| store.memtable_bytes()).sum()
     }
 }
 
