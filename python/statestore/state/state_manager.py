@@ -15,7 +15,7 @@ decided here but looked up in :data:`statestore.state.policy.POLICY_TABLE`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -324,7 +324,8 @@ class StateManager:
 
     def flush(self) -> None:
         """Flush every store's committed data to disk, in registration order (also stores lent out)."""
-        self._each_lent("flush")
+        if self._holder is not None:
+            self._each_lent("flush", self._holder.flush)
         first: BaseException | None = None
         for meta in self._stores.values():
             if meta.store is not None and not meta.store.closed:
@@ -485,28 +486,24 @@ class StateManager:
 
     def reclaim_stores(self) -> None:
         """Have the holder the stores were lent to flush and close them; nothing if not lent."""
-        try:
-            self._each_lent("close")
-        finally:
-            self._holder = None
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            self._each_lent("close", holder.close)
 
-    def _each_lent(self, what: str) -> None:
-        """Flush or close (``what``) every persistent store the holder keeps open; the first failure.
+    def _each_lent(self, what: str, act: Callable[[Path], object]) -> None:
+        """``act`` (the holder's flush or close, named ``what``) on every persistent store; the first failure.
 
         A store that fails has its changelog marked corrupted: what the holder
         had not flushed is lost while the offsets here count it, so none may be
         recorded for that store until the task is wiped.
         """
-        holder = self._holder
-        if holder is None:
-            return
         stores_dir = self.directory.stores_dir(self.task_id)
         first: StateStoreError | None = None
         for meta in self._stores.values():
             if not meta.persistent:
                 continue
             try:
-                getattr(holder, what)(stores_dir / meta.name)
+                act(stores_dir / meta.name)
             except StateStoreError as e:
                 logger.error("task %s: %s of store %s failed: %s", self.task_id, what, meta.name, e)
                 if meta.changelog is not None:
