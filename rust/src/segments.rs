@@ -627,6 +627,11 @@ impl SegmentedStore {
         self.lock().values().for_each(|s| s.settle_level0(files));
     }
 
+    /// [`Store::compact_all`] for every segment.
+    pub fn compact_all(&self) -> Result<(), StoreError> {
+        self.lock().values().try_for_each(Store::compact_all)
+    }
+
     /// Flush every segment.
     pub fn flush(&self) -> Result<(), StoreError> {
         let segments = self.lock();

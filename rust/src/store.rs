@@ -25,7 +25,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, FlushOptions, IteratorMode, LogLevel, Options, WriteBatch, WriteOptions, DB,
+    ColumnFamily, ColumnFamilyDescriptor, CompactOptions, FlushOptions, IteratorMode, LogLevel, Options, WriteBatch,
+    WriteOptions, DB,
 };
 
 use crate::codec::RawHeaders;
@@ -827,6 +828,32 @@ impl Store {
             idle =
                 if int("rocksdb.num-running-compactions") > 0 { std::time::Duration::ZERO } else { idle + SETTLE_POLL };
             std::thread::sleep(SETTLE_POLL);
+        }
+    }
+
+    /// Compact every column family into one sorted run at RocksDB's last
+    /// level, then let RocksDB's own compactions run again: how a replay that
+    /// deferred them ([`crate::restore::deferred_compaction_options`]) ends,
+    /// its level 0 holding every memtable it flushed. Each record is merged
+    /// once, on every core (subcompactions), instead of again at each level
+    /// while the replay writes; the application gets a store with no
+    /// compaction left to do. A compaction that fails (out of disk) leaves
+    /// the files it would have merged: the store is complete either way.
+    pub fn compact_all(&self) -> Result<(), StoreError> {
+        let mut co = CompactOptions::default();
+        co.set_exclusive_manual_compaction(true);
+        for name in self.format.column_families() {
+            let Some(cf) = self.db.cf_handle(name) else { continue };
+            self.db.compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &co);
+            self.db.set_options_cf(cf, &[("disable_auto_compactions", "false")]).map_err(|e| self.err("compact", e))?;
+        }
+        match self.db.property_int_value("rocksdb.background-errors") {
+            Ok(Some(n)) if n > 0 => Err(StoreError::new(
+                &self.path,
+                "compacting the replayed store failed (see its RocksDB LOG; out of disk?): it holds every \
+                 record replayed, with its offset, in files not yet merged",
+            )),
+            _ => Ok(()),
         }
     }
 

@@ -17,9 +17,11 @@ exception (no crash, no hang). Then, in fresh processes without the limit:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -354,3 +356,54 @@ def test_bulk_restore_of_a_partition_larger_than_the_free_space(
         shutil.copytree(store, roomy)
     r = restore_store(roomy, log, tp, mode="bulk", memory_budget_bytes=budget)
     assert r.records_applied == records and r.offset == records - 1
+
+
+# A replay with RocksDB's compactions deferred to one merge at its end, under a file size limit that
+# each level-0 file fits (256 KiB memtables) and the merged file does not.
+DEFERRED_MERGE_CHILD = r"""
+import json, resource, signal, sys
+from statestore import TopicPartition, _native
+from statestore.errors import StateStoreError
+store, log, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    _native.restore_store(store, log, TopicPartition("big", 0), mode="replay", write_buffer_bytes=256 << 10,
+                          chunk_bytes=64 << 10, defer_compactions_from=1)
+    print(json.dumps({"ok": True}))
+except StateStoreError as e:
+    print(json.dumps({"ok": False, "cls": type(e).__name__, "msg": str(e)}))
+"""
+
+
+def test_a_deferred_merge_that_runs_out_of_disk_keeps_every_record_replayed(tmp_path: Path) -> None:
+    """A replay of many offsets defers RocksDB's compactions to one merge at its end. When the merge
+    cannot write (a 1 MiB file size limit: every level-0 file fits, the merged 4 MB file does not),
+    the restore fails naming the store, which holds every record replayed with its offset; the store
+    is then read as it is, and restored again without the limit (nothing left to replay)."""
+    from statestore import TopicPartition
+    from statestore._native import _testing
+    from statestore.restore.engine import restore_store
+    from support.model import store_contents
+
+    log = tmp_path / "log"
+    records = 32_000  # 127 bytes each on disk: ~4 MB
+    _testing.write_synthetic_changelog(log, "big", 0, records, records)
+    store = tmp_path / "s"
+    out = subprocess.run(
+        [sys.executable, "-c", DEFERRED_MERGE_CHILD, str(store), str(log), str(1 << 20)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    print(result)
+    assert not result["ok"], "the merge fit under the limit: it must not"
+    assert str(store) in result["msg"] and "compact" in result["msg"], result
+    level0 = [f for f in store.glob("*.sst") if f.stat().st_size < 1 << 20]
+    assert len(level0) > 8, "the replay's level-0 files are there, unmerged"
+    left = store_contents(store)
+    assert len(left.data) == records and left.offsets == {"big-0": records - 1}
+    r = restore_store(store, log, TopicPartition("big", 0))
+    assert (r.records_applied, r.offset) == (0, records - 1)

@@ -4,6 +4,9 @@ After every kill the store on disk must be consistent:
 
 - replay: the recorded offset ``O`` vouches for exactly the committed prefix
   ``[0, O]`` (no offset: no data);
+- replay with RocksDB's compactions deferred to one merge at its end (as a
+  replay of tens of millions of offsets runs): the same; whatever level 0 a
+  kill left, the next replay that completes merges it;
 - bulk from an empty store: either nothing, or all the data without an offset
   (killed between ingestion and the offset write: data ahead, never an offset
   ahead of the data), or all the data with the final offset. A half-ingested
@@ -16,6 +19,7 @@ process completes and equals the model.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import signal
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rocksdict import AccessType, Options, Rdict
@@ -36,15 +41,45 @@ TP = TopicPartition("app-crash-changelog", 0)
 KILLS = 30
 
 CHILD = r"""
-import sys
+import json, sys
 from statestore import TopicPartition, _native
-store, log, topic, mode, budget = sys.argv[1:6]
+store, log, topic, kwargs = sys.argv[1:5]
 sys.stdout.write("go\n"); sys.stdout.flush()
-# 256 KiB memtables and 64 KiB chunks: with the WAL off, replay progress reaches
-# disk at each (atomic) memtable flush, so small ones make kills land between flushes
-r = _native.restore_store(store, log, TopicPartition(topic, 0), None, mode, int(budget), None, 0.1, 256 << 10, 64 << 10)
+r = _native.restore_store(store, log, TopicPartition(topic, 0), **json.loads(kwargs))
 sys.stdout.write(f"done {r.end_offset}\n"); sys.stdout.flush()
 """
+
+
+def restore_kwargs(mode: str, budget: int) -> dict[str, Any]:
+    """``_native.restore_store``'s keyword arguments for the test's ``mode``.
+
+    256 KiB memtables and 64 KiB chunks: with the WAL off, replay progress
+    reaches disk at each (atomic) memtable flush, so small ones make kills
+    land between flushes. ``replay-deferred`` defers RocksDB's compactions
+    from the first offset (by default only replays of tens of millions do).
+    """
+    kwargs: dict[str, Any] = {
+        "mode": "bulk" if mode == "bulk" else "replay",
+        "memory_budget_bytes": budget,
+        "write_buffer_bytes": 256 << 10,
+        "chunk_bytes": 64 << 10,
+    }
+    if mode == "replay-deferred":
+        kwargs["defer_compactions_from"] = 1
+    return kwargs
+
+
+def level0_files(store: Path) -> int:
+    """The most level-0 files a column family of the store holds."""
+    db = Rdict(str(store), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        cfs = Rdict.list_cf(str(store), Options(raw_mode=True))
+        return max(
+            int(db.get_column_family(cf).property_int_value("rocksdb.num-files-at-level0") or 0) for cf in cfs
+        )
+    finally:
+        db.close()
+
 
 Records = list[tuple[int, bytes | None, bytes | None]]
 
@@ -114,19 +149,22 @@ def run_kills(base: Path, changelog: tuple[Path, Records, int], mode: str, kills
     log_dir, records, last = changelog
     final = model_at(records, last)
     budget = 1 << 20 if mode == "bulk" else 256 << 20
+    kwargs = restore_kwargs(mode, budget)
     store = base / f"store-{mode}"
     # how long a whole restore takes here, to spread the kills over it
     t0 = time.monotonic()
-    _native.restore_store(store, log_dir, TP, None, mode, budget, None, 0.1, 256 << 10, 64 << 10)
+    _native.restore_store(store, log_dir, TP, **kwargs)
     full = time.monotonic() - t0
     assert on_disk(store) == (final, last)
+    if mode == "replay-deferred":
+        assert level0_files(store) == 0, "merged at the end"
     shutil.rmtree(store)
 
     rng = random.Random(seed)
     killed = completed = partial = 0
     while killed < kills:
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(store), str(log_dir), TP.topic, mode, str(budget)],
+            [sys.executable, "-c", CHILD, str(store), str(log_dir), TP.topic, json.dumps(kwargs)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -140,7 +178,7 @@ def run_kills(base: Path, changelog: tuple[Path, Records, int], mode: str, kills
         data, off = on_disk(store)
         if rc == -signal.SIGKILL and not out.startswith(b"done"):
             killed += 1
-            if mode == "replay":
+            if mode != "bulk":
                 assert data == model_at(records, off), f"kill {killed}: data disagrees with offset {off}"
             else:
                 assert (data, off) in (({}, None), (final, None), (final, last)), (
@@ -154,16 +192,20 @@ def run_kills(base: Path, changelog: tuple[Path, Records, int], mode: str, kills
         if (data, off) == (final, last):
             shutil.rmtree(store)  # start over so the next child has work to do
     # whatever the last kill left, one more restore completes and equals the model
-    restore_store(store, log_dir, TP, mode=mode, memory_budget_bytes=budget)
+    if mode == "replay-deferred":
+        _native.restore_store(store, log_dir, TP, **kwargs)
+        assert level0_files(store) == 0, "the last replay merged what the kills left"
+    else:
+        restore_store(store, log_dir, TP, mode=mode, memory_budget_bytes=budget)
     assert on_disk(store) == (final, last)
     assert killed == kills
     print(f"\n{mode}: {killed} kills ({partial} left a partial store), {completed} children completed")
-    if mode == "replay":
+    if mode != "bulk":
         assert partial > 0, "no kill landed in the middle of a replay"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["replay", "bulk"])
+@pytest.mark.parametrize("mode", ["replay", "replay-deferred", "bulk"])
 def test_sigkill_during_restore_leaves_a_consistent_store(
     tmp_path: Path, changelog: tuple[Path, Records, int], mode: str
 ) -> None:
@@ -171,7 +213,7 @@ def test_sigkill_during_restore_leaves_a_consistent_store(
 
 
 @pytest.mark.torture
-@pytest.mark.parametrize("mode", ["replay", "bulk"])
+@pytest.mark.parametrize("mode", ["replay", "replay-deferred", "bulk"])
 def test_sigkill_during_restore_torture(
     request: pytest.FixtureRequest, tmp_path: Path, changelog: tuple[Path, Records, int], mode: str
 ) -> None:

@@ -106,6 +106,7 @@ def restore_store(
     retention_ms: int | None = None,
     segment_interval_ms: int | None = None,
     bulk_threads: int = 1,
+    defer_compactions_from: int | None = None,
 ) -> RestoreOutcome: ...
 def restore_many(
     specs: Sequence[_RestoreSpec], threads: int, open_stores: OpenStores | None = None
@@ -129,6 +130,7 @@ class OpenStores:
 
 #: The restore modes (``rust/src/restore/engine.rs``, ``Mode::ALL``).
 MODES: Final[tuple[str, ...]]
+DEFAULT_MEMORY_BUDGET: Final[int]
 
 # segment log (statestore.changelog.segment_log)
 
@@ -404,6 +406,7 @@ def versioned_segment_interval(history_retention_ms: int) -> int: ...
 #: What the module exports (PyO3 lists every name the bindings register; stubtest compares the two).
 __all__ = [
     "CORRUPTION_PREFIX",
+    "DEFAULT_MEMORY_BUDGET",
     "HEADERS_STORE_FORMATS",
     "MODES",
     "OFFSETS_CF",

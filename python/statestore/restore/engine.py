@@ -45,7 +45,7 @@ from statestore.ids import OFFSET_UNKNOWN, PartitionLike, TopicPartition, coerce
 from statestore.state.store import STORE_FORMATS, check_format
 
 #: Default memory budget of a bulk restore (keys, values and merge buffers).
-DEFAULT_MEMORY_BUDGET: int = 256 * 2**20
+DEFAULT_MEMORY_BUDGET: int = _native.DEFAULT_MEMORY_BUDGET
 #: Default least time, in seconds, between two progress calls of a listener.
 DEFAULT_PROGRESS_INTERVAL: float = 0.1
 

@@ -18,7 +18,7 @@ use super::feed::{PyFeedLog, Raised};
 use super::kafka::PyKafkaClient;
 use crate::kafka::client::{KafkaClient, KafkaLog, SessionLog};
 use crate::log::SegmentLogDir;
-use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec};
+use crate::restore::engine::{self, Mode, RestoreOutcome, RestoreSpec, DEFAULT_MEMORY_BUDGET};
 use crate::restore::open_stores::OpenStores;
 use crate::restore::replay::DEFAULT_CHUNK_BYTES;
 use crate::restore::{ErrorKind, Listener, RestoreError};
@@ -283,9 +283,11 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
 /// `statestore.errors` class of the failure. The GIL is released throughout.
 /// `write_buffer_bytes` (memtable size; by default its share of the budget) and
 /// `chunk_bytes` (most log bytes per `WriteBatch`) are tuning knobs for tests and tools; `bulk_threads` splits
-/// a bulk restore's sort, merge and SST writing by key range across that many threads.
+/// a bulk restore's sort, merge and SST writing by key range across that many threads;
+/// `defer_compactions_from` is the offsets from which a key-value replay defers RocksDB's compactions to
+/// one merge at its end (`None`: the engine's default, `restore::DEFERRED_COMPACTION_OFFSETS`).
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=256 << 20, listener=None, progress_interval=0.1, write_buffer_bytes=None, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None, bulk_threads=1))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=DEFAULT_MEMORY_BUDGET, listener=None, progress_interval=0.1, write_buffer_bytes=None, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None, bulk_threads=1, defer_compactions_from=None))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -304,6 +306,7 @@ fn restore_store(
     retention_ms: Option<i64>,
     segment_interval_ms: Option<i64>,
     bulk_threads: usize,
+    defer_compactions_from: Option<i64>,
 ) -> PyResult<PyRestoreOutcome> {
     let args = SpecArgs {
         store_path,
@@ -323,6 +326,9 @@ fn restore_store(
     j.spec.chunk_bytes = chunk_bytes.max(1);
     j.spec.read_ahead = read_ahead;
     j.spec.bulk_threads = bulk_threads.max(1);
+    if let Some(offsets) = defer_compactions_from {
+        j.spec.defer_compactions_from = offsets;
+    }
     let r = py.detach(|| engine::restore(&*j.log, &j.spec, j.listener.as_mut().map(|l| l as &mut dyn Listener)));
     r.map(|o| PyRestoreOutcome::from(&o)).map_err(|e| to_pyerr(e, &j.raised, j.fed.as_ref()))
 }
@@ -374,7 +380,7 @@ pub struct PyOpenStores {
 #[pymethods]
 impl PyOpenStores {
     #[new]
-    #[pyo3(signature = (memory_budget_bytes=256 << 20))]
+    #[pyo3(signature = (memory_budget_bytes=DEFAULT_MEMORY_BUDGET))]
     fn new(memory_budget_bytes: usize) -> Self {
         Self { inner: Arc::new(OpenStores::new(memory_budget_bytes)) }
     }
@@ -435,6 +441,7 @@ fn share_fetch_sessions(jobs: &mut [Job]) {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The restore modes, from the one list (`Mode::ALL`).
     m.add("MODES", PyTuple::new(m.py(), Mode::ALL.map(Mode::name))?)?;
+    m.add("DEFAULT_MEMORY_BUDGET", DEFAULT_MEMORY_BUDGET)?;
     m.add_function(wrap_pyfunction!(restore_store, m)?)?;
     m.add_function(wrap_pyfunction!(restore_many, m)?)?;
     m.add_class::<PyRestoreOutcome>()?;

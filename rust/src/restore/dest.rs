@@ -203,6 +203,14 @@ impl Dest {
         }
     }
 
+    /// Merge every database of the store into RocksDB's last level ([`Store::compact_all`]).
+    pub fn compact_all(&self) -> Result<(), StoreError> {
+        match self {
+            Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => s.compact_all(),
+            Dest::Segmented(s) => s.compact_all(),
+        }
+    }
+
     /// Make what was written durable.
     pub fn flush(&self) -> Result<(), StoreError> {
         match self {

@@ -13,11 +13,14 @@ use std::time::{Duration, Instant};
 use super::bulk::{bulk, scratch_dir, BulkOptions, BULK_CHUNK_BYTES};
 use super::open_stores::{Held, OpenStores};
 use super::replay::{replay_handing_over, Handover, DEFAULT_CHUNK_BYTES};
-use super::{restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, ReplayMemory, RestoreError, Target};
+use super::{
+    deferred_compaction_options, restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, ReplayMemory,
+    RestoreError, Target, DEFERRED_COMPACTION_OFFSETS,
+};
 use crate::offsets::OFFSET_UNKNOWN;
 use crate::segments::Segmentation;
 use crate::source::{Bounds, Changelog, ChangelogSource, LogError, SkipCounts};
-use crate::store::StoreFormat;
+use crate::store::{StoreFormat, DEFAULT_LEVEL0_STOP_FILES};
 
 /// How to restore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +54,10 @@ impl Mode {
     }
 }
 
+/// Memory a restore may hold unless told otherwise ([`RestoreSpec::memory_budget`]), and what the
+/// stores an [`OpenStores`] keeps share by default: 256 MiB. Python reads it from the module.
+pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
+
 /// One restore to do.
 #[derive(Debug, Clone)]
 pub struct RestoreSpec {
@@ -60,6 +67,8 @@ pub struct RestoreSpec {
     /// Exclusive end; `None`: the last stable offset when the restore starts.
     pub end_offset: Option<i64>,
     pub mode: Mode,
+    /// Bytes a restore may hold in memory: a bulk restore's keys, values and merge buffers, a
+    /// replay's batches and memtables ([`ReplayMemory`]); [`DEFAULT_MEMORY_BUDGET`] by default.
     pub memory_budget: usize,
     /// Least time between two progress calls of the listener.
     pub progress_interval: Duration,
@@ -89,6 +98,11 @@ pub struct RestoreSpec {
     /// replay leaves it unflushed ([`OpenStores`]). `None`: the store is
     /// flushed and closed.
     pub kept_open: Option<Arc<OpenStores>>,
+    /// A replay of at least this many offsets into a key-value store not kept
+    /// open defers RocksDB's compactions to its end and merges once
+    /// ([`DEFERRED_COMPACTION_OFFSETS`] by default; see
+    /// [`deferred_compaction_options`]).
+    pub defer_compactions_from: i64,
 }
 
 impl RestoreSpec {
@@ -99,7 +113,7 @@ impl RestoreSpec {
             partition,
             end_offset: None,
             mode: Mode::Auto,
-            memory_budget: 256 << 20,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
             progress_interval: Duration::from_millis(100),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             write_buffer_bytes: None,
@@ -108,6 +122,7 @@ impl RestoreSpec {
             format: StoreFormat::Plain,
             segmentation: None,
             kept_open: None,
+            defer_compactions_from: DEFERRED_COMPACTION_OFFSETS,
         }
     }
 
@@ -196,6 +211,8 @@ pub struct Prepared {
     /// The partition's bounds, and the log's stamp taken before them.
     bounds: Bounds,
     stamp: Option<u64>,
+    /// The store was opened with its compactions deferred to the end of the replay.
+    compactions_deferred: bool,
 }
 
 /// Take a restore's first steps: open (or create) its store, ask the log for
@@ -210,8 +227,9 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let path = &spec.store_path;
     let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
     let memory = spec.replay_memory(log.buffered_bytes());
-    let open = || {
-        Dest::open(path, restore_options_with(memory.write_buffer_bytes), spec.format, spec.segmentation)
+    let open = |deferred: bool| {
+        let opts = if deferred { deferred_compaction_options } else { restore_options_with };
+        Dest::open(path, opts(memory.write_buffer_bytes), spec.format, spec.segmentation)
             .map(|store| Held::new(store, spec.kept_open.as_ref()))
             .map_err(|e| RestoreError::store(&tp, e))
     };
@@ -231,7 +249,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
             ));
         }
         Some(store) => Some(store),
-        None if Dest::exists(path, spec.format) => Some(open()?),
+        None if Dest::exists(path, spec.format) => Some(open(false)?),
         None => None,
     };
     // Kafka Streams' "no offset yet" is no position: such a store restores from the changelog's start.
@@ -269,10 +287,22 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     } else {
         None
     };
+    let mode = match spec.mode {
+        // Where a version goes depends on every record before it: a versioned store is always replayed.
+        _ if spec.format.is_versioned() => Mode::Replay,
+        Mode::Auto if existing.as_deref().is_none_or(Dest::is_data_empty) => Mode::Bulk,
+        Mode::Auto => Mode::Replay,
+        m => m,
+    };
+    let deferred = defers_compactions(spec, mode, end - start, existing.as_deref());
     let store = match existing {
+        Some(store) if deferred => {
+            drop(store); // closed (a store kept open is never deferred), to open again deferring
+            open(true)?
+        }
         Some(store) => store,
         None => {
-            let store = open()?;
+            let store = open(deferred)?;
             if let Some(o) = offset_of(&store)? {
                 return Err(RestoreError::new(
                     ErrorKind::Restore,
@@ -287,14 +317,35 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
             store
         }
     };
-    let mode = match spec.mode {
-        // Where a version goes depends on every record before it: a versioned store is always replayed.
-        _ if spec.format.is_versioned() => Mode::Replay,
-        Mode::Auto if store.is_data_empty() => Mode::Bulk,
-        Mode::Auto => Mode::Replay,
-        m => m,
-    };
-    Ok(Prepared { store, recorded, start, end, mode, source, memory, took: t0.elapsed(), bounds, stamp })
+    let took = t0.elapsed();
+    Ok(Prepared {
+        store,
+        recorded,
+        start,
+        end,
+        mode,
+        source,
+        memory,
+        took,
+        bounds,
+        stamp,
+        compactions_deferred: deferred,
+    })
+}
+
+/// Whether a restore's replay defers RocksDB's compactions to its end: a
+/// key-value store's replay (which never reads) of at least
+/// [`RestoreSpec::defer_compactions_from`] offsets, or of a store whose level
+/// 0 already holds as many files as would stop writes (a deferred replay
+/// killed before its merge: merged even when nothing is left to replay).
+/// Never a store kept open between the state
+/// updater's rounds, which are short and would each end in a merge.
+fn defers_compactions(spec: &RestoreSpec, mode: Mode, offsets: i64, existing: Option<&Dest>) -> bool {
+    let piled_up = matches!(existing, Some(Dest::Store(s)) if s.level0_files() >= DEFAULT_LEVEL0_STOP_FILES);
+    mode == Mode::Replay
+        && spec.format.is_key_value()
+        && spec.kept_open.is_none()
+        && (piled_up || offsets > 0 && offsets >= spec.defer_compactions_from)
 }
 
 /// The exclusive end of a restore: the one asked for, else the last stable
@@ -324,7 +375,7 @@ fn run_one<'a>(
     on_read_all: Option<&'a dyn Fn()>,
 ) -> Result<RestoreOutcome, RestoreError> {
     let t0 = Instant::now();
-    let Prepared { store, recorded, start, end, mode, source, memory, took, .. } = prepared;
+    let Prepared { store, recorded, start, end, mode, source, memory, took, compactions_deferred, .. } = prepared;
     let tp = spec.tp();
     let path = &spec.store_path;
     let scratch = scratch_dir(path);
@@ -380,7 +431,13 @@ fn run_one<'a>(
                 bulk(target, source.as_mut(), &opts, &mut progress)?
             }
             _ => {
-                let handover = if spec.kept_open.is_some() { Handover::KeptOpen } else { Handover::Flushed };
+                let handover = if spec.kept_open.is_some() {
+                    Handover::KeptOpen
+                } else if compactions_deferred {
+                    Handover::Compacted
+                } else {
+                    Handover::Flushed
+                };
                 replay_handing_over(
                     target,
                     source.as_mut(),
@@ -405,8 +462,13 @@ fn run_one<'a>(
         if applied.last_offset.is_some() {
             outcome.offset = applied.last_offset;
         }
-    } else if unmarked {
-        store.flush().map_err(|e| RestoreError::store(&tp, e))?; // nothing restored flushed the status
+    } else {
+        if unmarked {
+            store.flush().map_err(|e| RestoreError::store(&tp, e))?; // nothing restored flushed the status
+        }
+        if compactions_deferred {
+            store.compact_all().map_err(|e| RestoreError::store(&tp, e))?; // a level 0 left piled up
+        }
     }
     progress.end(outcome.records_applied)?;
     outcome.seconds = (took + t0.elapsed()).as_secs_f64();
@@ -797,6 +859,102 @@ mod tests {
         let (m, last) = model(&log, 3_000);
         assert_eq!(dump(&store), m);
         assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    /// The level-0 files of the data of the store at its path after each batch, read through a
+    /// read-only handle beside the restore (which takes no lock; an open that meets a file a
+    /// compaction of `offsets` just deleted is tried again).
+    struct Level0Seen(PathBuf, Vec<u64>);
+
+    impl Listener for Level0Seen {
+        fn on_start(&mut self, _: i64, _: i64) -> Result<(), String> {
+            Ok(())
+        }
+        fn on_batch(&mut self, _: i64, _: u64) -> Result<(), String> {
+            let store = (0..100).find_map(|_| Store::open_read_only(&self.0).ok()).ok_or("cannot open")?;
+            let files = store.db().property_int_value_cf(store.data_cf(), "rocksdb.num-files-at-level0");
+            self.1.push(files.ok().flatten().ok_or("no property")?);
+            Ok(())
+        }
+        fn on_end(&mut self, _: u64) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_long_replay_defers_compactions_to_one_merge_at_its_end() {
+        // 64 KiB memtables and batches: ~30 level-0 files, where compactions would start at 16.
+        let dir = tempfile::tempdir().unwrap();
+        let n = 60_000;
+        let log = random_log(n, 30_000, 5);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let path = dir.path().join("s");
+        let mut spec = RestoreSpec::new(path.clone(), "t", 0);
+        (spec.mode, spec.write_buffer_bytes, spec.chunk_bytes) = (Mode::Replay, Some(64 << 10), 64 << 10);
+        (spec.defer_compactions_from, spec.progress_interval) = (n as i64, Duration::ZERO);
+        let mut seen = Level0Seen(path.clone(), Vec::new());
+        restore(&vl, &spec, Some(&mut seen)).unwrap();
+        let files = &seen.1;
+        assert!(files.windows(2).all(|w| w[0] <= w[1]), "no compaction during the replay: {files:?}");
+        assert!(files.last().is_some_and(|&f| f > 24), "{files:?}");
+        let store = Store::open(&path, false).unwrap();
+        assert_eq!(store.level0_files(), 0, "merged at the end");
+        let (m, last) = model(&log, n as i64);
+        assert_eq!(dump(&store), m);
+        assert_eq!(store.offset("t-0").unwrap(), last);
+    }
+
+    #[test]
+    fn which_restores_defer_compactions() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = |format: StoreFormat, kept: bool| {
+            let mut s = RestoreSpec::new(dir.path().join("s"), "t", 0);
+            (s.format, s.defer_compactions_from) = (format, 1_000);
+            s.kept_open = kept.then(|| Arc::new(OpenStores::new(1 << 20)));
+            s
+        };
+        let plain = spec(StoreFormat::Plain, false);
+        assert!(defers_compactions(&plain, Mode::Replay, 1_000, None));
+        assert!(!defers_compactions(&plain, Mode::Replay, 999, None), "a short replay compacts as it goes");
+        assert!(!defers_compactions(&plain, Mode::Bulk, 1_000, None), "bulk writes no level 0");
+        assert!(!defers_compactions(&spec(StoreFormat::Timestamped, true), Mode::Replay, 1_000, None), "kept open");
+        assert!(defers_compactions(&spec(StoreFormat::Timestamped, false), Mode::Replay, 1_000, None));
+        assert!(!defers_compactions(&spec(StoreFormat::Versioned, false), Mode::Replay, 1_000, None), "it reads");
+        assert!(!defers_compactions(&spec(StoreFormat::Window, false), Mode::Replay, 1_000, None));
+        // A store a deferred replay left before its merge: its next replay, however short, merges.
+        let piled = dir.path().join("piled");
+        store_with_level0_files(&piled, DEFAULT_LEVEL0_STOP_FILES);
+        let piled = Dest::Store(Store::open_with(&piled, restore_options_with(64 << 10)).unwrap());
+        assert!(defers_compactions(&plain, Mode::Replay, 1, Some(&piled)));
+        assert!(defers_compactions(&plain, Mode::Replay, 0, Some(&piled)), "merged with nothing to replay");
+        assert!(!defers_compactions(&plain, Mode::Replay, 0, None));
+    }
+
+    #[test]
+    fn a_store_left_with_level0_piled_up_is_merged_by_its_next_restore_even_with_nothing_to_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        store_with_level0_files(&empty, 40);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), Vec::new())]));
+        let o = restore(&vl, &RestoreSpec::new(empty.clone(), "t", 0), None).unwrap();
+        assert_eq!((o.mode, o.records_applied), (Mode::Replay, 0));
+        let store = Store::open(&empty, false).unwrap();
+        assert_eq!((store.level0_files(), dump(&store).len()), (0, 40_000));
+        drop(store);
+        let path = dir.path().join("s");
+        store_with_level0_files(&path, 40);
+        let log = random_log(100, 50, 3);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let spec = RestoreSpec::new(path.clone(), "t", 0);
+        let prepared = prepare(&vl, &spec).unwrap();
+        assert!(prepared.compactions_deferred && prepared.mode == Mode::Replay);
+        restore_prepared(&vl, &spec, Some(Ok(prepared)), None, None).unwrap();
+        let store = Store::open(&path, false).unwrap();
+        assert_eq!(store.level0_files(), 0);
+        let (m, _) = model(&log, 100);
+        let data = dump(&store);
+        assert_eq!(data.len(), 40_000 + m.len(), "the 40 files' keys and the log's");
+        assert!(m.iter().all(|(k, v)| data.get(k) == Some(v)));
     }
 
     #[test]

@@ -286,7 +286,33 @@ pub fn restore_options_with(write_buffer_bytes: usize) -> Options {
     // its tables, even when it has none: 15 of them (the default, 16) for every store a restore
     // creates, started and joined within its fixed cost (test_bench_scale.py: many small stores).
     // More threads than cores load no faster.
-    o.set_max_file_opening_threads(file_opening_threads());
+    o.set_max_file_opening_threads(per_core_threads());
+    o
+}
+
+/// Offsets of log from which a replay into a key-value store defers RocksDB's
+/// compactions to its end ([`deferred_compaction_options`]; the spec's
+/// `defer_compactions_from`). Leveled compaction rewrites each record once
+/// more for every level the store grows into, while the replay writes: 100M
+/// unique keys wrote 36 GiB for a 12 GiB store and took 177 s; deferred, 22
+/// GiB and 115 s. At 10M records deferring was slower (8.3 s against 5.7-6.9
+/// s: one merge after the replay instead of compactions beside it); at 30M
+/// the two took the same time (benches/notes.md).
+pub const DEFERRED_COMPACTION_OFFSETS: i64 = 30_000_000;
+
+/// [`restore_options_with`] for a replay that defers RocksDB's compactions to
+/// its end ([`crate::store::Store::compact_all`]): level 0 gathers every memtable
+/// flushed, no write is slowed or stopped for its files, and the one merge at
+/// the end runs on every core. Reads of such a level 0 check every file, so
+/// only a replay, which does not read, opens a store this way.
+pub fn deferred_compaction_options(write_buffer_bytes: usize) -> Options {
+    let mut o = restore_options_with(write_buffer_bytes);
+    o.set_disable_auto_compactions(true);
+    o.set_level_zero_slowdown_writes_trigger(1 << 30);
+    o.set_level_zero_stop_writes_trigger(1 << 30);
+    o.set_soft_pending_compaction_bytes_limit(0);
+    o.set_hard_pending_compaction_bytes_limit(0);
+    o.set_max_subcompactions(per_core_threads() as u32);
     o
 }
 
@@ -301,8 +327,9 @@ fn level0_trigger(write_buffer_bytes: usize) -> i32 {
     (LEVEL0_BYTES / write_buffer_bytes.max(1)).clamp(4, 16) as i32
 }
 
-/// Threads a store opened for restoring loads its tables with: one per core, at most RocksDB's default 16.
-fn file_opening_threads() -> i32 {
+/// Threads a store opened for restoring loads its tables with (and a deferred
+/// compaction merges on): one per core, at most RocksDB's default 16.
+fn per_core_threads() -> i32 {
     std::thread::available_parallelism().map_or(1, |n| n.get()).min(16) as i32
 }
 

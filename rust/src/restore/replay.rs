@@ -54,6 +54,11 @@ pub enum Handover {
     /// offset being recorded only once every segment is. A replay that fails
     /// flushes either way.
     KeptOpen,
+    /// Flushed, its offset recorded, then merged into RocksDB's last level
+    /// ([`crate::store::Store::compact_all`]): the store was opened with its
+    /// compactions deferred ([`super::deferred_compaction_options`]). A replay
+    /// that fails is flushed only: the next restore defers and merges again.
+    Compacted,
 }
 
 /// [`replay`], leaving the store as `handover` says.
@@ -74,6 +79,9 @@ pub fn replay_handing_over(
         if unflushed { Ok(()) } else { store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e)) };
     result?;
     flushed?;
+    if handover == Handover::Compacted {
+        store.compact_all().map_err(|e| RestoreError::store(tp, e))?;
+    }
     // The store is complete and durable; what RocksDB has not merged of level 0 is left for the
     // application only while it would not stop its writes (the cost of a large replay).
     store.settle_level0(DEFAULT_LEVEL0_STOP_FILES);
