@@ -891,7 +891,9 @@ class App:
         leaders: dict[int, TopicPartition] = {}
         for topic, resumed in sorted(by_topic.items()):
             try:
-                partitions = self._consumer.list_topics(topic, timeout=WAKE_TIMEOUT_S).topics[topic].partitions
+                partitions = (
+                    self._consumer.list_topics(topic, timeout=WAKE_TIMEOUT_S).topics[topic].partitions
+                )
             except (ck.KafkaException, KeyError) as e:
                 logger.debug("%s: metadata of %s to wake its fetchers: %s", self.application_id, topic, e)
                 continue
