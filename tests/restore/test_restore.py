@@ -125,6 +125,7 @@ def test_replay_and_bulk_equal_the_model(
         )
     committed_with_key = sum(1 for off, k, _ in model.records if off < model.end and k is not None)
     assert r.records_applied == committed_with_key
+    assert r.merge_seconds == b.merge_seconds == 0.0, "a short replay merges nothing at its end"
     assert r.records_skipped.null_key == sum(
         1 for off, k, _ in model.records if off < model.end and k is None
     )

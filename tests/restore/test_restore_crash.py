@@ -153,9 +153,10 @@ def run_kills(base: Path, changelog: tuple[Path, Records, int], mode: str, kills
     store = base / f"store-{mode}"
     # how long a whole restore takes here, to spread the kills over it
     t0 = time.monotonic()
-    _native.restore_store(store, log_dir, TP, **kwargs)
+    out = _native.restore_store(store, log_dir, TP, **kwargs)
     full = time.monotonic() - t0
     assert on_disk(store) == (final, last)
+    assert (out.merge_seconds > 0) == (mode == "replay-deferred"), out
     if mode == "replay-deferred":
         assert level0_files(store) == 0, "merged at the end"
     shutil.rmtree(store)

@@ -137,6 +137,9 @@ class RestoreResult:
     #: changelog could tell that nothing was written to it since the restore asked (a segment log
     #: whose files are unchanged); ``None``: ask the changelog. Spares reading its bounds again.
     changelog_bounds: tuple[int, int, int] | None = None
+    #: Of ``seconds``, the merge a long replay ends with: a replay of tens of millions of offsets
+    #: leaves RocksDB's compactions until its last batch and then merges the store once (0.0 without).
+    merge_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -220,6 +223,7 @@ def _result(tp: TopicPartition, store_path: Path, o: _native.RestoreOutcome) -> 
         seconds=o.seconds,
         offset=o.offset,
         changelog_bounds=o.log_bounds,
+        merge_seconds=o.merge_seconds,
     )
 
 

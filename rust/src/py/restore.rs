@@ -40,6 +40,8 @@ pub struct PyRestoreOutcome {
     skipped_null_key: u64,
     bytes_read: u64,
     seconds: f64,
+    /// Of `seconds`, the merge a replay with deferred compactions ends with (0.0 without one).
+    merge_seconds: f64,
     /// The offset the store records afterwards.
     offset: Option<i64>,
     /// `(start, end, last_stable)` of the partition as the restore left the
@@ -59,6 +61,7 @@ impl From<&RestoreOutcome> for PyRestoreOutcome {
             skipped_null_key: o.skipped_null_key,
             bytes_read: o.bytes_read,
             seconds: o.seconds,
+            merge_seconds: o.merge_seconds,
             offset: o.offset,
             log_bounds: o.log_bounds.map(|b| (b.start, b.end, b.last_stable)),
         }

@@ -153,6 +153,8 @@ pub struct RestoreOutcome {
     pub skipped_null_key: u64,
     pub bytes_read: u64,
     pub seconds: f64,
+    /// Of `seconds`, the merge a replay with deferred compactions ends with (0 without one).
+    pub merge_seconds: f64,
     /// The offset the store records after the restore.
     pub offset: Option<i64>,
     /// The partition's bounds as the restore leaves the log, when the log can
@@ -407,6 +409,7 @@ fn run_one<'a>(
         skipped_null_key: 0,
         bytes_read: 0,
         seconds: 0.0,
+        merge_seconds: 0.0,
         offset: recorded,
         log_bounds: None,
     };
@@ -459,6 +462,7 @@ fn run_one<'a>(
         outcome.skipped = source.skipped();
         outcome.skipped_null_key = applied.null_keys;
         outcome.bytes_read = source.bytes_read();
+        outcome.merge_seconds = applied.merge.as_secs_f64();
         if applied.last_offset.is_some() {
             outcome.offset = applied.last_offset;
         }
@@ -467,7 +471,9 @@ fn run_one<'a>(
             store.flush().map_err(|e| RestoreError::store(&tp, e))?; // nothing restored flushed the status
         }
         if compactions_deferred {
+            let t0 = Instant::now();
             store.compact_all().map_err(|e| RestoreError::store(&tp, e))?; // a level 0 left piled up
+            outcome.merge_seconds = t0.elapsed().as_secs_f64();
         }
     }
     progress.end(outcome.records_applied)?;
@@ -893,7 +899,8 @@ mod tests {
         (spec.mode, spec.write_buffer_bytes, spec.chunk_bytes) = (Mode::Replay, Some(64 << 10), 64 << 10);
         (spec.defer_compactions_from, spec.progress_interval) = (n as i64, Duration::ZERO);
         let mut seen = Level0Seen(path.clone(), Vec::new());
-        restore(&vl, &spec, Some(&mut seen)).unwrap();
+        let o = restore(&vl, &spec, Some(&mut seen)).unwrap();
+        assert!(o.merge_seconds > 0.0 && o.merge_seconds < o.seconds, "{o:?}");
         let files = &seen.1;
         assert!(files.windows(2).all(|w| w[0] <= w[1]), "no compaction during the replay: {files:?}");
         assert!(files.last().is_some_and(|&f| f > 24), "{files:?}");
@@ -938,6 +945,7 @@ mod tests {
         let vl = VecLog(HashMap::from([(("t".to_string(), 0), Vec::new())]));
         let o = restore(&vl, &RestoreSpec::new(empty.clone(), "t", 0), None).unwrap();
         assert_eq!((o.mode, o.records_applied), (Mode::Replay, 0));
+        assert!(o.merge_seconds > 0.0);
         let store = Store::open(&empty, false).unwrap();
         assert_eq!((store.level0_files(), dump(&store).len()), (0, 40_000));
         drop(store);

@@ -175,6 +175,8 @@ pub struct Applied {
     /// Offset of the last committed data record consumed (the one recorded
     /// in the store), if any.
     pub last_offset: Option<i64>,
+    /// Time spent merging the store at the end ([`replay::Handover::Compacted`]).
+    pub merge: std::time::Duration,
 }
 
 impl Applied {

@@ -80,7 +80,9 @@ pub fn replay_handing_over(
     result?;
     flushed?;
     if handover == Handover::Compacted {
+        let t0 = std::time::Instant::now();
         store.compact_all().map_err(|e| RestoreError::store(tp, e))?;
+        applied.merge = t0.elapsed();
     }
     // The store is complete and durable; what RocksDB has not merged of level 0 is left for the
     // application only while it would not stop its writes (the cost of a large replay).
