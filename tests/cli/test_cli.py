@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -9,11 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from statestore import TopicPartition
 from statestore._native import _testing
 from statestore.changelog.segment_log import SegmentLog
+from statestore.cli.common import BarListener, restore_progress
 from statestore.restore.engine import restore_store
+from support.tasks import produce
 
 APP = "shop"
 STORE = "counts"
@@ -225,3 +229,40 @@ def test_a_kafka_property_without_a_value_is_a_usage_error_naming_it(tmp_path: P
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--kafka-config" in out.stderr and "expected KEY=VALUE, got 'security.protocol'" in out.stderr
+
+
+@pytest.mark.parametrize("mode", ["replay", "bulk"])
+def test_a_restore_s_bar_says_the_store_is_being_written_once_the_whole_log_is_read(
+    tmp_path: Path, mode: str
+) -> None:
+    tp = TopicPartition("app-s-changelog", 0)
+    log = SegmentLog(tmp_path / "log", sync=False)
+    produce(log, tp, [(b"k%d" % i, b"v%d" % i) for i in range(1000)], transactional_id="w")
+    assert log.end_offset(tp) == 1001  # the commit marker is the last offset
+    progress = restore_progress(Console(file=io.StringIO()))
+    bar = BarListener(progress, "task 0_0 s")
+    seen: list[tuple[str, str, float]] = []
+
+    def note(kind: str) -> None:
+        task = progress.tasks[bar.task]
+        seen.append((kind, task.description, task.completed))
+
+    class Watch:
+        def on_restore_start(self, tp: TopicPartition, store: str, start: int, end: int) -> None:
+            bar.on_restore_start(tp, store, start, end)
+            note("start")
+
+        def on_batch_restored(self, tp: TopicPartition, store: str, end: int, n: int) -> None:
+            bar.on_batch_restored(tp, store, end, n)
+            note("batch")
+
+        def on_restore_end(self, tp: TopicPartition, store: str, total: int) -> None:
+            bar.on_restore_end(tp, store, total)
+            note("end")
+
+    restore_store(tmp_path / "s", log, tp, mode=mode, listener=Watch(), progress_interval=3600)
+    assert seen == [
+        ("start", "task 0_0 s", 0),
+        ("batch", "task 0_0 s (writing the store)", 1001),
+        ("end", "task 0_0 s", 1001),
+    ]

@@ -390,10 +390,15 @@ def test_listener_is_called_with_kafkas_shape(tmp_path: Path, mode: str) -> None
     assert 1 < len(batches) < 20_000  # per chunk, never per record
     assert sum(c[4] for c in batches) == res.records_applied
     assert [c[3] for c in batches] == sorted(c[3] for c in batches)
-    # a long interval: only start and end
+    assert batches[-1][3] == 19_999
+    # a long interval: one call once the whole log is read, before the store is written
     rec2 = Recorder()
     restore_store(tmp_path / "s2", tmp_path / "log", TP, mode=mode, listener=rec2, progress_interval=3600)
-    assert [c[0] for c in rec2.calls] == ["start", "end"]
+    assert rec2.calls == [
+        ("start", TP, "s2", 0, 20_000),
+        ("batch", TP, "s2", 19_999, 20_000),
+        ("end", TP, "s2", 20_000),
+    ]
 
 
 @pytest.mark.parametrize("mode", ["replay", "bulk"])

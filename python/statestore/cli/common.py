@@ -165,28 +165,42 @@ class RateColumn(ProgressColumn):
 
 
 class BarListener:
-    """A RestoreListener that moves one progress bar (called from restoring threads)."""
+    """A RestoreListener that moves one progress bar (called from restoring threads).
+
+    Once the whole log is read the bar is full and says the store is being written
+    until the restore ends: a bulk restore's sort and SST files, or a long replay's
+    merge, take a while and report nothing.
+    """
+
+    #: What the bar's description gains between the last record read and the end.
+    WRITING = " (writing the store)"
 
     def __init__(self, progress: Progress, description: str) -> None:
         self.progress = progress
+        self.description = description
         self.task = progress.add_task(description, total=None, start=False)
         self.start = 0
+        self.end = 0
 
     def on_restore_start(
         self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
     ) -> None:
-        self.start = start_offset
+        self.start, self.end = start_offset, end_offset
         self.progress.update(self.task, total=max(0, end_offset - start_offset))
         self.progress.start_task(self.task)
 
     def on_batch_restored(
         self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
     ) -> None:
-        self.progress.update(self.task, completed=batch_end_offset - self.start)
+        done = batch_end_offset + 1 - self.start
+        if batch_end_offset + 1 >= self.end:
+            self.progress.update(self.task, completed=done, description=self.description + self.WRITING)
+        else:
+            self.progress.update(self.task, completed=done)
 
     def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
         total = self.progress.tasks[self.task].total or 0
-        self.progress.update(self.task, completed=total)
+        self.progress.update(self.task, completed=total, description=self.description)
 
 
 def restore_progress(console: Console) -> Progress:

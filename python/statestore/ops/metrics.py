@@ -338,7 +338,7 @@ class TaskRestoreListener:
     def on_batch_restored(
         self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
     ) -> None:
-        """Called as records are applied (at most every progress interval)."""
+        """Called as records are applied (at most every progress interval), and once the whole log is read."""
         self._metrics.restored(self._task_id, tp, store_name, num_restored, batch_end_offset + 1)
         if self._also is not None:
             self._also.on_batch_restored(tp, store_name, batch_end_offset, num_restored)

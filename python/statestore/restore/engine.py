@@ -23,7 +23,11 @@ the restore starts. Records of aborted transactions, transaction markers and
 records without a key are skipped and counted.
 
 A listener with Kafka's ``StateRestoreListener`` shape is called from the
-restoring thread at most once per ``progress_interval`` seconds; if it raises,
+restoring thread at most once per ``progress_interval`` seconds, and once more when
+the whole log is read: its batches then add up to every record restored, with the
+offset before the end, before the restore writes the store (a bulk restore's sort
+and SST files, a long replay's merge), which reports nothing until
+``on_restore_end``. If it raises,
 that restore stops with a :class:`~statestore.errors.RestoreError` (whose
 ``__cause__`` is the listener's exception) and the store keeps a committed
 state with its offset.
@@ -69,7 +73,8 @@ class RestoreListener(Protocol):
         self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
     ) -> None:
         """Records up to ``batch_end_offset`` are applied (replay) or read (bulk);
-        ``num_restored`` records since the previous call."""
+        ``num_restored`` records since the previous call. Once the whole log is read,
+        a last call says so with the offset before ``end_offset``."""
 
     def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
         """The restore finished; ``total_restored`` records were applied."""

@@ -77,6 +77,7 @@ pub fn replay_handing_over(
     let mut applied = Applied::default();
     let result = replay_chunks(target, source, chunk_bytes, read_ahead, progress, &mut applied);
     progress.read_all();
+    let result = result.and_then(|()| progress.read_to(source.position()));
     let unflushed = handover == Handover::KeptOpen && result.is_ok() && store.offset_in_every_batch();
     let flushed =
         if unflushed { Ok(()) } else { store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e)) };

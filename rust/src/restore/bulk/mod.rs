@@ -244,6 +244,7 @@ fn run(
         add_slices(target, source, opts.chunk_bytes, &mut into, progress, &mut applied)?;
     }
     progress.read_all();
+    progress.read_to(source.position())?;
     let Collecting { mut collector, mut runs, mut seq, stream_time, .. } = into;
     if let Some(t) = stream_time {
         store.observe(t); // a segmented store: only segments live at the end are written
