@@ -16,6 +16,7 @@
 
 pub mod coordinator;
 pub mod dump;
+pub mod page_cache;
 pub mod producer;
 pub mod reader;
 pub mod segment;

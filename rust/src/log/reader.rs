@@ -320,6 +320,12 @@ impl PartitionReader {
         })
     }
 
+    /// Give back the page cache this reader fills, segment by segment, keeping
+    /// what was cached before it ([`crate::log::segment::BatchCursor::leave_page_cache_as_found`]).
+    pub fn leave_page_cache_as_found(&mut self) {
+        self.cursor.leave_page_cache_as_found();
+    }
+
     /// Next offset to read.
     pub fn position(&self) -> i64 {
         self.position
@@ -505,10 +511,10 @@ impl CommittedReader {
         // Reads of DEFAULT_CHUNK (1 MiB; larger batches grow the buffer) keep the
         // bytes just read in the core's own cache until they are decoded: with
         // 4 MiB reads, two restores side by side ran 15% slower each.
-        Ok(CommittedReader {
-            inner: PartitionReader::open(dir, start_offset, Isolation::ReadCommitted, DEFAULT_CHUNK)?,
-            slices: ChangeSlices::default(),
-        })
+        let mut inner = PartitionReader::open(dir, start_offset, Isolation::ReadCommitted, DEFAULT_CHUNK)?;
+        // A restore reads its log once: what it reads must not push out what it writes next.
+        inner.leave_page_cache_as_found();
+        Ok(CommittedReader { inner, slices: ChangeSlices::default() })
     }
 }
 

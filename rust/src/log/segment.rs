@@ -11,6 +11,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::page_cache::CacheFootprint;
 use super::LogError;
 use crate::codec::{self, BatchHeader, HEADER_LEN, LOG_OVERHEAD};
 
@@ -190,6 +191,10 @@ pub struct BatchCursor {
     expected: i64,
     peeked: Option<Peeked>,
     bytes_read: u64,
+    /// With [`BatchCursor::leave_page_cache_as_found`]: the open segment's
+    /// pages cached before this cursor read it.
+    footprint: Option<CacheFootprint>,
+    leaves_cache_as_found: bool,
 }
 
 impl BatchCursor {
@@ -212,6 +217,8 @@ impl BatchCursor {
             expected: 0,
             peeked: None,
             bytes_read: 0,
+            footprint: None,
+            leaves_cache_as_found: false,
         };
         if c.segments.is_empty() {
             return Ok(c);
@@ -245,9 +252,31 @@ impl BatchCursor {
         Ok(c)
     }
 
+    /// Give back the pages of each segment this cursor brings into the page
+    /// cache when it leaves the segment (or is dropped): for a reader that
+    /// reads the log once ([`super::page_cache`]). Of the open segment, what
+    /// the cursor read to find its start counts as found.
+    pub fn leave_page_cache_as_found(&mut self) {
+        self.leaves_cache_as_found = true;
+        if self.footprint.is_none() {
+            self.footprint = self.file.as_ref().and_then(CacheFootprint::of);
+        }
+    }
+
+    /// Give back what the cursor brought in of the open segment up to where it read.
+    fn leave_segment(&mut self) {
+        if let (Some(fp), Some(f)) = (self.footprint.take(), &self.file) {
+            fp.give_back(f, self.buf_pos + self.hi as u64);
+        }
+    }
+
     fn open_segment(&mut self, position: u64) -> Result<(), LogError> {
+        self.leave_segment();
         let seg = &self.segments[self.seg];
         let f = File::open(&seg.path).map_err(|e| LogError::io("open", &seg.path, e))?;
+        if self.leaves_cache_as_found {
+            self.footprint = CacheFootprint::of(&f);
+        }
         self.file = Some(f);
         self.buf_pos = position;
         self.lo = 0;
@@ -491,6 +520,12 @@ impl BatchCursor {
     /// The offset the next batch may start at (end of the last consumed batch).
     pub fn expected_offset(&self) -> i64 {
         self.expected
+    }
+}
+
+impl Drop for BatchCursor {
+    fn drop(&mut self) {
+        self.leave_segment();
     }
 }
 

@@ -709,3 +709,60 @@ fn a_damaged_record_is_reported_by_the_reads_that_reach_it_and_only_them() {
     let e = r.unwrap_err();
     assert!(matches!(e, LogError { kind: LogErrorKind::Corrupt, .. }) && e.to_string().contains("offset 0"), "{e}");
 }
+
+/// Pages of each segment file of `dir` in the page cache now.
+fn cached_pages(dir: &Path) -> Vec<usize> {
+    let segs = segment::list_segments(dir).unwrap();
+    segs.iter()
+        .map(|s| page_cache::CacheFootprint::of(&fs::File::open(&s.path).unwrap()).map_or(0, |f| f.resident_pages()))
+        .collect()
+}
+
+#[test]
+fn a_restore_gives_back_the_page_cache_it_filled_and_keeps_what_was_cached_before() {
+    // Under the crate, not /tmp: tmpfs keeps every page whatever the advice.
+    let d = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+    {
+        let log = Arc::new(Log::new(d.path(), cfg(1 << 20)).unwrap());
+        let mut p = log.producer(None).unwrap();
+        for i in 0..40_000i64 {
+            p.send("t", 0, Some(format!("k{i}").as_bytes()), Some(&[i as u8; 100]), &[], None).unwrap();
+            if i % 500 == 499 {
+                p.flush().unwrap();
+            }
+        }
+        log.close().unwrap();
+    }
+    let dir = d.path().join("t-0");
+    let segs = segment::list_segments(&dir).unwrap();
+    assert!(segs.len() >= 4, "{} segments", segs.len());
+    let evict = || {
+        for s in &segs {
+            page_cache::evict(&fs::File::open(&s.path).unwrap());
+        }
+    };
+    let read_all = || {
+        let mut src = CommittedReader::open(&dir, 0).unwrap();
+        assert_eq!(drain(&mut src, 40_000).len(), 40_000);
+    };
+    // A cold log: every segment the restore entered after the first is given back whole (the
+    // first counts what was read to find the start offset as found).
+    evict();
+    assert!(cached_pages(&dir).iter().all(|&n| n == 0), "{:?}", cached_pages(&dir));
+    read_all();
+    let after = cached_pages(&dir);
+    assert!(after[1..].iter().all(|&n| n == 0), "{after:?}");
+    // A log cached before: it stays cached.
+    for s in &segs {
+        fs::read(&s.path).unwrap();
+    }
+    let before = cached_pages(&dir);
+    read_all();
+    assert_eq!(cached_pages(&dir), before);
+    // The Python reader (PartitionReader alone) leaves what it reads.
+    evict();
+    let mut r = PartitionReader::open(&dir, 0, Isolation::ReadCommitted, 1 << 16).unwrap();
+    while r.read(i64::MAX, 1 << 20, |_| true).unwrap() {}
+    drop(r);
+    assert!(cached_pages(&dir)[1..].iter().all(|&n| n > 0), "{:?}", cached_pages(&dir));
+}
