@@ -333,6 +333,11 @@ pub struct SegmentedStore {
     /// last flushed: the ones whose data [`SegmentedStore::record`] must make
     /// durable before any offset (ingested data is durable once ingested).
     unflushed: Mutex<BTreeSet<i64>>,
+    /// Offsets a replay left in memory only ([`SegmentedStore::hold`]): the
+    /// data they cover sits in the segments' memtables, and the next
+    /// [`SegmentedStore::record`] or [`SegmentedStore::flush`] records them
+    /// once every segment is flushed.
+    held: Mutex<BTreeMap<String, i64>>,
 }
 
 impl SegmentedStore {
@@ -388,6 +393,7 @@ impl SegmentedStore {
             stream_time: AtomicI64::new(known),
             segments: Mutex::new(segments),
             unflushed: Mutex::new(BTreeSet::new()),
+            held: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -431,6 +437,10 @@ impl SegmentedStore {
         self.segments.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, i64>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Take the set of segments written since their last flush, leaving it empty.
     fn take_unflushed(&self) -> BTreeSet<i64> {
         std::mem::take(&mut *self.unflushed.lock().unwrap_or_else(|p| p.into_inner()))
@@ -464,8 +474,12 @@ impl SegmentedStore {
     }
 
     /// The offset Kafka Streams reads for `tp`: that of the newest segment
-    /// that records one.
+    /// that records one; while the store is open, one held in memory
+    /// ([`SegmentedStore::hold`]) comes first.
     pub fn offset(&self, tp: &str) -> Result<Option<i64>, StoreError> {
+        if let Some(&held) = self.held().get(tp) {
+            return Ok(Some(held));
+        }
         for s in self.lock().values().rev() {
             if let Some(o) = s.offset(tp)? {
                 return Ok(Some(o));
@@ -596,23 +610,48 @@ impl SegmentedStore {
         Ok(())
     }
 
+    /// Keep `offset` for `tp` in memory only: a store kept open between
+    /// replays (`restore::open_stores`) leaves the data it replayed in the
+    /// segments' memtables, and an offset on disk must never cover data that
+    /// is not. [`SegmentedStore::offset`] answers it while the store is open;
+    /// the next [`SegmentedStore::record`] or [`SegmentedStore::flush`]
+    /// records it once every segment is flushed. A crash before then loses
+    /// it with the data it covers, or leaves data a memtable flush made
+    /// durable ahead of the offset on disk, which a replay from there
+    /// converges over.
+    pub fn hold(&self, tp: &str, offset: i64) {
+        self.held().insert(tp.to_owned(), offset);
+    }
+
     /// Drop expired segments, make every segment's data durable, then record
-    /// `offset` (if any) for `tp` in every live segment and flush again: an
+    /// `offset` (if any) for `tp`, and every offset held in memory
+    /// ([`SegmentedStore::hold`]), in every live segment and flush again: an
     /// offset never reaches disk before the data it covers in all segments.
     /// Only segments [`SegmentedStore::write`] wrote into need the first
     /// flush (ingested data is durable already; the status of a new segment
     /// reaches disk with its offset), which spares a bulk restore a flush,
     /// its SST file and its syncs per segment.
     pub fn record(&self, tp: &str, offset: Option<i64>) -> Result<(), StoreError> {
+        let mut offsets = std::mem::take(&mut *self.held());
+        if let Some(off) = offset {
+            offsets.insert(tp.to_owned(), off);
+        }
+        self.record_offsets(&offsets)
+    }
+
+    /// [`SegmentedStore::record`] of `offsets` (none: every segment flushed, no offset written).
+    fn record_offsets(&self, offsets: &BTreeMap<String, i64>) -> Result<(), StoreError> {
         self.drop_expired()?;
         let segments = self.lock();
         let unflushed = self.take_unflushed();
-        let first = segments.iter().filter(|(id, _)| offset.is_none() || unflushed.contains(id));
+        let first = segments.iter().filter(|(id, _)| offsets.is_empty() || unflushed.contains(id));
         side_by_side(first, |(_, s)| s.flush()).into_iter().collect::<Result<(), _>>()?;
-        if let Some(off) = offset {
+        if !offsets.is_empty() {
             side_by_side(segments.values(), |s| {
                 let mut b = WriteBatch::default();
-                s.put_offset(&mut b, tp, off);
+                for (tp, &off) in offsets {
+                    s.put_offset(&mut b, tp, off);
+                }
                 s.write(b, false)?;
                 s.flush()
             })
@@ -632,8 +671,12 @@ impl SegmentedStore {
         self.lock().values().try_for_each(Store::compact_all)
     }
 
-    /// Flush every segment.
+    /// Flush every segment; offsets held in memory are recorded ([`SegmentedStore::record`]).
     pub fn flush(&self) -> Result<(), StoreError> {
+        let held = std::mem::take(&mut *self.held());
+        if !held.is_empty() {
+            return self.record_offsets(&held);
+        }
         let segments = self.lock();
         self.take_unflushed();
         segments.values().try_for_each(Store::flush)

@@ -14,8 +14,13 @@ of the last restored record and CLOSED.
 
 from __future__ import annotations
 
+import json
 import random
+import signal
 import struct
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,3 +291,91 @@ def test_restore_on_spark_writes_window_and_session_stores(spark: Any, tmp_path:
         want, last = models[name].segments(fmt, store=name)
         got = on_disk(tmp_path / "state" / APP / "0_2" / name, fmt, tps[name])
         assert got == (want, {last}, {_native.STATUS_CLOSED}), name
+
+
+KEPT_OPEN_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from statestore import TopicPartition
+    from statestore.restore.engine import OpenStores, RestoreSpec, restore_many
+
+    root, fmt, retention, cuts = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+    tp = TopicPartition.parse(sys.argv[5])
+    store = root / "kept" / "win"
+    kept = OpenStores()
+
+    def up_to(end):
+        spec = RestoreSpec(store, root / "log", tp, end_offset=end, mode="replay", format=fmt, retention_ms=retention)
+        [r] = restore_many([spec], open_stores=kept)
+        assert r.ok, r.error
+        return r.offset
+
+    up_to(cuts[0])
+    up_to(cuts[1])
+    kept.flush(store)
+    up_to(cuts[2])
+    applied = up_to(cuts[3])
+    print(json.dumps({"applied": applied}), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_window_store_kept_open_between_restores_loses_only_unflushed_rounds_to_a_crash(
+    tmp_path: Path,
+) -> None:
+    """A replay into a store kept open (``restore_many(..., open_stores=)``) leaves a window store's
+    segments unflushed and its offset in memory. A child restores in four rounds, flushes after the
+    second and is SIGKILLed after the fourth: on disk every segment holding data must carry the
+    offset of the flush and be the changelog's model up to it, and a restore from there converges."""
+    fmt = "timestamped-window"
+    changelog = write_changelog(tmp_path / "log", "window", n=300, seed=11)
+    cuts = [changelog.end * i // 4 for i in (1, 2, 3)] + [changelog.end]
+    (tmp_path / "kept").mkdir()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KEPT_OPEN_CHILD,
+            str(tmp_path),
+            fmt,
+            str(RETENTION),
+            json.dumps(cuts),
+            str(TP),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(proc.stderr.read())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    proc.stdout.close()
+    proc.stderr.close()
+    applied = json.loads(line)["applied"]
+    want, last = changelog.segments(fmt)
+    assert applied == last
+
+    store = tmp_path / "kept" / "win"
+    flushed, flushed_last = changelog.segments(fmt, end=cuts[1])
+    assert flushed_last is not None and flushed_last < last
+    held: dict[str, dict[bytes, bytes]] = {}
+    for seg in sorted(store.iterdir()):
+        dump = _native.store_dump(seg)
+        if dump.offsets.get(str(TP)) is None:
+            # a segment the unflushed rounds created: nothing of it reached disk
+            assert not dump.entries, seg
+            continue
+        assert dump.offsets == {str(TP): flushed_last}, seg
+        assert dump.status == _native.STATUS_CLOSED
+        held[seg.name] = dict(dump.entries)
+    assert held == flushed, "the store on disk is the changelog's model up to the offset it holds"
+
+    res = restore_store(store, tmp_path / "log", TP, format=fmt, retention_ms=RETENTION)
+    assert (res.mode, res.start_offset) == ("replay", flushed_last + 1)
+    assert on_disk(store, fmt) == (want, {last}, {_native.STATUS_CLOSED})

@@ -364,8 +364,9 @@ def restore_many(
 
     With ``open_stores`` each store is taken from there if it is open, and
     kept there afterwards: the next restore of it opens nothing, and a replay
-    leaves it unflushed (each of its batches holds its offset, so a crash
-    loses a suffix, never vouches for missing data). Before recording a
+    leaves it unflushed (a key-value store's every batch holds its offset, a
+    window or session store keeps its offset in memory until flushed, so a
+    crash loses a suffix, never vouches for missing data). Before recording a
     store's offsets anywhere else, flush it (``open_stores.flush(path)``); close
     it there before opening it in any other way. A store goes back there after
     a failed restore too, as its offset describes it.

@@ -92,12 +92,17 @@ impl Dest {
         }
     }
 
-    /// Whether every replay batch holds the store's offset beside its data
-    /// ([`Dest::write_chunk`]), so whatever RocksDB flushes of it is a
-    /// committed prefix with its offset: not for a segmented store, which
-    /// records its offset once every segment is flushed.
-    pub fn offset_in_every_batch(&self) -> bool {
-        !matches!(self, Dest::Segmented(_))
+    /// A replay left its store open and unflushed (`open_stores`) with its
+    /// last operation at `offset`: a key-value or versioned store's every
+    /// batch already holds its offset beside its data ([`Dest::write_chunk`]),
+    /// so whatever RocksDB flushes of it is a committed prefix with its
+    /// offset; a segmented store, whose segments are separate databases,
+    /// keeps the offset in memory until every segment is flushed
+    /// ([`SegmentedStore::hold`]).
+    pub fn hold(&self, tp: &str, offset: Option<i64>) {
+        if let (Dest::Segmented(s), Some(off)) = (self, offset) {
+            s.hold(tp, off)
+        }
     }
 
     pub fn format(&self) -> StoreFormat {
@@ -211,7 +216,7 @@ impl Dest {
         }
     }
 
-    /// Make what was written durable.
+    /// Make what was written durable, with any offset held in memory ([`Dest::hold`]).
     pub fn flush(&self) -> Result<(), StoreError> {
         match self {
             Dest::Store(s) | Dest::Versioned(VersionedStore { store: s, .. }) => s.flush(),

@@ -867,6 +867,39 @@ mod tests {
         assert_eq!(store.offset("t-0").unwrap(), last);
     }
 
+    #[test]
+    fn a_segmented_store_kept_open_writes_no_file_and_no_offset_until_flushed() {
+        use crate::segments::{KeySchema, SegmentsReadOnly};
+        let seg = Segmentation::new(300_000, None).unwrap();
+        let log = segmented_log(&random_log(6_000, 400, 5), KeySchema::Window);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w");
+        let kept = Arc::new(OpenStores::new(64 << 20));
+        let round = |end: i64| {
+            let mut spec = RestoreSpec::new(path.clone(), "t", 0);
+            (spec.format, spec.segmentation, spec.mode) = (StoreFormat::Window, Some(seg), Mode::Replay);
+            (spec.end_offset, spec.kept_open) = (Some(end), Some(kept.clone()));
+            restore(&vl, &spec, None).unwrap()
+        };
+        let segment_files =
+            || -> usize { std::fs::read_dir(&path).unwrap().map(|e| sst_files(&e.unwrap().path())).sum() };
+        for end in [2_000, 4_000, 6_000] {
+            assert_eq!(round(end).start_offset, end - 2_000, "each round resumes from the offset held in memory");
+        }
+        assert_eq!(segment_files(), 0, "no round flushed a segment");
+        let on_disk = SegmentsReadOnly::open(&path).unwrap();
+        assert!(on_disk.segments.len() >= 2);
+        assert!(on_disk.offsets().unwrap().is_empty(), "no offset on disk covers data still in memtables");
+        drop(on_disk);
+        assert!(kept.flush(&path).unwrap());
+        let (want, last) = model_segmented(&log, 6_000, StoreFormat::Window, seg);
+        assert_eq!(segments_of(&path, seg, "t-0", last), want, "flushed: every live segment, its offset");
+        assert_eq!(round(6_000).records_applied, 0, "resumed from the recorded offset: nothing left");
+        assert!(kept.close(&path).unwrap());
+        assert_eq!(segments_of(&path, seg, "t-0", last), want);
+    }
+
     /// The level-0 files of the data of the store at its path after each batch, read through a
     /// read-only handle beside the restore (which takes no lock; an open that meets a file a
     /// compaction of `offsets` just deleted is tried again).

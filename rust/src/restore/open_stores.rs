@@ -15,8 +15,9 @@
 //! the same `WriteBatch` as its data (WAL off, atomic flush), so whatever
 //! reached disk is a committed prefix with its own offset; and whoever
 //! records offsets elsewhere (a checkpoint file) flushes the store first
-//! ([`OpenStores::flush`]). A segmented store records its offset only once
-//! every segment is flushed, so its replays still flush.
+//! ([`OpenStores::flush`]). A segmented store's segments are separate
+//! databases, so its offset stays in memory until its flush has made every
+//! segment durable ([`crate::segments::SegmentedStore::hold`]).
 //!
 //! The memtables of the stores here share a memory budget: when a store comes
 //! back and they hold more, the largest are flushed until they hold half of it.

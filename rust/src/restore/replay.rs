@@ -48,11 +48,9 @@ pub fn replay(
 pub enum Handover {
     /// Flushed, its offset recorded: durable (the store is then closed).
     Flushed,
-    /// Left open to the next replay ([`super::open_stores::OpenStores`]): a
-    /// key-value or versioned store unflushed, since each of its batches
-    /// holds its own offset; a segmented store flushed all the same, its
-    /// offset being recorded only once every segment is. A replay that fails
-    /// flushes either way.
+    /// Left open to the next replay ([`super::open_stores::OpenStores`]),
+    /// unflushed, its offset where a crash cannot separate it from the data
+    /// it covers ([`super::Dest::hold`]). A replay that fails flushes.
     KeptOpen,
     /// Flushed, its offset recorded, then merged into RocksDB's last level
     /// ([`crate::store::Store::compact_all`]): the store was opened with its
@@ -78,9 +76,12 @@ pub fn replay_handing_over(
     let result = replay_chunks(target, source, chunk_bytes, read_ahead, progress, &mut applied);
     progress.read_all();
     let result = result.and_then(|()| progress.read_to(source.position()));
-    let unflushed = handover == Handover::KeptOpen && result.is_ok() && store.offset_in_every_batch();
-    let flushed =
-        if unflushed { Ok(()) } else { store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e)) };
+    let flushed = if handover == Handover::KeptOpen && result.is_ok() {
+        store.hold(tp, applied.last_offset);
+        Ok(())
+    } else {
+        store.record(tp, applied.last_offset).map_err(|e| RestoreError::store(tp, e))
+    };
     result?;
     flushed?;
     if handover == Handover::Compacted {
