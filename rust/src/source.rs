@@ -322,6 +322,11 @@ pub trait Changelog: Sync {
         true
     }
 
+    /// Read the bounds of every `(topic, partition)` of a job at once, where
+    /// that saves round trips (a Kafka job's [`crate::kafka::client::SessionLog`]),
+    /// for its restores' [`bounds`](Self::bounds) to take. Others do nothing.
+    fn read_bounds_ahead(&self, _parts: &[(String, i32)]) {}
+
     /// The changelog the restores of one job (`restore_many`) read
     /// through, sharing what reads can share -- the Kafka fetcher's fetch
     /// session: one Fetch per broker for all the job's partitions it leads;

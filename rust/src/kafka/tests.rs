@@ -84,6 +84,8 @@ struct Script {
     leaders: Vec<i32>,
     /// Fetches received: (node, connection, the partitions named).
     fetched: Vec<(i32, usize, Vec<i32>)>,
+    /// ListOffsets requests received: (node, the partitions named).
+    listed: Vec<(i32, Vec<i32>)>,
     /// How long a Fetch takes to answer (a broker that is the bottleneck).
     fetch_time: Duration,
     /// Error codes partitions of t answer to every Fetch at or past an
@@ -307,16 +309,21 @@ fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log
             ApiKey::ListOffsets => {
                 let req = ListOffsetsRequest::decode(&mut buf, v).unwrap();
                 seen(req.topics[0].partitions[0].current_leader_epoch);
+                let asked: Vec<&_> = req.topics.iter().flat_map(|t| t.partitions.iter()).collect();
+                sc.listed.push((node, asked.iter().map(|p| p.partition_index).collect()));
                 drop(sc);
-                let asked = &req.topics[0].partitions[0];
-                let off = if asked.timestamp == -2 { 0 } else { log_of(asked.partition_index).end };
+                // Every partition asked, the error queued (if any) for each.
+                let answers = asked.iter().map(|p| {
+                    let off = if p.timestamp == -2 { 0 } else { log_of(p.partition_index).end };
+                    ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(error)
+                        .with_offset(off)
+                });
                 let r = ListOffsetsResponse::default().with_throttle_time_ms(throttle).with_topics(vec![
                     ListOffsetsTopicResponse::default()
                         .with_name(TopicName(StrBytes::from_static_str("t")))
-                        .with_partitions(vec![ListOffsetsPartitionResponse::default()
-                            .with_partition_index(asked.partition_index)
-                            .with_error_code(error)
-                            .with_offset(off)]),
+                        .with_partitions(answers.collect()),
                 ]);
                 respond(&mut s, key, v, corr, &r);
             }
@@ -1264,6 +1271,38 @@ fn restore_many_sends_one_fetch_per_broker_for_all_its_partitions_over_one_conne
             "a partition it does not lead"
         );
     }
+}
+
+#[test]
+fn a_job_reads_the_bounds_of_its_partitions_in_three_list_offsets_per_broker() {
+    // 6 partitions, 3 led by each of 2 nodes, restored one at a time: the
+    // job asks each leader once for the earliest, latest and last stable
+    // offsets of all its partitions, not three times per partition.
+    let leaders = [1, 2, 1, 2, 1, 2];
+    let logs: Vec<Log> = (0..6).map(|p| partition_log(p, 4)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(2, logs.clone(), Mode::Good, 1 << 20);
+    script.lock().unwrap().leaders = leaders.to_vec();
+    restore_partitions(&addrs.join(","), &leaders, end, 1);
+    let listed = script.lock().unwrap().listed.clone();
+    assert_eq!(listed.len(), 6, "{listed:?}");
+    for (node, parts) in &listed {
+        let led: Vec<i32> = (0..6).filter(|&p| leaders[p as usize] == *node).collect();
+        assert_eq!(parts, &led, "node {node}");
+    }
+
+    // A leader that answers the job's request with an error (a leader
+    // election): its partitions read their own bounds, with the retries.
+    let (addrs, script) = cluster_of(2, logs, Mode::Good, 1 << 20);
+    {
+        let mut sc = script.lock().unwrap();
+        sc.leaders = leaders.to_vec();
+        sc.errors.push_back((ApiKey::ListOffsets, 6)); // NOT_LEADER_OR_FOLLOWER
+    }
+    restore_partitions(&addrs.join(","), &leaders, end, 1);
+    let listed = script.lock().unwrap().listed.clone();
+    let alone = listed.iter().filter(|(_, parts)| parts.len() == 1).count();
+    assert_eq!(alone, 3 * 3, "the 3 partitions of the node that failed, 3 requests each: {listed:?}");
 }
 
 #[test]

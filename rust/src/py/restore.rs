@@ -357,9 +357,14 @@ fn restore_many(
             j.spec.kept_open = Some(kept.inner.clone());
         }
     }
-    share_fetch_sessions(&mut jobs);
+    let sessions = share_fetch_sessions(&mut jobs);
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
-    let results = py.detach(|| engine::restore_jobs(jobs, threads));
+    let results = py.detach(|| {
+        for (session, parts) in sessions {
+            session.read_bounds_ahead(&parts);
+        }
+        engine::restore_jobs(jobs, threads)
+    });
     results
         .into_iter()
         .zip(raised)
@@ -424,21 +429,25 @@ impl PyOpenStores {
 
 /// The native Kafka restores of one job read through one fetch session per
 /// client: one fetch thread, one connection and one Fetch at a time per
-/// broker for all the partitions it leads ([`SessionLog`]).
-fn share_fetch_sessions(jobs: &mut [Job]) {
-    let mut sessions: Vec<SessionLog> = Vec::new();
+/// broker for all the partitions it leads ([`SessionLog`]). Each session
+/// comes back with the partitions its restores read, whose bounds it reads
+/// ahead ([`Changelog::read_bounds_ahead`]) once the GIL is released.
+fn share_fetch_sessions(jobs: &mut [Job]) -> Vec<(SessionLog, Vec<(String, i32)>)> {
+    let mut sessions: Vec<(SessionLog, Vec<(String, i32)>)> = Vec::new();
     for j in jobs.iter_mut() {
         let Some(client) = j.kafka.take() else { continue };
-        let session = match sessions.iter().find(|s| Arc::ptr_eq(s.0.client(), &client)) {
-            Some(s) => s.clone(),
+        let i = match sessions.iter().position(|(s, _)| Arc::ptr_eq(s.0.client(), &client)) {
+            Some(i) => i,
             None => {
-                let s = SessionLog::new(client);
-                sessions.push(s.clone());
-                s
+                sessions.push((SessionLog::new(client), Vec::new()));
+                sessions.len() - 1
             }
         };
-        j.log = Box::new(session);
+        let (session, parts) = &mut sessions[i];
+        parts.push((j.spec.topic.clone(), j.spec.partition));
+        j.log = Box::new(session.clone());
     }
+    sessions
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -710,6 +710,7 @@ pub fn restore_many(
         Some(j) => &**j,
         None => log,
     };
+    log.read_bounds_ahead(&specs.iter().map(|(s, _)| (s.topic.clone(), s.partition)).collect::<Vec<_>>());
     let jobs = specs.into_iter().map(|(spec, listener)| OneLog { log, spec, listener }).collect();
     restore_jobs(jobs, threads)
 }
