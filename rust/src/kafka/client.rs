@@ -502,48 +502,78 @@ impl KafkaClient {
     /// consumer asks for a restore's end offsets: three ListOffsets requests
     /// to each leader (earliest, latest, last stable), each naming every
     /// partition of `parts` it leads, instead of three per partition (100
-    /// standby partitions' bounds took 40-50 ms a round on one broker). Best
-    /// effort and never retried: a partition whose leader is unknown, that
-    /// its broker answered with an error, or whose broker failed, is left
-    /// out, and its restore reads its own bounds with the usual retries.
+    /// standby partitions' bounds took 40-50 ms a round on one broker), all
+    /// leaders at once. Best effort, never retried, and within
+    /// [`BOUNDS_AHEAD_BUDGET`] (or an attempt's timeout, if shorter), so
+    /// that a leader that does not answer holds the job up no longer: a
+    /// partition whose leader is
+    /// unknown (its topic's other partitions are not looked up again), that
+    /// its broker answered with an error, or whose broker failed or was not
+    /// asked in time, is left out, and its restore reads its own bounds with
+    /// the usual retries.
     pub fn offsets_many(&self, parts: &[(String, i32)]) -> HashMap<(String, i32), Bounds> {
+        let deadline = Instant::now() + BOUNDS_AHEAD_BUDGET.min(self.config.attempt_timeout);
         let mut by_leader: HashMap<String, Vec<(&str, i32, i32)>> = HashMap::new();
+        let mut unknown: Vec<&str> = Vec::new();
         for (topic, partition) in parts {
-            if let Ok(l) = self.leader(topic, *partition) {
-                by_leader.entry(l.broker).or_default().push((topic, *partition, l.epoch));
+            if Instant::now() >= deadline {
+                break; // a metadata lookup took the budget: the restores look up the rest
+            }
+            if unknown.contains(&topic.as_str()) {
+                continue;
+            }
+            match self.leader(topic, *partition) {
+                Ok(l) => by_leader.entry(l.broker).or_default().push((topic, *partition, l.epoch)),
+                Err(_) => unknown.push(topic),
             }
         }
-        let deadline = Instant::now() + self.config.request_timeout;
-        let mut out = HashMap::new();
-        for (broker, led) in by_leader {
-            let Ok(mut c) = self.checkout(&broker) else { continue };
-            c.within(Some(deadline));
-            let mut ask = |timestamp, isolation| self.list_offsets(&mut c, &led, timestamp, isolation);
-            let answers = ask(-2, 0).and_then(|starts| Ok([starts, ask(-1, 0)?, ask(-1, 1)?]));
-            let [starts, ends, stables] = match answers {
-                Ok(answers) => answers,
-                Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_)) => {
-                    c.within(None);
-                    self.checkin(c); // the connection is in step: keep it
-                    continue;
-                }
-                Err(e) => {
-                    self.failed_at(&broker, &e);
-                    continue;
-                }
-            };
-            c.within(None);
-            self.checkin(c);
-            for (topic, partition, _) in led {
+        // Every leader at once, each within the same deadline.
+        std::thread::scope(|s| {
+            let asked: Vec<_> = by_leader
+                .iter()
+                .map(|(broker, led)| s.spawn(move || self.leader_offsets(broker, led, deadline)))
+                .collect();
+            asked.into_iter().filter_map(|a| a.join().ok()).flatten().collect()
+        })
+    }
+
+    /// [`Self::offsets_many`] of the partitions `led` by `broker`: those it
+    /// answered without error by `deadline`.
+    fn leader_offsets(
+        &self,
+        broker: &str,
+        led: &[(&str, i32, i32)],
+        deadline: Instant,
+    ) -> Vec<((String, i32), Bounds)> {
+        let Ok(mut c) = self.checkout(broker) else { return Vec::new() };
+        c.within(Some(deadline));
+        let mut ask = |timestamp, isolation| self.list_offsets(&mut c, led, timestamp, isolation);
+        let answers = ask(-2, 0).and_then(|starts| Ok([starts, ask(-1, 0)?, ask(-1, 1)?]));
+        let [starts, ends, stables] = match answers {
+            Ok(answers) => answers,
+            Err(KafkaError::Broker { .. } | KafkaError::OutOfRange(_)) => {
+                c.within(None);
+                self.checkin(c); // the connection is in step: keep it
+                return Vec::new();
+            }
+            // Out of step (a request may still be answered): closed. Not held
+            // against the broker: this budget is shorter than an attempt's,
+            // and the restores' own attempts judge it.
+            Err(_) => return Vec::new(),
+        };
+        c.within(None);
+        self.checkin(c);
+        led.iter()
+            .filter_map(|&(topic, partition, _)| {
                 let key = (topic.to_string(), partition);
-                if let (Some(&(0, start)), Some(&(0, end)), Some(&(0, lso))) =
-                    (starts.get(&key), ends.get(&key), stables.get(&key))
-                {
-                    out.insert(key, self.bounds_of(topic, partition, start, end, lso));
+                match (starts.get(&key), ends.get(&key), stables.get(&key)) {
+                    (Some(&(0, start)), Some(&(0, end)), Some(&(0, lso))) => {
+                        Some((key, self.bounds_of(topic, partition, start, end, lso)))
+                    }
+                    _ => None,
                 }
-            }
-        }
-        out
+            })
+            .collect()
     }
 
     /// `(start, end, last_stable)` of `topic-partition`: earliest, latest, and
@@ -579,6 +609,10 @@ impl KafkaClient {
         })
     }
 }
+
+/// Longest [`KafkaClient::offsets_many`] takes for all the leaders it asks:
+/// a job waits for it before its first restore.
+pub const BOUNDS_AHEAD_BUDGET: Duration = Duration::from_secs(1);
 
 /// A ListOffsets answer: `(error code, offset)` of each partition, by `(topic, partition)`.
 type ListedOffsets = HashMap<(String, i32), (i16, i64)>;

@@ -1306,6 +1306,30 @@ fn a_job_reads_the_bounds_of_its_partitions_in_three_list_offsets_per_broker() {
 }
 
 #[test]
+fn a_leader_that_does_not_answer_holds_a_job_s_bounds_up_for_their_budget_only() {
+    // Node 2 reads requests and answers none (a paused broker): the bounds
+    // of node 1's partitions are read ahead, node 2's are left to their
+    // restores, within an attempt's timeout (a third of the 2 s budget).
+    let logs: Vec<Log> = (0..4).map(|p| partition_log(p, 4)).collect();
+    let (addrs, script) = cluster_of(2, logs, Mode::Good, 1 << 20);
+    {
+        let mut sc = script.lock().unwrap();
+        sc.leaders = vec![1, 2, 1, 2];
+        sc.muted = vec![2];
+    }
+    let c = client(&addrs[0], Duration::from_secs(5));
+    let t0 = Instant::now();
+    let parts: Vec<(String, i32)> = (0..4).map(|p| ("t".to_string(), p)).collect();
+    let got = c.offsets_many(&parts);
+    let took = t0.elapsed();
+    let mut read: Vec<i32> = got.keys().map(|(_, p)| *p).collect();
+    read.sort();
+    assert_eq!(read, vec![0, 2], "node 1's partitions");
+    assert_eq!(got[&("t".to_string(), 0)].end, partition_log(0, 4).end);
+    assert!(took < c.config.attempt_timeout + Duration::from_millis(500), "took {took:?}");
+}
+
+#[test]
 fn a_leader_change_of_a_job_s_partitions_costs_one_metadata_refresh() {
     // 4 partitions led by node 1 move to node 2 (a new epoch) after each
     // read its first response: node 1 answers NOT_LEADER_OR_FOLLOWER, and
