@@ -11,8 +11,6 @@ offset; and the next updater must converge to the whole changelog from there.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -24,6 +22,7 @@ from statestore.processing.task import StandbyTask, build_state_manager
 from statestore.processing.updater import StateUpdater
 from statestore.state.directory import StateDirectory
 from statestore.state.policy import Policy
+from support.killer import kill_after_first_line
 from support.model import expected_store, store_contents
 from support.tasks import STORE, changelog_tp, produce
 
@@ -65,21 +64,7 @@ CHILD = textwrap.dedent(
 
 def crash_after_unflushed_rounds(root: Path, offsets: str) -> dict[str, int]:
     """Run the child until two rounds sit unflushed, SIGKILL it; what it had recorded and applied."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(root), offsets, str(ROUND)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise AssertionError(proc.stderr.read())
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    proc.stdout.close()
-    proc.stderr.close()
+    line = kill_after_first_line([sys.executable, "-c", CHILD, str(root), offsets, str(ROUND)])
     out: dict[str, int] = json.loads(line)
     return out
 

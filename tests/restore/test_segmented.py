@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import struct
-import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from statestore.changelog.segment_log import SegmentLog
 from statestore.restore.engine import RestoreSpec, restore_many, restore_store
 from statestore.restore.spark import restore_on_spark
 from statestore.restore.staging import STAGING_DIR_NAME, restore_partition
+from support.killer import kill_after_first_line
 
 TP = TopicPartition("app-win-changelog", 2)
 BASE = 1_700_000_000_000
@@ -333,30 +332,9 @@ def test_a_window_store_kept_open_between_restores_loses_only_unflushed_rounds_t
     changelog = write_changelog(tmp_path / "log", "window", n=300, seed=11)
     cuts = [changelog.end * i // 4 for i in (1, 2, 3)] + [changelog.end]
     (tmp_path / "kept").mkdir()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            KEPT_OPEN_CHILD,
-            str(tmp_path),
-            fmt,
-            str(RETENTION),
-            json.dumps(cuts),
-            str(TP),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    line = kill_after_first_line(
+        [sys.executable, "-c", KEPT_OPEN_CHILD, str(tmp_path), fmt, str(RETENTION), json.dumps(cuts), str(TP)]
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise AssertionError(proc.stderr.read())
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    proc.stdout.close()
-    proc.stderr.close()
     applied = json.loads(line)["applied"]
     want, last = changelog.segments(fmt)
     assert applied == last

@@ -116,3 +116,23 @@ def kill_counting_children(
         stats["verified"] += out.count("verified")
         after_kill()
     return stats
+
+
+def kill_after_first_line(cmd: list[str]) -> str:
+    """Run a crash child until it prints its first line, SIGKILL it, and return that line.
+
+    The child prints what the parent needs to know once it has reached the
+    state to crash in, then waits; a child that exits without a line fails
+    with its stderr.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(proc.stderr.read())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL, proc.returncode
+    return line
