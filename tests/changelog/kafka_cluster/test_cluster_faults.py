@@ -44,173 +44,58 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from statestore import SegmentLog, TopicPartition, restore_many, restore_store
-from statestore.restore.engine import RestoreSpec
-from support.kafka_cluster import SCRIPT, SESSION_TIMEOUT, Cluster, ClusterUnavailable, start_cluster
-from support.kafka_writes import write_twins
-from support.model import store_difference
+from support.cluster_restores import (
+    BOUNDS,
+    PAUSE_SECONDS,
+    REQUEST_TIMEOUT,
+    Changelog,
+    OnRecords,
+    Reassigner,
+    changelog_client,
+    heal,
+    restore_all,
+    warm,
+    write_changelog,
+)
+from support.kafka_cluster import Cluster, ClusterUnavailable, start_cluster
 
-kafka = pytest.importorskip("statestore.changelog.kafka")
-KafkaChangelog = kafka.KafkaChangelog
-
-PARTITIONS = 4
-STORE = "counts"
-REQUEST_TIMEOUT = 10.0
+pytest.importorskip("statestore.changelog.kafka")
 
 #: Seconds each restore_many of the 4 partitions may take, per case.
-BOUND_KILL = 30.0
-BOUND_PAUSE = 45.0
-BOUND_DEAD_BOOTSTRAP = 15.0
-BOUND_ROLLING = 30.0
-BOUND_QUOTA = 60.0
-BOUND_REASSIGN = 30.0
-BOUND_IDLE = 15.0
-BOUND_TLS = 60.0
+BOUND_KILL = BOUNDS["kill"]
+BOUND_PAUSE = BOUNDS["pause"]
+BOUND_DEAD_BOOTSTRAP = BOUNDS["dead-bootstrap"]
+BOUND_ROLLING = BOUNDS["restart"]
+BOUND_QUOTA = BOUNDS["quota"]
+BOUND_REASSIGN = BOUNDS["reassign"]
+BOUND_IDLE = BOUNDS["idle"]
+BOUND_TLS = BOUNDS["tls"]
 #: The brokers' connections.max.idle.ms in (g), and how long the client sits idle there: well past it.
 BROKER_IDLE_MS = 3000
 IDLE_SECONDS = 3 * BROKER_IDLE_MS / 1000
-#: How long (b) keeps the leader paused: past the session timeout, so the controller fences it.
-PAUSE_SECONDS = SESSION_TIMEOUT + 3.0
 #: ... and past the client's request timeout too, so a fetch waiting on the paused leader must time out and go to
 #: the new one rather than be answered once the old one resumes.
 PAUSE_PAST_REQUEST_TIMEOUT = REQUEST_TIMEOUT + 5.0
 
 
-@dataclass
-class Changelog:
-    """The test changelog on the cluster and the segment-log restores its partitions must equal."""
-
-    topic: str
-    expected: dict[int, Path]
-    records: int
-
-
 @pytest.fixture(scope="module")
 def changelog_data(kafka_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Changelog:
-    d = tmp_path_factory.mktemp("cluster-changelog")
-    app = f"cluster{uuid.uuid4().hex[:8]}"
-    kc = KafkaChangelog(kafka_cluster.bootstrap, request_timeout=30.0)
-    try:
-        (topic,) = kafka.ensure_changelog_topics(kc, app, [STORE], PARTITIONS)
-        kafka_cluster.wait_healthy([topic], min_isr=3)
-        described = kafka_cluster.describe(topic)
-        assert all(len(replicas) == 3 for _, replicas, _ in described.values()), described
-        seg = SegmentLog(d / "log", sync=False)
-        records = sum(
-            write_twins(kc, seg, TopicPartition(topic, p), seed=p, rounds=6) for p in range(PARTITIONS)
-        )
-        # The coordinator writes a transaction's COMMIT marker after commit_transaction returns: wait for the
-        # last ones, so that the cluster's offsets are the segment log's.
-        deadline = time.monotonic() + 30
-        for p in range(PARTITIONS):
-            tp = TopicPartition(topic, p)
-            while kc.offsets(tp) != seg.offsets(tp):
-                assert time.monotonic() < deadline, (kc.offsets(tp), seg.offsets(tp))
-                time.sleep(0.1)
-        expected = {}
-        for p in range(PARTITIONS):
-            expected[p] = d / f"expected-{p}"
-            r = restore_store(expected[p], seg, TopicPartition(topic, p))
-            assert r.records_skipped.aborted > 0 and r.records_skipped.control > 0
-        return Changelog(topic, expected, records)
-    finally:
-        kc.close()
+    return write_changelog(
+        kafka_cluster, tmp_path_factory.mktemp("cluster-changelog"), "cluster", seed=0, rounds=6
+    )
 
 
 @pytest.fixture(autouse=True)
 def healthy_cluster(kafka_cluster: Cluster, changelog_data: Changelog) -> Iterator[None]:
     """Every node running, every partition led by its preferred replica with ISR >= 2, before and after a test."""
-    _heal(kafka_cluster, changelog_data.topic)
+    heal(kafka_cluster, changelog_data.topic)
     yield
-    _heal(kafka_cluster, changelog_data.topic)
-
-
-def _heal(cluster: Cluster, topic: str) -> None:
-    from confluent_kafka import ElectionType
-    from confluent_kafka import TopicPartition as CkTopicPartition
-
-    cluster.refresh()
-    for n in cluster.node_ids:
-        if cluster.alive(n):
-            cluster.resume(n)
-    if not all(cluster.alive(n) for n in cluster.node_ids):
-        cluster.start()
-    cluster.wait_healthy([topic], min_isr=3, timeout=90)
-    preferred = {p: replicas[0] for p, (_, replicas, _) in cluster.describe(topic).items()}
-    deadline = time.monotonic() + 30
-    while cluster.leaders(topic) != preferred:
-        try:
-            cluster.admin().elect_leaders(
-                ElectionType.PREFERRED, [CkTopicPartition(topic, p) for p in range(PARTITIONS)]
-            ).result(timeout=10)
-        except Exception:
-            pass  # ELECTION_NOT_NEEDED for those already led by their preferred replica
-        assert time.monotonic() < deadline, f"preferred leaders not elected: {cluster.describe(topic)}"
-        time.sleep(0.5)
-
-
-def _changelog(bootstrap: str) -> Any:
-    return KafkaChangelog(bootstrap, request_timeout=REQUEST_TIMEOUT, restore_stall_timeout=30.0)
-
-
-def _restore_all(kc: Any, data: Changelog, into: Path, listener: Any = None, native: bool = True) -> float:
-    """restore_many of every partition into ``into``/<p> on 2 threads; every store checked; the seconds taken."""
-    if native:
-        assert kc.native is not None, "the native fetcher serves a PLAINTEXT cluster"
-    into.mkdir(parents=True, exist_ok=True)
-    specs = [
-        RestoreSpec(into / str(p), kc, TopicPartition(data.topic, p), listener=listener)
-        for p in range(PARTITIONS)
-    ]
-    t0 = time.monotonic()
-    results = restore_many(specs, threads=2)
-    took = time.monotonic() - t0
-    print(f"restore_many of {PARTITIONS} partitions into {into.name}: {took:.2f}s")
-    errors = {p: repr(r.error) for p, r in enumerate(results) if not r.ok}
-    assert not errors, f"restores failed after {took:.1f}s: {errors}"
-    for p in range(PARTITIONS):
-        diff = store_difference(data.expected[p], into / str(p))
-        assert diff is None, f"partition {p}: {diff}"
-    return took
-
-
-def _warm(kc: Any, topic: str) -> None:
-    """Ask for every partition's offsets: the client now holds metadata and connections to the leaders."""
-    for p in range(PARTITIONS):
-        kc.offsets(TopicPartition(topic, p))
-
-
-class _OnFirstStart:
-    """A restore listener that calls ``action`` once, from the first ``on_restore_start``."""
-
-    def __init__(self, action: Any) -> None:
-        self._action = action
-        self._lock = threading.Lock()
-        self.fired = False
-
-    def on_restore_start(
-        self, tp: TopicPartition, store_name: str, start_offset: int, end_offset: int
-    ) -> None:
-        with self._lock:
-            if not self.fired:
-                self.fired = True
-                self._action()
-
-    def on_batch_restored(
-        self, tp: TopicPartition, store_name: str, batch_end_offset: int, num_restored: int
-    ) -> None:
-        pass
-
-    def on_restore_end(self, tp: TopicPartition, store_name: str, total_restored: int) -> None:
-        pass
+    heal(kafka_cluster, changelog_data.topic)
 
 
 # -- (a) SIGKILL ---------------------------------------------------------------------------------
@@ -225,15 +110,15 @@ def test_a_restore_survives_a_sigkill_of_the_busiest_leader(
     assert led, "the victim leads a partition"
     pid = kafka_cluster.pid(victim)
     assert pid is not None
-    kc = _changelog(kafka_cluster.bootstrap)
+    kc = changelog_client(kafka_cluster.bootstrap)
     try:
-        _warm(kc, changelog_data.topic)
+        warm(kc, changelog_data.topic)
         if when == "before":
             kafka_cluster.kill(victim)
-            took = _restore_all(kc, changelog_data, tmp_path)
+            took = restore_all(kc, changelog_data, tmp_path).seconds
         else:
-            listener = _OnFirstStart(lambda: os.kill(pid, signal.SIGKILL))
-            took = _restore_all(kc, changelog_data, tmp_path, listener)
+            listener = OnRecords(lambda: os.kill(pid, signal.SIGKILL))
+            took = restore_all(kc, changelog_data, tmp_path, listener).seconds
             assert listener.fired
     finally:
         kc.close()
@@ -260,13 +145,13 @@ def test_b_restore_survives_the_busiest_leader_paused_past_the_session_timeout(
     kafka_cluster: Cluster, changelog_data: Changelog, tmp_path: Path, pause: float
 ) -> None:
     victim = kafka_cluster.busiest_leader([changelog_data.topic])
-    kc = _changelog(kafka_cluster.bootstrap)
+    kc = changelog_client(kafka_cluster.bootstrap)
     resumer = threading.Timer(pause, kafka_cluster.resume, args=(victim,))
     try:
-        _warm(kc, changelog_data.topic)
+        warm(kc, changelog_data.topic)
         kafka_cluster.pause(victim)
         resumer.start()
-        took = _restore_all(kc, changelog_data, tmp_path)
+        took = restore_all(kc, changelog_data, tmp_path).seconds
     finally:
         resumer.join()
         kc.close()
@@ -292,14 +177,16 @@ def test_c_restores_through_a_rolling_restart(
             failure.append(e)
 
     roller = threading.Thread(target=roll)
-    kc = _changelog(kafka_cluster.bootstrap)  # one client for every round: its connections see every restart
-    times = []
+    kc = changelog_client(
+        kafka_cluster.bootstrap
+    )  # one client for every round: its connections see every restart
+    times: list[float] = []
     try:
-        _warm(kc, changelog_data.topic)
+        warm(kc, changelog_data.topic)
         roller.start()
         while roller.is_alive():
-            times.append(_restore_all(kc, changelog_data, tmp_path / f"round-{len(times)}"))
-        times.append(_restore_all(kc, changelog_data, tmp_path / "after"))
+            times.append(restore_all(kc, changelog_data, tmp_path / f"round-{len(times)}").seconds)
+        times.append(restore_all(kc, changelog_data, tmp_path / "after").seconds)
     finally:
         roller.join()
         kc.close()
@@ -309,100 +196,6 @@ def test_c_restores_through_a_rolling_restart(
 
 
 # -- (d) partition reassignment ------------------------------------------------------------------
-
-
-_REASSIGN_JAVA = """
-import java.io.*;
-import java.util.*;
-import org.apache.kafka.clients.admin.*;
-import org.apache.kafka.common.TopicPartition;
-
-public class Reassign {
-    // Reassign BOOTSTRAP; then a line "TOPIC PARTITION R1,R2,..." per reassignment on stdin, each answered with
-    // "ok" once the controller has no reassignment of that partition in progress any more (or "error ...").
-    public static void main(String[] args) throws Exception {
-        try (Admin admin = Admin.create(Map.of("bootstrap.servers", args[0]))) {
-            System.out.println("ready");
-            System.out.flush();
-            BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
-            String line;
-            while ((line = in.readLine()) != null) {
-                try {
-                    String[] f = line.trim().split(" ");
-                    TopicPartition tp = new TopicPartition(f[0], Integer.parseInt(f[1]));
-                    List<Integer> replicas = new ArrayList<>();
-                    for (String r : f[2].split(",")) replicas.add(Integer.valueOf(r));
-                    admin.alterPartitionReassignments(
-                        Map.of(tp, Optional.of(new NewPartitionReassignment(replicas)))).all().get();
-                    long deadline = System.currentTimeMillis() + 60000;
-                    while (!admin.listPartitionReassignments(Set.of(tp)).reassignments().get().isEmpty()) {
-                        if (System.currentTimeMillis() > deadline) throw new Exception("still reassigning " + tp);
-                        Thread.sleep(100);
-                    }
-                    System.out.println("ok");
-                } catch (Exception e) {
-                    System.out.println("error " + e.toString().replace('\\n', ' '));
-                }
-                System.out.flush();
-            }
-        }
-    }
-}
-"""
-
-
-class _Reassigner:
-    """Kafka's own Admin client (confluent-kafka has no AlterPartitionReassignments), started before a test so
-    that a reassignment is one line away rather than a JVM start away."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        src = cluster.dir / "Reassign.java"
-        src.write_text(_REASSIGN_JAVA)
-        cp = subprocess.run(
-            ["bash", str(SCRIPT.parent / "kafka-broker.sh"), "classpath"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        ).stdout.strip()
-        self._proc = subprocess.Popen(
-            ["java", "-Xmx128m", "-cp", cp, str(src), cluster.bootstrap],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self._lock = threading.Lock()
-        assert self._read() == "ready"
-
-    def _read(self) -> str:
-        assert self._proc.stdout is not None
-        line = self._proc.stdout.readline().strip()
-        assert line, f"the reassignment tool exited ({self._proc.poll()})"
-        return line
-
-    def send(self, topic: str, partition: int, replicas: list[int]) -> None:
-        """Ask for a reassignment and return without waiting for it (:meth:`wait` reads the answer)."""
-        assert self._proc.stdin is not None
-        with self._lock:
-            self._proc.stdin.write(f"{topic} {partition} {','.join(map(str, replicas))}\n")
-            self._proc.stdin.flush()
-
-    def wait(self) -> None:
-        line = self._read()
-        assert line == "ok", line
-
-    def reassign(self, topic: str, partition: int, replicas: list[int]) -> None:
-        self.send(topic, partition, replicas)
-        self.wait()
-
-    def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
 
 
 @pytest.mark.parametrize("when", ["before", "while"])
@@ -418,22 +211,22 @@ def test_d_restore_survives_a_reassignment_away_from_the_leader(
         if kafka_cluster.leader(topic, p) == victim
     }
     assert moved, "the victim leads a partition"
-    tool = _Reassigner(kafka_cluster)
-    kc = _changelog(kafka_cluster.bootstrap)
+    tool = Reassigner(kafka_cluster)
+    kc = changelog_client(kafka_cluster.bootstrap)
     try:
-        _warm(kc, topic)  # the client's metadata names the victim as the leader
+        warm(kc, topic)  # the client's metadata names the victim as the leader
         if when == "before":
             for p, replicas in moved.items():
                 tool.reassign(topic, p, replicas)
-            took = _restore_all(kc, changelog_data, tmp_path)
+            took = restore_all(kc, changelog_data, tmp_path).seconds
         else:
 
             def move() -> None:  # the first restore has its offsets from the victim; its fetches come after
                 for p, replicas in moved.items():
                     tool.reassign(topic, p, replicas)
 
-            listener = _OnFirstStart(move)
-            took = _restore_all(kc, changelog_data, tmp_path, listener)
+            listener = OnRecords(move)
+            took = restore_all(kc, changelog_data, tmp_path, listener).seconds
             assert listener.fired
         after = kafka_cluster.describe(topic)
         for p, replicas in moved.items():  # the reassignment did happen
@@ -462,9 +255,9 @@ def test_e_restore_under_a_consumer_byte_rate_quota(
     rate = 16 * 1024
     kafka_cluster.set_default_consumer_byte_rate(rate)
     try:
-        kc = _changelog(kafka_cluster.bootstrap)
+        kc = changelog_client(kafka_cluster.bootstrap)
         try:
-            took = _restore_all(kc, changelog_data, tmp_path)
+            took = restore_all(kc, changelog_data, tmp_path).seconds
         finally:
             kc.close()
     finally:
@@ -482,9 +275,9 @@ def test_f_restore_with_a_dead_first_bootstrap_address(
     with socket.socket() as s:  # a port nobody listens on: bound, never listening, so connecting is refused
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
-        kc = _changelog(",".join([dead, *kafka_cluster.addresses]))
+        kc = changelog_client(",".join([dead, *kafka_cluster.addresses]))
         try:
-            took = _restore_all(kc, changelog_data, tmp_path)
+            took = restore_all(kc, changelog_data, tmp_path).seconds
         finally:
             kc.close()
     assert took < BOUND_DEAD_BOOTSTRAP, f"{took:.1f}s with {dead} first"
@@ -528,32 +321,6 @@ def _own_connections(remote_ports: set[int]) -> dict[int, str]:
     return out
 
 
-def _small_changelog(cluster: Cluster, d: Path, prefix: str, seed: int) -> Changelog:
-    """A changelog as the module's, smaller, on ``cluster``, and its segment-log restores in ``d``."""
-    app = f"{prefix}{uuid.uuid4().hex[:8]}"
-    kc = KafkaChangelog(cluster.bootstrap, request_timeout=30.0)
-    seg = SegmentLog(d / "log", sync=False)
-    try:
-        (topic,) = kafka.ensure_changelog_topics(kc, app, [STORE], PARTITIONS)
-        cluster.wait_healthy([topic], min_isr=3)
-        records = sum(
-            write_twins(kc, seg, TopicPartition(topic, p), seed=seed + p, rounds=3) for p in range(PARTITIONS)
-        )
-        deadline = time.monotonic() + 30
-        for p in range(PARTITIONS):
-            tp = TopicPartition(topic, p)
-            while kc.offsets(tp) != seg.offsets(tp):
-                assert time.monotonic() < deadline, (kc.offsets(tp), seg.offsets(tp))
-                time.sleep(0.1)
-    finally:
-        kc.close()
-    expected = {}
-    for p in range(PARTITIONS):
-        expected[p] = d / f"expected-{p}"
-        restore_store(expected[p], seg, TopicPartition(topic, p))
-    return Changelog(topic, expected, records)
-
-
 def _own_cluster(d: Path, properties: list[str]) -> Cluster:
     """A cluster of the test's own, or a skip (a failure under ``CI=true``) when none can start."""
     try:
@@ -577,12 +344,12 @@ def idle_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def test_g_restore_after_the_brokers_closed_idle_connections(idle_cluster: Cluster, tmp_path: Path) -> None:
-    data = _small_changelog(idle_cluster, tmp_path, "idle", seed=10)
+    data = write_changelog(idle_cluster, tmp_path, "idle", seed=10, rounds=3)
     ports = {int(a.rsplit(":", 1)[1]) for a in idle_cluster.addresses}
     idle_cluster.admin()  # made before the first look at the sockets, so its connections are not counted as ours
-    kc = _changelog(idle_cluster.bootstrap)  # the client's default connections.max.idle.ms (9 minutes)
+    kc = changelog_client(idle_cluster.bootstrap)  # the client's default connections.max.idle.ms (9 minutes)
     try:
-        first = _restore_all(kc, data, tmp_path / "first")
+        first = restore_all(kc, data, tmp_path / "first").seconds
         pooled = {port for port, state in _own_connections(ports).items() if state == "01"}
         assert pooled, "the first restore left no connection open to reuse"
         print(f"{len(pooled)} connections open after the first restore; idle for {IDLE_SECONDS}s")
@@ -592,7 +359,7 @@ def test_g_restore_after_the_brokers_closed_idle_connections(idle_cluster: Clust
         assert not still, (
             f"the brokers did not close {len(still)} of {len(pooled)} idle connections: {states}"
         )
-        second = _restore_all(kc, data, tmp_path / "second")
+        second = restore_all(kc, data, tmp_path / "second").seconds
     finally:
         kc.close()
     assert first < BOUND_IDLE and second < BOUND_IDLE, (first, second)
@@ -673,13 +440,13 @@ def test_h_restore_from_tls_listeners_with_a_cn_only_certificate(
     import logging
 
     cluster, bootstrap, certs = tls_cluster
-    data = _small_changelog(cluster, tmp_path, "tls", seed=20)
+    data = write_changelog(cluster, tmp_path, "tls", seed=20, rounds=3)
     conf = {"security.protocol": "SSL", "ssl.ca.location": str(certs / "ca.pem")}
     with caplog.at_level(logging.WARNING, logger="statestore.changelog.kafka.source"):
-        kc = KafkaChangelog(bootstrap, request_timeout=REQUEST_TIMEOUT, restore_stall_timeout=30.0, **conf)
+        kc = changelog_client(bootstrap, **conf)
         try:
             assert kc.native is None, "rustls refuses a certificate without subjectAltName"
-            took = _restore_all(kc, data, tmp_path / "tls", native=False)
+            took = restore_all(kc, data, tmp_path / "tls", native=False).seconds
         finally:
             kc.close()
     lines = [r.getMessage() for r in caplog.records if "through confluent-kafka" in r.getMessage()]
