@@ -290,6 +290,16 @@ pub struct Bounds {
     pub last_stable: i64,
 }
 
+/// A partition a `restore_many` job restores ([`Changelog::read_ahead`]),
+/// and the offset its restore will start from when that is known before the
+/// job (a store kept open between the state updater's rounds holds its offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobPart {
+    pub topic: String,
+    pub partition: i32,
+    pub start: Option<i64>,
+}
+
 /// Where changelog partitions come from: the segment log, a Kafka cluster,
 /// or a test double. One value serves every partition of its changelogs.
 pub trait Changelog: Sync {
@@ -322,10 +332,14 @@ pub trait Changelog: Sync {
         true
     }
 
-    /// Read the bounds of every `(topic, partition)` of a job at once, where
-    /// that saves round trips (a Kafka job's [`crate::kafka::client::SessionLog`]),
-    /// for its restores' [`bounds`](Self::bounds) to take. Others do nothing.
-    fn read_bounds_ahead(&self, _parts: &[(String, i32)]) {}
+    /// Read what the restores of a job will ask for, for all of them at
+    /// once, where that saves round trips (a Kafka job's
+    /// [`crate::kafka::client::SessionLog`]: the bounds of every partition in
+    /// three requests per broker, for the restores' [`bounds`](Self::bounds)
+    /// to take; the first records of the partitions whose restore starts at a
+    /// known offset a few records from the end, in one Fetch per broker, for
+    /// their [`open`](Self::open)). Others do nothing.
+    fn read_ahead(&self, _parts: &[JobPart]) {}
 
     /// The changelog the restores of one job (`restore_many`) read
     /// through, sharing what reads can share -- the Kafka fetcher's fetch

@@ -37,7 +37,7 @@ use super::fetch::KafkaSource;
 use super::frames::FramePool;
 use super::session::FetchSession;
 use super::KafkaError;
-use crate::source::{Bounds, Changelog, ChangelogSource, LogError};
+use crate::source::{Bounds, Changelog, ChangelogSource, JobPart, LogError};
 
 /// Idle connections kept per broker.
 const POOL_PER_BROKER: usize = 8;
@@ -641,30 +641,52 @@ impl Changelog for KafkaLog {
 
 /// A [`KafkaClient`] as the changelog of the restores of one job: they
 /// share one [`FetchSession`] (a fetch thread, a connection and one Fetch
-/// at a time per broker), and the bounds read for the whole job at its start
-/// ([`Changelog::read_bounds_ahead`]). Clones share both; the session ends
-/// with the last.
+/// at a time per broker), and what is read for the whole job at its start
+/// ([`Changelog::read_ahead`]). Clones share both; the session ends with the
+/// last.
 #[derive(Clone)]
-pub struct SessionLog(pub Arc<FetchSession>, Arc<Mutex<BoundsAhead>>);
+pub struct SessionLog(pub Arc<FetchSession>, Arc<Mutex<ReadAhead>>);
 
-/// Bounds read ahead for a job's partitions: when, and each partition's.
+/// What a job read at its start: when, each partition's bounds, and the
+/// partitions primed then, with the offset each was primed at.
 #[derive(Default)]
-struct BoundsAhead {
+struct ReadAhead {
     read_at: Option<Instant>,
     bounds: HashMap<(String, i32), Bounds>,
+    primed: HashMap<(String, i32), (i64, KafkaSource)>,
 }
 
-/// How long bounds read ahead for a job stand for the restores that start
-/// after them: a restore of a long job that starts later reads its own, so
-/// that it ends near the log's end as it then is, as it would alone.
+impl ReadAhead {
+    /// Whether what was read stands for a restore starting now.
+    fn fresh(&self) -> bool {
+        self.read_at.is_some_and(|t| t.elapsed() < BOUNDS_AHEAD_FOR)
+    }
+}
+
+/// How long what was read ahead for a job stands for the restores that
+/// start after it: a restore of a long job that starts later reads its own
+/// bounds, so that it ends near the log's end as it then is, as it would
+/// alone, and fetches on its own.
 pub const BOUNDS_AHEAD_FOR: Duration = Duration::from_secs(5);
+
+/// A partition whose restore starts at a known offset at most this many
+/// offsets below the last stable offset is primed at its job's start
+/// ([`Changelog::read_ahead`]): a standby's round, the last records of a
+/// task restored in rounds. Primed together, the job's partitions share one
+/// Fetch per broker instead of one each, one after another, at their turn.
+pub const PRIME_AHEAD_OFFSETS: i64 = 1_000;
+
+/// Most partitions a job primes at its start: each holds its first
+/// response (64 KiB asked for) until its restore's turn, 32 MiB at most in
+/// all unless single batches are larger.
+pub const PRIME_AHEAD_MAX: usize = 512;
 
 impl SessionLog {
     pub fn new(client: Arc<KafkaClient>) -> Self {
         SessionLog(FetchSession::new(client), Arc::default())
     }
 
-    fn ahead(&self) -> MutexGuard<'_, BoundsAhead> {
+    fn ahead(&self) -> MutexGuard<'_, ReadAhead> {
         self.1.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -675,7 +697,7 @@ impl Changelog for SessionLog {
     fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError> {
         let ahead = {
             let mut a = self.ahead();
-            let fresh = a.read_at.is_some_and(|t| t.elapsed() < BOUNDS_AHEAD_FOR);
+            let fresh = a.fresh();
             a.bounds.remove(&(topic.to_string(), partition)).filter(|_| fresh)
         };
         match ahead {
@@ -685,14 +707,46 @@ impl Changelog for SessionLog {
     }
 
     /// The bounds of every partition of the job in three ListOffsets
-    /// requests per broker ([`KafkaClient::offsets_many`]).
-    fn read_bounds_ahead(&self, parts: &[(String, i32)]) {
-        let bounds = self.0.client().offsets_many(parts);
-        *self.ahead() = BoundsAhead { read_at: Some(Instant::now()), bounds };
+    /// requests per broker ([`KafkaClient::offsets_many`]); then the
+    /// partitions whose restore starts at a known offset at most
+    /// [`PRIME_AHEAD_OFFSETS`] below the last stable offset are primed (at
+    /// most [`PRIME_AHEAD_MAX`]), so that their first records come in one
+    /// Fetch per broker.
+    fn read_ahead(&self, parts: &[JobPart]) {
+        let tps: Vec<(String, i32)> = parts.iter().map(|p| (p.topic.clone(), p.partition)).collect();
+        let bounds = self.0.client().offsets_many(&tps);
+        let mut primed = HashMap::new();
+        let together = self.0.priming();
+        for p in parts {
+            let key = (p.topic.clone(), p.partition);
+            let (Some(start), Some(b)) = (p.start, bounds.get(&key)) else { continue };
+            if primed.len() < PRIME_AHEAD_MAX
+                && b.start <= start
+                && start < b.last_stable
+                && b.last_stable - start <= PRIME_AHEAD_OFFSETS
+            {
+                let mut source = KafkaSource::in_session(&self.0, &p.topic, p.partition, start);
+                source.cursor().prime_ahead(b.last_stable);
+                primed.insert(key, (start, source));
+            }
+        }
+        drop(together);
+        let stale = std::mem::replace(&mut *self.ahead(), ReadAhead { read_at: Some(Instant::now()), bounds, primed });
+        drop(stale); // its primed partitions leave the session (outside the lock)
     }
 
+    /// The partition primed at the job's start when it was primed at
+    /// `start` and still stands ([`BOUNDS_AHEAD_FOR`]); else a new one of
+    /// the job's fetch session.
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
-        Ok(Box::new(KafkaSource::in_session(&self.0, topic, partition, start)))
+        let (primed, fresh) = {
+            let mut a = self.ahead();
+            (a.primed.remove(&(topic.to_string(), partition)), a.fresh())
+        };
+        match primed {
+            Some((at, source)) if fresh && at == start => Ok(Box::new(source)),
+            _ => Ok(Box::new(KafkaSource::in_session(&self.0, topic, partition, start))),
+        }
     }
 
     /// A partition's queued responses and the one its restore reads.
@@ -715,7 +769,7 @@ mod tests {
         let b = Bounds { start: 0, end: 10, last_stable: 9 };
         let read_ahead = |at: Instant| {
             let bounds = HashMap::from([(("t".to_string(), 0), b), (("t".to_string(), 1), b)]);
-            *log.ahead() = BoundsAhead { read_at: Some(at), bounds };
+            *log.ahead() = ReadAhead { read_at: Some(at), bounds, ..ReadAhead::default() };
         };
         read_ahead(Instant::now());
         assert_eq!(log.bounds("t", 0).unwrap(), b);

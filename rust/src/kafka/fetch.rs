@@ -882,6 +882,17 @@ impl FetchCursor {
         self.responses = Responses::Ahead(Ahead::start(f, self.position, end));
     }
 
+    /// In a fetch session, fetch a little of `[position, end)` from the
+    /// job's start, ahead of the restore's turn (its member's `prime_ahead`);
+    /// elsewhere nothing.
+    pub fn prime_ahead(&mut self, end: i64) {
+        if let Responses::Session(m) = &mut self.responses {
+            if self.position < end {
+                m.prime_ahead(self.position, end);
+            }
+        }
+    }
+
     /// The response at the position, reading below `end`.
     fn next_response(&mut self, end: i64) -> Result<Response, KafkaError> {
         if let Some(resp) = self.pending.take() {

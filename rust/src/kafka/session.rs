@@ -17,6 +17,13 @@
 //! thread ends when no partition of the job is led by its broker any more,
 //! giving its connection back to the client's pool.
 //!
+//! A partition joins when its restore opens it, or at the job's start when
+//! its restore will start a few records below the end (a store kept open:
+//! [`crate::kafka::client::SessionLog`]'s `read_ahead`). Those are primed
+//! together, the Fetches held until all are ([`FetchSession::priming`]), so
+//! one Fetch per broker names them all; each asks for a little
+//! ([`PRIMED_FETCH_BYTES`]) and holds one response until its restore reads.
+//!
 //! Faults are the single fetcher's, taken per partition or per connection:
 //! an error a partition answered (a leader that moved, a fenced epoch, an
 //! offset out of range, a recreated topic) is that partition's; a connection
@@ -50,6 +57,11 @@ use super::KafkaError;
 /// one checked, one on the wire), so that a restore waits no more often.
 pub(super) const QUEUED: usize = 3;
 
+/// Bytes asked for by the first Fetch of a partition primed at its job's
+/// start ([`Member::prime_ahead`]): each holds its response until its
+/// restore's turn, so it is a small one (a standby's few records).
+pub(super) const PRIMED_FETCH_BYTES: i32 = 64 << 10;
+
 /// Longest a waiting thread sleeps before it looks again (it is woken on
 /// every change; this only bounds a missed one).
 const POLL: Duration = Duration::from_millis(100);
@@ -77,6 +89,9 @@ struct State {
     /// Brokers whose fetch thread runs.
     threads: Vec<String>,
     closed: bool,
+    /// Partitions are being primed together ([`FetchSession::priming`]): no
+    /// Fetch is sent until they all are, so that one names them all.
+    priming: usize,
     /// Fetch requests sent, and the partitions they named in all.
     requests: u64,
     partitions_fetched: u64,
@@ -98,6 +113,9 @@ struct Part {
     deadline: Instant,
     /// Its fetching ended with the error queued last.
     failed: bool,
+    /// Responses it may have queued: one while it is primed ahead of its
+    /// restore ([`Member::prime_ahead`]), [`QUEUED`] once the restore reads.
+    room: usize,
 }
 
 impl Part {
@@ -144,6 +162,13 @@ impl FetchSession {
         self.inner.lock().threads.len()
     }
 
+    /// Hold every Fetch of the session back until the guard is dropped:
+    /// partitions primed meanwhile go out together, one Fetch per broker.
+    pub fn priming(&self) -> Priming<'_> {
+        self.inner.lock().priming += 1;
+        Priming(self)
+    }
+
     /// A partition of this session, to be read from `start`.
     pub fn member(self: &Arc<Self>, topic: &str, partition: i32, start: i64) -> Member {
         let fetcher = Box::new(Fetcher::new(self.inner.client.clone(), topic, partition, start));
@@ -162,9 +187,20 @@ impl FetchSession {
                 backoff: FIRST_BACKOFF,
                 deadline: now + stall,
                 failed: false,
+                room: QUEUED,
             },
         );
         Member { session: self.clone(), id, topic: topic.to_string(), partition }
+    }
+}
+
+/// Fetches held back while it lives ([`FetchSession::priming`]).
+pub struct Priming<'a>(&'a FetchSession);
+
+impl Drop for Priming<'_> {
+    fn drop(&mut self) {
+        self.0.inner.lock().priming -= 1;
+        self.0.inner.changed.notify_all();
     }
 }
 
@@ -223,6 +259,10 @@ impl Inner {
         let mut st = self.lock();
         loop {
             let now = Instant::now();
+            if st.priming > 0 && !st.closed {
+                st = self.wait(st, POLL);
+                continue;
+            }
             let (mut any, mut ready, mut wake) = (false, Vec::new(), POLL);
             if !st.closed {
                 for (&id, p) in &st.parts {
@@ -231,7 +271,7 @@ impl Inner {
                     }
                     any = true;
                     let Some(f) = &p.fetcher else { continue };
-                    if f.offset >= f.end || p.queue.len() >= QUEUED {
+                    if f.offset >= f.end || p.queue.len() >= p.room {
                         continue;
                     }
                     if p.not_before > now {
@@ -465,13 +505,35 @@ impl Member {
         self.resolve();
     }
 
-    /// Point the fetcher at `[position, end)` unless it is fetching there:
-    /// responses for another position are dropped.
+    /// Fetch from `position` towards `end` from the start of a job, before
+    /// its restore's turn ([`crate::source::Changelog::read_ahead`]): the
+    /// first request asks for [`PRIMED_FETCH_BYTES`], and one response is
+    /// queued until the restore reads, so that a partition primed ahead holds
+    /// about that much (a first batch larger than it comes whole).
+    pub(super) fn prime_ahead(&mut self, position: i64, end: i64) {
+        if let Some(f) = self.inner().lock().parts.get_mut(&self.id).and_then(|p| p.fetcher.as_mut()) {
+            f.fetch_bytes = f.fetch_bytes.min(PRIMED_FETCH_BYTES);
+        }
+        self.seek(position, end, 1);
+        self.resolve();
+    }
+
+    /// Point the fetcher at `[position, end)` unless it is fetching there
+    /// (responses for another position are dropped), the restore reading:
+    /// [`QUEUED`] responses may wait for it.
     fn aim(&self, position: i64, end: i64) {
+        self.seek(position, end, QUEUED);
+    }
+
+    fn seek(&self, position: i64, end: i64, room: usize) {
         let inner = self.inner();
         let stall = inner.client.config.stall_timeout;
         let mut st = inner.lock();
         let Some(part) = st.parts.get_mut(&self.id) else { return };
+        if part.room != room {
+            part.room = room;
+            inner.changed.notify_all();
+        }
         let Some(f) = part.fetcher.as_mut() else { return };
         if part.queue.is_empty() && (f.offset != position || f.end != end) {
             f.seek(position, end);

@@ -1435,3 +1435,59 @@ fn the_synthetic_producer_retries_its_first_batch_while_the_partition_has_no_lea
     }
     assert_eq!(got, want, "every record once, in the generator's order");
 }
+
+#[test]
+fn a_job_of_stores_kept_open_a_few_records_behind_fetches_them_in_one_fetch_per_broker() {
+    // 16 partitions, 8 led by each of 2 nodes, kept open between two rounds
+    // on one thread (the state updater's standbys): the first round stops
+    // 10 records short of the end, the second reads those 10. Each store's
+    // offset is known before the second job starts, so its partitions are
+    // primed at its start: one Fetch per node names all 8 of its partitions
+    // (one after another, at each restore's turn, they took a Fetch or two
+    // each).
+    use crate::restore::engine::{restore_many, RestoreSpec};
+    use crate::restore::open_stores::OpenStores;
+    let leaders: Vec<i32> = (0..16).map(|p| 1 + p % 2).collect();
+    let logs: Vec<Log> = (0..16).map(|p| partition_log(p, 4)).collect();
+    let end = logs[0].end;
+    let (addrs, script) = cluster_of(2, logs, Mode::Good, 1 << 20);
+    script.lock().unwrap().leaders = leaders.clone();
+    let log = super::client::KafkaLog(client(&addrs.join(","), Duration::from_secs(5)));
+    let dir = tempfile::tempdir().unwrap();
+    let kept = Arc::new(OpenStores::new(64 << 20));
+    let round = |end_offset: Option<i64>| {
+        let specs = (0..16)
+            .map(|p| {
+                let mut spec = RestoreSpec::new(dir.path().join(format!("s{p}")), "t", p);
+                spec.kept_open = Some(kept.clone());
+                spec.end_offset = end_offset;
+                (spec, None)
+            })
+            .collect();
+        for (p, o) in restore_many(&log, specs, 1).into_iter().enumerate() {
+            let o = o.unwrap_or_else(|e| panic!("t-{p}: {e}"));
+            assert_eq!(o.end_offset, end_offset.unwrap_or(end), "t-{p}");
+        }
+    };
+    round(Some(end - 10));
+    let before = script.lock().unwrap().fetched.len();
+    round(None);
+    let fetched = script.lock().unwrap().fetched[before..].to_vec();
+    for node in [1, 2] {
+        let fetches: Vec<&Vec<i32>> = fetched.iter().filter(|f| f.0 == node).map(|f| &f.2).collect();
+        let led: Vec<i32> = (0..16).filter(|&p| leaders[p as usize] == node).collect();
+        assert_eq!(fetches.len(), 1, "node {node}: {fetches:?}");
+        let mut named = fetches[0].clone();
+        named.sort_unstable();
+        assert_eq!(named, led, "node {node}");
+    }
+    // Nothing new: no restore starts below the end, none is primed, nothing is fetched.
+    let before = script.lock().unwrap().fetched.len();
+    round(None);
+    assert_eq!(script.lock().unwrap().fetched.len(), before);
+    kept.close_all().unwrap();
+    for p in 0..16 {
+        let store = crate::store::Store::open(&dir.path().join(format!("s{p}")), false).unwrap();
+        assert_eq!(crate::restore::testing::dump(&store), partition_store(p, end), "t-{p}");
+    }
+}

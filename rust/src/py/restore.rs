@@ -23,7 +23,7 @@ use crate::restore::open_stores::OpenStores;
 use crate::restore::replay::DEFAULT_CHUNK_BYTES;
 use crate::restore::{ErrorKind, Listener, RestoreError};
 use crate::segments::Segmentation;
-use crate::source::Changelog;
+use crate::source::{Changelog, JobPart};
 use crate::store::StoreFormat;
 
 /// What one restore did (`statestore.restore.RestoreResult` is built from it).
@@ -361,7 +361,7 @@ fn restore_many(
     let raised: Vec<_> = jobs.iter().map(|j| (j.raised.clone(), j.fed.clone())).collect();
     let results = py.detach(|| {
         for (session, parts) in sessions {
-            session.read_bounds_ahead(&parts);
+            session.read_ahead(&parts);
         }
         engine::restore_jobs(jobs, threads)
     });
@@ -430,10 +430,10 @@ impl PyOpenStores {
 /// The native Kafka restores of one job read through one fetch session per
 /// client: one fetch thread, one connection and one Fetch at a time per
 /// broker for all the partitions it leads ([`SessionLog`]). Each session
-/// comes back with the partitions its restores read, whose bounds it reads
-/// ahead ([`Changelog::read_bounds_ahead`]) once the GIL is released.
-fn share_fetch_sessions(jobs: &mut [Job]) -> Vec<(SessionLog, Vec<(String, i32)>)> {
-    let mut sessions: Vec<(SessionLog, Vec<(String, i32)>)> = Vec::new();
+/// comes back with the partitions its restores read, which it reads ahead
+/// ([`Changelog::read_ahead`]) once the GIL is released.
+fn share_fetch_sessions(jobs: &mut [Job]) -> Vec<(SessionLog, Vec<JobPart>)> {
+    let mut sessions: Vec<(SessionLog, Vec<JobPart>)> = Vec::new();
     for j in jobs.iter_mut() {
         let Some(client) = j.kafka.take() else { continue };
         let i = match sessions.iter().position(|(s, _)| Arc::ptr_eq(s.0.client(), &client)) {
@@ -444,7 +444,7 @@ fn share_fetch_sessions(jobs: &mut [Job]) -> Vec<(SessionLog, Vec<(String, i32)>
             }
         };
         let (session, parts) = &mut sessions[i];
-        parts.push((j.spec.topic.clone(), j.spec.partition));
+        parts.push(engine::job_part(&j.spec));
         j.log = Box::new(session.clone());
     }
     sessions

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::offsets::OFFSET_UNKNOWN;
 use crate::segments::Segmentation;
-use crate::source::{Bounds, Changelog, ChangelogSource, LogError, SkipCounts};
+use crate::source::{Bounds, Changelog, ChangelogSource, JobPart, LogError, SkipCounts};
 use crate::store::{StoreFormat, DEFAULT_LEVEL0_STOP_FILES};
 
 /// How to restore.
@@ -710,9 +710,20 @@ pub fn restore_many(
         Some(j) => &**j,
         None => log,
     };
-    log.read_bounds_ahead(&specs.iter().map(|(s, _)| (s.topic.clone(), s.partition)).collect::<Vec<_>>());
+    log.read_ahead(&specs.iter().map(|(s, _)| job_part(s)).collect::<Vec<_>>());
     let jobs = specs.into_iter().map(|(spec, listener)| OneLog { log, spec, listener }).collect();
     restore_jobs(jobs, threads)
+}
+
+/// The partition `spec` restores, for [`Changelog::read_ahead`], with the
+/// offset its restore will start from when its store is kept open (and no
+/// end offset is asked for: the read goes to the last stable offset).
+pub fn job_part(spec: &RestoreSpec) -> JobPart {
+    let start = match (&spec.kept_open, spec.end_offset) {
+        (Some(kept), None) => kept.start_of(&spec.store_path, &spec.tp()),
+        _ => None,
+    };
+    JobPart { topic: spec.topic.clone(), partition: spec.partition, start }
 }
 
 /// One restore of a job [`restore_jobs`] runs: the log it reads, its spec and

@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::Dest;
+use crate::offsets::OFFSET_UNKNOWN;
 use crate::store::StoreError;
 
 /// Memtable bytes above which a store that comes back is flushed: what a
@@ -109,6 +110,16 @@ impl OpenStores {
             held -= bytes;
         }
         Ok(())
+    }
+
+    /// The offset a restore of `tp` into the store open at `path` will start
+    /// from: the one after its recorded offset. `None` when no store is open
+    /// there, it records no offset for `tp` (a restore from the log's start)
+    /// or the offset cannot be read (the restore will say why).
+    pub(crate) fn start_of(&self, path: &Path, tp: &str) -> Option<i64> {
+        let stores = self.stores();
+        let (store, _) = stores.get(&Self::key(path))?;
+        store.offset(tp).ok().flatten().filter(|&o| o != OFFSET_UNKNOWN).map(|o| o + 1)
     }
 
     /// Flush the store open at `path` (its data and offsets reach disk); whether one was open.
