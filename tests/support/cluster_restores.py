@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from statestore import SegmentLog, TopicPartition, restore_many, restore_store
 from statestore.restore.engine import RestoreSpec
-from support.kafka_cluster import SCRIPT, SESSION_TIMEOUT, Cluster
+from support.kafka_cluster import SESSION_TIMEOUT, Cluster
 from support.kafka_writes import write_twins
 from support.model import store_difference
 
@@ -253,17 +253,8 @@ class Reassigner:
     that a reassignment is one line away rather than a JVM start away."""
 
     def __init__(self, cluster: Cluster) -> None:
-        src = cluster.dir / "Reassign.java"
-        src.write_text(_REASSIGN_JAVA)
-        cp = subprocess.run(
-            ["bash", str(SCRIPT.parent / "kafka-broker.sh"), "classpath"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        ).stdout.strip()
         self._proc = subprocess.Popen(
-            ["java", "-Xmx128m", "-cp", cp, str(src), cluster.bootstrap],
+            [*cluster.java_tool("Reassign", _REASSIGN_JAVA), cluster.bootstrap],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -137,13 +137,11 @@ class Cluster:
 
     # -- quotas --------------------------------------------------------------------------------
 
-    def set_default_consumer_byte_rate(self, rate: int | None) -> None:
-        """Set (or, with None, remove) the ``consumer_byte_rate`` quota of every client id, on every broker.
-
-        confluent-kafka has no AlterClientQuotas: a few lines of Java run it through Kafka's own Admin client.
-        """
-        src = self.dir / "ClientQuota.java"
-        src.write_text(_CLIENT_QUOTA_JAVA)
+    def java_tool(self, name: str, source: str) -> list[str]:
+        """The command that runs the single-file Java program ``source`` (class ``name``) on Kafka's own
+        classpath (for what confluent-kafka's admin client cannot do); its arguments go after it."""
+        src = self.dir / f"{name}.java"
+        src.write_text(source)
         cp = subprocess.run(
             ["bash", str(SCRIPT.parent / "kafka-broker.sh"), "classpath"],
             capture_output=True,
@@ -151,9 +149,16 @@ class Cluster:
             timeout=600,
             check=True,
         ).stdout.strip()
+        return ["java", "-Xmx128m", "-cp", cp, str(src)]
+
+    def set_default_consumer_byte_rate(self, rate: int | None) -> None:
+        """Set (or, with None, remove) the ``consumer_byte_rate`` quota of every client id, on every broker.
+
+        confluent-kafka has no AlterClientQuotas: a few lines of Java run it through Kafka's own Admin client.
+        """
         value = "-" if rate is None else str(rate)
         out = subprocess.run(
-            ["java", "-Xmx128m", "-cp", cp, str(src), self.bootstrap, value],
+            [*self.java_tool("ClientQuota", _CLIENT_QUOTA_JAVA), self.bootstrap, value],
             capture_output=True,
             text=True,
             timeout=120,
