@@ -14,11 +14,18 @@
 //! interruption leaves the old directory at a known place for the next
 //! attempt to put back. [`link_copy_dir`] copies a closed RocksDB directory
 //! cheaply: its immutable SST and blob files are hard-linked.
+//!
+//! [`deferred`] defers the syncs of the stores a restore job creates to one
+//! sync at the job's end, with a marker that tells a later restore whether the
+//! machine went down before it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(feature = "store")]
+pub mod deferred;
 
 /// An I/O failure on a named file.
 #[derive(Debug, thiserror::Error)]

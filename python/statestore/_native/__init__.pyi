@@ -30,6 +30,8 @@ def replace_dir(
     staged: _Path, target: _Path, aside: _Path
 ) -> Literal["renamed", "exchanged", "moved_aside"]: ...
 def link_copy_dir(src: _Path, dst: _Path) -> None: ...
+def unsynced_marker(path: _Path) -> Literal["this_boot", "earlier_boot"] | None: ...
+def recover_unsynced(path: _Path) -> Literal["clean", "synced", "wiped"]: ...
 
 # restore engine (statestore.restore)
 
@@ -448,6 +450,7 @@ __all__ = [
     "log_committed_stats",
     "log_dump",
     "log_offsets",
+    "recover_unsynced",
     "replace_dir",
     "restore_many",
     "restore_store",
@@ -459,5 +462,6 @@ __all__ = [
     "store_format",
     "store_info",
     "store_record_if_empty",
+    "unsynced_marker",
     "versioned_segment_interval",
 ]

@@ -279,6 +279,7 @@ class Store(_StagedWrites):
                 path=self.path,
                 task_id=task_id,
             )
+        self._check_unsynced()
         self._check_format_on_disk()
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
@@ -340,6 +341,24 @@ class Store(_StagedWrites):
 
     def _batch(self) -> WriteBatch:
         return WriteBatch(raw_mode=True)
+
+    def _check_unsynced(self) -> None:
+        """A restore job that created this store defers its syncs to the job's end, with a marker
+        beside it meanwhile: left by this boot (the process died), the store is synced and kept;
+        left by an earlier boot (the machine went down), its files may have lost any write, and it
+        must be restored again, which a restore does by wiping it."""
+        marker = _native.unsynced_marker(self.path)
+        if marker == "earlier_boot":
+            raise StoreCorruptedError(
+                f"{self._who()}: the restore that created {self.path} was cut short by the machine "
+                "going down, so its files may have lost writes -- wipe the task to restore it from its "
+                "changelog",
+                path=self.path,
+                task_id=self.task_id,
+                task_ids=frozenset() if self.task_id is None else frozenset({self.task_id}),
+            )
+        if marker == "this_boot":
+            _native.recover_unsynced(self.path)
 
     def _failed(self, what: str, e: Exception) -> StoreError:
         """The error for a failed RocksDB call: ``StoreCorruptedError`` when RocksDB reports damaged files

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError};
 use pyo3::prelude::*;
 
+use crate::fileio::deferred::{self, Marker, Recovery};
 use crate::fileio::{self, FileIoError, Replaced};
 
 /// The OS error as its Python class (`FileNotFoundError`, `PermissionError`, else `OSError`), message naming the path.
@@ -54,7 +55,35 @@ fn link_copy_dir(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<()> {
     py.detach(|| fileio::link_copy_dir(&src, &dst)).map_err(to_py)
 }
 
+/// The marker a restore job that created the store at `path` and deferred
+/// its syncs left beside it, if the job did not finish: `None`,
+/// `"this_boot"` (the process died; every write is in the kernel's hands) or
+/// `"earlier_boot"` (the machine went down; any write may be lost).
+#[pyfunction]
+fn unsynced_marker(path: PathBuf) -> PyResult<Option<&'static str>> {
+    Ok(match deferred::marker_state(&path).map_err(to_py)? {
+        Marker::Absent => None,
+        Marker::ThisBoot => Some("this_boot"),
+        Marker::EarlierBoot => Some("earlier_boot"),
+    })
+}
+
+/// Deal with that marker as a restore does: `"clean"` (none), `"synced"`
+/// (this boot's: the store's file system synced, the store kept) or
+/// `"wiped"` (an earlier boot's: the store removed). The marker is removed.
+/// The GIL is released.
+#[pyfunction]
+fn recover_unsynced(py: Python<'_>, path: PathBuf) -> PyResult<&'static str> {
+    Ok(match py.detach(|| deferred::recover(&path)).map_err(to_py)? {
+        Recovery::Clean => "clean",
+        Recovery::Synced => "synced",
+        Recovery::Wiped => "wiped",
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(unsynced_marker, m)?)?;
+    m.add_function(wrap_pyfunction!(recover_unsynced, m)?)?;
     m.add_function(wrap_pyfunction!(atomic_write, m)?)?;
     m.add_function(wrap_pyfunction!(fsync_dir, m)?)?;
     m.add_function(wrap_pyfunction!(replace_dir, m)?)?;

@@ -17,6 +17,7 @@ use super::{
     deferred_compaction_options, restore_options_with, Applied, Dest, ErrorKind, Listener, Progress, ReplayMemory,
     RestoreError, Target, DEFERRED_COMPACTION_OFFSETS,
 };
+use crate::fileio::deferred::{self, DeferredSyncs};
 use crate::offsets::OFFSET_UNKNOWN;
 use crate::segments::Segmentation;
 use crate::source::{Bounds, Changelog, ChangelogSource, JobPart, LogError, SkipCounts};
@@ -227,6 +228,10 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let t0 = Instant::now();
     let tp = spec.tp();
     let path = &spec.store_path;
+    // A job that created the store and deferred its syncs did not finish: keep it or wipe it.
+    deferred::recover(path).map_err(|e| {
+        RestoreError::new(ErrorKind::Restore, format!("restoring store {} from {tp}: {e}", path.display()))
+    })?;
     let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
     let memory = spec.replay_memory(log.buffered_bytes());
     let open = |deferred: bool| {
@@ -763,7 +768,11 @@ pub fn restore_jobs<J: RestoreJob>(mut jobs: Vec<J>, threads: usize) -> Vec<Resu
         share_threads(j.parts_mut().1, threads, restores);
     }
     let buffers = jobs.iter().any(|j| j.parts().0.buffered_bytes() > 0);
-    run_pipeline(
+    let syncs = defer_syncs(&jobs);
+    let deferred: Vec<usize> =
+        (0..restores).filter(|&i| !syncs.is_empty() && syncs.defers(&jobs[i].parts().1.store_path)).collect();
+    let paths: Vec<PathBuf> = deferred.iter().map(|&i| jobs[i].parts().1.store_path.clone()).collect();
+    let mut out = run_pipeline(
         jobs,
         threads,
         Lookahead::of(threads, restores, buffers),
@@ -776,7 +785,36 @@ pub fn restore_jobs<J: RestoreJob>(mut jobs: Vec<J>, threads: usize) -> Vec<Resu
             restore_prepared(log, spec, prepared, listener, Some(read_all))
         },
         |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
-    )
+    );
+    if let Err(e) = syncs.finish() {
+        for (&i, path) in deferred.iter().zip(&paths) {
+            if out[i].is_ok() {
+                out[i] = Err(RestoreError::new(
+                    ErrorKind::Restore,
+                    format!("restored store {} but could not make it durable: {e}", path.display()),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// How many stores a job must create before their syncs are deferred to its
+/// end ([`deferred`]): a job's two file-system syncs cost about what one new
+/// store's dozen syncs do.
+pub const DEFER_SYNCS_FROM: usize = 2;
+
+/// Defer the syncs of the stores `jobs` create (that do not exist yet), when
+/// they are at least [`DEFER_SYNCS_FROM`]: each new store's RocksDB syncs
+/// become one sync of the file system at the job's end.
+fn defer_syncs<J: RestoreJob>(jobs: &[J]) -> DeferredSyncs {
+    let new: Vec<&Path> = jobs
+        .iter()
+        .map(|j| j.parts().1)
+        .filter(|spec| !Dest::exists(&spec.store_path, spec.format))
+        .map(|spec| spec.store_path.as_path())
+        .collect();
+    DeferredSyncs::begin(if new.len() >= DEFER_SYNCS_FROM { new } else { Vec::new() }, scratch_dir)
 }
 
 #[cfg(test)]
@@ -841,6 +879,73 @@ mod tests {
         assert!(data.contains(&format!("write_buffer_size={}", 24 << 20)), "the data's memtables: {data:.400}");
         let store = Store::open(&spec.store_path, false).unwrap();
         assert_eq!(dump(&store), model(&log, 2_000).0);
+    }
+
+    #[test]
+    fn a_job_of_new_stores_defers_their_syncs_to_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs: Vec<Vec<Entry>> = (0..6).map(|p| random_log(500, 50, 40 + p)).collect();
+        let vl = VecLog(logs.iter().enumerate().map(|(p, l)| (("t".to_string(), p as i32), l.clone())).collect());
+        let specs = |mode: Mode| -> Vec<(RestoreSpec, Option<Box<dyn Listener>>)> {
+            (0..6)
+                .map(|p| {
+                    let mut spec = RestoreSpec::new(dir.path().join(format!("0_{p}")).join("s"), "t", p);
+                    spec.mode = mode;
+                    (spec, None)
+                })
+                .collect()
+        };
+        for p in 0..6 {
+            std::fs::create_dir_all(dir.path().join(format!("0_{p}"))).unwrap();
+        }
+        let before = deferred::skipped_syncs();
+        for o in restore_many(&vl, specs(Mode::Auto), 2) {
+            assert_eq!(o.unwrap().mode, Mode::Bulk);
+        }
+        // Creating a store and ingesting its table alone sync a dozen times; other tests' jobs only add.
+        let skipped = deferred::skipped_syncs() - before;
+        assert!(skipped >= 6 * 8, "RocksDB's syncs of 6 new stores skipped: {skipped}");
+        for (p, log) in logs.iter().enumerate() {
+            let path = dir.path().join(format!("0_{p}")).join("s");
+            assert!(!deferred::marker_of(&path).exists(), "the job's end removed the marker");
+            assert_eq!(dump(&Store::open(&path, false).unwrap()), model(log, 500).0);
+        }
+        // The stores exist now: a second job creates none and writes no marker.
+        assert!(defer_syncs(
+            &specs(Mode::Replay)
+                .into_iter()
+                .map(|(spec, _)| OneLog { log: &vl, spec, listener: None })
+                .collect::<Vec<_>>()
+        )
+        .is_empty());
+        for o in restore_many(&vl, specs(Mode::Replay), 2) {
+            assert_eq!(o.unwrap().records_applied, 0);
+        }
+    }
+
+    #[test]
+    fn a_store_left_with_a_marker_is_kept_after_a_process_crash_and_wiped_after_a_machine_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = random_log(1_000, 100, 5);
+        let vl = VecLog(HashMap::from([(("t".to_string(), 0), log.clone())]));
+        let mut spec = RestoreSpec::new(dir.path().join("whole"), "t", 0);
+        spec.mode = Mode::Replay;
+        let whole = restore(&vl, &spec, None).unwrap().records_applied;
+        spec.store_path = dir.path().join("s");
+        spec.end_offset = Some(600);
+        let first = restore(&vl, &spec, None).unwrap().records_applied;
+        spec.end_offset = None;
+        // This boot's marker: the kernel kept every write; the store resumes from its offset.
+        std::fs::write(deferred::marker_of(&spec.store_path), deferred::boot_id().unwrap()).unwrap();
+        let o = restore(&vl, &spec, None).unwrap();
+        assert_eq!((o.start_offset, o.records_applied), (600, whole - first));
+        assert!(!deferred::marker_of(&spec.store_path).exists());
+        // An earlier boot's: any write may be lost; the store is wiped and restored from the start.
+        std::fs::write(deferred::marker_of(&spec.store_path), "an earlier boot").unwrap();
+        let o = restore(&vl, &spec, None).unwrap();
+        assert_eq!((o.start_offset, o.records_applied), (0, whole));
+        assert!(!deferred::marker_of(&spec.store_path).exists());
+        assert_eq!(dump(&Store::open(&spec.store_path, false).unwrap()), model(&log, 1_000).0);
     }
 
     /// The `.sst` files under `dir`.
