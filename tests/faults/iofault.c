@@ -23,6 +23,7 @@
  *   STATESTORE_FAULT_MAX    most faults this process injects (default 1)
  *   STATESTORE_FAULT_SEED   seed of the generator
  *   STATESTORE_FAULT_SITES  comma-separated site names to enable (default: all)
+ *   STATESTORE_FAULT_SKIP   eligible calls to let through, once armed, before any may fail (default 0)
  * Faults start disarmed: the process arms them with statestore_fault_arm(1)
  * (ctypes.CDLL(None).statestore_fault_arm) once it has imported what it needs.
  */
@@ -46,10 +47,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-enum site { S_OPEN, S_READ, S_PREAD, S_WRITE, S_PWRITE, S_FSYNC, S_FDATASYNC, S_RENAME, S_UNLINK, S_MMAP, NSITES };
+enum site { S_OPEN, S_READ, S_PREAD, S_WRITE, S_PWRITE, S_FSYNC, S_FDATASYNC, S_RENAME, S_UNLINK, S_MMAP, S_SYNCFS, NSITES };
 static const char *const SITE_NAMES[NSITES] = {
     "posix/io/oc/open",    "posix/io/rw/read",      "posix/io/rw/pread",  "posix/io/rw/write", "posix/io/rw/pwrite",
     "posix/io/sync/fsync", "posix/io/sync/fdatasync", "posix/io/dir/rename", "posix/io/dir/unlink", "posix/mm/mmap",
+    "posix/io/sync/syncfs",
 };
 
 #define MAX_FDS 65536
@@ -64,6 +66,7 @@ static double probability;
 static int errnos[8] = {EIO};
 static int n_errnos = 1;
 static long max_faults = 1;
+static long skip_calls;
 static volatile int armed;
 static long faults;
 static uint64_t calls[NSITES];
@@ -88,7 +91,9 @@ static int decide(const char *name, int *failnum, void **failinfo, unsigned int 
     if (!armed) return 0;
     pthread_mutex_lock(&rng_lock);
     int fail = 0;
-    if (faults < max_faults && (double)(next_random() >> 11) / 9007199254740992.0 < probability) {
+    if (skip_calls > 0) {
+        skip_calls--;
+    } else if (faults < max_faults && (double)(next_random() >> 11) / 9007199254740992.0 < probability) {
         faults++;
         chosen_errno = errnos[next_random() % (uint64_t)n_errnos];
         fail = 1;
@@ -248,6 +253,10 @@ int fdatasync(int fd) {
     REAL(fdatasync);
     return fd_inject(S_FDATASYNC, fd) ? -1 : real_fdatasync(fd);
 }
+int syncfs(int fd) {
+    REAL(syncfs);
+    return fd_inject(S_SYNCFS, fd) ? -1 : real_syncfs(fd);
+}
 int rename(const char *a, const char *b) {
     REAL(rename);
     return path_inject(S_RENAME, AT_FDCWD, b) ? -1 : real_rename(a, b);
@@ -321,6 +330,7 @@ __attribute__((constructor)) static void init(void) {
     const char *v;
     if ((v = getenv("STATESTORE_FAULT_PROB"))) probability = atof(v);
     if ((v = getenv("STATESTORE_FAULT_MAX"))) max_faults = atol(v);
+    if ((v = getenv("STATESTORE_FAULT_SKIP"))) skip_calls = atol(v);
     if ((v = getenv("STATESTORE_FAULT_SEED"))) rng_state ^= strtoull(v, NULL, 10) * 0x2545F4914F6CDD1DULL;
     if ((v = getenv("STATESTORE_FAULT_ERRNOS"))) {
         n_errnos = 0;

@@ -2,7 +2,7 @@
 
 ``tests/faults/iofault.c`` is compiled (once, into ``~/.cache/statestore/``)
 and preloaded into ``support/iofault_child.py``: libfiu failure points on
-open, read, pread, write, pwrite, fsync, fdatasync, rename, unlink and mmap of
+open, read, pread, write, pwrite, fsync, fdatasync, syncfs, rename, unlink and mmap of
 the files under the run's directory fail with EIO or ENOSPC at random, at
 most a few times per child. Each child restores and processes the counting
 workload of the crash torture with the faults armed in one phase (restoring,
@@ -293,3 +293,65 @@ def test_injected_io_errors_torture(
     figures = run_faults(shim, tmp_path / "w", guarantee, mode, runs=runs, seed=seed)
     _report(figures)
     assert figures["faults"] >= runs // 4
+
+
+DEFERRED_CHILD = r"""
+import ctypes, json, sys
+from pathlib import Path
+from statestore import TopicPartition
+from statestore.restore.engine import RestoreSpec, restore_many
+root, log = Path(sys.argv[1]), Path(sys.argv[2])
+specs = [RestoreSpec(root / f"0_{p}" / "s", log, TopicPartition("t", p)) for p in range(4)]
+ctypes.CDLL(None).statestore_fault_arm(1)
+results = restore_many(specs, threads=2)
+ctypes.CDLL(None).statestore_fault_arm(0)
+print(json.dumps([None if r.error is None else str(r.error) for r in results]))
+"""
+
+
+def test_a_failed_sync_at_the_end_of_a_job_fails_its_new_stores_and_keeps_their_markers(
+    shim: Path, tmp_path: Path
+) -> None:
+    """The job's first ``syncfs`` (its markers) passes, its last (its new stores) fails with EIO: each
+    restore's error says its store is not durable and names it, the markers stay, and the next job
+    (the same boot) syncs and keeps the stores, which equal their changelogs."""
+    from statestore import TopicPartition
+    from statestore.restore.engine import RestoreSpec, restore_many, restore_store
+    from support.model import store_contents
+    from support.restore_data import write_changelog
+
+    log, root, reference = tmp_path / "log", tmp_path / "state", tmp_path / "reference"
+    write_changelog(log, "t", 4, 1_000, 300)
+    for p in range(4):
+        (root / f"0_{p}").mkdir(parents=True)
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(shim),
+        "STATESTORE_FAULT_ROOT": str(root.resolve()),
+        "STATESTORE_FAULT_SITES": "syncfs",
+        "STATESTORE_FAULT_PROB": "1",
+        "STATESTORE_FAULT_SKIP": "1",
+        "STATESTORE_FAULT_MAX": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", DEFERRED_CHILD, str(root), str(log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    for p, error in enumerate(errors):
+        store = root / f"0_{p}" / "s"
+        assert error is not None and "could not make it durable" in error and str(store) in error, error
+        assert (store.parent / ".s.unsynced").exists()
+    reference.mkdir()
+    results = restore_many(
+        [RestoreSpec(root / f"0_{p}" / "s", log, TopicPartition("t", p)) for p in range(4)]
+    )
+    for p, r in enumerate(results):
+        assert r.error is None and r.records_applied == 0, r  # kept: the kernel had every write
+        assert not (root / f"0_{p}" / ".s.unsynced").exists()
+        restore_store(reference / str(p), log, TopicPartition("t", p))
+        assert store_contents(root / f"0_{p}" / "s").data == store_contents(reference / str(p)).data
