@@ -87,6 +87,12 @@ pub fn marker_of(store: &Path) -> PathBuf {
     parent_of(store).join(name)
 }
 
+/// `store` with its parent directory's canonical path (the store itself may
+/// not exist yet), as `/proc/self/fd` names the files inside it.
+fn canonical(store: &Path) -> Option<PathBuf> {
+    Some(fs::canonicalize(parent_of(store)).ok()?.join(store.file_name()?))
+}
+
 /// Whether a sync of `fd` is to be skipped: it names a file inside a store
 /// whose syncs are deferred.
 fn skips(fd: libc::c_int) -> bool {
@@ -188,8 +194,7 @@ impl DeferredSyncs {
         let mut none = DeferredSyncs { stores: Vec::new(), finished: true };
         let Some(boot) = boot_id() else { return none };
         for store in stores {
-            let (Some(name), Ok(parent)) = (store.file_name(), fs::canonicalize(parent_of(store))) else { continue };
-            let store = parent.join(name);
+            let Some(store) = canonical(store) else { continue };
             let marker = marker_of(&store);
             if fs::write(&marker, boot).is_ok() {
                 none.stores.push(Deferred { scratch: scratch(&store), store, marker });
@@ -214,8 +219,7 @@ impl DeferredSyncs {
 
     /// Whether `store` is one of this job's deferred stores.
     pub fn defers(&self, store: &Path) -> bool {
-        let canonical = fs::canonicalize(parent_of(store)).ok().zip(store.file_name()).map(|(p, n)| p.join(n));
-        canonical.is_some_and(|c| self.stores.iter().any(|d| d.store == c))
+        canonical(store).is_some_and(|c| self.stores.iter().any(|d| d.store == c))
     }
 
     /// How many stores this job defers.
@@ -293,9 +297,8 @@ pub fn marker_state(store: &Path) -> Result<Marker, FileIoError> {
         Err(e) => return Err(FileIoError::new("read", &marker, e)),
     };
     if ACTIVE.load(Ordering::Acquire) > 0 {
-        let canonical = fs::canonicalize(parent_of(store)).ok().zip(store.file_name()).map(|(p, n)| p.join(n));
         let deferred = DEFERRED.read().unwrap_or_else(|p| p.into_inner());
-        if canonical.is_some_and(|c| deferred.as_ref().is_some_and(|s| s.contains(&c))) {
+        if canonical(store).is_some_and(|c| deferred.as_ref().is_some_and(|s| s.contains(&c))) {
             return Ok(Marker::Absent);
         }
     }
