@@ -111,8 +111,9 @@ def chart(results: dict[str, object], path: Path) -> bool:
 
 
 def scale_points(results: dict[str, object]) -> dict[str, list[tuple[int, float]]]:
-    """``{"<mode> (<shape>[, Kafka])": [(records, records/s), ...]}`` from the rows of
-    ``test_restore_at_size`` (the segment log) and ``test_restore_from_kafka_at_size`` (native Kafka)."""
+    """``{"<mode> (<shape>[, not cached][, Kafka])": [(records, records/s), ...]}`` from the rows of
+    ``test_restore_at_size`` (the segment log; ``-cold``: the log not cached) and
+    ``test_restore_from_kafka_at_size`` (native Kafka)."""
     curves: dict[str, list[tuple[int, float]]] = {}
     sources = {"test_restore_at_size[": "", "test_restore_from_kafka_at_size[": ", Kafka"}
     for b in results.get("benchmarks", []):  # type: ignore[union-attr]
@@ -121,8 +122,9 @@ def scale_points(results: dict[str, object]) -> dict[str, list[tuple[int, float]
         prefix = next((p for p in sources if name.startswith(p)), None)
         if prefix is None or "records_per_s" not in info:
             continue
-        shape, _size, mode = name.removeprefix(prefix).rstrip("]").split("-")
-        curves.setdefault(f"{mode} ({shape}{sources[prefix]})", []).append(
+        shape, _size, mode, *cold = name.removeprefix(prefix).rstrip("]").split("-")
+        how = ", not cached" if cold == ["cold"] else ""
+        curves.setdefault(f"{mode} ({shape}{how}{sources[prefix]})", []).append(
             (int(info["records"]), float(info["records_per_s"]))
         )
     return {k: sorted(v) for k, v in curves.items()}

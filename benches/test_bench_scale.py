@@ -10,7 +10,12 @@ minutes); run it by name, ``make bench BENCH=benches/test_bench_scale.py``.
   flushes and compactions), and the level-0 files it hands over (a replay waits for RocksDB's
   compactions while there are 36 or more, which would stop the application's writes). A row's ratio is (memory budget + 128 MiB) / peak RSS, goal >= 1.
   ``test_growth`` divides records/s at the largest size by records/s at 10M: goal >= 0.8 (the
-  cost per record does not grow). The changelogs are written by the Rust codec
+  cost per record does not grow). The changelog is written just before its rows, so as much of
+  it as the page cache holds is cached when they restore it: all of 10M, little of 100M. The
+  ``-cold`` rows (10M and up) restore the same changelogs given back to the kernel first
+  (``POSIX_FADV_DONTNEED`` on every file of the log after a sync; ``fincore`` checks it), as a
+  restore after a reboot, or of a changelog larger than the memory free to cache it, reads them;
+  ``test_growth[...-cold]`` compares those. The changelogs are written by the Rust codec
   (``_testing.write_synthetic_changelog``, ~4M records/s), one at a time, and deleted after
   their restores.
 - **From native Kafka** (``test_restore_from_kafka_at_size``): the same rows, restored through the
@@ -149,6 +154,28 @@ def restore_child(store: Path, source: Path | str, mode: str, topic: str = TOPIC
     return result
 
 
+def give_back_page_cache(d: Path) -> float | None:
+    """Write back and drop from the page cache every file under ``d``; MiB of them still cached
+    afterwards (``fincore``), None where it cannot tell."""
+    os.sync()  # dirty pages cannot be dropped
+    files = [f for f in d.rglob("*") if f.is_file()]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if not files or shutil.which("fincore") is None:
+        return None
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return sum(int(x) for x in out.split()) / MiB if out.strip() else None
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base = os.environ.get("STATESTORE_SCALE_DIR")
@@ -197,8 +224,8 @@ def logs(root: Path) -> Logs:
     return Logs(root)
 
 
-# records/s of each (shape, mode, size), for test_growth
-RATES: dict[tuple[str, str, int], float] = {}
+# records/s of each (shape, mode, cache, size), for test_growth
+RATES: dict[tuple[str, str, str, int], float] = {}
 
 
 def record_restore_rows(
@@ -211,10 +238,12 @@ def record_restore_rows(
     mode: str,
     info: dict[str, float],
     where: str,
+    cold: bool = False,
 ) -> float:
     """Restore ``records`` records of ``topic`` from ``source`` in child processes and record the row
     (peak RSS against the memory budget + 128 MiB, goal 1.0, with wall time, records/s and bytes
-    written). Returns records/s (the median round)."""
+    written). ``cold``: the log (a directory) is given back to the kernel before each round.
+    Returns records/s (the median round)."""
     store = root / "stores" / "s"
     require_free_disk(
         root,
@@ -224,11 +253,14 @@ def record_restore_rows(
     free_before = shutil.disk_usage(root).free
     load_before = load()
     runs: list[dict[str, Any]] = []
-    benchmark.pedantic(
-        lambda: runs.append(restore_child(store, source, mode, topic)),
-        rounds=ROUNDS.get(records, 1),
-        iterations=1,
-    )
+    still_cached: list[float | None] = []
+
+    def one() -> None:
+        if cold:
+            still_cached.append(give_back_page_cache(Path(source)))
+        runs.append(restore_child(store, source, mode, topic))
+
+    benchmark.pedantic(one, rounds=ROUNDS.get(records, 1), iterations=1)
     shutil.rmtree(store.parent, ignore_errors=True)
     seconds = statistics.median(r["seconds"] for r in runs)
     assert all(r["records"] == records for r in runs), [r["records"] for r in runs]
@@ -250,10 +282,14 @@ def record_restore_rows(
         "load_before": load_before,
         "load_after": load(),
     }
+    if cold:
+        extra["log_cached_MiB_at_start"] = max((c for c in still_cached if c is not None), default=-1.0)
     benchmark.extra_info.update(
         {
             "baseline": f"memory budget {DEFAULT_MEMORY_BUDGET // MiB} MiB + 128 MiB",
-            "candidate": f"{mode} restore of {label(records)} records ({shape}) from {where}: peak RSS",
+            "candidate": f"{mode} restore of {label(records)} records ({shape}) from {where}"
+            + (", not cached" if cold else "")
+            + ": peak RSS",
             "ratio": limit / peak,
             "goal": 1.0,
             **extra,
@@ -267,17 +303,32 @@ def record_restore_rows(
     return records / seconds
 
 
+# Page-cache states a size is restored in: as written, and (from 10M on) given back to the kernel.
+def caches(n: int) -> list[str]:
+    return ["cached", "cold"] if n >= scaled(10_000_000) else ["cached"]
+
+
+AT_SIZE = [
+    (shape, n, cache, mode) for shape in SHAPES for n in SIZES for cache in caches(n) for mode in MODES
+]
+
+
 @pytest.mark.parametrize(
-    ("shape", "records", "mode"),
-    [(shape, n, mode) for shape in SHAPES for n in SIZES for mode in MODES],
-    ids=[f"{shape}-{label(n)}-{mode}" for shape in SHAPES for n in SIZES for mode in MODES],
+    ("shape", "records", "cache", "mode"),
+    AT_SIZE,
+    ids=[
+        f"{shape}-{label(n)}-{mode}" + ("-cold" if cache == "cold" else "")
+        for shape, n, cache, mode in AT_SIZE
+    ],
 )
-def test_restore_at_size(benchmark: Any, logs: Logs, root: Path, shape: str, records: int, mode: str) -> None:
+def test_restore_at_size(
+    benchmark: Any, logs: Logs, root: Path, shape: str, records: int, cache: str, mode: str
+) -> None:
     log = logs.get(shape, records)
-    RATES[(shape, mode, records)] = record_restore_rows(
-        benchmark, root, log, TOPIC, shape, records, mode, logs.info, "the segment log"
+    RATES[(shape, mode, cache, records)] = record_restore_rows(
+        benchmark, root, log, TOPIC, shape, records, mode, logs.info, "the segment log", cold=cache == "cold"
     )
-    if records == SIZES[-1] and mode == MODES[-1]:
+    if records == SIZES[-1] and cache == caches(records)[-1] and mode == MODES[-1]:
         shutil.rmtree(log, ignore_errors=True)  # the last row of this changelog
 
 
@@ -478,29 +529,38 @@ def test_native_kafka_restore_many_two_threads_vs_one_at_10x(
     )
 
 
-@pytest.mark.parametrize(("shape", "mode"), [(s, m) for s in SHAPES for m in MODES])
-def test_growth(benchmark: Any, shape: str, mode: str) -> None:
-    """records/s at the largest size / records/s at 10M (goal >= 0.8): the cost per record does not grow."""
+GROWTH = [(s, m, c) for s in SHAPES for m in MODES for c in ("cached", "cold")]
+
+
+@pytest.mark.parametrize(
+    ("shape", "mode", "cache"),
+    GROWTH,
+    ids=[f"{s}-{m}" + ("-cold" if c == "cold" else "") for s, m, c in GROWTH],
+)
+def test_growth(benchmark: Any, shape: str, mode: str, cache: str) -> None:
+    """records/s at the largest size / records/s at 10M (goal >= 0.8): the cost per record does not grow.
+    ``cache``: both restored as written (10M then cached whole, 100M mostly not), or both not cached."""
     mid, top = (SIZES[1], SIZES[-1]) if len(SIZES) > 1 else (SIZES[0], SIZES[0])
-    if (shape, mode, top) not in RATES or (shape, mode, mid) not in RATES:
+    if (shape, mode, cache, top) not in RATES or (shape, mode, cache, mid) not in RATES:
         pytest.skip("test_restore_at_size did not run at these sizes in this session")
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    base, cand = RATES[(shape, mode, mid)], RATES[(shape, mode, top)]
+    base, cand = RATES[(shape, mode, cache, mid)], RATES[(shape, mode, cache, top)]
+    how = ", not cached" if cache == "cold" else ""
     benchmark.extra_info.update(
         {
-            "baseline": f"{mode} ({shape}) records/s at {label(mid)}",
-            "candidate": f"{mode} ({shape}) records/s at {label(top)}",
+            "baseline": f"{mode} ({shape}{how}) records/s at {label(mid)}",
+            "candidate": f"{mode} ({shape}{how}) records/s at {label(top)}",
             "ratio": cand / base,
             "goal": 0.8,
             **{
-                f"records_per_s_{label(n)}": RATES[(shape, mode, n)]
+                f"records_per_s_{label(n)}": RATES[(shape, mode, cache, n)]
                 for n in SIZES
-                if (shape, mode, n) in RATES
+                if (shape, mode, cache, n) in RATES
             },
             "load_avg_1min": load(),
         }
     )
-    print(f"\n{mode} {shape}: {label(top)} / {label(mid)} records/s = {cand / base:.2f} (goal >= 0.8)")
+    print(f"\n{mode} {shape}{how}: {label(top)} / {label(mid)} records/s = {cand / base:.2f} (goal >= 0.8)")
 
 
 def dd_write_bandwidth(d: Path, size_mib: int) -> float:
