@@ -55,6 +55,16 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 
 const TMP_SUFFIX: &str = ".tmp";
 
+/// A hidden sibling of `path`, `.<name><suffix>` in the same directory (the
+/// same file system, so files move between them by rename; a dot file, so
+/// listings of stores pass it by).
+pub fn hidden_sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(path.file_name().unwrap_or_else(|| std::ffi::OsStr::new("store")));
+    name.push(suffix);
+    parent_of(path).join(name)
+}
+
 /// The directory holding `path`: its parent, or `.` for a bare relative name.
 pub(crate) fn parent_of(path: &Path) -> &Path {
     match path.parent() {

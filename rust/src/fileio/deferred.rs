@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{OnceLock, RwLock};
 
-use super::{parent_of, FileIoError};
+use super::{hidden_sibling, parent_of, FileIoError};
 
 /// The stores whose syncs are deferred, by their canonical paths.
 static DEFERRED: RwLock<Option<HashSet<PathBuf>>> = RwLock::new(None);
@@ -77,14 +77,10 @@ pub fn boot_id() -> Option<&'static str> {
     .as_deref()
 }
 
-/// The marker of `store`: `.<store name>.unsynced` beside it (a dot file, so
-/// listings of stores pass it by; beside, so the store's own directory holds
-/// only what RocksDB wrote).
+/// The marker of `store`: `.<store name>.unsynced` beside it (beside, so the
+/// store's own directory holds only what RocksDB wrote).
 pub fn marker_of(store: &Path) -> PathBuf {
-    let mut name = std::ffi::OsString::from(".");
-    name.push(store.file_name().unwrap_or_else(|| OsStr::new("store")));
-    name.push(".unsynced");
-    parent_of(store).join(name)
+    hidden_sibling(store, ".unsynced")
 }
 
 /// `store` with its parent directory's canonical path (the store itself may
@@ -168,8 +164,10 @@ fn sync_each_file_system<'a>(dirs: impl Iterator<Item = &'a Path>) -> Result<(),
     Ok(())
 }
 
-/// One deferred store: its canonical path, its scratch directory's and its marker.
+/// One deferred store: the path it was given by, its canonical path, its
+/// scratch directory's and its marker.
 struct Deferred {
+    given: PathBuf,
     store: PathBuf,
     scratch: PathBuf,
     marker: PathBuf,
@@ -193,11 +191,11 @@ impl DeferredSyncs {
     pub fn begin<'a>(stores: impl IntoIterator<Item = &'a Path>, scratch: impl Fn(&Path) -> PathBuf) -> DeferredSyncs {
         let mut none = DeferredSyncs { stores: Vec::new(), finished: true };
         let Some(boot) = boot_id() else { return none };
-        for store in stores {
-            let Some(store) = canonical(store) else { continue };
+        for given in stores {
+            let Some(store) = canonical(given) else { continue };
             let marker = marker_of(&store);
             if fs::write(&marker, boot).is_ok() {
-                none.stores.push(Deferred { scratch: scratch(&store), store, marker });
+                none.stores.push(Deferred { given: given.to_path_buf(), scratch: scratch(&store), store, marker });
             }
         }
         if none.stores.is_empty() {
@@ -217,9 +215,9 @@ impl DeferredSyncs {
         none
     }
 
-    /// Whether `store` is one of this job's deferred stores.
-    pub fn defers(&self, store: &Path) -> bool {
-        canonical(store).is_some_and(|c| self.stores.iter().any(|d| d.store == c))
+    /// This job's deferred stores, as [`begin`](Self::begin) was given them.
+    pub fn stores(&self) -> impl Iterator<Item = &Path> {
+        self.stores.iter().map(|d| d.given.as_path())
     }
 
     /// How many stores this job defers.
@@ -363,7 +361,7 @@ mod tests {
         let (a, b, other) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("other"));
         let job = DeferredSyncs::begin([a.as_path(), b.as_path()], |s| s.with_extension("scratch"));
         assert_eq!(job.len(), 2);
-        assert!(job.defers(&a) && job.defers(&b) && !job.defers(&other));
+        assert_eq!(job.stores().collect::<Vec<_>>(), [a.as_path(), b.as_path()]);
         for s in [&a, &b] {
             assert_eq!(fs::read_to_string(marker_of(s)).unwrap(), boot_id().unwrap());
         }

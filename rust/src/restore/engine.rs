@@ -5,6 +5,7 @@
 //! store always replays, bulk asked or not), and run it;
 //! [`restore_many`] does that for many pairs on a pool of threads.
 
+use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -769,9 +770,11 @@ pub fn restore_jobs<J: RestoreJob>(mut jobs: Vec<J>, threads: usize) -> Vec<Resu
     }
     let buffers = jobs.iter().any(|j| j.parts().0.buffered_bytes() > 0);
     let syncs = defer_syncs(&jobs);
-    let deferred: Vec<usize> =
-        (0..restores).filter(|&i| !syncs.is_empty() && syncs.defers(&jobs[i].parts().1.store_path)).collect();
-    let paths: Vec<PathBuf> = deferred.iter().map(|&i| jobs[i].parts().1.store_path.clone()).collect();
+    let deferred: Vec<(usize, PathBuf)> = {
+        let stores: HashSet<&Path> = syncs.stores().collect();
+        let path = |i: usize| &jobs[i].parts().1.store_path;
+        (0..restores).filter(|&i| stores.contains(path(i).as_path())).map(|i| (i, path(i).clone())).collect()
+    };
     let mut out = run_pipeline(
         jobs,
         threads,
@@ -787,7 +790,7 @@ pub fn restore_jobs<J: RestoreJob>(mut jobs: Vec<J>, threads: usize) -> Vec<Resu
         |msg| Err(RestoreError::new(ErrorKind::Restore, format!("restore panicked: {msg}"))),
     );
     if let Err(e) = syncs.finish() {
-        for (&i, path) in deferred.iter().zip(&paths) {
+        for (i, path) in deferred {
             if out[i].is_ok() {
                 out[i] = Err(RestoreError::new(
                     ErrorKind::Restore,

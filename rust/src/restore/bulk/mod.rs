@@ -117,8 +117,7 @@ impl BulkOptions {
 /// The scratch directory of a bulk restore of the store at `store`: a hidden
 /// sibling (same file system, so ingestion can move the files).
 pub fn scratch_dir(store: &Path) -> PathBuf {
-    let name = store.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "store".into());
-    store.with_file_name(format!(".{name}.restore-tmp"))
+    crate::fileio::hidden_sibling(store, ".restore-tmp")
 }
 
 enum Failure {
