@@ -462,12 +462,25 @@ fn encode_headers(headers: RawHeaders<'_>, out: &mut Vec<u8>) {
 /// rocksdbjni 10.1 reads at most 6 (RocksDB 11 writes 7 by default).
 pub const KAFKA_STREAMS_FORMAT_VERSION: i32 = 6;
 
+/// Bytes of the block cache every store this process opens shares: RocksDB's
+/// own default for one table factory.
+const BLOCK_CACHE_BYTES: usize = 32 << 20;
+
 /// Table options every SST file is written with: Kafka Streams' RocksDB must
 /// read them (`format_version` <= 6; bytewise comparator and no merge
 /// operator are RocksDB's defaults and never changed here).
+///
+/// Their block cache is one for the whole process. Left unset, RocksDB makes
+/// a new cache of 64 shards for every table factory, a few a store, and
+/// frees it again when the store closes: ~5% of the CPU of a job that
+/// creates 1,024 small stores, and up to 32 MiB a column family of every
+/// open store. A restore reads few blocks (compactions read each input
+/// table's index once), so stores restored side by side share it well.
 pub fn kafka_streams_table() -> rocksdb::BlockBasedOptions {
+    static CACHE: std::sync::OnceLock<rocksdb::Cache> = std::sync::OnceLock::new();
     let mut table = rocksdb::BlockBasedOptions::default();
     table.set_format_version(KAFKA_STREAMS_FORMAT_VERSION);
+    table.set_block_cache(CACHE.get_or_init(|| rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES)));
     table
 }
 

@@ -1,5 +1,15 @@
 //! Running a few pieces of work at once on threads of their own.
 
+use std::sync::OnceLock;
+
+/// The cores this process may run on, asked once: the standard library reads
+/// the cgroup's CPU quota files each time (~20 system calls), and a job of
+/// 1,024 small stores asked several times a store.
+pub(crate) fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// `f` of every item, each but the first on a thread of its own (the first on
 /// this one), in the items' order. A panic in one is raised here once all
 /// have ended. For work split by key range (a bulk restore's sorts, merges,

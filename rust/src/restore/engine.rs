@@ -235,9 +235,14 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     })?;
     let log_err = |e: LogError| RestoreError::log(e, format!("restoring store {} from {tp}", path.display()));
     let memory = spec.replay_memory(log.buffered_bytes());
-    let open = |deferred: bool| {
-        let opts = if deferred { deferred_compaction_options } else { restore_options_with };
-        Dest::open(path, opts(memory.write_buffer_bytes), spec.format, spec.segmentation)
+    let open = |deferred: bool, new: bool| {
+        let mut opts =
+            if deferred { deferred_compaction_options } else { restore_options_with }(memory.write_buffer_bytes);
+        if new {
+            // A new database has no table to load: no thread started (and joined) to load them.
+            opts.set_max_file_opening_threads(1);
+        }
+        Dest::open(path, opts, spec.format, spec.segmentation)
             .map(|store| Held::new(store, spec.kept_open.as_ref()))
             .map_err(|e| RestoreError::store(&tp, e))
     };
@@ -257,7 +262,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
             ));
         }
         Some(store) => Some(store),
-        None if Dest::exists(path, spec.format) => Some(open(false)?),
+        None if Dest::exists(path, spec.format) => Some(open(false, false)?),
         None => None,
     };
     // Kafka Streams' "no offset yet" is no position: such a store restores from the changelog's start.
@@ -306,11 +311,11 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     let store = match existing {
         Some(store) if deferred => {
             drop(store); // closed (a store kept open is never deferred), to open again deferring
-            open(true)?
+            open(true, false)?
         }
         Some(store) => store,
         None => {
-            let store = open(deferred)?;
+            let store = open(deferred, true)?;
             if let Some(o) = offset_of(&store)? {
                 return Err(RestoreError::new(
                     ErrorKind::Restore,
@@ -544,7 +549,7 @@ impl Lookahead {
         let threads = threads.max(1);
         if !buffers && restores >= MANY_RESTORES_PER_THREAD * threads {
             Lookahead { preparers: 4, jobs: 8 }
-        } else if std::thread::available_parallelism().map_or(1, |n| n.get()) > threads {
+        } else if crate::threads::cores() > threads {
             Lookahead { preparers: 1, jobs: 1 }
         } else {
             Lookahead::NONE
@@ -1550,7 +1555,7 @@ mod tests {
 
     #[test]
     fn only_many_restores_per_thread_that_hold_no_fetched_log_are_prepared_on_several_threads() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = crate::threads::cores();
         let one = |threads: usize| if cores > threads { Lookahead { preparers: 1, jobs: 1 } } else { Lookahead::NONE };
         assert_eq!(Lookahead::of(2, 1024, false), Lookahead { preparers: 4, jobs: 8 });
         assert_eq!(Lookahead::of(2, 16, false), Lookahead { preparers: 4, jobs: 8 });

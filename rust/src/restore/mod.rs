@@ -332,7 +332,7 @@ fn level0_trigger(write_buffer_bytes: usize) -> i32 {
 /// Threads a store opened for restoring loads its tables with (and a deferred
 /// compaction merges on): one per core, at most RocksDB's default 16.
 fn per_core_threads() -> i32 {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16) as i32
+    crate::threads::cores().min(16) as i32
 }
 
 /// Fill chunks of `source` with `fill` (whether more follows) and hand each
