@@ -42,6 +42,8 @@ class KafkaProducer(ClosesOnCleanExit):
         self._closed = False
         self._fenced = False
         self._fatal = False
+        # A commit that failed may still complete: until an abort succeeds, the client refuses one.
+        self._commit_in_doubt = False
         if transactional_id is not None:
             self._call("initializing transactions", self._producer.init_transactions, self._timeout)
 
@@ -173,8 +175,16 @@ class KafkaProducer(ClosesOnCleanExit):
         """Flush and commit the open transaction; on failure the caller aborts (or closes, when fenced)."""
         self._call("flushing the transaction", self._producer.flush, self._timeout)
         self._check_delivery("delivering the transaction's records")
-        self._call("committing the transaction", self._producer.commit_transaction, self._timeout)
+        try:
+            self._call("committing the transaction", self._producer.commit_transaction, self._timeout)
+        except LogError as e:
+            # A retriable failure (e.g. a timeout) leaves the commit running in the client; one that
+            # requires an abort ended it.
+            err = kafka_error(e.__cause__) if e.__cause__ is not None else None
+            self._commit_in_doubt = err is not None and bool(err.retriable())
+            raise
         self._in_transaction = False
+        self._commit_in_doubt = False
 
     def send_offsets(self, offsets: Mapping[TopicPartition, int], group_metadata: Any) -> None:
         """Add consumer positions to the open transaction (KIP-447): committed with it, or not at all.
@@ -203,17 +213,19 @@ class KafkaProducer(ClosesOnCleanExit):
         self._failure = None
         try:
             self._call("aborting the transaction", self._producer.abort_transaction, self._timeout)
+            self._commit_in_doubt = False
         finally:
             self._in_transaction = False
 
     def close(self) -> None:
-        """Flush what is queued and close the client. An open transaction stays open: the next
-        producer of the id (or the transaction timeout) aborts it."""
+        """Flush what is queued and close the client, aborting an open transaction. A transaction
+        the client cannot abort (fenced, fatal, or its commit failed and may still complete) is left
+        to the next producer of the id, or to the transaction timeout."""
         if self._closed:
             return
         self._closed = True
-        if self._fenced or self._fatal:
-            # close() would abort the transaction first, which a fenced (or fatal) producer cannot do:
+        if self._fenced or self._fatal or self._commit_in_doubt:
+            # close() would abort the transaction first, which the client refuses here (and warns):
             # drop what is queued, let the client go.
             try:
                 self._producer.purge(in_queue=True, in_flight=True, blocking=False)
