@@ -461,6 +461,38 @@ def test_bad_arguments_name_the_problem(tmp_path: Path) -> None:
         restore_store(tmp_path / "s", tmp_path / "log", TP, end_offset=11)
     with pytest.raises(ValueError, match="same store"):
         restore_many([RestoreSpec(tmp_path / "s", tmp_path / "log", TP)] * 2)
+    # The same store however its path is spelled: through a link to its directory, with `..`, or
+    # through a link to the store itself once it exists.
+    (tmp_path / "state").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "state")
+    spellings = [
+        tmp_path / "state" / "s",
+        tmp_path / "alias" / "s",
+        tmp_path / "state" / ".." / "state" / "s",
+    ]
+    for other in spellings[1:]:
+        with pytest.raises(ValueError, match="same store"):
+            restore_many(
+                [RestoreSpec(spellings[0], tmp_path / "log", TP), RestoreSpec(other, tmp_path / "log", TP)]
+            )
+    assert not spellings[0].exists(), "refused before anything was restored"
+    restore_store(spellings[0], tmp_path / "log", TP)
+    (tmp_path / "link").symlink_to(spellings[0])
+    with pytest.raises(ValueError, match="same store"):
+        restore_many(
+            [
+                RestoreSpec(tmp_path / "link", tmp_path / "log", TP),
+                RestoreSpec(spellings[1], tmp_path / "log", TP),
+            ]
+        )
+    # Two stores side by side are two stores, existing or not.
+    out = restore_many(
+        [
+            RestoreSpec(spellings[1], tmp_path / "log", TP),
+            RestoreSpec(tmp_path / "alias" / "t", tmp_path / "log", TP),
+        ]
+    )
+    assert [r.records_applied for r in out] == [0, 10]
 
 
 def test_gil_is_released_during_a_restore(tmp_path: Path) -> None:
