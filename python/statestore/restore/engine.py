@@ -402,23 +402,18 @@ def restore_many(
         threads = min(len(specs), os.cpu_count() or 1)
     if threads < 1 and specs:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    paths = [Path(s.store_path) for s in specs]
+    paths = [p if isinstance(p := s.store_path, Path) else Path(p) for s in specs]
     if len({_store_identity(p) for p in paths}) != len(paths):
         raise ValueError("restore_many: two specs name the same store; restore each store once")
-    specs = [
-        replace(
-            s,
-            store_path=p,
-            changelog=_check_log(s.changelog),
-            tp=coerce_tp(s.tp),
-            format=check_format(s.format),
-        )
-        for p, s in zip(paths, specs, strict=True)
-    ]
+    for s in specs:
+        _check_log(s.changelog)
+        check_format(s.format)
+    # A spec's partition is a TopicPartition since its construction; its path becomes a Path.
+    specs = [s if s.store_path is p else replace(s, store_path=p) for p, s in zip(paths, specs, strict=True)]
     out = _native.restore_many(specs, max(threads, 1), open_stores)
     results = []
     for p, s, outcome in zip(paths, specs, out, strict=True):
-        tp = coerce_tp(s.tp)
+        tp = s.tp
         if isinstance(outcome, _native.RestoreOutcome):
             results.append(_result(tp, p, outcome))
         else:
