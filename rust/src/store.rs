@@ -472,8 +472,8 @@ const BLOCK_CACHE_BYTES: usize = 32 << 20;
 ///
 /// Their block cache is one for the whole process. Left unset, RocksDB makes
 /// a new cache of 64 shards for every table factory, a few a store, and
-/// frees it again when the store closes: ~5% of the CPU of a job that
-/// creates 1,024 small stores, and up to 32 MiB a column family of every
+/// frees it again when the store closes: a few percent of the CPU of a job
+/// that creates 1,024 small stores, and up to 32 MiB a column family of every
 /// open store. A restore reads few blocks (compactions read each input
 /// table's index once), so stores restored side by side share it well.
 pub fn kafka_streams_table() -> rocksdb::BlockBasedOptions {
