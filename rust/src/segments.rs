@@ -446,6 +446,19 @@ impl SegmentedStore {
         std::mem::take(&mut *self.unflushed.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Flush the segments written since their last flush (`all`: every
+    /// segment); on a failure they stay listed as written.
+    fn flush_written(&self, all: bool) -> Result<(), StoreError> {
+        let segments = self.lock();
+        let unflushed = self.take_unflushed();
+        let first = segments.iter().filter(|(id, _)| all || unflushed.contains(id));
+        let flushed = side_by_side(first, |(_, s)| s.flush()).into_iter().collect::<Result<(), _>>();
+        if flushed.is_err() {
+            self.unflushed.lock().unwrap_or_else(|p| p.into_inner()).extend(unflushed);
+        }
+        flushed
+    }
+
     /// The ids of the segments open now, oldest first.
     pub fn segment_ids(&self) -> Vec<i64> {
         self.lock().keys().copied().collect()
@@ -639,13 +652,21 @@ impl SegmentedStore {
         self.record_offsets(&offsets)
     }
 
-    /// [`SegmentedStore::record`] of `offsets` (none: every segment flushed, no offset written).
+    /// [`SegmentedStore::record`] of `offsets` (none: every segment flushed,
+    /// no offset written). If a segment's data cannot be flushed, the
+    /// offsets go back to memory and the segments written into stay to be
+    /// flushed first: a later record must not write an offset beside data
+    /// that is still only in a memtable.
     fn record_offsets(&self, offsets: &BTreeMap<String, i64>) -> Result<(), StoreError> {
-        self.drop_expired()?;
+        let flushed = self.drop_expired().and_then(|()| self.flush_written(offsets.is_empty()));
+        if let Err(e) = flushed {
+            let mut held = self.held();
+            for (tp, &off) in offsets {
+                held.entry(tp.clone()).or_insert(off);
+            }
+            return Err(e);
+        }
         let segments = self.lock();
-        let unflushed = self.take_unflushed();
-        let first = segments.iter().filter(|(id, _)| offsets.is_empty() || unflushed.contains(id));
-        side_by_side(first, |(_, s)| s.flush()).into_iter().collect::<Result<(), _>>()?;
         if !offsets.is_empty() {
             side_by_side(segments.values(), |s| {
                 let mut b = WriteBatch::default();

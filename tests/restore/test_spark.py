@@ -273,6 +273,37 @@ def test_failed_attempt_keeps_the_previous_store_and_removes_its_staging(
     assert dump(target) == dump(tmp_path / "ref" / "s")
 
 
+@pytest.mark.parametrize(("marker", "start"), [("earlier_boot", 0), ("sync_failed", 0), ("this_boot", 50)])
+def test_a_store_left_unsynced_by_a_job_is_wiped_or_kept_before_an_attempt_resumes_from_it(
+    tmp_path: Path, changelogs: Path, marker: str, start: int
+) -> None:
+    """A restore job that created a store and did not finish leaves a marker beside it (not inside):
+    an attempt must not resume from a copy of a store whose files may have lost writes (an earlier
+    boot's marker, or a failed sync's), and must not leave such a marker beside the store it puts in
+    place, where ``Store`` would refuse it."""
+    from statestore import Store, _native
+
+    state = tmp_path / "state"
+    tp = TopicPartition(changelog_topic(APP, "counts"), 5)
+    target = store_path(state, "counts", 5)
+    target.parent.mkdir(parents=True)
+    restore_store(target, changelogs, tp, end_offset=50)
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    written = {"this_boot": boot, "earlier_boot": "0" * 8, "sync_failed": "sync failed"}[marker]
+    (target.parent / ".counts.unsynced").write_text(written)
+    assert _native.unsynced_marker(target) == marker
+    row = restore_partition(
+        log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=5
+    )
+    assert row.ok and row.start_offset == start, row
+    assert _native.unsynced_marker(target) is None
+    (tmp_path / "ref").mkdir()
+    restore_store(tmp_path / "ref" / "s", changelogs, tp)
+    assert dump(target) == dump(tmp_path / "ref" / "s")
+    Store(target).close()  # opens: no marker left to refuse it
+    assert no_staging_left(state)
+
+
 def test_interrupted_swap_is_rolled_back_and_stale_attempts_removed(tmp_path: Path, changelogs: Path) -> None:
     state = tmp_path / "state"
     tp = TopicPartition(changelog_topic(APP, "counts"), 2)

@@ -317,6 +317,9 @@ def restore_partition(
         attempt_dir.mkdir(parents=True)
         # a segmented store's segments are named after its directory
         staged = attempt_dir / (store if segmented else "store")
+        # A job that created the store and died leaves its marker beside it, not inside (see
+        # `fileio::deferred`): sync the store and keep it, or wipe it, before resuming from a copy.
+        _native.recover_unsynced(target)
         if can_resume_from(target, tp, policy.guarantee):
             _native.link_copy_dir(target, staged)
         result = restore_store(

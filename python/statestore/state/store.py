@@ -345,20 +345,21 @@ class Store(_StagedWrites):
     def _check_unsynced(self) -> None:
         """A restore job that created this store defers its syncs to the job's end, with a marker
         beside it meanwhile: left by this boot (the process died), the store is synced and kept;
-        left by an earlier boot (the machine went down), its files may have lost any write, and it
-        must be restored again, which a restore does by wiping it."""
+        left by an earlier boot (the machine went down) or by a job whose last sync failed, its
+        files may have lost any write, and it must be restored again, which a restore does by
+        wiping it."""
         marker = _native.unsynced_marker(self.path)
-        if marker == "earlier_boot":
+        if marker == "this_boot":
+            _native.recover_unsynced(self.path)
+        elif marker is not None:
+            cause = "the machine going down" if marker == "earlier_boot" else "a failed sync of its files"
             raise StoreCorruptedError(
-                f"{self._who()}: the restore that created {self.path} was cut short by the machine "
-                "going down, so its files may have lost writes -- wipe the task to restore it from its "
-                "changelog",
+                f"{self._who()}: the restore that created {self.path} was cut short by {cause}, so "
+                "its files may have lost writes -- wipe the task to restore it from its changelog",
                 path=self.path,
                 task_id=self.task_id,
                 task_ids=frozenset() if self.task_id is None else frozenset({self.task_id}),
             )
-        if marker == "this_boot":
-            _native.recover_unsynced(self.path)
 
     def _failed(self, what: str, e: Exception) -> StoreError:
         """The error for a failed RocksDB call: ``StoreCorruptedError`` when RocksDB reports damaged files

@@ -144,24 +144,56 @@ pub extern "C" fn __wrap_fdatasync(fd: libc::c_int) -> libc::c_int {
 
 /// Write back everything of the file system holding `dir` (`syncfs`).
 fn sync_file_system(dir: &Path) -> Result<(), FileIoError> {
-    let d = File::open(dir).map_err(|e| FileIoError::new("open directory", dir, e))?;
-    // SAFETY: `d` is an open descriptor for the call's duration.
-    if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
-        return Err(FileIoError::new("syncfs", dir, io::Error::last_os_error()));
-    }
-    Ok(())
+    FileSystem::open(dir)?.sync()
 }
 
-/// Sync the file system of each of `dirs` once (one directory per device).
-fn sync_each_file_system<'a>(dirs: impl Iterator<Item = &'a Path>) -> Result<(), FileIoError> {
+/// A file system the stores of a job are on, through a directory of it held
+/// open for the whole job: Linux reports a writeback error to `syncfs` once
+/// per open file, from when that file was opened, so an error while the job's
+/// syncs are skipped reaches this job's last `syncfs` even if another
+/// process's `syncfs` saw it first.
+struct FileSystem {
+    dir: PathBuf,
+    handle: File,
+}
+
+impl FileSystem {
+    fn open(dir: &Path) -> Result<Self, FileIoError> {
+        let handle = File::open(dir).map_err(|e| FileIoError::new("open directory", dir, e))?;
+        Ok(Self { dir: dir.to_path_buf(), handle })
+    }
+
+    fn sync(&self) -> Result<(), FileIoError> {
+        // SAFETY: `handle` is an open descriptor for the call's duration.
+        if unsafe { libc::syncfs(self.handle.as_raw_fd()) } != 0 {
+            return Err(FileIoError::new("syncfs", &self.dir, io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+/// One open directory per file system among `dirs`.
+fn file_systems<'a>(dirs: impl Iterator<Item = &'a Path>) -> Result<Vec<FileSystem>, FileIoError> {
     let mut seen = HashSet::new();
+    let mut found = Vec::new();
     for dir in dirs {
         let dev = fs::metadata(dir).map_err(|e| FileIoError::new("stat", dir, e))?.dev();
         if seen.insert(dev) {
-            sync_file_system(dir)?;
+            found.push(FileSystem::open(dir)?);
         }
     }
-    Ok(())
+    Ok(found)
+}
+
+/// Sync each of `file_systems`; the first failure, after trying them all.
+fn sync_all(file_systems: &[FileSystem]) -> Result<(), FileIoError> {
+    let mut first = Ok(());
+    for fs in file_systems {
+        if let Err(e) = fs.sync() {
+            first = first.and(Err(e));
+        }
+    }
+    first
 }
 
 /// One deferred store: the path it was given by, its canonical path, its
@@ -177,6 +209,8 @@ struct Deferred {
 #[must_use = "finish makes the stores durable"]
 pub struct DeferredSyncs {
     stores: Vec<Deferred>,
+    /// The file systems the stores are on, open since before their markers were synced.
+    file_systems: Vec<FileSystem>,
     finished: bool,
 }
 
@@ -189,7 +223,7 @@ impl DeferredSyncs {
     /// out (its syncs happen as usual); if the markers cannot be made durable
     /// nothing is deferred.
     pub fn begin<'a>(stores: impl IntoIterator<Item = &'a Path>, scratch: impl Fn(&Path) -> PathBuf) -> DeferredSyncs {
-        let mut none = DeferredSyncs { stores: Vec::new(), finished: true };
+        let mut none = DeferredSyncs { stores: Vec::new(), file_systems: Vec::new(), finished: true };
         let Some(boot) = boot_id() else { return none };
         for given in stores {
             let Some(store) = canonical(given) else { continue };
@@ -201,9 +235,12 @@ impl DeferredSyncs {
         if none.stores.is_empty() {
             return none;
         }
-        if sync_each_file_system(none.stores.iter().map(|d| parent_of(&d.marker))).is_err() {
-            none.remove_markers();
-            return none;
+        match file_systems(none.stores.iter().map(|d| parent_of(&d.marker))) {
+            Ok(found) if sync_all(&found).is_ok() => none.file_systems = found,
+            _ => {
+                none.remove_markers();
+                return none;
+            }
         }
         let mut deferred = DEFERRED.write().unwrap_or_else(|p| p.into_inner());
         let set = deferred.get_or_insert_with(HashSet::new);
@@ -231,8 +268,9 @@ impl DeferredSyncs {
     }
 
     /// Stop deferring, sync each file system the stores are on, then remove
-    /// the markers. On a failed sync the markers stay (the next restore of
-    /// each store syncs or wipes it) and the error names the directory.
+    /// the markers. On a failed sync each marker is rewritten to say so
+    /// ([`Marker::SyncFailed`]): the next restore of each store wipes it, as
+    /// any of its writes may be lost; the error names the directory.
     pub fn finish(mut self) -> Result<(), FileIoError> {
         self.finish_now()
     }
@@ -253,7 +291,13 @@ impl DeferredSyncs {
             }
             ACTIVE.fetch_sub(self.stores.len(), Ordering::AcqRel);
         }
-        sync_each_file_system(self.stores.iter().map(|d| parent_of(&d.marker)))?;
+        if let Err(e) = sync_all(&self.file_systems) {
+            for d in &self.stores {
+                // Best effort: a marker left as it was still makes the store synced or wiped.
+                let _ = fs::write(&d.marker, SYNC_FAILED);
+            }
+            return Err(e);
+        }
         self.remove_markers();
         Ok(())
     }
@@ -284,7 +328,13 @@ pub enum Marker {
     /// Left by an earlier boot: the machine went down while the store was
     /// restored, and any of its writes may be lost.
     EarlierBoot,
+    /// Left by a job whose last sync failed: the kernel may have dropped any
+    /// of the store's writes.
+    SyncFailed,
 }
+
+/// What a marker holds once its job's last sync failed (a boot id never is this).
+const SYNC_FAILED: &str = "sync failed";
 
 /// Which marker lies beside `store`.
 pub fn marker_state(store: &Path) -> Result<Marker, FileIoError> {
@@ -300,7 +350,13 @@ pub fn marker_state(store: &Path) -> Result<Marker, FileIoError> {
             return Ok(Marker::Absent);
         }
     }
-    Ok(if boot_id().is_some_and(|b| written == b.as_bytes()) { Marker::ThisBoot } else { Marker::EarlierBoot })
+    Ok(if written == SYNC_FAILED.as_bytes() {
+        Marker::SyncFailed
+    } else if boot_id().is_some_and(|b| written == b.as_bytes()) {
+        Marker::ThisBoot
+    } else {
+        Marker::EarlierBoot
+    })
 }
 
 /// What [`recover`] did.
@@ -310,7 +366,7 @@ pub enum Recovery {
     Clean,
     /// A marker of this boot: the store was synced and is kept.
     Synced,
-    /// A marker of an earlier boot: the store was wiped.
+    /// A marker of an earlier boot or of a failed sync: the store was wiped.
     Wiped,
 }
 
@@ -325,7 +381,7 @@ pub fn recover(store: &Path) -> Result<Recovery, FileIoError> {
             sync_file_system(dir)?;
             Recovery::Synced
         }
-        Marker::EarlierBoot => {
+        Marker::EarlierBoot | Marker::SyncFailed => {
             match fs::remove_dir_all(store) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -57,20 +57,22 @@ fn link_copy_dir(py: Python<'_>, src: PathBuf, dst: PathBuf) -> PyResult<()> {
 
 /// The marker a restore job that created the store at `path` and deferred
 /// its syncs left beside it, if the job did not finish: `None`,
-/// `"this_boot"` (the process died; every write is in the kernel's hands) or
-/// `"earlier_boot"` (the machine went down; any write may be lost).
+/// `"this_boot"` (the process died; every write is in the kernel's hands),
+/// `"earlier_boot"` (the machine went down; any write may be lost) or
+/// `"sync_failed"` (the job's last sync failed; any write may be lost).
 #[pyfunction]
 fn unsynced_marker(path: PathBuf) -> PyResult<Option<&'static str>> {
     Ok(match deferred::marker_state(&path).map_err(to_py)? {
         Marker::Absent => None,
         Marker::ThisBoot => Some("this_boot"),
         Marker::EarlierBoot => Some("earlier_boot"),
+        Marker::SyncFailed => Some("sync_failed"),
     })
 }
 
 /// Deal with that marker as a restore does: `"clean"` (none), `"synced"`
 /// (this boot's: the store's file system synced, the store kept) or
-/// `"wiped"` (an earlier boot's: the store removed). The marker is removed.
+/// `"wiped"` (an earlier boot's or a failed sync's: the store removed). The marker is removed.
 /// The GIL is released.
 #[pyfunction]
 fn recover_unsynced(py: Python<'_>, path: PathBuf) -> PyResult<&'static str> {

@@ -379,7 +379,9 @@ fn restore_many(
 /// open_stores=)`): the state updater's rounds. Their memtables share
 /// `memory_budget_bytes`; whoever records a store's offsets outside it (a
 /// checkpoint file) flushes it first. A store must not be flushed or closed
-/// while a restore of it runs.
+/// while a restore of it runs. A store closed here because a flush failed
+/// unheard (one flushed to make room for another) makes its next `flush` or
+/// `close` raise that error: what it held unflushed is lost.
 #[pyclass(module = "statestore._native", name = "OpenStores", frozen)]
 pub struct PyOpenStores {
     inner: Arc<OpenStores>,

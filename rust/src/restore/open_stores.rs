@@ -54,6 +54,12 @@ pub struct OpenStores {
     /// restores write them, so the budget is checked without asking every
     /// store each time one comes back.
     stores: Mutex<HashMap<PathBuf, (Dest, u64)>>,
+    /// Stores closed here because a flush failed while no caller of theirs
+    /// could hear it (one flushed to make room for another, or kept on a
+    /// restore's unwinding), with the error: what they held unflushed is
+    /// lost, so their caller's next flush or close fails with it rather than
+    /// finding them quietly gone. A restore of one keeps it again and clears it.
+    lost: Mutex<HashMap<PathBuf, StoreError>>,
     /// Most bytes the memtables of the stores here hold when one comes back.
     memory_budget: u64,
 }
@@ -61,11 +67,29 @@ pub struct OpenStores {
 impl OpenStores {
     /// No store open yet; the memtables of the stores kept here share `memory_budget` bytes.
     pub fn new(memory_budget: usize) -> Self {
-        Self { stores: Mutex::new(HashMap::new()), memory_budget: memory_budget as u64 }
+        Self {
+            stores: Mutex::new(HashMap::new()),
+            lost: Mutex::new(HashMap::new()),
+            memory_budget: memory_budget as u64,
+        }
     }
 
     fn stores(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, (Dest, u64)>> {
         self.stores.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lost(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, StoreError>> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The store at `path` was closed after `error`; its caller hears of it at its next flush or close.
+    fn record_lost(&self, path: PathBuf, error: StoreError) {
+        self.lost().insert(path, error);
+    }
+
+    /// The error that closed the store at `key` while no caller could hear it, taken (told once).
+    fn take_lost(&self, key: &Path) -> Result<(), StoreError> {
+        self.lost().remove(key).map_or(Ok(()), Err)
     }
 
     /// The key of the store at `path`: one store however its path is spelt.
@@ -81,35 +105,46 @@ impl OpenStores {
     /// Keep `store` open for the next restore of it, flushed first if its
     /// memtables hold more than [`FLUSH_BYTES`]. If the memtables here then
     /// hold more than the budget, the largest are flushed until they hold
-    /// half of it. A store whose flush fails is closed (what it held unflushed
-    /// is lost with its offset, as in a crash) and the error returned.
+    /// half of it. A store whose own flush fails is closed (what it held
+    /// unflushed is lost with its offset, as in a crash) and the error
+    /// returned; another store whose flush fails is closed and recorded as
+    /// lost, for its own caller (see [`OpenStores::flush`]).
     pub(crate) fn keep(&self, store: Dest) -> Result<(), StoreError> {
+        let key = Self::key(store.path());
+        self.lost().remove(&key);
         let mut bytes = store.memtable_bytes();
         if bytes > FLUSH_BYTES {
             store.flush()?;
             bytes = 0;
         }
         let mut stores = self.stores();
-        stores.insert(Self::key(store.path()), (store, bytes));
+        stores.insert(key.clone(), (store, bytes));
         let mut held: u64 = stores.values().map(|(_, b)| b).sum();
         if held <= self.memory_budget {
             return Ok(());
         }
         let mut sizes: Vec<(u64, PathBuf)> = stores.iter().map(|(p, (_, b))| (*b, p.clone())).collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let mut own = Ok(());
         for (bytes, path) in sizes {
             if held <= self.memory_budget / 2 {
                 break;
             }
             let Some((store, held_bytes)) = stores.get_mut(&path) else { continue };
-            if let Err(e) = store.flush() {
-                stores.remove(&path);
-                return Err(e);
+            match store.flush() {
+                Ok(()) => *held_bytes = 0,
+                Err(e) => {
+                    stores.remove(&path);
+                    if path == key {
+                        own = Err(e);
+                    } else {
+                        self.record_lost(path, e);
+                    }
+                }
             }
-            *held_bytes = 0;
             held -= bytes;
         }
-        Ok(())
+        own
     }
 
     /// The offset a restore of `tp` into the store open at `path` will start
@@ -122,31 +157,36 @@ impl OpenStores {
         store.offset(tp).ok().flatten().filter(|&o| o != OFFSET_UNKNOWN).map(|o| o + 1)
     }
 
-    /// Flush the store open at `path` (its data and offsets reach disk); whether one was open.
+    /// Flush the store open at `path` (its data and offsets reach disk);
+    /// whether one was open. A store this closed after a failed flush that
+    /// no caller heard of (see [`OpenStores::keep`]) fails with that error,
+    /// once: its offset counted what was lost.
     pub fn flush(&self, path: &Path) -> Result<bool, StoreError> {
+        let key = Self::key(path);
         // Under the lock: a restore cannot take the store while it is flushed.
-        match self.stores().get_mut(&Self::key(path)) {
+        match self.stores().get_mut(&key) {
             Some((store, bytes)) => store.flush().map(|()| {
                 *bytes = 0;
                 true
             }),
-            None => Ok(false),
+            None => self.take_lost(&key).map(|()| false),
         }
     }
 
     /// Flush and close the store open at `path`; whether one was open. A
     /// store whose flush fails is closed all the same (what RocksDB holds
     /// unflushed is lost, with its offset, as in a crash) and the error is
-    /// returned.
+    /// returned; so is the error of one closed earlier, as for [`OpenStores::flush`].
     pub fn close(&self, path: &Path) -> Result<bool, StoreError> {
-        let Some(store) = self.take(path) else { return Ok(false) };
+        let Some(store) = self.take(path) else { return self.take_lost(&Self::key(path)).map(|()| false) };
         store.flush().map(|()| true)
     }
 
-    /// Flush and close every store here; the first error, after closing them all.
+    /// Flush and close every store here; the first error, after closing them
+    /// all (a store closed earlier after a failed flush counts as one).
     pub fn close_all(&self) -> Result<(), StoreError> {
         let stores: Vec<Dest> = self.stores().drain().map(|(_, (s, _))| s).collect();
-        let mut first = Ok(());
+        let mut first = self.lost().drain().next().map_or(Ok(()), |(_, e)| Err(e));
         for store in stores {
             if let Err(e) = store.flush() {
                 first = first.and(Err(e));
@@ -221,9 +261,12 @@ impl Deref for Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let (Some(store), Some(home)) = (self.store.take(), self.home.take()) {
-            // Its flush error, if keeping it flushed it, closed it: the caller's next flush or
-            // close of it finds it gone, as after a crash, and its offset says what is there.
-            let _ = home.keep(store);
+            // Nobody hears this error now: if keeping it flushed it and the flush failed, the
+            // caller's next flush or close of it fails with the error.
+            let path = OpenStores::key(store.path());
+            if let Err(e) = home.keep(store) {
+                home.record_lost(path, e);
+            }
         }
     }
 }
