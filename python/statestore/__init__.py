@@ -41,6 +41,7 @@ from statestore.errors import (
     StoreError,
     TaskCorruptedError,
     TopologyError,
+    TransactionInDoubtError,
     TransactionStateError,
     UnsupportedCompressionError,
 )
@@ -157,6 +158,7 @@ __all__ = [
     "TaskState",
     "TopicPartition",
     "TopologyError",
+    "TransactionInDoubtError",
     "TransactionStateError",
     "UnsupportedCompressionError",
     "changelog_topic",

@@ -66,6 +66,13 @@ class TransactionStateError(LogError):
     """A transactional call was made in the wrong order (e.g. commit without begin)."""
 
 
+class TransactionInDoubtError(LogError):
+    """A transaction's commit kept failing with retriable errors (e.g. its coordinator unreachable)
+    and may still commit or abort: nobody can tell which yet. The producer must be replaced (its
+    successor's ``init_transactions`` waits until the transaction is settled), and what the
+    transaction held must be learnt again from the changelog and the group coordinator."""
+
+
 class StoreError(StateStoreError):
     """A RocksDB store could not be opened, read or written."""
 
@@ -139,6 +146,7 @@ __all__ = [
     "StoreError",
     "TaskCorruptedError",
     "TopologyError",
+    "TransactionInDoubtError",
     "TransactionStateError",
     "UnsupportedCompressionError",
 ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import random
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,11 @@ __all__ = [
     "COUNTING_APP",
     "create_topics",
     "end_offset",
+    "expected_outputs",
+    "first_difference",
+    "input_records",
     "open_transactions",
+    "output_by_key",
     "produce",
     "produce_fast",
     "read_committed",
@@ -99,6 +106,9 @@ def start_counting_app(
     guarantee: str = "exactly_once_v2",
     commit_interval_ms: int = 100,
     standbys: int = 0,
+    request_timeout: float = 30.0,
+    session_timeout_ms: int = 6000,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
         return subprocess.Popen(
@@ -113,7 +123,48 @@ def start_counting_app(
                 guarantee,
                 str(commit_interval_ms),
                 str(standbys),
+                str(request_timeout),
+                str(session_timeout_ms),
             ],
             stdout=f,
             stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
         )
+
+
+def input_records(seed: int, records: int, keys: int, partitions: int) -> list[tuple[int, bytes, bytes]]:
+    """The counting application's input: ``(partition, key, value)``, key ``k<n>`` on partition
+    ``n % partitions``, values 0-99 as text."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(records):
+        k = rng.randrange(keys)
+        out.append((k % partitions, b"k%02d" % k, b"%d" % rng.randrange(100)))
+    return out
+
+
+def expected_outputs(records: list[tuple[int, bytes, bytes]]) -> dict[bytes, list[bytes]]:
+    """What the counting application sends per key, exactly once: ``b"<count>,<running sum>"``."""
+    out: dict[bytes, list[bytes]] = defaultdict(list)
+    state: dict[bytes, tuple[int, int]] = {}
+    for _, key, value in records:
+        n, s = state.get(key, (0, 0))
+        state[key] = (n + 1, s + int(value))
+        out[key].append(b"%d,%d" % state[key])
+    return dict(out)
+
+
+def output_by_key(msgs: list[Any]) -> dict[bytes, list[bytes]]:
+    """Output messages grouped by key, in offset order."""
+    out: dict[bytes, list[bytes]] = defaultdict(list)
+    for m in msgs:
+        out[m.key()].append(m.value())
+    return dict(out)
+
+
+def first_difference(got: list[bytes], want: list[bytes]) -> str:
+    """Where one key's outputs first differ from what was expected, for an assertion's message."""
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        if g != w:
+            return f"at output {i}: got {g!r}, want {w!r} (got {got[max(0, i - 2) : i + 3]})"
+    return f"got {len(got)} outputs, want {len(want)}; last got {got[-3:]}"

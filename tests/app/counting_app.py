@@ -1,6 +1,6 @@
 """The counting application the ``app`` tests run (and SIGKILL) as a child process.
 
-``counting_app.py <bootstrap> <application_id> <state_dir> <input> <output> [guarantee [commit_interval_ms [standbys]]]``
+``counting_app.py <bootstrap> <application_id> <state_dir> <input> <output> [guarantee [commit_interval_ms [standbys [request_timeout_s [session_timeout_ms]]]]]``
 
 Per key it keeps a count and a running sum of the input values (store
 ``agg``, value ``b"<count>,<sum>"``) and sends ``key -> b"<count>,<sum>"`` to
@@ -12,9 +12,50 @@ record was processed and exits on SIGTERM after a clean close.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import threading
+from typing import Any
 
 from statestore.app import App, Context, Record
+
+#: ``<broker pid>:<n>:<seconds>``: SIGSTOP the broker as the application's n-th transaction commit is
+#: asked for, and SIGCONT it after that many seconds (``test_app_stalled_broker.py``).
+STALL_ENV = "COUNTING_APP_STALL_BROKER_AT_COMMIT"
+
+
+class _StallingClient:
+    """A confluent-kafka producer whose n-th ``commit_transaction`` (counted over every producer of
+    the process) first stops the broker for a while: the stall meets the commit itself."""
+
+    commits = 0
+
+    def __init__(self, inner: Any, pid: int, at: int, seconds: float) -> None:
+        self._inner, self._pid, self._at, self._seconds = inner, pid, at, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def commit_transaction(self, *args: Any) -> Any:
+        _StallingClient.commits += 1
+        if _StallingClient.commits == self._at:
+            print(f"stalling the broker for {self._seconds} s at commit {self._at}", flush=True)
+            os.kill(self._pid, signal.SIGSTOP)
+            threading.Timer(self._seconds, os.kill, (self._pid, signal.SIGCONT)).start()
+        return self._inner.commit_transaction(*args)
+
+
+def _stall_broker_at_commit(spec: str) -> None:
+    import confluent_kafka
+
+    pid, at, seconds = spec.split(":")
+    real = confluent_kafka.Producer
+
+    def producer(conf: dict[str, Any]) -> Any:
+        return _StallingClient(real(conf), int(pid), int(at), float(seconds))
+
+    confluent_kafka.Producer = producer  # type: ignore[misc]
 
 
 def count(record: Record, ctx: Context) -> None:
@@ -34,7 +75,11 @@ def main(argv: list[str]) -> None:
     guarantee = argv[5] if len(argv) > 5 else "exactly_once_v2"
     commit_interval_ms = int(argv[6]) if len(argv) > 6 else None
     standbys = int(argv[7]) if len(argv) > 7 else 0
+    request_timeout = float(argv[8]) if len(argv) > 8 else 30.0
+    session_timeout_ms = int(argv[9]) if len(argv) > 9 else 6000
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if os.environ.get(STALL_ENV):
+        _stall_broker_at_commit(os.environ[STALL_ENV])
     app = App(
         app_id,
         bootstrap,
@@ -46,7 +91,8 @@ def main(argv: list[str]) -> None:
         guarantee=guarantee,
         commit_interval_ms=commit_interval_ms,
         num_standby_replicas=standbys,
-        consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+        consumer_config={"session.timeout.ms": session_timeout_ms, "heartbeat.interval.ms": 1000},
+        request_timeout=request_timeout,
     )
     app.run()
 

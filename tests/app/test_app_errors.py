@@ -6,16 +6,31 @@
   and a restart with a fixed function goes on from the last commit, counting
   every record exactly once;
 * input topics with different partition counts, a missing input topic, a
-  missing output topic: ``ApplicationError`` at start, naming the topics.
+  missing output topic: ``ApplicationError`` at start, naming the topics;
+* a store found damaged while processing: the task alone is wiped and
+  restored, and processing goes on.
 """
 
 from __future__ import annotations
 
+import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
-from app_tools import create_topics, open_transactions, produce, read_committed, unique
+from app_tools import (
+    create_topics,
+    expected_outputs,
+    first_difference,
+    input_records,
+    open_transactions,
+    output_by_key,
+    produce,
+    read_committed,
+    start_counting_app,
+    unique,
+)
 from counting_app import count
 
 from statestore.app import App, Context, Record
@@ -145,3 +160,56 @@ def test_unsupported_store_formats_and_settings_are_refused(tmp_path: Path) -> N
             state_dir=tmp_path,
             group_protocol="streams",
         )
+
+
+def test_a_store_found_corrupted_while_processing_is_wiped_and_restored_and_processing_goes_on(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A damaged block in a task's store (a bad disk sector), found by the first read of a key after a
+    restart: the task alone is wiped and restored from its changelog while the other goes on, and
+    every count stays exact (exactly-once); the application does not stop with a ``ProcessingError``,
+    since neither the function nor the record is at fault."""
+    app_id, inp, out = unique("rot-app"), unique("rot-in"), unique("rot-out")
+    create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    records = input_records(seed=7, records=400, keys=8, partitions=2)
+    want = expected_outputs(records)
+    state, log = tmp_path / "state", tmp_path / "instance.log"
+    produce(kafka_bootstrap, inp, records[:200])
+    first = start_counting_app(kafka_bootstrap, app_id, state, inp, out, log)
+    try:
+        deadline = time.monotonic() + 90
+        while len(read_committed(kafka_bootstrap, out, 2, idle=0.5)) < 200 and time.monotonic() < deadline:
+            assert first.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 0, log.read_text()[-3000:]
+    [store] = [d for d in state.rglob("agg") if d.parent.parent.name == "0_0"]
+    tables = [t for t in store.glob("*.sst") if re.search(rb"k\d\d", t.read_bytes())]
+    assert tables, sorted(store.iterdir())
+    for table in tables:  # every data block a key of task 0_0 is read from
+        with open(table, "r+b") as f:
+            head = f.read(8)
+            f.seek(0)
+            f.write(bytes(b ^ 0xFF for b in head))
+    second = start_counting_app(kafka_bootstrap, app_id, state, inp, out, log)
+    try:
+        produce(kafka_bootstrap, inp, records[200:])
+        final = {k: v[-1] for k, v in want.items()}
+        deadline = time.monotonic() + 120
+        got: dict[bytes, list[bytes]] = {}
+        while time.monotonic() < deadline:
+            got = output_by_key(read_committed(kafka_bootstrap, out, 2, idle=1.0))
+            if all(got.get(k, [b""])[-1] == v for k, v in final.items()):
+                break
+            assert second.poll() is None, f"exited with {second.returncode}:\n{log.read_text()[-3000:]}"
+            time.sleep(1)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        code = second.wait(timeout=60)
+    text = log.read_text()
+    for key, outputs in want.items():
+        assert got.get(key) == outputs, f"key {key!r}: {first_difference(got.get(key, []), outputs)}"
+    assert code == 0, text[-3000:]
+    assert "the local state of task(s) 0_0 is corrupted" in text and "Corruption" in text, text[-3000:]
+    assert "task(s) 0_1" not in text

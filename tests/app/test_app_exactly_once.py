@@ -20,16 +20,25 @@ nothing is lost.
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from app_tools import create_topics, open_transactions, produce, read_committed, start_counting_app, unique
+from app_tools import (
+    create_topics,
+    expected_outputs,
+    first_difference,
+    input_records,
+    open_transactions,
+    output_by_key,
+    produce,
+    read_committed,
+    start_counting_app,
+    unique,
+)
 
 PARTITIONS = 4
 KEYS = 40
@@ -40,32 +49,6 @@ RESTART_AFTER = 10.0
 COMMIT_MS = 3000
 
 
-def input_records(seed: int) -> list[tuple[int, bytes, bytes]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(RECORDS):
-        k = rng.randrange(KEYS)
-        out.append((k % PARTITIONS, b"k%02d" % k, b"%d" % rng.randrange(100)))
-    return out
-
-
-def expected_outputs(records: list[tuple[int, bytes, bytes]]) -> dict[bytes, list[bytes]]:
-    out: dict[bytes, list[bytes]] = defaultdict(list)
-    state: dict[bytes, tuple[int, int]] = {}
-    for _, key, value in records:
-        n, s = state.get(key, (0, 0))
-        state[key] = (n + 1, s + int(value))
-        out[key].append(b"%d,%d" % state[key])
-    return dict(out)
-
-
-def output_by_key(msgs: list) -> dict[bytes, list[bytes]]:
-    out: dict[bytes, list[bytes]] = defaultdict(list)
-    for m in msgs:
-        out[m.key()].append(m.value())
-    return dict(out)
-
-
 def owned(log: Path) -> set[int]:
     """Partitions of the tasks an instance's log says it runs last."""
     found = re.findall(r"active tasks now ([0-9_, ]+)", log.read_text())
@@ -74,13 +57,6 @@ def owned(log: Path) -> set[int]:
 
 def last_count(outputs: list[bytes]) -> int:
     return int(outputs[-1].split(b",")[0])
-
-
-def first_difference(got: list[bytes], want: list[bytes]) -> str:
-    for i, (g, w) in enumerate(zip(got, want, strict=False)):
-        if g != w:
-            return f"at output {i}: got {g!r}, want {w!r} (got {got[max(0, i - 2) : i + 3]})"
-    return f"got {len(got)} outputs, want {len(want)}; last got {got[-3:]}"
 
 
 @pytest.mark.parametrize(
@@ -105,7 +81,7 @@ def test_counts_after_an_instance_dies_or_stalls(
     eos = guarantee == "exactly_once_v2"
     app_id, inp, out = unique("eos-app"), unique("eos-in"), unique("eos-out")
     create_topics(kafka_bootstrap, {inp: PARTITIONS, out: PARTITIONS})
-    records = input_records(seed=1234)
+    records = input_records(seed=1234, records=RECORDS, keys=KEYS, partitions=PARTITIONS)
     want = expected_outputs(records)
     logs = [tmp_path / f"instance-{i}.log" for i in range(2)]
     states = [tmp_path / f"state-{i}" for i in range(2)]

@@ -6,7 +6,8 @@
 * ``TaskManager.poll(commit=False)`` leaves committing to the caller;
 * the runner after a failed commit: the transaction aborted, staged writes dropped, the input sought
   back -- the output still counts every record exactly once; after a fenced producer: every task
-  starts again from its last commit, exactly once too;
+  starts again from its last commit, exactly once too; a batch slower than the transaction timeout
+  commits within itself;
 * a state directory in use by another instance, a second instance with the same instance id.
 """
 
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import confluent_kafka as ck
 import pytest
-from app_tools import create_topics, produce, read_committed, unique
+from app_tools import create_topics, expected_outputs, output_by_key, produce, read_committed, unique
 from counting_app import count
 
 from statestore import TaskId, TopicPartition
-from statestore.app import App
+from statestore.app import App, Context, Record
 from statestore.changelog.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
 from statestore.errors import ApplicationError, LockError, LogError, ProducerFencedError
 from statestore.processing.record_collector import RecordCollector
@@ -168,15 +169,8 @@ def test_a_failed_commit_rolls_back_and_every_record_still_counts_once(
             break
     app.close()
     assert app.aborts >= 2, f"the injected failures did not abort ({calls})"
-    want: dict[bytes, list[bytes]] = {}
-    state: dict[bytes, tuple[int, int]] = {}
-    for _, k, v in records:
-        n, s = state.get(k, (0, 0))
-        state[k] = (n + 1, s + int(v))
-        want.setdefault(k, []).append(b"%d,%d" % state[k])
-    got: dict[bytes, list[bytes]] = {}
-    for m in read_committed(kafka_bootstrap, out, 2):
-        got.setdefault(m.key(), []).append(m.value())
+    want = expected_outputs(records)
+    got = output_by_key(read_committed(kafka_bootstrap, out, 2))
     assert {k: len(v) for k, v in got.items()} == {k: len(v) for k, v in want.items()}
     assert got == want
 
@@ -220,16 +214,7 @@ def test_a_fenced_producer_restarts_every_task_from_its_last_commit(
             break
     app.close()
     assert app.migrations == 1
-    want: dict[bytes, list[bytes]] = {}
-    state: dict[bytes, tuple[int, int]] = {}
-    for _, k, v in records:
-        n, s = state.get(k, (0, 0))
-        state[k] = (n + 1, s + int(v))
-        want.setdefault(k, []).append(b"%d,%d" % state[k])
-    got: dict[bytes, list[bytes]] = {}
-    for m in read_committed(kafka_bootstrap, out, 2):
-        got.setdefault(m.key(), []).append(m.value())
-    assert got == want
+    assert output_by_key(read_committed(kafka_bootstrap, out, 2)) == expected_outputs(records)
 
 
 def test_a_state_directory_in_use_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -360,3 +345,40 @@ def test_a_resume_wakes_each_leader_of_the_resumed_partitions_once(tmp_path: Pat
     app._consumer = failing
     app._wake_fetchers([TopicPartition("in", 0)])  # no metadata: nothing asked, nothing raised
     assert failing.asked == []
+
+
+def test_a_batch_slower_than_the_transaction_timeout_commits_within_itself(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A batch of 200 records at 20 ms each takes 4 s, twice the transaction timeout: committed only
+    after it, its transaction would be aborted by the broker every time and the batch come again
+    forever. The commit interval is checked between records, so the instance commits within the
+    batch, is never fenced, and counts every record once."""
+    app_id, inp, out = unique("slow-app"), unique("slow-in"), unique("slow-out")
+    create_topics(kafka_bootstrap, {inp: 1, out: 1})
+    records = [(0, b"k%d" % (i % 5), b"%d" % i) for i in range(400)]
+    produce(kafka_bootstrap, inp, records)
+
+    def slow_count(record: Record, ctx: Context) -> None:
+        time.sleep(0.02)
+        count(record, ctx)
+
+    app = App(
+        app_id,
+        kafka_bootstrap,
+        input_topics=[inp],
+        output_topics=[out],
+        stores=["agg"],
+        process=slow_count,
+        state_dir=tmp_path / "state",
+        transaction_timeout_ms=2_000,
+        commit_interval_ms=500,
+        max_poll_records=200,
+    )
+    app.start()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and app._committed.get(TopicPartition(inp, 0)) != 400:
+        app.poll_once()
+    app.close()
+    assert app.migrations == 0 and app.aborts == 0, (app.migrations, app.aborts)
+    assert output_by_key(read_committed(kafka_bootstrap, out, 1)) == expected_outputs(records)

@@ -37,6 +37,8 @@ from statestore.errors import (
     ProcessingError,
     ProducerFencedError,
     StateStoreError,
+    TaskCorruptedError,
+    TransactionInDoubtError,
 )
 from statestore.ids import TaskId, TopicPartition
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
@@ -46,6 +48,12 @@ from statestore.state.policy import Guarantee
 from statestore.state.store import KEY_VALUE_FORMATS
 
 logger = logging.getLogger(__name__)
+
+
+def _corrupted_tasks(error: TaskCorruptedError) -> list[TaskId]:
+    """The tasks ``error`` says are corrupted, sorted."""
+    return sorted(t for t in error.task_ids if isinstance(t, TaskId))
+
 
 #: The one subtopology: task ``0_p`` owns partition ``p`` of every input topic.
 SUBTOPOLOGY = 0
@@ -410,6 +418,12 @@ class App:
                 done += 1
             if self._rewinds != rewinds:
                 break  # sought back: the rest of this batch comes again
+            if self.commit_interval > 0 and time.monotonic() - self._last_commit >= self.commit_interval:
+                # Within the batch too (an interval of 0 commits once a batch): a batch slower than
+                # the transaction timeout would otherwise be aborted by the broker, and come again.
+                self.commit()
+                if self._rewinds != rewinds:
+                    break
         if time.monotonic() - self._last_commit >= self.commit_interval:
             self.commit()
         if self.num_standby_replicas and not self._rebalancing:
@@ -463,6 +477,12 @@ class App:
             self.process(record, ctx)
         except ProducerFencedError as e:  # from a store write or a send: not the function's fault
             self._migrated(e)
+            return False
+        except TaskCorruptedError as e:  # a store read or write found damaged files: neither
+            if not _corrupted_tasks(e):
+                raise
+            self._abort(f"task(s) {', '.join(map(str, _corrupted_tasks(e)))} found corrupted")
+            self._repair(e)
             return False
         except LogError as e:
             logger.warning("%s: sending failed (%s); rolling back to the last commit", self.application_id, e)
@@ -553,6 +573,21 @@ class App:
         except ProducerFencedError as e:
             self._migrated(e)
             return False
+        except TransactionInDoubtError as e:
+            self._in_doubt(e)
+            return False
+        except TaskCorruptedError as e:
+            # Raised once the changelog commit succeeded (exactly-once: with the input offsets; at-least-
+            # once: before them, which the next commit sends): every write is in the changelog, and
+            # only these tasks' local state is damaged.
+            if not _corrupted_tasks(e):
+                raise
+            if self.eos:
+                self._committed.update(pending)
+                self._dirty.clear()
+            self.commits += 1
+            self._repair(e)
+            return True
         except (LogError, require().KafkaException) as e:
             logger.warning("%s: commit failed (%s); rolling back to the last commit", self.application_id, e)
             self._abort(f"commit failed: {e}")
@@ -594,8 +629,48 @@ class App:
             self.application_id,
             error,
         )
+        self._start_again()
+
+    def _repair(self, error: TaskCorruptedError) -> None:
+        """Some tasks' local state is damaged (a bad block found by a read, a write or a background
+        compaction), and nothing is open in the transaction for them. As Kafka Streams does for a
+        ``TaskCorruptedException``: those tasks are wiped and restored from their changelogs (their
+        input paused meanwhile) while the others go on."""
+        ids = _corrupted_tasks(error)
+        logger.warning(
+            "%s: the local state of task(s) %s is corrupted (%s); wiping and restoring it",
+            self.application_id,
+            ", ".join(map(str, ids)),
+            error,
+        )
+        self._tm().handle_corruption(ids)
+        for tid in ids:
+            self._contexts.pop(tid, None)
+        self._pause_not_running()
+
+    def _in_doubt(self, error: TransactionInDoubtError) -> None:
+        """A commit kept failing and may still complete (e.g. the transaction coordinator was
+        unreachable for a request timeout and more). As Kafka Streams does for a commit that timed
+        out under exactly-once: every active task closes dirty, and a new producer of the same
+        transactional id settles the transaction (its ``init_transactions`` returns once the
+        coordinator has committed or aborted it). Whether the input offsets went with it is then
+        asked of the group coordinator, not taken from this instance's memory, and each task's
+        restore reads what its changelog holds: so the batch is neither lost nor done twice."""
+        self.aborts += 1
+        logger.warning(
+            "%s: the commit is in doubt (%s); closing every task dirty and starting again from what "
+            "the changelog and the group coordinator hold",
+            self.application_id,
+            error,
+        )
+        self._committed.clear()
+        self._start_again()
+
+    def _start_again(self) -> None:
+        """Replace the producer, close every active task dirty, seek the input back to the last
+        commit (``_committed``, else the group coordinator's), and assign the tasks again."""
         tm = self._tm()
-        tm.collector.renew()  # init_transactions: a new epoch; the old transaction is aborted
+        tm.collector.renew()  # init_transactions: a new epoch; the old transaction is settled
         tm.close_lost(list(tm.active_tasks()))
         self._contexts.clear()
         self._rewind(self._assigned)
@@ -763,8 +838,10 @@ class App:
         )
         if self.task_manager is not None and not self.task_manager._closed:
             before = self._complete_tasks()
-            self._abort("partitions lost")
+            # Forgotten first: the abort seeks back only the partitions still here, and asks the
+            # group coordinator (maybe unreachable now) for none of the lost ones' offsets.
             self._forget(lost)
+            self._abort("partitions lost")
             self.task_manager.close_lost(before - self._complete_tasks())
             self._before_rebalance |= self._complete_tasks()
         else:

@@ -35,6 +35,7 @@ from statestore.errors import (
     StateStoreError,
     StoreError,
     TaskCorruptedError,
+    TransactionInDoubtError,
 )
 from statestore.ids import TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.ops.metrics import RestoreMetrics
@@ -587,7 +588,9 @@ class TaskManager:
         if self._collector is not None:
             try:
                 delivered = self._collector.commit()
-            except ProducerFencedError:
+            except (ProducerFencedError, TransactionInDoubtError):
+                # Nothing to abort: a fenced producer's transaction is the broker's to abort, and one
+                # in doubt is settled by the next producer of the id.
                 for t in running:
                     t.abort()
                 raise

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from statestore.changelog.kafka.common import kafka_error, require
 from statestore.changelog.protocol import ClosesOnCleanExit, Header
-from statestore.errors import LogError, ProducerFencedError, TransactionStateError
+from statestore.errors import (
+    LogError,
+    ProducerFencedError,
+    TransactionInDoubtError,
+    TransactionStateError,
+)
 from statestore.ids import TopicPartition
 
 if TYPE_CHECKING:
     from statestore.changelog.kafka import KafkaChangelog
+
+#: Pause between two attempts of a transactional call that failed at once with a retriable error.
+_RETRY_BACKOFF_S = 0.1
 
 
 class KafkaProducer(ClosesOnCleanExit):
@@ -42,10 +51,11 @@ class KafkaProducer(ClosesOnCleanExit):
         self._closed = False
         self._fenced = False
         self._fatal = False
-        # A commit that failed may still complete: until an abort succeeds, the client refuses one.
-        self._commit_in_doubt = False
+        # The transactional call (what it was doing) that failed with a retriable error and gave up:
+        # it may still run in the client, which refuses any other until it is asked again.
+        self._unsettled: str | None = None
         if transactional_id is not None:
-            self._call("initializing transactions", self._producer.init_transactions, self._timeout)
+            self._settle("initializing transactions", self._producer.init_transactions)
 
     def _what(self) -> str:
         tid = f" (transactional id {self.transactional_id!r})" if self.transactional_id else ""
@@ -67,6 +77,33 @@ class KafkaProducer(ClosesOnCleanExit):
                 failure, self._failure = self._failure, None
                 raise self._error(what, ck.KafkaException(failure)) from e
             raise
+
+    def _settle(self, what: str, fn: Any) -> None:
+        """Call the transactional ``fn(timeout)`` until it ends. The client resumes a call that
+        failed with a retriable error (a timeout, the coordinator moving) when it is asked again,
+        and refuses any other call meanwhile: so it is asked again until it succeeds, fails for
+        good, or one more request timeout has passed. Then the last error is raised and the call
+        stays unsettled (:attr:`fatal`)."""
+        deadline: float | None = None
+        while True:
+            remaining = self._timeout if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self._call(what, fn, remaining)
+            except LogError as e:
+                err = kafka_error(e.__cause__) if e.__cause__ is not None else None
+                if err is None or not err.retriable():
+                    self._unsettled = None  # ended: fenced, fatal, or one that requires an abort
+                    raise
+                self._unsettled = what
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._timeout
+                elif now >= deadline:
+                    raise
+                time.sleep(min(_RETRY_BACKOFF_S, deadline - now))
+            else:
+                self._unsettled = None
+                return
 
     def _error(self, what: str, e: BaseException) -> LogError:
         ck = require()
@@ -114,9 +151,11 @@ class KafkaProducer(ClosesOnCleanExit):
 
     @property
     def fatal(self) -> bool:
-        """Whether the client hit a fatal error (fenced, or e.g. ``INVALID_TXN_STATE`` from an abort):
-        it can do nothing more; close it and make a new producer of the same transactional id."""
-        return self._fatal or self._fenced
+        """Whether the client hit a fatal error (fenced, or e.g. ``INVALID_TXN_STATE`` from an abort),
+        or a transactional call of it gave up unsettled (a commit in doubt, an abort that kept
+        timing out): it can do nothing more; close it and make a new producer of the same
+        transactional id."""
+        return self._fatal or self._fenced or self._unsettled is not None
 
     def send(
         self,
@@ -172,19 +211,25 @@ class KafkaProducer(ClosesOnCleanExit):
         self._in_transaction = True
 
     def commit(self) -> None:
-        """Flush and commit the open transaction; on failure the caller aborts (or closes, when fenced)."""
+        """Flush and commit the open transaction; on failure the caller aborts (or closes, when fenced).
+
+        A commit that keeps failing with retriable errors (see :meth:`_settle`) may still commit
+        or abort: :class:`~statestore.errors.TransactionInDoubtError`, and this producer is
+        :attr:`fatal`.
+        """
         self._call("flushing the transaction", self._producer.flush, self._timeout)
         self._check_delivery("delivering the transaction's records")
         try:
-            self._call("committing the transaction", self._producer.commit_transaction, self._timeout)
+            self._settle("committing the transaction", self._producer.commit_transaction)
         except LogError as e:
-            # A retriable failure (e.g. a timeout) leaves the commit running in the client; one that
-            # requires an abort ended it.
-            err = kafka_error(e.__cause__) if e.__cause__ is not None else None
-            self._commit_in_doubt = err is not None and bool(err.retriable())
-            raise
+            if self._unsettled is None:
+                raise
+            raise TransactionInDoubtError(
+                f"{self._what()}: committing the transaction kept failing for {2 * self._timeout:.0f} s "
+                f"({e}): it may still commit or abort; replace the producer and start the tasks again "
+                "from what the changelog and the group coordinator hold"
+            ) from e
         self._in_transaction = False
-        self._commit_in_doubt = False
 
     def send_offsets(self, offsets: Mapping[TopicPartition, int], group_metadata: Any) -> None:
         """Add consumer positions to the open transaction (KIP-447): committed with it, or not at all.
@@ -208,12 +253,21 @@ class KafkaProducer(ClosesOnCleanExit):
         )
 
     def abort(self) -> None:
-        """Abort the open transaction (its records become invisible to read_committed consumers)."""
+        """Abort the open transaction (its records become invisible to read_committed consumers).
+
+        Not while its commit is in doubt: the client refuses, and only a new producer settles it.
+        An abort that keeps failing with retriable errors leaves this producer :attr:`fatal`; its
+        successor aborts the transaction.
+        """
         self._delivered.clear()
         self._failure = None
         try:
-            self._call("aborting the transaction", self._producer.abort_transaction, self._timeout)
-            self._commit_in_doubt = False
+            if self._unsettled == "committing the transaction":
+                raise TransactionInDoubtError(
+                    f"{self._what()}: cannot abort a transaction whose commit may still complete; "
+                    "replace the producer"
+                )
+            self._settle("aborting the transaction", self._producer.abort_transaction)
         finally:
             self._in_transaction = False
 
@@ -224,7 +278,7 @@ class KafkaProducer(ClosesOnCleanExit):
         if self._closed:
             return
         self._closed = True
-        if self._fenced or self._fatal or self._commit_in_doubt:
+        if self._fenced or self._fatal or self._unsettled is not None:
             # close() would abort the transaction first, which the client refuses here (and warns):
             # drop what is queued, let the client go.
             try:

@@ -1,0 +1,126 @@
+"""Exactly-once through a broker that stalls (SIGSTOP) as the application commits.
+
+A broker of its own (the session's is not disturbed) is stopped, for longer than the application's
+request timeout, by the counting application itself (``counting_app.py``, one instance, a commit
+every 100 ms, a steady input) just as it asks for its 20th transaction commit, and resumed after.
+The commit times out and stays running inside librdkafka, which refuses every other transactional
+call until the same one is asked again: an application that answered with an abort and the next
+``begin`` was refused forever while it kept polling (alive, doing nothing). Now the commit is asked
+again for one more request timeout (a short stall: it completes), and after that it is in doubt: the
+producer is replaced and every task starts again from what the changelog and the group coordinator
+hold (a long stall). Either way the output topic, read ``read_committed``, must hold for every key
+exactly the counts 1, 2, 3, ... with their running sums: nothing lost, nothing repeated.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from app_tools import (
+    create_topics,
+    expected_outputs,
+    first_difference,
+    input_records,
+    output_by_key,
+    produce,
+    read_committed,
+    start_counting_app,
+    unique,
+)
+from counting_app import STALL_ENV
+
+from support.kafka_broker import Broker, BrokerUnavailable, start_broker
+
+PARTITIONS = 4
+#: The application's request timeout: each transactional call gives up after it, and is asked
+#: again for as long once more.
+REQUEST_TIMEOUT = 3.0
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    try:
+        b = start_broker(tmp_path / "broker")
+    except BrokerUnavailable as e:
+        pytest.fail(f"no Kafka broker could start: {e}")
+    yield b
+    if b.alive():
+        os.kill(b.pid, signal.SIGCONT)  # never left stopped, whatever the test did
+    b.stop()
+
+
+@pytest.mark.parametrize(
+    "stall",
+    [
+        pytest.param(1.5 * REQUEST_TIMEOUT, id="within-the-retry"),
+        pytest.param(3 * REQUEST_TIMEOUT, id="past-the-retry"),
+    ],
+)
+def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
+    broker: Broker, tmp_path: Path, stall: float
+) -> None:
+    app_id, inp, out = unique("stall-app"), unique("stall-in"), unique("stall-out")
+    create_topics(broker.bootstrap, {inp: PARTITIONS, out: PARTITIONS})
+    records = input_records(seed=99, records=6000, keys=40, partitions=PARTITIONS)
+    want = expected_outputs(records)
+    log = tmp_path / "instance.log"
+    proc = start_counting_app(
+        broker.bootstrap,
+        app_id,
+        tmp_path / "state",
+        inp,
+        out,
+        log,
+        "exactly_once_v2",
+        commit_interval_ms=100,
+        request_timeout=REQUEST_TIMEOUT,
+        session_timeout_ms=45_000,
+        env={STALL_ENV: f"{broker.pid}:20:{stall}"},
+    )
+
+    def feed() -> None:  # ~20 s of input; the stall holds it up too
+        for i in range(0, len(records), 100):
+            produce(broker.bootstrap, inp, records[i : i + 100])
+            time.sleep(0.33)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "stalling the broker" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert "stalling the broker" in log.read_text(), log.read_text()[-3000:]
+        feeder.join()
+        final = {k: v[-1] for k, v in want.items()}
+        deadline = time.monotonic() + 120
+        got: dict[bytes, list[bytes]] = {}
+        while time.monotonic() < deadline:
+            got = output_by_key(read_committed(broker.bootstrap, out, PARTITIONS, timeout=30, idle=1.0))
+            if all(got.get(k, [b""])[-1] == v for k, v in final.items()):
+                break
+            assert proc.poll() is None, (
+                f"the instance exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+            )
+            time.sleep(2)
+    finally:
+        feeder.join()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    text = log.read_text()
+    for key, outputs in want.items():
+        assert got.get(key) == outputs, (
+            f"key {key!r}: {first_difference(got.get(key, []), outputs)}\n{text[-3000:]}"
+        )
+    assert code == 0, text[-3000:]
+    if stall > 2 * REQUEST_TIMEOUT:
+        assert "the commit is in doubt" in text, text[-3000:]
+    else:
+        assert "commit failed" not in text and "in doubt" not in text, text[-3000:]  # it completed

@@ -1,0 +1,146 @@
+"""The transactional producer's calls that fail with retriable errors, against a scripted client.
+
+librdkafka resumes a transactional call (``init_transactions``, ``commit_transaction``,
+``abort_transaction``) that failed with a retriable error when it is asked again, and refuses any
+other call until then ("Conflicting ... API call is already in progress"). So a producer that
+answered a timed-out commit with an abort, or with the next ``begin``, was refused forever. These
+tests drive ``KafkaProducer`` with a client whose answers are scripted, no broker needed.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from statestore.changelog.kafka.producer import KafkaProducer
+from statestore.errors import LogError, TransactionInDoubtError
+
+TIMEOUT = 0.3
+
+
+def timed_out() -> KafkaException:
+    return KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+
+
+def requires_abort() -> KafkaException:
+    return KafkaException(KafkaError(KafkaError._INVALID_ARG, "abortable", txn_requires_abort=True))
+
+
+class Client:
+    """Answers each transactional call with the next scripted outcome (None: success; an exception:
+    raised; when the script runs out: the last outcome again), and records the calls."""
+
+    def __init__(self, **scripts: list[Exception | None]) -> None:
+        self.scripts = scripts
+        self.calls: list[str] = []
+
+    def _answer(self, name: str) -> None:
+        self.calls.append(name)
+        script = self.scripts.get(name, [None])
+        outcome = script.pop(0) if len(script) > 1 else script[0]
+        if outcome is not None:
+            raise outcome
+
+    def init_transactions(self, timeout: float) -> None:
+        self._answer("init_transactions")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self._answer("commit_transaction")
+
+    def abort_transaction(self, timeout: float) -> None:
+        self._answer("abort_transaction")
+
+    def begin_transaction(self) -> None:
+        self._answer("begin_transaction")
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def purge(self, **kw: Any) -> None:
+        self.calls.append("purge")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+def producer(monkeypatch: pytest.MonkeyPatch, client: Client) -> KafkaProducer:
+    """A transactional ``KafkaProducer`` on ``client``, its transaction open."""
+    monkeypatch.setattr("confluent_kafka.Producer", lambda conf: client)
+    changelog = SimpleNamespace(
+        request_timeout=TIMEOUT,
+        bootstrap_servers="127.0.0.1:1",
+        transaction_timeout_ms=10_000,
+        client_config=lambda conf: conf,
+    )
+    p = KafkaProducer(changelog, "tid")  # type: ignore[arg-type]
+    p.begin()
+    return p
+
+
+def test_a_commit_that_times_out_is_asked_again_and_completes(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = Client(commit_transaction=[timed_out(), timed_out(), None])
+    p = producer(monkeypatch, client)
+    p.commit()
+    assert client.calls.count("commit_transaction") == 3
+    assert not p.in_transaction and not p.fatal
+    p.begin()  # the next transaction begins: nothing is left unsettled
+    p.commit()
+    p.close()
+    assert client.calls[-1] == "close"
+
+
+def test_a_commit_that_keeps_timing_out_is_in_doubt_and_leaves_the_producer_to_be_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = Client(commit_transaction=[timed_out()])
+    p = producer(monkeypatch, client)
+    t0 = time.monotonic()
+    with pytest.raises(TransactionInDoubtError, match="may still commit or abort"):
+        p.commit()
+    assert time.monotonic() - t0 >= TIMEOUT  # asked again for one more request timeout
+    assert client.calls.count("commit_transaction") >= 2
+    assert p.fatal
+    # An abort would be refused by the client (the commit may still complete): not even tried.
+    with pytest.raises(TransactionInDoubtError):
+        p.abort()
+    assert "abort_transaction" not in client.calls
+    p.close()  # drops what is queued; the client's close() would try to abort
+    assert client.calls[-1] == "purge"
+
+
+def test_a_commit_that_requires_an_abort_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = Client(commit_transaction=[requires_abort()])
+    p = producer(monkeypatch, client)
+    with pytest.raises(LogError) as failed:
+        p.commit()
+    assert not isinstance(failed.value, TransactionInDoubtError)
+    assert client.calls.count("commit_transaction") == 1 and not p.fatal
+    p.abort()
+    assert client.calls[-1] == "abort_transaction" and not p.in_transaction and not p.fatal
+
+
+def test_an_abort_that_times_out_is_asked_again_or_leaves_the_producer_to_be_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = Client(abort_transaction=[timed_out(), None])
+    p = producer(monkeypatch, client)
+    p.abort()
+    assert client.calls.count("abort_transaction") == 2 and not p.fatal
+    client = Client(abort_transaction=[timed_out()])
+    p = producer(monkeypatch, client)
+    with pytest.raises(LogError):
+        p.abort()
+    assert p.fatal and not p.in_transaction
+
+
+def test_init_transactions_that_times_out_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = Client(init_transactions=[timed_out(), None])
+    producer(monkeypatch, client)
+    assert client.calls[:3] == ["init_transactions", "init_transactions", "begin_transaction"]
