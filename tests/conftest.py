@@ -102,3 +102,21 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     master = dict(kv.split("=", 1) for kv in out.stdout.split())["master"]
     yield master, d
     subprocess.run(["bash", str(script), "stop", str(d)], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[Any]:
+    """A broker of the test's own, to kill, stop (SIGSTOP) or restart without disturbing the
+    session's; never left stopped, and stopped at the end."""
+    import signal
+
+    from support.kafka_broker import BrokerUnavailable, start_broker
+
+    try:
+        broker = start_broker(tmp_path / "broker")
+    except BrokerUnavailable as e:
+        pytest.fail(f"no Kafka broker could start: {e}")
+    yield broker
+    if broker.alive():
+        os.kill(broker.pid, signal.SIGCONT)
+    broker.stop()

@@ -23,6 +23,7 @@ __all__ = [
     "expected_outputs",
     "first_difference",
     "input_records",
+    "last_count",
     "open_transactions",
     "output_by_key",
     "produce",
@@ -160,6 +161,11 @@ def output_by_key(msgs: list[Any]) -> dict[bytes, list[bytes]]:
     for m in msgs:
         out[m.key()].append(m.value())
     return dict(out)
+
+
+def last_count(outputs: list[bytes]) -> int:
+    """The count in a key's last output."""
+    return int(outputs[-1].split(b",")[0])
 
 
 def first_difference(got: list[bytes], want: list[bytes]) -> str:

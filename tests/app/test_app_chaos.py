@@ -35,8 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from app_tools import create_topics, open_transactions, produce, read_committed, start_counting_app, unique
-from test_app_exactly_once import expected_outputs, first_difference, last_count, output_by_key
+from app_tools import (
+    create_topics,
+    expected_outputs,
+    first_difference,
+    input_records,
+    last_count,
+    open_transactions,
+    output_by_key,
+    produce,
+    read_committed,
+    start_counting_app,
+    unique,
+)
 
 PARTITIONS = 6
 KEYS = 60
@@ -57,15 +68,6 @@ class Scale:
 
 SMALL = Scale(6000, 36.0, ("kill", "add", "kill", "remove", "kill", "kill"), (3.0, 5.0))
 LARGE = Scale(40000, 200.0, None, (3.0, 8.0))
-
-
-def input_records(seed: int, n: int) -> list[tuple[int, bytes, bytes]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        k = rng.randrange(KEYS)
-        out.append((k % PARTITIONS, b"k%02d" % k, b"%d" % rng.randrange(100)))
-    return out
 
 
 def owned(log: Path) -> set[int]:
@@ -168,7 +170,7 @@ def run_chaos(bootstrap: str, tmp: Path, guarantee: str, scale: Scale, seed: int
     rng = random.Random(seed)
     app_id, inp, out = unique("chaos-app"), unique("chaos-in"), unique("chaos-out")
     create_topics(bootstrap, {inp: PARTITIONS, out: PARTITIONS})
-    records = input_records(seed, scale.records)
+    records = input_records(seed, records=scale.records, keys=KEYS, partitions=PARTITIONS)
     want = expected_outputs(records)
     cluster = Cluster(bootstrap, app_id, inp, out, tmp, guarantee)
     started = time.monotonic()

@@ -32,6 +32,7 @@ from app_tools import (
     expected_outputs,
     first_difference,
     input_records,
+    last_count,
     open_transactions,
     output_by_key,
     produce,
@@ -53,10 +54,6 @@ def owned(log: Path) -> set[int]:
     """Partitions of the tasks an instance's log says it runs last."""
     found = re.findall(r"active tasks now ([0-9_, ]+)", log.read_text())
     return {int(t.split("_")[1]) for t in found[-1].split(", ")} if found else set()
-
-
-def last_count(outputs: list[bytes]) -> int:
-    return int(outputs[-1].split(b",")[0])
 
 
 @pytest.mark.parametrize(

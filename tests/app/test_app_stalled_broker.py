@@ -14,11 +14,9 @@ exactly the counts 1, 2, 3, ... with their running sums: nothing lost, nothing r
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,24 +33,12 @@ from app_tools import (
 )
 from counting_app import STALL_ENV
 
-from support.kafka_broker import Broker, BrokerUnavailable, start_broker
+from support.kafka_broker import Broker
 
 PARTITIONS = 4
 #: The application's request timeout: each transactional call gives up after it, and is asked
 #: again for as long once more.
 REQUEST_TIMEOUT = 3.0
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    try:
-        b = start_broker(tmp_path / "broker")
-    except BrokerUnavailable as e:
-        pytest.fail(f"no Kafka broker could start: {e}")
-    yield b
-    if b.alive():
-        os.kill(b.pid, signal.SIGCONT)  # never left stopped, whatever the test did
-    b.stop()
 
 
 @pytest.mark.parametrize(
@@ -63,8 +49,9 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     ],
 )
 def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
-    broker: Broker, tmp_path: Path, stall: float
+    own_broker: Broker, tmp_path: Path, stall: float
 ) -> None:
+    broker = own_broker
     app_id, inp, out = unique("stall-app"), unique("stall-in"), unique("stall-out")
     create_topics(broker.bootstrap, {inp: PARTITIONS, out: PARTITIONS})
     records = input_records(seed=99, records=6000, keys=40, partitions=PARTITIONS)

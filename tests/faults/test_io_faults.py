@@ -295,6 +295,29 @@ def test_injected_io_errors_torture(
     assert figures["faults"] >= runs // 4
 
 
+def run_armed_child(
+    shim: Path, script: str, root: Path, log: Path, faulty: Path, sites: str, **env: str
+) -> Any:
+    """Run ``script`` (given ``root`` and ``log``) in a child with the shim preloaded, every call of
+    ``sites`` on files under ``faulty`` failing once the child arms it; the JSON of its last line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(root), str(log)],
+        env={
+            **os.environ,
+            "LD_PRELOAD": str(shim),
+            "STATESTORE_FAULT_ROOT": str(faulty.resolve()),
+            "STATESTORE_FAULT_SITES": sites,
+            "STATESTORE_FAULT_PROB": "1",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 DEFERRED_CHILD = r"""
 import ctypes, json, sys
 from pathlib import Path
@@ -326,24 +349,16 @@ def test_a_failed_sync_at_the_end_of_a_job_fails_its_new_stores_and_marks_them_f
     write_changelog(log, "t", 4, 1_000, 300)
     for p in range(4):
         (root / f"0_{p}").mkdir(parents=True)
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(shim),
-        "STATESTORE_FAULT_ROOT": str(root.resolve()),
-        "STATESTORE_FAULT_SITES": "syncfs",
-        "STATESTORE_FAULT_PROB": "1",
-        "STATESTORE_FAULT_SKIP": "1",
-        "STATESTORE_FAULT_MAX": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", DEFERRED_CHILD, str(root), str(log)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
+    errors = run_armed_child(
+        shim,
+        DEFERRED_CHILD,
+        root,
+        log,
+        root,
+        sites="syncfs",
+        STATESTORE_FAULT_SKIP="1",
+        STATESTORE_FAULT_MAX="1",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
     for p, error in enumerate(errors):
         store = root / f"0_{p}" / "s"
         assert error is not None and "could not make it durable" in error and str(store) in error, error
@@ -401,22 +416,7 @@ def test_a_kept_store_whose_flush_fails_to_make_room_for_another_fails_its_own_n
     write_changelog(log, "small", 1, 5_000, 5_000)
     for name in ("x", "y"):
         (root / name).mkdir(parents=True)
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(shim),
-        "STATESTORE_FAULT_ROOT": str((root / "x").resolve()),
-        "STATESTORE_FAULT_SITES": "open",
-        "STATESTORE_FAULT_PROB": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", LOST_CHILD, str(root), str(log)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_armed_child(shim, LOST_CHILD, root, log, root / "x", sites="open")
     x, y = root / "x" / "s", root / "y" / "s"
     assert out["x"] is None and out["x_offset"] == 9_999, out
     assert (3 << 20) // 2 < out["held_x"] <= 3 << 20, out  # kept unflushed, then the largest

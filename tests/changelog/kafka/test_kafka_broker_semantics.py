@@ -35,7 +35,7 @@ import pytest
 from statestore import TaskId, TopicPartition, restore_store
 from statestore.errors import LogError, StateStoreError, TaskCorruptedError
 from statestore.processing.task_manager import TaskManager
-from support.kafka_broker import Broker, BrokerUnavailable, start_broker
+from support.kafka_broker import Broker
 from support.kafka_writes import settle
 from support.model import apply, store_contents
 
@@ -284,16 +284,6 @@ def test_a_transaction_left_open_by_a_killed_process_is_aborted(
 
 
 # -- faults of the broker itself (a broker of their own, so the session's is not disturbed) -------------------
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[Broker]:
-    try:
-        broker = start_broker(tmp_path / "broker")
-    except BrokerUnavailable as e:
-        pytest.fail(f"no Kafka broker could start: {e}")
-    yield broker
-    broker.stop()
 
 
 def test_a_broker_killed_during_a_restore_and_a_commit_loses_nothing(
