@@ -37,7 +37,7 @@
 //! timeout, a partition without progress by its stall timeout, and the
 //! restore waiting for a response by that timeout and one attempt more.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -283,6 +283,15 @@ impl Inner {
             }
             if !ready.is_empty() {
                 ready.sort_unstable(); // the order the restores began in
+                                       // One entry per partition: a broker keeps only the last of two for the same
+                                       // partition and answers it once, so two reads of one partition (two stores of one
+                                       // changelog partition in a job) would both be handed the other's records. The
+                                       // later read waits for the next Fetch.
+                let mut named = HashSet::new();
+                ready.retain(|id| {
+                    let f = st.parts[id].fetcher.as_ref().expect("a ready fetcher");
+                    named.insert((f.topic.clone(), f.partition))
+                });
                 let taken = ready
                     .into_iter()
                     .map(|id| (id, st.parts.get_mut(&id).and_then(|p| p.fetcher.take()).expect("a ready fetcher")))

@@ -348,9 +348,17 @@ fn serve(mut s: TcpStream, node: i32, conn: usize, script: Shared, logs: Vec<Log
                     respond(&mut s, key, v, corr, &FetchResponse::default().with_throttle_time_ms(throttle));
                     continue;
                 }
-                let mut parts = Vec::new();
+                // As a broker reads a Fetch (a map by partition): of two entries for one
+                // partition the last one's offset counts, answered once, where the first stood.
+                let mut asked_for: Vec<(i32, i64)> = Vec::new();
                 for asked in &req.topics[0].partitions {
-                    let (partition, at) = (asked.partition, asked.fetch_offset);
+                    match asked_for.iter_mut().find(|(p, _)| *p == asked.partition) {
+                        Some(entry) => entry.1 = asked.fetch_offset,
+                        None => asked_for.push((asked.partition, asked.fetch_offset)),
+                    }
+                }
+                let mut parts = Vec::new();
+                for (partition, at) in asked_for {
                     let (log, lead) = (log_of(partition), leaders.get(partition as usize).copied().unwrap_or(leader));
                     let error = if node != lead { 6 } else { error };
                     let error = partition_errors.iter().find(|e| e.0 == partition && at >= e.2).map_or(error, |e| e.1);
@@ -1376,6 +1384,33 @@ fn a_leader_change_of_a_job_s_partitions_costs_one_metadata_refresh() {
         thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(session.threads(), 0, "the fetch threads end with the partitions they fetched");
+}
+
+#[test]
+fn two_reads_of_one_partition_in_a_session_each_get_their_own_records() {
+    // Two stores of one changelog partition restored in one job: their reads
+    // share a session, and a Fetch naming the partition twice is answered
+    // once (for the last entry's offset), so each read must go in a Fetch of
+    // its own or one of them is handed the other's records as its own.
+    let log = partition_log(0, 40);
+    let end = log.end;
+    let (addrs, _script) = cluster_of(1, vec![log], Mode::Good, 100);
+    let c = client(&addrs[0], Duration::from_secs(5));
+    let mut alone = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, false);
+    let all = drain(&mut alone, end).unwrap();
+    let session = FetchSession::new(c);
+    let starts = [0, 60];
+    let handles: Vec<_> = starts
+        .iter()
+        .map(|&start| {
+            let mut cur = FetchCursor::in_session(&session, "t", 0, start);
+            thread::spawn(move || drain(&mut cur, end).unwrap())
+        })
+        .collect();
+    for (start, h) in starts.into_iter().zip(handles) {
+        let want: Vec<i64> = all.iter().copied().filter(|&o| o >= start).collect();
+        assert_eq!(h.join().unwrap(), want, "the read from {start}");
+    }
 }
 
 #[test]
