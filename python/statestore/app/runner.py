@@ -479,10 +479,11 @@ class App:
             self._migrated(e)
             return False
         except TaskCorruptedError as e:  # a store read or write found damaged files: neither
-            if not _corrupted_tasks(e):
+            ids = _corrupted_tasks(e)
+            if not ids:
                 raise
-            self._abort(f"task(s) {', '.join(map(str, _corrupted_tasks(e)))} found corrupted")
-            self._repair(e)
+            self._abort(f"task(s) {', '.join(map(str, ids))} found corrupted")
+            self._repair(ids, e)
             return False
         except LogError as e:
             logger.warning("%s: sending failed (%s); rolling back to the last commit", self.application_id, e)
@@ -580,13 +581,14 @@ class App:
             # Raised once the changelog commit succeeded (exactly-once: with the input offsets; at-least-
             # once: before them, which the next commit sends): every write is in the changelog, and
             # only these tasks' local state is damaged.
-            if not _corrupted_tasks(e):
+            ids = _corrupted_tasks(e)
+            if not ids:
                 raise
             if self.eos:
                 self._committed.update(pending)
                 self._dirty.clear()
             self.commits += 1
-            self._repair(e)
+            self._repair(ids, e)
             return True
         except (LogError, require().KafkaException) as e:
             logger.warning("%s: commit failed (%s); rolling back to the last commit", self.application_id, e)
@@ -631,12 +633,11 @@ class App:
         )
         self._start_again()
 
-    def _repair(self, error: TaskCorruptedError) -> None:
+    def _repair(self, ids: list[TaskId], error: TaskCorruptedError) -> None:
         """Some tasks' local state is damaged (a bad block found by a read, a write or a background
         compaction), and nothing is open in the transaction for them. As Kafka Streams does for a
         ``TaskCorruptedException``: those tasks are wiped and restored from their changelogs (their
         input paused meanwhile) while the others go on."""
-        ids = _corrupted_tasks(error)
         logger.warning(
             "%s: the local state of task(s) %s is corrupted (%s); wiping and restoring it",
             self.application_id,

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 #: Pause between two attempts of a transactional call that failed at once with a retriable error.
 _RETRY_BACKOFF_S = 0.1
+#: What a commit is called in errors, and in ``_unsettled`` while it may still complete.
+_COMMITTING = "committing the transaction"
 
 
 class KafkaProducer(ClosesOnCleanExit):
@@ -220,7 +222,7 @@ class KafkaProducer(ClosesOnCleanExit):
         self._call("flushing the transaction", self._producer.flush, self._timeout)
         self._check_delivery("delivering the transaction's records")
         try:
-            self._settle("committing the transaction", self._producer.commit_transaction)
+            self._settle(_COMMITTING, self._producer.commit_transaction)
         except LogError as e:
             if self._unsettled is None:
                 raise
@@ -262,7 +264,7 @@ class KafkaProducer(ClosesOnCleanExit):
         self._delivered.clear()
         self._failure = None
         try:
-            if self._unsettled == "committing the transaction":
+            if self._unsettled == _COMMITTING:
                 raise TransactionInDoubtError(
                     f"{self._what()}: cannot abort a transaction whose commit may still complete; "
                     "replace the producer"
