@@ -107,7 +107,11 @@ def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
             f"key {key!r}: {first_difference(got.get(key, []), outputs)}\n{text[-3000:]}"
         )
     assert code == 0, text[-3000:]
+    # The build before was refused every transactional call after the timed-out commit.
+    assert "Conflicting" not in text, text[-3000:]
     if stall > 2 * REQUEST_TIMEOUT:
-        assert "the commit is in doubt" in text, text[-3000:]
+        # Past the retry the commit is in doubt, as on an idle machine; under the full suite's load
+        # the client was once seen to hold the commit until the broker woke and complete it.
+        assert "the commit is in doubt" in text or "commit failed" not in text, text[-3000:]
     else:
         assert "commit failed" not in text and "in doubt" not in text, text[-3000:]  # it completed
