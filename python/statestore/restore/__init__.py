@@ -9,4 +9,6 @@
 * :mod:`~statestore.restore.staging` -- a restore into a staging directory,
   moved into place whole (what a Spark executor runs).
 * :mod:`~statestore.restore.spark` -- one Spark task per partition.
+* :mod:`~statestore.restore.topic_ids` -- the Kafka topic id a store's records
+  were read under, kept beside it, so a recreated topic is never read on.
 """

@@ -46,6 +46,7 @@ from statestore import _native
 from statestore.changelog.protocol import Changelog, FedChangelog, changelog_argument
 from statestore.errors import RestoreError, StateStoreError
 from statestore.ids import OFFSET_UNKNOWN, PartitionLike, TopicPartition, coerce_tp
+from statestore.restore import topic_ids
 from statestore.state.store import STORE_FORMATS, check_format
 
 #: Default memory budget of a bulk restore (keys, values and merge buffers).
@@ -316,6 +317,7 @@ def restore_store(
     if bulk_threads < 1:
         raise ValueError(f"bulk_threads must be >= 1, got {bulk_threads}")
     path = Path(store_path)
+    held = topic_ids.hold(source, tp, path)
     out = _native.restore_store(
         path,
         _check_log(source),
@@ -331,6 +333,7 @@ def restore_store(
         segment_interval_ms=segment_interval_ms,
         bulk_threads=bulk_threads,
     )
+    topic_ids.record(held)
     return _result(tp, path, out)
 
 
@@ -410,11 +413,18 @@ def restore_many(
         check_format(s.format)
     # A spec's partition is a TopicPartition since its construction; its path becomes a Path.
     specs = [s if s.store_path is p else replace(s, store_path=p) for p, s in zip(paths, specs, strict=True)]
+    # A store kept open was held to its topic id when it was first restored in this process.
+    kept = {str(p) for p in open_stores.paths()} if open_stores is not None else set()
+    held = [
+        None if str(p) in kept else topic_ids.hold(s.changelog, s.tp, p)
+        for p, s in zip(paths, specs, strict=True)
+    ]
     out = _native.restore_many(specs, max(threads, 1), open_stores)
     results = []
-    for p, s, outcome in zip(paths, specs, out, strict=True):
+    for p, s, h, outcome in zip(paths, specs, held, out, strict=True):
         tp = s.tp
         if isinstance(outcome, _native.RestoreOutcome):
+            topic_ids.record(h)
             results.append(_result(tp, p, outcome))
         else:
             err = outcome

@@ -49,6 +49,7 @@ from statestore._testing.faults import FAIL_ATTEMPT_ENV, InjectedFailure, failur
 from statestore.changelog.segment_log import SegmentLog
 from statestore.errors import LockError, StateStoreError
 from statestore.ids import OFFSET_UNKNOWN, SENTINEL_OFFSETS, TaskId, TopicPartition
+from statestore.restore import topic_ids
 from statestore.restore.discovery import layout_refusal
 from statestore.restore.engine import DEFAULT_MEMORY_BUDGET, MODES, RestoreResult, restore_store
 from statestore.restore.work import PartitionWork, RestoreRow
@@ -322,6 +323,7 @@ def restore_partition(
         _native.recover_unsynced(target)
         if can_resume_from(target, tp, policy.guarantee):
             _native.link_copy_dir(target, staged)
+            topic_ids.copy(target, staged)
         result = restore_store(
             staged,
             changelog,
@@ -348,6 +350,7 @@ def restore_partition(
             record_in_checkpoint(sd.checkpoint_path(task_id), {tp: None})
         _native.fsync_dir(staged)  # what the restore wrote beside the copy's links
         _native.replace_dir(staged, target, attempt_dir / "previous")
+        topic_ids.move(staged, target)
         if not in_store:
             sd.ensure_held(token, what=f"record the offset of store {store} in the task's .checkpoint")
             record_in_checkpoint(

@@ -332,9 +332,17 @@ impl KafkaClient {
         }
     }
 
-    /// Remember that `topic-partition` was read under topic id `id`.
+    /// Remember that `topic-partition` was read under topic id `id` (or,
+    /// given by the caller, that a store about to be restored from it holds
+    /// records read under `id`: reads going on from its offset are held to it).
     pub fn read_under(&self, topic: &str, partition: i32, id: Uuid) {
         self.state().read_ids.insert((topic.to_string(), partition), id);
+    }
+
+    /// The topic id this client last read `topic-partition` under (None:
+    /// not read, or a broker that names no topic ids).
+    pub fn read_id(&self, topic: &str, partition: i32) -> Option<Uuid> {
+        self.state().read_ids.get(&(topic.to_string(), partition)).copied()
     }
 
     /// Forget the leader of a partition (it said it no longer leads, or its connection broke).

@@ -235,11 +235,20 @@ def test_a_changelog_topic_recreated_behind_the_store_is_detected_and_rebuilt(
     second.close()
 
 
-def test_a_topic_recreated_while_its_changelog_client_lives_is_task_corrupted_never_read_on(
-    changelog: KafkaChangelog, tmp_path: Path
+@pytest.mark.parametrize(
+    "after", ["same_client", "another_store_from_scratch", "restarted", "restarted_many"]
+)
+def test_a_recreated_topic_is_task_corrupted_never_read_on(
+    changelog: KafkaChangelog,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    after: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     # The new topic holds more records than the store's offset, so offsets alone cannot tell: the
-    # topic's id (Metadata v10+, Fetch v13+ by id) does.
+    # topic's id (Metadata v10+, Fetch v13+ by id) does, as the client remembers it while it lives
+    # and as the file beside the store keeps it for the store (another store of the partition read
+    # from scratch first, or a restarted process with a new client).
     assert changelog.native is not None
     topic = _topic("recreated")
     tp = TopicPartition(topic, 0)
@@ -260,8 +269,19 @@ def test_a_topic_recreated_while_its_changelog_client_lives_is_task_corrupted_ne
     changelog.delete_topics([topic])
     changelog.create_topics({topic: 1})
     write(b"new", 300)
-    with pytest.raises(TaskCorruptedError, match="recreated"):
-        restore_store(tmp_path / "s", changelog, tp)
+    if after == "another_store_from_scratch":
+        assert restore_store(tmp_path / "other", changelog, tp).records_applied == 300
+    if after.startswith("restarted"):
+        changelog.close()
+        changelog = KafkaChangelog(kafka_bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
+        request.addfinalizer(changelog.close)
+        assert changelog.native is not None
+    if after == "restarted_many":  # as the task manager restores: the error is the store's result
+        (result,) = restore_many([RestoreSpec(tmp_path / "s", changelog, tp)])
+        assert isinstance(result.error, TaskCorruptedError) and "recreated" in str(result.error)
+    else:
+        with pytest.raises(TaskCorruptedError, match="recreated"):
+            restore_store(tmp_path / "s", changelog, tp)
     # Wiped, the store is restored from the new topic alone.
     shutil.rmtree(tmp_path / "s")
     r = restore_store(tmp_path / "s", changelog, tp)
@@ -273,6 +293,44 @@ def test_a_topic_recreated_while_its_changelog_client_lives_is_task_corrupted_ne
     sp.close()
     restore_store(tmp_path / "expected", seg, tp)
     assert store_difference(tmp_path / "expected", tmp_path / "s") is None
+
+
+def test_a_store_restored_in_a_staging_directory_keeps_its_topic_id_when_put_in_place(
+    changelog: KafkaChangelog, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    # What a Spark task runs: the store is restored in a copy and moved into place, its topic id with it.
+    from statestore.restore import topic_ids
+    from statestore.restore.staging import restore_partition
+
+    app = f"app{uuid.uuid4().hex[:8]}"
+    tp = TopicPartition(f"{app}-s-changelog", 0)
+    args = {
+        "kafka": {"bootstrap.servers": kafka_bootstrap},
+        "state_dir": tmp_path / "state",
+        "application_id": app,
+        "store": "s",
+        "partition": 0,
+    }
+
+    def write(n: int) -> None:
+        with changelog.producer() as p:
+            for i in range(n):
+                p.send(tp.topic, 0, b"k%d" % (i % 30), b"v%d" % i)
+
+    changelog.create_topics({tp.topic: 1})
+    write(60)
+    row = restore_partition(**args)  # type: ignore[arg-type]
+    assert (row.status, row.records_applied) == ("ok", 60), row.error
+    store = tmp_path / "state" / app / "0_0" / "rocksdb" / "s"
+    assert topic_ids.recorded_topic_id(store, tp) is not None
+    assert not list((tmp_path / "state" / app / "0_0").rglob("*.topic-id.tmp"))
+    changelog.delete_topics([tp.topic])
+    changelog.create_topics({tp.topic: 1})
+    write(200)
+    # Another executor: a client of its own, which never read the partition.
+    args["kafka"] = {"bootstrap.servers": kafka_bootstrap, "client.id": "another-executor"}
+    row = restore_partition(**args)  # type: ignore[arg-type]
+    assert row.status == "failed" and "recreated" in (row.error or ""), row
 
 
 def test_exactly_once_commits_record_delivered_offsets_and_restart_replays_nothing(
