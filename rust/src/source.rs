@@ -225,6 +225,12 @@ pub trait ChangelogSource: Send {
         result
     }
 
+    /// The topic id the records handed out so far were read under (a Kafka
+    /// topic's; `None`: none read, or a log without topic ids).
+    fn topic_id(&self) -> Option<[u8; 16]> {
+        None
+    }
+
     /// What was stepped over so far.
     fn skipped(&self) -> SkipCounts;
 
@@ -307,6 +313,21 @@ pub trait Changelog: Sync {
     fn bounds(&self, topic: &str, partition: i32) -> Result<Bounds, LogError>;
     /// A read_committed cursor on `topic`-`partition` positioned at `start`.
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError>;
+
+    /// [`open`](Self::open) for a store whose records were read under topic
+    /// id `held` (a Kafka topic's, [`ChangelogSource::topic_id`]): a read
+    /// going on from the store's offset that finds the topic under another
+    /// id (deleted and recreated) fails as out of range. Logs without topic
+    /// ids ignore it.
+    fn open_held(
+        &self,
+        topic: &str,
+        partition: i32,
+        start: i64,
+        _held: Option<[u8; 16]>,
+    ) -> Result<Box<dyn ChangelogSource>, LogError> {
+        self.open(topic, partition, start)
+    }
 
     /// A token, cheap next to [`bounds`](Self::bounds), that changes
     /// whenever `topic`-`partition` does: equal tokens taken before and

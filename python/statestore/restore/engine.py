@@ -146,6 +146,9 @@ class RestoreResult:
     #: Of ``seconds``, the merge a long replay ends with: a replay of tens of millions of offsets
     #: leaves RocksDB's compactions until its last batch and then merges the store once (0.0 without).
     merge_seconds: float = 0.0
+    #: The Kafka topic id (a UUID string) the records were read under; ``None``: none read, or a
+    #: changelog without topic ids (the segment log, a broker older than Kafka 2.8).
+    topic_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -156,6 +159,11 @@ class RestoreResult:
 @dataclass(frozen=True, init=False)
 class RestoreSpec:
     """One restore for :func:`restore_many`; fields as the arguments of :func:`restore_store`.
+
+    ``topic_id`` (Kafka only): the topic id the store's records were read under; a read going on
+    from the store's offset that finds the topic under another id (deleted and recreated) is
+    :class:`~statestore.errors.TaskCorruptedError`. ``None``: the one recorded beside the store
+    (:mod:`statestore.restore.topic_ids`), if any.
 
     ``log=`` is the old name of ``changelog=`` and still accepted, with a
     ``DeprecationWarning``.
@@ -172,6 +180,7 @@ class RestoreSpec:
     format: str = "plain"
     retention_ms: int | None = None
     segment_interval_ms: int | None = None
+    topic_id: str | None = None
 
     def __init__(
         self,
@@ -188,6 +197,7 @@ class RestoreSpec:
         retention_ms: int | None = None,
         segment_interval_ms: int | None = None,
         log: LogLike | None = None,
+        topic_id: str | None = None,
     ) -> None:
         if tp is None:
             raise TypeError("RestoreSpec: missing the changelog partition to restore ('tp')")
@@ -203,6 +213,7 @@ class RestoreSpec:
             "format": format,
             "retention_ms": retention_ms,
             "segment_interval_ms": segment_interval_ms,
+            "topic_id": topic_id,
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -230,6 +241,7 @@ def _result(tp: TopicPartition, store_path: Path, o: _native.RestoreOutcome) -> 
         offset=o.offset,
         changelog_bounds=o.log_bounds,
         merge_seconds=o.merge_seconds,
+        topic_id=o.topic_id,
     )
 
 
@@ -249,6 +261,7 @@ def restore_store(
     segment_interval_ms: int | None = None,
     log: LogLike | None = None,
     bulk_threads: int = 1,
+    topic_id: str | None = None,
 ) -> RestoreResult:
     """Bring the store at ``store_path`` up to date with partition ``tp`` of ``changelog``.
 
@@ -304,6 +317,13 @@ def restore_store(
     An existing store of another format, or of a type statestore does not
     know, is refused untouched (``StoreError``).
 
+    From Kafka (the native fetcher), ``topic_id`` is the topic id the store's
+    records were read under (default: the one recorded beside the store,
+    ``.<store>.topic-id``, see :mod:`statestore.restore.topic_ids`): a read
+    going on from the store's offset that finds the topic under another id
+    (deleted and recreated) is :class:`~statestore.errors.TaskCorruptedError`.
+    The id read under is recorded beside the store afterwards.
+
     The store is created if missing (its parent directory must exist). Raises
     :class:`~statestore.errors.RestoreError` (bad range, listener raised),
     :class:`~statestore.errors.StoreError`, or a
@@ -317,7 +337,7 @@ def restore_store(
     if bulk_threads < 1:
         raise ValueError(f"bulk_threads must be >= 1, got {bulk_threads}")
     path = Path(store_path)
-    held = topic_ids.hold(source, tp, path)
+    held = topic_id if topic_id is not None else topic_ids.held_topic_id(source, tp, path)
     out = _native.restore_store(
         path,
         _check_log(source),
@@ -332,8 +352,9 @@ def restore_store(
         retention_ms=retention_ms,
         segment_interval_ms=segment_interval_ms,
         bulk_threads=bulk_threads,
+        topic_id=held,
     )
-    topic_ids.record(held)
+    topic_ids.record(path, tp, held, out.topic_id)
     return _result(tp, path, out)
 
 
@@ -413,18 +434,25 @@ def restore_many(
         check_format(s.format)
     # A spec's partition is a TopicPartition since its construction; its path becomes a Path.
     specs = [s if s.store_path is p else replace(s, store_path=p) for p, s in zip(paths, specs, strict=True)]
-    # A store kept open was held to its topic id when it was first restored in this process.
-    kept = {str(p) for p in open_stores.paths()} if open_stores is not None else set()
-    held = [
-        None if str(p) in kept else topic_ids.hold(s.changelog, s.tp, p)
-        for p, s in zip(paths, specs, strict=True)
-    ]
+    # The topic id recorded beside each store not kept open (one kept open had its own read when it
+    # was first restored in this process, and is held to what its client last read since).
+    recorded = [False] * len(specs)
+    if any(topic_ids.is_native(s.changelog) for s in specs):
+        kept = {str(p) for p in open_stores.paths()} if open_stores is not None else set()
+        recorded = [str(p) not in kept for p in paths]
+        specs = [
+            replace(s, topic_id=topic_ids.held_topic_id(s.changelog, s.tp, p))
+            if r and s.topic_id is None
+            else s
+            for p, s, r in zip(paths, specs, recorded, strict=True)
+        ]
     out = _native.restore_many(specs, max(threads, 1), open_stores)
     results = []
-    for p, s, h, outcome in zip(paths, specs, held, out, strict=True):
+    for p, s, r, outcome in zip(paths, specs, recorded, out, strict=True):
         tp = s.tp
         if isinstance(outcome, _native.RestoreOutcome):
-            topic_ids.record(h)
+            if r:
+                topic_ids.record(p, tp, s.topic_id, outcome.topic_id)
             results.append(_result(tp, p, outcome))
         else:
             err = outcome

@@ -8,11 +8,13 @@ every topic with an id (Metadata v10+, Kafka 2.8+). After a restore through
 the native fetcher, the id the store's records were read under is written
 beside the store (``.<store>.topic-id``, as the ``.<store>.unsynced`` marker
 is: Kafka Streams refuses unknown files inside a window or session store's
-directory). Before the next restore of the store -- in this process or in
-another, after a restart -- the client holds the reads going on from the
-store's offset to that id (``KafkaClient.hold_to``), so a topic found under
-another id is :class:`~statestore.errors.TaskCorruptedError`: the task
-manager wipes the task and restores it from the new topic.
+directory). The next restore of the store -- in this process or in another,
+after a restart -- is given that id (``RestoreSpec.topic_id``), and its
+fetcher holds the reads going on from the store's offset to it, so a topic
+found under another id is :class:`~statestore.errors.TaskCorruptedError`:
+the task manager wipes the task and restores it from the new topic. The id
+is the store's own, so other stores of the partition, restored before or
+beside it, do not change what it is held to.
 
 The file is advisory and written without a sync: lost or unreadable, it
 leaves the next restore to take the topic as it finds it, as every restore
@@ -25,11 +27,9 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from statestore import _native
-from statestore.errors import StateStoreError
 from statestore.ids import TopicPartition
 
 logger = logging.getLogger(__name__)
@@ -68,81 +68,71 @@ def recorded_topic_id(store: Path, tp: TopicPartition) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class HeldStore:
-    """A store about to be restored through a native Kafka client, with the topic id recorded beside it."""
-
-    client: _native.KafkaClient
-    tp: TopicPartition
-    store: Path
-    recorded: str | None
-
-
-def native_client_of(changelog: object) -> _native.KafkaClient | None:
-    """The native Kafka client a restore from ``changelog`` reads through (a ``KafkaChangelog``'s,
-    or the client itself), else None."""
+def is_native(changelog: object) -> bool:
+    """Whether a restore from ``changelog`` reads through the native Kafka client (a
+    ``KafkaChangelog``'s, or the client itself): only those reads know topic ids."""
     client = changelog if isinstance(changelog, _native.KafkaClient) else getattr(changelog, "native", None)
-    return client if isinstance(client, _native.KafkaClient) else None
+    return isinstance(client, _native.KafkaClient)
 
 
-def hold(changelog: object, tp: TopicPartition, store: Path) -> HeldStore | None:
-    """Before a restore of ``store`` from ``changelog``: hold the reads going on from the store's offset
-    to the topic id recorded beside it. None when ``changelog`` is not read through a native client."""
-    client = native_client_of(changelog)
-    if client is None:
+def held_topic_id(changelog: object, tp: TopicPartition, store: Path) -> str | None:
+    """Before a restore of ``store`` from ``changelog``: the topic id to hold the reads going on from
+    the store's offset to, as recorded beside it. A record beside a store that is not there (wiped
+    by hand, or by a tool that left the file) no longer stands, and is removed."""
+    if not is_native(changelog):
         return None
-    recorded = recorded_topic_id(store, tp)
-    if recorded is not None:
-        try:
-            client.hold_to(tp.topic, tp.partition, recorded)
-        except StateStoreError as e:
-            logger.warning("%s: %s; the restore takes the topic as it finds it", topic_id_path(store), e)
-            recorded = None
-    return HeldStore(client, tp, store, recorded)
+    if not store.exists():
+        topic_id_path(store).unlink(missing_ok=True)
+        return None
+    return recorded_topic_id(store, tp)
 
 
-def record(held: HeldStore | None) -> None:
-    """After a successful restore: write the topic id its records were read under beside the store,
-    if it is not the one already there. A failed write is a warning, never a failed restore."""
-    if held is None:
+def record(store: Path, tp: TopicPartition, held: str | None, read_under: str | None) -> None:
+    """After a successful restore of ``store`` that read records under topic id ``read_under``:
+    record it beside the store, unless it is ``held`` (the one already there). A restore that read
+    nothing under an id leaves the record as it is. A failed write is a warning, never a failed
+    restore."""
+    if read_under is None or read_under == held or not store.exists():
         return
-    now = held.client.topic_id(held.tp.topic, held.tp.partition)
-    if now is None or now == held.recorded or not held.store.exists():
-        return
-    path = topic_id_path(held.store)
+    path = topic_id_path(store)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(f"{held.tp.topic} {held.tp.partition} {now}\n")
+        tmp.write_text(f"{tp.topic} {tp.partition} {read_under}\n")
         os.replace(tmp, path)
     except OSError as e:
-        logger.warning("cannot record the topic id of %s in %s: %s", held.store, path, e)
+        logger.warning("cannot record the topic id of %s in %s: %s", store, path, e)
 
 
 def move(src: Path, dst: Path) -> None:
     """Move the topic id recorded beside store ``src`` to beside ``dst`` (a staged store put in place);
-    none beside ``src`` removes the one beside ``dst``."""
+    none beside ``src`` removes the one beside ``dst``. A failure is a warning: the store is in place."""
     try:
-        os.replace(topic_id_path(src), topic_id_path(dst))
-    except FileNotFoundError:
-        topic_id_path(dst).unlink(missing_ok=True)
+        try:
+            os.replace(topic_id_path(src), topic_id_path(dst))
+        except FileNotFoundError:
+            topic_id_path(dst).unlink(missing_ok=True)
+    except OSError as e:
+        logger.warning("cannot move the topic id recorded beside %s to beside %s: %s", src, dst, e)
 
 
 def copy(src: Path, dst: Path) -> None:
-    """Copy the topic id recorded beside store ``src`` to beside ``dst`` (its staged copy), if any."""
+    """Copy the topic id recorded beside store ``src`` to beside ``dst`` (its staged copy), if any.
+    A failure is a warning: the copy is restored as a store with none."""
     try:
         data = topic_id_path(src).read_bytes()
+        topic_id_path(dst).write_bytes(data)
     except FileNotFoundError:
         return
-    topic_id_path(dst).write_bytes(data)
+    except OSError as e:
+        logger.warning("cannot copy the topic id recorded beside %s to beside %s: %s", src, dst, e)
 
 
 __all__ = [
     "TOPIC_ID_SUFFIX",
-    "HeldStore",
     "copy",
-    "hold",
+    "held_topic_id",
+    "is_native",
     "move",
-    "native_client_of",
     "record",
     "recorded_topic_id",
     "topic_id_path",

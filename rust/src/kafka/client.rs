@@ -317,32 +317,26 @@ impl KafkaClient {
         self.state().topic_ids.get(topic).copied()
     }
 
-    /// The topic id a read of `topic-partition` from `start` must find: the
-    /// one this client last read the partition under, unless the read starts
-    /// at the partition's log start (a store restored from scratch, which
-    /// takes the topic as it is now). `None`: nothing to hold it to.
-    pub fn expected_topic_id(&self, topic: &str, partition: i32, start: i64) -> Option<Uuid> {
+    /// The topic id a read of `topic-partition` from `start` must find:
+    /// `held`, the one the store's records were read under, if its reader
+    /// knows it, else the one this client last read the partition under;
+    /// none when the read starts at the partition's log start (a store
+    /// restored from scratch, which takes the topic as it is now). `None`:
+    /// nothing to hold it to.
+    pub fn expected_topic_id(&self, topic: &str, partition: i32, start: i64, held: Option<Uuid>) -> Option<Uuid> {
         let st = self.state();
         let key = (topic.to_string(), partition);
         let from_scratch = start <= 0 || st.log_starts.get(&key).is_some_and(|s| start <= *s);
         if from_scratch {
             None
         } else {
-            st.read_ids.get(&key).copied()
+            held.or_else(|| st.read_ids.get(&key).copied())
         }
     }
 
-    /// Remember that `topic-partition` was read under topic id `id` (or,
-    /// given by the caller, that a store about to be restored from it holds
-    /// records read under `id`: reads going on from its offset are held to it).
+    /// Remember that `topic-partition` was read under topic id `id`.
     pub fn read_under(&self, topic: &str, partition: i32, id: Uuid) {
         self.state().read_ids.insert((topic.to_string(), partition), id);
-    }
-
-    /// The topic id this client last read `topic-partition` under (None:
-    /// not read, or a broker that names no topic ids).
-    pub fn read_id(&self, topic: &str, partition: i32) -> Option<Uuid> {
-        self.state().read_ids.get(&(topic.to_string(), partition)).copied()
     }
 
     /// Forget the leader of a partition (it said it no longer leads, or its connection broke).
@@ -635,7 +629,17 @@ impl Changelog for KafkaLog {
     }
 
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
-        Ok(Box::new(KafkaSource::new(self.0.clone(), topic, partition, start)))
+        self.open_held(topic, partition, start, None)
+    }
+
+    fn open_held(
+        &self,
+        topic: &str,
+        partition: i32,
+        start: i64,
+        held: Option<[u8; 16]>,
+    ) -> Result<Box<dyn ChangelogSource>, LogError> {
+        Ok(Box::new(KafkaSource::new(self.0.clone(), topic, partition, start, held.map(Uuid::from_bytes))))
     }
 
     fn buffered_bytes(&self) -> usize {
@@ -733,7 +737,7 @@ impl Changelog for SessionLog {
                 && start < b.last_stable
                 && b.last_stable - start <= PRIME_AHEAD_OFFSETS
             {
-                let mut source = KafkaSource::in_session(&self.0, &p.topic, p.partition, start);
+                let mut source = KafkaSource::in_session(&self.0, &p.topic, p.partition, start, None);
                 source.cursor().prime_ahead(b.last_stable);
                 primed.insert(key, (start, source));
             }
@@ -743,17 +747,28 @@ impl Changelog for SessionLog {
         drop(stale); // its primed partitions leave the session (outside the lock)
     }
 
-    /// The partition primed at the job's start when it was primed at
-    /// `start` and still stands ([`BOUNDS_AHEAD_FOR`]); else a new one of
-    /// the job's fetch session.
     fn open(&self, topic: &str, partition: i32, start: i64) -> Result<Box<dyn ChangelogSource>, LogError> {
+        self.open_held(topic, partition, start, None)
+    }
+
+    /// The partition primed at the job's start when it was primed at
+    /// `start` and still stands ([`BOUNDS_AHEAD_FOR`]) and no topic id is
+    /// `held` (priming is for stores kept open, which their reader holds to
+    /// none); else a new one of the job's fetch session.
+    fn open_held(
+        &self,
+        topic: &str,
+        partition: i32,
+        start: i64,
+        held: Option<[u8; 16]>,
+    ) -> Result<Box<dyn ChangelogSource>, LogError> {
         let (primed, fresh) = {
             let mut a = self.ahead();
             (a.primed.remove(&(topic.to_string(), partition)), a.fresh())
         };
         match primed {
-            Some((at, source)) if fresh && at == start => Ok(Box::new(source)),
-            _ => Ok(Box::new(KafkaSource::in_session(&self.0, topic, partition, start))),
+            Some((at, source)) if fresh && at == start && held.is_none() => Ok(Box::new(source)),
+            _ => Ok(Box::new(KafkaSource::in_session(&self.0, topic, partition, start, held.map(Uuid::from_bytes)))),
         }
     }
 

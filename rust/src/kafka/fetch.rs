@@ -215,6 +215,8 @@ pub(super) struct Response {
     pub(super) offset: i64,
     /// The broker it came from.
     broker: String,
+    /// The topic id it was fetched under (None: unknown, a broker older than Kafka 2.8).
+    topic_id: Option<Uuid>,
     /// Its complete batches, CRC-checked, in order.
     checked: Vec<Checked>,
     /// The batch that stopped the check, if one was damaged: its base offset and why.
@@ -230,8 +232,8 @@ struct Checked {
 }
 
 impl Response {
-    fn new(records: Bytes, aborted: Vec<(i64, i64)>, offset: i64, broker: String) -> Self {
-        Response { records, aborted, offset, broker, checked: Vec::new(), damage: None }
+    fn new(records: Bytes, aborted: Vec<(i64, i64)>, offset: i64, broker: String, topic_id: Option<Uuid>) -> Self {
+        Response { records, aborted, offset, broker, topic_id, checked: Vec::new(), damage: None }
     }
 
     /// Check the batches (CRC, header, markers) and decide their fates, so
@@ -362,10 +364,13 @@ pub const MAX_STUCK_RESPONSES: u32 = 8;
 const FIRST_FETCH_BYTES: i32 = 1 << 20;
 
 impl Fetcher {
-    pub(super) fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64) -> Self {
+    /// A fetcher of `topic-partition` from `offset`; `held`: the topic id
+    /// the records before `offset` were read under (the store's), which a
+    /// read going on from there must find ([`KafkaClient::expected_topic_id`]).
+    pub(super) fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, offset: i64, held: Option<Uuid>) -> Self {
         let (partition_max_bytes, stall_timeout) = (client.config.partition_max_bytes, client.config.stall_timeout);
         let frames = client.frames.activate();
-        let topic_id = client.expected_topic_id(topic, partition, offset);
+        let topic_id = client.expected_topic_id(topic, partition, offset, held);
         Fetcher {
             topic_id,
             from_scratch: topic_id.is_none(),
@@ -475,7 +480,7 @@ impl Fetcher {
         }
         let Some(p) = find_partition(&resp, &self.topic, f.topic_id, self.partition) else {
             if resp.throttle_time_ms > 0 {
-                return Ok(Response::new(Bytes::new(), Vec::new(), f.offset, broker));
+                return Ok(Response::new(Bytes::new(), Vec::new(), f.offset, broker, None));
             }
             return Err(KafkaError::Protocol(format!(
                 "broker {broker}: a Fetch response without {tp} (fetched at offset {})",
@@ -517,7 +522,7 @@ impl Fetcher {
         }
         let aborted =
             p.aborted_transactions.iter().flatten().map(|a| (a.producer_id.0, a.first_offset)).collect::<Vec<_>>();
-        Ok(Response::new(p.records.clone().unwrap_or_default(), aborted, offset, broker.to_string()))
+        Ok(Response::new(p.records.clone().unwrap_or_default(), aborted, offset, broker.to_string(), self.topic_id))
     }
 
     /// One response at `self.offset`, retrying retriable failures until `deadline`.
@@ -786,12 +791,14 @@ pub struct FetchCursor {
     /// The buffers of the last slices handed over (kept for their allocation).
     slice_spare: Vec<RecordRef<'static>>,
     batch_spare: Vec<RecordRef<'static>>,
+    /// The topic id of the last response read (None: none read with one).
+    topic_id: Option<Uuid>,
 }
 
 impl FetchCursor {
     /// A cursor that fetches on the caller's thread.
     pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
-        Self::with_read_ahead(client, topic, partition, start, false)
+        Self::with_read_ahead(client, topic, partition, start, false, None)
     }
 
     /// A cursor that, with `read_ahead`, fetches on a thread of its own
@@ -803,9 +810,10 @@ impl FetchCursor {
         partition: i32,
         start: i64,
         read_ahead: bool,
+        held: Option<Uuid>,
     ) -> Self {
         FetchCursor {
-            responses: Responses::Here(Box::new(Fetcher::new(client.clone(), topic, partition, start))),
+            responses: Responses::Here(Box::new(Fetcher::new(client.clone(), topic, partition, start, held))),
             client,
             topic: topic.to_string(),
             partition,
@@ -817,14 +825,21 @@ impl FetchCursor {
             pending: None,
             slice_spare: Vec::new(),
             batch_spare: Vec::new(),
+            topic_id: None,
         }
     }
 
     /// A cursor whose responses the broker threads of `session` fetch,
     /// in Fetch requests shared with the session's other partitions.
-    pub fn in_session(session: &Arc<FetchSession>, topic: &str, partition: i32, start: i64) -> Self {
+    pub fn in_session(
+        session: &Arc<FetchSession>,
+        topic: &str,
+        partition: i32,
+        start: i64,
+        held: Option<Uuid>,
+    ) -> Self {
         FetchCursor {
-            responses: Responses::Session(session.member(topic, partition, start)),
+            responses: Responses::Session(session.member(topic, partition, start, held)),
             client: session.client().clone(),
             topic: topic.to_string(),
             partition,
@@ -836,6 +851,7 @@ impl FetchCursor {
             pending: None,
             slice_spare: Vec::new(),
             batch_spare: Vec::new(),
+            topic_id: None,
         }
     }
 
@@ -847,6 +863,11 @@ impl FetchCursor {
     }
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read
+    }
+    /// The topic id the records read so far were read under (None: none
+    /// read, or a broker that names no topic ids).
+    pub fn topic_id(&self) -> Option<Uuid> {
+        self.topic_id
     }
 
     /// The fetcher back on this thread (a fetch thread is stopped).
@@ -985,6 +1006,9 @@ impl FetchCursor {
                     break;
                 }
             };
+            if resp.topic_id.is_some() {
+                self.topic_id = resp.topic_id;
+            }
             let mut slice: Vec<RecordRef<'_>> = recycle(std::mem::take(&mut spare));
             let budget = Budget { max: max_bytes.max(1), used: &mut used };
             let outcome = self.take_response(&resp, end, budget, &mut slice, &mut batch_spare, sink);
@@ -1167,17 +1191,24 @@ pub struct KafkaSource {
 }
 
 impl KafkaSource {
-    pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64) -> Self {
+    /// A source of `topic-partition` from `start`, held to topic id `held` (see [`Fetcher::new`]).
+    pub fn new(client: Arc<KafkaClient>, topic: &str, partition: i32, start: i64, held: Option<Uuid>) -> Self {
         KafkaSource {
-            cursor: FetchCursor::with_read_ahead(client, topic, partition, start, true),
+            cursor: FetchCursor::with_read_ahead(client, topic, partition, start, true, held),
             slices: ChangeSlices::default(),
         }
     }
 
     /// A source fetched by the broker threads of `session`.
-    pub fn in_session(session: &Arc<FetchSession>, topic: &str, partition: i32, start: i64) -> Self {
+    pub fn in_session(
+        session: &Arc<FetchSession>,
+        topic: &str,
+        partition: i32,
+        start: i64,
+        held: Option<Uuid>,
+    ) -> Self {
         KafkaSource {
-            cursor: FetchCursor::in_session(session, topic, partition, start),
+            cursor: FetchCursor::in_session(session, topic, partition, start, held),
             slices: ChangeSlices::default(),
         }
     }
@@ -1190,6 +1221,10 @@ impl KafkaSource {
 impl ChangelogSource for KafkaSource {
     fn position(&self) -> i64 {
         self.cursor.position()
+    }
+
+    fn topic_id(&self) -> Option<[u8; 16]> {
+        self.cursor.topic_id().map(|id| id.into_bytes())
     }
 
     fn next_chunk(

@@ -169,9 +169,10 @@ impl FetchSession {
         Priming(self)
     }
 
-    /// A partition of this session, to be read from `start`.
-    pub fn member(self: &Arc<Self>, topic: &str, partition: i32, start: i64) -> Member {
-        let fetcher = Box::new(Fetcher::new(self.inner.client.clone(), topic, partition, start));
+    /// A partition of this session, to be read from `start` (held to topic
+    /// id `held`, see [`Fetcher::new`]).
+    pub fn member(self: &Arc<Self>, topic: &str, partition: i32, start: i64, held: Option<Uuid>) -> Member {
+        let fetcher = Box::new(Fetcher::new(self.inner.client.clone(), topic, partition, start, held));
         let stall = self.inner.client.config.stall_timeout;
         let now = Instant::now();
         let mut st = self.inner.lock();

@@ -486,10 +486,15 @@ impl Via {
 
     /// A cursor on t-0 from `start` that fetches this way.
     fn cursor(self, c: Arc<KafkaClient>, start: i64) -> FetchCursor {
+        self.held_cursor(c, start, None)
+    }
+
+    /// [`Via::cursor`] of a store whose records were read under topic id `held`.
+    fn held_cursor(self, c: Arc<KafkaClient>, start: i64, held: Option<uuid::Uuid>) -> FetchCursor {
         match self {
-            Via::Here => FetchCursor::with_read_ahead(c, "t", 0, start, false),
-            Via::Ahead => FetchCursor::with_read_ahead(c, "t", 0, start, true),
-            Via::Session => FetchCursor::in_session(&FetchSession::new(c), "t", 0, start),
+            Via::Here => FetchCursor::with_read_ahead(c, "t", 0, start, false, held),
+            Via::Ahead => FetchCursor::with_read_ahead(c, "t", 0, start, true, held),
+            Via::Session => FetchCursor::in_session(&FetchSession::new(c), "t", 0, start, held),
         }
     }
 }
@@ -556,7 +561,7 @@ fn a_fetcher_asks_for_a_small_first_response_then_twice_as_much_up_to_the_partit
     let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
     let pairs = [("bootstrap.servers", addr.as_str()), ("max.partition.fetch.bytes", "5000000")];
     let c = ClientConfig::parse(pairs, Duration::from_secs(2), Duration::from_secs(5)).unwrap();
-    let mut cur = FetchCursor::with_read_ahead(KafkaClient::new(c), "t", 0, 0, true);
+    let mut cur = FetchCursor::with_read_ahead(KafkaClient::new(c), "t", 0, 0, true, None);
     assert_eq!(drain(&mut cur, 37).unwrap(), expected());
     let asked: Vec<i32> = ASKED.lock().unwrap().iter().filter(|(p, _)| *p == port).map(|&(_, n)| n).collect();
     assert!(asked.len() >= 6, "{asked:?}");
@@ -572,11 +577,11 @@ fn fetches_asked(port: u16) -> usize {
 fn a_primed_cursor_fetches_before_its_first_read_and_one_without_read_ahead_does_not() {
     let addr = fake(sample(), Mode::Good, 100);
     let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
-    let mut here = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, false);
+    let mut here = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, false, None);
     here.prime(37);
     thread::sleep(Duration::from_millis(200));
     assert_eq!(fetches_asked(port), 0, "a cursor fetching on its caller's thread waits for a read");
-    let mut ahead = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, true);
+    let mut ahead = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, true, None);
     ahead.prime(37);
     let deadline = Instant::now() + Duration::from_secs(5);
     while fetches_asked(port) == 0 && Instant::now() < deadline {
@@ -586,7 +591,7 @@ fn a_primed_cursor_fetches_before_its_first_read_and_one_without_read_ahead_does
     assert_eq!(drain(&mut ahead, 37).unwrap(), expected());
     assert_eq!(drain(&mut here, 37).unwrap(), expected());
     // Primed for one end and read to another: the reads decide.
-    let mut other = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, true);
+    let mut other = FetchCursor::with_read_ahead(client(&addr, Duration::from_secs(5)), "t", 0, 0, true, None);
     other.prime(37);
     assert_eq!(drain(&mut other, 20).unwrap(), (0..10).chain(15..20).collect::<Vec<_>>());
 }
@@ -971,7 +976,7 @@ fn a_new_leader_named_by_the_former_one_is_fetched_from_without_a_metadata_refre
     for hint in [true, false] {
         let (addrs, script) = cluster(2, sample(), Mode::Good, 150);
         script.lock().unwrap().epoch = 3;
-        let mut cur = FetchCursor::with_read_ahead(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0, false);
+        let mut cur = FetchCursor::with_read_ahead(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0, false, None);
         let mut got = Vec::new();
         assert!(cur.read(37, 1, &mut |r| got.push(r.offset)).unwrap());
         // An election: node 2 leads in epoch 4; node 1 says so if it gives hints.
@@ -1099,6 +1104,32 @@ fn a_topic_recreated_under_the_same_name_is_out_of_range_never_read_on() {
     let mut cur = FetchCursor::new(client(&addrs[0], Duration::from_secs(5)), "t", 0, 0);
     assert_eq!(drain(&mut cur, 37).unwrap(), expected());
     assert!(script.lock().unwrap().fetches.iter().all(|&(v, id)| v == 12 && id.is_nil()));
+}
+
+#[test]
+fn a_store_held_to_its_own_topic_id_is_out_of_range_whatever_the_client_read_since() {
+    // A new client (a restarted process) on a topic recreated as B: another store of the partition
+    // restored from scratch reads it under B first; the store read under A goes on from its offset.
+    let (a, b) = (uuid::Uuid::from_u128(0xA), uuid::Uuid::from_u128(0xB));
+    for via in Via::ALL {
+        let (addrs, script) = cluster(1, sample(), Mode::Good, 150);
+        script.lock().unwrap().topic_id = b;
+        let c = client(&addrs[0], Duration::from_secs(5));
+        assert_eq!(c.offsets("t", 0).unwrap().end, 37);
+        let mut other = via.cursor(c.clone(), 0);
+        assert_eq!(other.topic_id(), None, "nothing read yet");
+        assert_eq!(drain(&mut other, 37).unwrap(), expected());
+        assert_eq!(other.topic_id(), Some(b), "{via:?}: what it read under");
+        let e = drain(&mut via.held_cursor(c.clone(), 20, Some(a)), 37).expect_err("held to A");
+        assert!(matches!(e, KafkaError::OutOfRange(_)) && e.to_string().contains("recreated"), "{via:?}: {e}");
+        // Held to the id it finds, or to none (a store with no record of its id), it goes on.
+        let mut on = via.held_cursor(c.clone(), 20, Some(b));
+        assert_eq!(drain(&mut on, 37).unwrap(), (27..37).collect::<Vec<_>>(), "{via:?}");
+        assert_eq!(on.topic_id(), Some(b));
+        assert_eq!(drain(&mut via.cursor(c.clone(), 20), 37).unwrap(), (27..37).collect::<Vec<_>>(), "{via:?}");
+        // A store restored from scratch is held to nothing: it takes the topic as it is now.
+        assert_eq!(drain(&mut via.held_cursor(c.clone(), 0, Some(a)), 37).unwrap(), expected(), "{via:?}");
+    }
 }
 
 #[test]
@@ -1347,7 +1378,7 @@ fn a_leader_change_of_a_job_s_partitions_costs_one_metadata_refresh() {
     let (addrs, script) = cluster_of(2, logs, Mode::Good, 100);
     let c = client(&addrs.join(","), Duration::from_secs(5));
     let session = FetchSession::new(c);
-    let mut cursors: Vec<FetchCursor> = (0..4).map(|p| FetchCursor::in_session(&session, "t", p, 0)).collect();
+    let mut cursors: Vec<FetchCursor> = (0..4).map(|p| FetchCursor::in_session(&session, "t", p, 0, None)).collect();
     let mut got: Vec<Vec<(i64, Vec<u8>)>> = vec![Vec::new(); 4];
     for (p, cur) in cursors.iter_mut().enumerate() {
         cur.prime(end);
@@ -1396,14 +1427,14 @@ fn two_reads_of_one_partition_in_a_session_each_get_their_own_records() {
     let end = log.end;
     let (addrs, _script) = cluster_of(1, vec![log], Mode::Good, 100);
     let c = client(&addrs[0], Duration::from_secs(5));
-    let mut alone = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, false);
+    let mut alone = FetchCursor::with_read_ahead(c.clone(), "t", 0, 0, false, None);
     let all = drain(&mut alone, end).unwrap();
     let session = FetchSession::new(c);
     let starts = [0, 60];
     let handles: Vec<_> = starts
         .iter()
         .map(|&start| {
-            let mut cur = FetchCursor::in_session(&session, "t", 0, start);
+            let mut cur = FetchCursor::in_session(&session, "t", 0, start, None);
             thread::spawn(move || drain(&mut cur, end).unwrap())
         })
         .collect();

@@ -94,26 +94,6 @@ impl PyKafkaClient {
         Ok(b.into())
     }
 
-    /// The topic id (a UUID string) this client last read `topic-partition`
-    /// under, else the id Metadata last named for `topic`; None when neither
-    /// is known (nothing asked of the topic yet, or a broker older than
-    /// Kafka 2.8, which names no topic ids).
-    fn topic_id(&self, topic: &str, partition: i32) -> Option<String> {
-        let c = &self.client;
-        c.read_id(topic, partition).or_else(|| c.topic_id(topic)).map(|id| id.to_string())
-    }
-
-    /// Hold the reads of `topic-partition` that go on from a store's offset
-    /// to topic id `topic_id` (the one the store's records were read under):
-    /// a topic found under another id was deleted and recreated, and such a
-    /// read is `TaskCorruptedError`. A read from the log start is not held.
-    fn hold_to(&self, topic: &str, partition: i32, topic_id: &str) -> PyResult<()> {
-        let id = uuid::Uuid::parse_str(topic_id)
-            .map_err(|e| ErrorClass::Log.err(format!("topic id of {topic}-{partition}: {topic_id:?}: {e}")))?;
-        self.client.read_under(topic, partition, id);
-        Ok(())
-    }
-
     /// A read_committed reader of `topic-partition` from `start`.
     fn reader(&self, topic: &str, partition: i32, start: i64) -> KafkaReaderCore {
         KafkaReaderCore { inner: Mutex::new(FetchCursor::new(self.client.clone(), topic, partition, start)) }

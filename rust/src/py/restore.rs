@@ -47,6 +47,9 @@ pub struct PyRestoreOutcome {
     /// `(start, end, last_stable)` of the partition as the restore left the
     /// log, when it can tell nothing was written since the restore asked.
     log_bounds: Option<(i64, i64, i64)>,
+    /// The Kafka topic id (a UUID string) the records were read under; None:
+    /// none read, or a log without topic ids.
+    topic_id: Option<String>,
 }
 
 impl From<&RestoreOutcome> for PyRestoreOutcome {
@@ -64,6 +67,7 @@ impl From<&RestoreOutcome> for PyRestoreOutcome {
             merge_seconds: o.merge_seconds,
             offset: o.offset,
             log_bounds: o.log_bounds.map(|b| (b.start, b.end, b.last_stable)),
+            topic_id: o.topic_id.map(|id| uuid::Uuid::from_bytes(id).to_string()),
         }
     }
 }
@@ -224,6 +228,9 @@ struct SpecArgs {
     /// retention, the DSL's or `Stores.persistentVersionedKeyValueStore`'s).
     #[pyo3(attribute)]
     segment_interval_ms: Option<i64>,
+    /// The Kafka topic id (a UUID string) the store's records were read under; None: not known.
+    #[pyo3(attribute)]
+    topic_id: Option<String>,
 }
 
 /// The segmentation a store of `format` needs: retention (and segment
@@ -268,6 +275,14 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
     let seg = segmentation(format, a.retention_ms, a.segment_interval_ms)
         .map_err(|m| ErrorClass::Restore.err(format!("restoring {topic}-{partition}: {m}")))?;
     let mut spec = RestoreSpec::new(a.store_path, &topic, partition);
+    spec.topic_id = match a.topic_id {
+        Some(id) => Some(
+            *uuid::Uuid::parse_str(&id)
+                .map_err(|e| ErrorClass::Restore.err(format!("restoring {topic}-{partition}: topic id {id:?}: {e}")))?
+                .as_bytes(),
+        ),
+        None => None,
+    };
     spec.format = format;
     spec.segmentation = seg;
     spec.end_offset = a.end_offset;
@@ -290,7 +305,7 @@ fn job(py: Python<'_>, a: SpecArgs) -> PyResult<Job> {
 /// `defer_compactions_from` is the offsets from which a key-value replay defers RocksDB's compactions to
 /// one merge at its end (`None`: the engine's default, `restore::DEFERRED_COMPACTION_OFFSETS`).
 #[pyfunction]
-#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=DEFAULT_MEMORY_BUDGET, listener=None, progress_interval=0.1, write_buffer_bytes=None, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None, bulk_threads=1, defer_compactions_from=None))]
+#[pyo3(signature = (store_path, log, tp, end_offset=None, mode="auto", memory_budget_bytes=DEFAULT_MEMORY_BUDGET, listener=None, progress_interval=0.1, write_buffer_bytes=None, chunk_bytes=DEFAULT_CHUNK_BYTES, read_ahead=true, format="plain", retention_ms=None, segment_interval_ms=None, bulk_threads=1, defer_compactions_from=None, topic_id=None))]
 #[allow(clippy::too_many_arguments)]
 fn restore_store(
     py: Python<'_>,
@@ -310,6 +325,7 @@ fn restore_store(
     segment_interval_ms: Option<i64>,
     bulk_threads: usize,
     defer_compactions_from: Option<i64>,
+    topic_id: Option<String>,
 ) -> PyResult<PyRestoreOutcome> {
     let args = SpecArgs {
         store_path,
@@ -323,6 +339,7 @@ fn restore_store(
         format: format.to_string(),
         retention_ms,
         segment_interval_ms,
+        topic_id,
     };
     let mut j = job(py, args)?;
     j.spec.write_buffer_bytes = write_buffer_bytes;
@@ -339,7 +356,7 @@ fn restore_store(
 /// Restore many stores on `threads` native threads. `specs` are objects with
 /// the attributes of `statestore.restore.engine.RestoreSpec` (`store_path`, `log`,
 /// `tp`, `end_offset`, `mode`, `memory_budget_bytes`, `listener`,
-/// `progress_interval`, `format`, `retention_ms`, `segment_interval_ms`), read by name. Returns, per spec in order, its
+/// `progress_interval`, `format`, `retention_ms`, `segment_interval_ms`, `topic_id`), read by name. Returns, per spec in order, its
 /// `RestoreOutcome` or the exception it failed with. With `open_stores`, each
 /// store is taken from there if open and kept there afterwards, a replay
 /// leaving it unflushed.

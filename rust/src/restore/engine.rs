@@ -105,6 +105,11 @@ pub struct RestoreSpec {
     /// ([`DEFERRED_COMPACTION_OFFSETS`] by default; see
     /// [`deferred_compaction_options`]).
     pub defer_compactions_from: i64,
+    /// The topic id the store's records were read under (a Kafka topic's,
+    /// [`RestoreOutcome::topic_id`] of its last restore): a read going on
+    /// from the store's offset must find the topic under it, or it was
+    /// deleted and recreated ([`Changelog::open_held`]). `None`: not known.
+    pub topic_id: Option<[u8; 16]>,
 }
 
 impl RestoreSpec {
@@ -125,6 +130,7 @@ impl RestoreSpec {
             segmentation: None,
             kept_open: None,
             defer_compactions_from: DEFERRED_COMPACTION_OFFSETS,
+            topic_id: None,
         }
     }
 
@@ -163,6 +169,9 @@ pub struct RestoreOutcome {
     /// tell they have not changed since the restore asked for them
     /// ([`Changelog::stamp`]); `None`: ask the log.
     pub log_bounds: Option<Bounds>,
+    /// The topic id the records were read under ([`ChangelogSource::topic_id`]; `None`: none read,
+    /// or a log without topic ids).
+    pub topic_id: Option<[u8; 16]>,
 }
 
 /// Restore one store from its changelog partition in `log`. Every error names
@@ -294,7 +303,7 @@ pub fn prepare(log: &dyn Changelog, spec: &RestoreSpec) -> Result<Prepared, Rest
     };
     let end = end_of(spec, &bounds, &tp, path)?;
     let source = if start < end {
-        let mut s = log.open(&spec.topic, spec.partition, start).map_err(log_err)?;
+        let mut s = log.open_held(&spec.topic, spec.partition, start, spec.topic_id).map_err(log_err)?;
         s.prime(end);
         Some(s)
     } else {
@@ -423,6 +432,7 @@ fn run_one<'a>(
         merge_seconds: 0.0,
         offset: recorded,
         log_bounds: None,
+        topic_id: None,
     };
     // A store no processor ever opened is closed: say so, as Kafka Streams
     // expects of a store it may reuse under exactly_once_v2. A status a
@@ -473,6 +483,7 @@ fn run_one<'a>(
         outcome.skipped = source.skipped();
         outcome.skipped_null_key = applied.null_keys;
         outcome.bytes_read = source.bytes_read();
+        outcome.topic_id = source.topic_id();
         outcome.merge_seconds = applied.merge.as_secs_f64();
         if applied.last_offset.is_some() {
             outcome.offset = applied.last_offset;

@@ -17,6 +17,7 @@ from statestore import SegmentLog, TaskId, TopicPartition, restore_many, restore
 from statestore.errors import LogError, ProducerFencedError, TaskCorruptedError
 from statestore.processing.task_manager import TaskManager
 from statestore.restore.engine import RestoreSpec
+from statestore.restore.topic_ids import recorded_topic_id
 from statestore.state.directory import StateDirectory
 from support.kafka_writes import settle
 from support.model import store_difference
@@ -236,7 +237,14 @@ def test_a_changelog_topic_recreated_behind_the_store_is_detected_and_rebuilt(
 
 
 @pytest.mark.parametrize(
-    "after", ["same_client", "another_store_from_scratch", "restarted", "restarted_many"]
+    "after",
+    [
+        "same_client",
+        "another_store_from_scratch",
+        "restarted",
+        "restarted_many",
+        "restarted_many_beside_one_from_scratch",
+    ],
 )
 def test_a_recreated_topic_is_task_corrupted_never_read_on(
     changelog: KafkaChangelog,
@@ -276,9 +284,16 @@ def test_a_recreated_topic_is_task_corrupted_never_read_on(
         changelog = KafkaChangelog(kafka_bootstrap, request_timeout=20.0, restore_stall_timeout=20.0)
         request.addfinalizer(changelog.close)
         assert changelog.native is not None
-    if after == "restarted_many":  # as the task manager restores: the error is the store's result
-        (result,) = restore_many([RestoreSpec(tmp_path / "s", changelog, tp)])
+    if after.startswith("restarted_many"):  # as the task manager restores: the error is the store's result
+        specs = [RestoreSpec(tmp_path / "s", changelog, tp)]
+        if after.endswith("beside_one_from_scratch"):  # read first, on the one thread, under the new id
+            specs.insert(0, RestoreSpec(tmp_path / "other", changelog, tp))
+        *others, result = restore_many(specs, threads=1)
         assert isinstance(result.error, TaskCorruptedError) and "recreated" in str(result.error)
+        assert [o.records_applied for o in others] == [300] * len(others)
+        assert all(
+            o.topic_id is not None and o.topic_id == recorded_topic_id(o.store_path, tp) for o in others
+        )
     else:
         with pytest.raises(TaskCorruptedError, match="recreated"):
             restore_store(tmp_path / "s", changelog, tp)
