@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka as ck
@@ -382,3 +383,73 @@ def test_a_batch_slower_than_the_transaction_timeout_commits_within_itself(
     app.close()
     assert app.migrations == 0 and app.aborts == 0, (app.migrations, app.aborts)
     assert output_by_key(read_committed(kafka_bootstrap, out, 1)) == expected_outputs(records)
+
+
+def test_starting_again_is_tried_while_the_cluster_does_not_answer_within_task_timeout(
+    tmp_path: Path,
+) -> None:
+    """What ``App._start_again`` does with the new producer and the group's offsets: tried again on an
+    unanswered call (an error of statestore or of confluent-kafka) until ``task_timeout``; a fencing,
+    the deadline, or a stop asked for raises the last error at once."""
+    app = App(
+        "retry",
+        "127.0.0.1:1",
+        input_topics=["in"],
+        stores=["agg"],
+        process=count,
+        state_dir=tmp_path,
+        task_timeout=30.0,
+    )
+    calls: list[float] = []
+
+    def answered_after(n: int, error: Exception) -> Callable[[], str]:
+        def call() -> str:
+            calls.append(time.monotonic())
+            if len(calls) <= n:
+                raise error
+            return "answered"
+
+        return call
+
+    timeout = ck.KafkaException(ck.KafkaError(ck.KafkaError._TIMED_OUT))
+
+    def wrapped(cause: ck.KafkaException) -> LogError:  # as the producer raises what the client raised
+        e = LogError(f"no answer ({cause})")
+        e.__cause__ = cause
+        return e
+
+    no_answer = wrapped(timeout)
+    assert app._until_answered("asking", answered_after(2, no_answer)) == "answered"
+    assert len(calls) == 3 and calls[2] - calls[0] >= 1.5  # a pause between tries
+    calls.clear()
+    assert app._until_answered("asking", answered_after(1, timeout)) == "answered"
+    calls.clear()
+    for refusal in (
+        ProducerFencedError("fenced"),
+        wrapped(ck.KafkaException(ck.KafkaError(ck.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))),
+        LogError("no client error inside"),
+    ):
+        with pytest.raises(type(refusal)):
+            app._until_answered("asking", answered_after(5, refusal))
+        assert len(calls) == 1, refusal
+        calls.clear()
+    app.task_timeout = 0.0
+    with pytest.raises(LogError, match="no answer"):
+        app._until_answered("asking", answered_after(5, no_answer))
+    assert len(calls) == 1
+    calls.clear()
+    app.task_timeout = 30.0
+    app.stop()
+    with pytest.raises(LogError, match="no answer"):
+        app._until_answered("asking", answered_after(5, no_answer))
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="task_timeout"):
+        App(
+            "retry",
+            "127.0.0.1:1",
+            input_topics=["in"],
+            stores=["agg"],
+            process=count,
+            state_dir=tmp_path,
+            task_timeout=-1,
+        )

@@ -8,7 +8,8 @@ call until the same one is asked again: an application that answered with an abo
 ``begin`` was refused forever while it kept polling (alive, doing nothing). Now the commit is asked
 again for one more request timeout (a short stall: it completes), and after that it is in doubt: the
 producer is replaced and every task starts again from what the changelog and the group coordinator
-hold (a long stall). Either way the output topic, read ``read_committed``, must hold for every key
+hold (a long stall); a stall longer than the new producer's own retry has it made again until the
+broker answers (``task_timeout``). Either way the output topic, read ``read_committed``, must hold for every key
 exactly the counts 1, 2, 3, ... with their running sums: nothing lost, nothing repeated.
 """
 
@@ -46,6 +47,10 @@ REQUEST_TIMEOUT = 3.0
     [
         pytest.param(1.5 * REQUEST_TIMEOUT, id="within-the-retry"),
         pytest.param(3 * REQUEST_TIMEOUT, id="past-the-retry"),
+        # In `make torture` only: in about 1 run of 10 the group's committed offsets stay unreadable
+        # after the broker wakes (the consumer's OffsetFetch times out for minutes, after the new
+        # producer was made), and the instance stops once task_timeout has passed. Not understood yet.
+        pytest.param(6 * REQUEST_TIMEOUT, id="past-the-new-producer's-retry", marks=pytest.mark.torture),
     ],
 )
 def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
@@ -109,7 +114,16 @@ def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
     assert code == 0, text[-3000:]
     # The build before was refused every transactional call after the timed-out commit.
     assert "Conflicting" not in text, text[-3000:]
-    if stall > 2 * REQUEST_TIMEOUT:
+    if stall > 4 * REQUEST_TIMEOUT:
+        # The commit's retry and the new producer's both end before the broker wakes: the new
+        # producer is tried again (within task_timeout), where the build before exited with the
+        # error. (Should the client hold the commit until the broker wakes, as it was seen to do
+        # once under load, nothing is in doubt.)
+        in_doubt = "the commit is in doubt" in text
+        assert (in_doubt and "replacing the producer failed" in text) or "commit failed" not in text, text[
+            -3000:
+        ]
+    elif stall > 2 * REQUEST_TIMEOUT:
         # Past the retry the commit is in doubt, as on an idle machine; under the full suite's load
         # the client was once seen to hold the commit until the broker woke and complete it.
         assert "the commit is in doubt" in text or "commit failed" not in text, text[-3000:]

@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from statestore.changelog.kafka import KafkaChangelog, ensure_changelog_topics
-from statestore.changelog.kafka.common import client_properties, require
+from statestore.changelog.kafka.common import client_properties, kafka_error, require
 from statestore.changelog.protocol import Header
 from statestore.errors import (
     ApplicationError,
@@ -48,6 +48,20 @@ from statestore.state.policy import Guarantee
 from statestore.state.store import KEY_VALUE_FORMATS
 
 logger = logging.getLogger(__name__)
+
+
+def _unanswered(e: BaseException) -> bool:
+    """Whether ``e`` (a statestore error wrapping a client error, or the client's own) says the
+    cluster gave no answer in time, or one to ask again, rather than a refusal."""
+    ck = require()
+    err = kafka_error(e if isinstance(e, ck.KafkaException) else (e.__cause__ or e))
+    if err is None:
+        return False
+    return bool(err.retriable()) or err.code() in (
+        ck.KafkaError._TIMED_OUT,
+        ck.KafkaError._TRANSPORT,
+        ck.KafkaError._ALL_BROKERS_DOWN,
+    )
 
 
 def _corrupted_tasks(error: TaskCorruptedError) -> list[TaskId]:
@@ -77,6 +91,13 @@ STANDBY_UPDATE_INTERVAL_S = 0.25
 RESTORE_SLICE_S = 0.1
 #: Seconds the loop waits for each request that wakes a leader's fetcher after a resume (:meth:`App._wake_fetchers`).
 WAKE_TIMEOUT_S = 1.0
+#: Default seconds the application keeps trying to start its tasks again while the cluster does not
+#: answer (Kafka Streams' ``task.timeout.ms`` default, 5 minutes).
+DEFAULT_TASK_TIMEOUT = 300.0
+#: Seconds between two tries of a call the cluster did not answer (each try waits its own timeout first).
+_UNANSWERED_BACKOFF_S = 1.0
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,11 @@ class App:
       ``consumer_config``: for the group consumer only (``session.timeout.ms``, ...).
     * ``group_protocol``: ``"classic"`` (default; range assignor) or ``"consumer"`` (KIP-848 with
       the server-side range assignor).
+    * ``request_timeout`` (seconds): how long one request to the cluster may take; a transactional
+      call is asked again for as long once more before it fails.
+    * ``task_timeout`` (seconds, Kafka Streams' ``task.timeout.ms``): how long the application
+      keeps trying to start its tasks again (a new producer, the group's committed offsets) while
+      the cluster does not answer, before it stops with the error; 0 tries once.
     * ``publish_metrics``: the loop writes a snapshot of :attr:`metrics` (restores, standbys, each
       task's state, standby hits, liveness) under ``<state_dir>/<application_id>/.metrics/`` every
       second, for ``statestore inspect``/``watch`` in another process; serve :attr:`metrics` to
@@ -181,6 +207,7 @@ class App:
         consumer_config: Mapping[str, Any] | None = None,
         max_poll_records: int = 500,
         request_timeout: float = 30.0,
+        task_timeout: float = DEFAULT_TASK_TIMEOUT,
         publish_metrics: bool = True,
     ) -> None:
         self.application_id = application_id
@@ -211,6 +238,9 @@ class App:
         self.consumer_config = client_properties(consumer_config or {})
         self.max_poll_records = max_poll_records
         self.request_timeout = request_timeout
+        if not task_timeout >= 0:
+            raise ValueError(f"task_timeout must be >= 0 seconds, got {task_timeout}")
+        self.task_timeout = task_timeout
 
         self.changelog: KafkaChangelog | None = None
         self.task_manager: TaskManager | None = None
@@ -613,7 +643,7 @@ class App:
             logger.warning(
                 "%s: the producer is dead; replacing it (same transactional id)", self.application_id
             )
-            tm.collector.renew()
+            self._until_answered("replacing the producer", tm.collector.renew)
         self._rewind(self._assigned)
         logger.info(
             "%s: transaction aborted (%s); input sought back to the last commit", self.application_id, why
@@ -671,7 +701,8 @@ class App:
         """Replace the producer, close every active task dirty, seek the input back to the last
         commit (``_committed``, else the group coordinator's), and assign the tasks again."""
         tm = self._tm()
-        tm.collector.renew()  # init_transactions: a new epoch; the old transaction is settled
+        # init_transactions: a new epoch; the old transaction is settled
+        self._until_answered("replacing the producer", tm.collector.renew)
         tm.close_lost(list(tm.active_tasks()))
         self._contexts.clear()
         self._rewind(self._assigned)
@@ -679,14 +710,46 @@ class App:
         tm.assign(active=tasks, standby=self._standbys - tasks)
         self._pause_not_running()
 
+    def _until_answered(self, what: str, call: Callable[[], _T]) -> _T:
+        """``call()``, tried again while it fails for want of an answer from the cluster (a broker
+        or coordinator down or stalled: each try already waits a request timeout or two) until
+        ``task_timeout`` has passed, as Kafka Streams retries a task's calls within
+        ``task.timeout.ms``. Being fenced is an answer, and is raised at once; so is the last error
+        once :meth:`stop` is asked for."""
+        deadline = time.monotonic() + self.task_timeout
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return call()
+            except ProducerFencedError:
+                raise
+            except (LogError, require().KafkaException) as e:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set() or not _unanswered(e):
+                    raise
+                logger.warning(
+                    "%s: %s failed (try %d: %s); trying again for up to %.0f s more (task_timeout)",
+                    self.application_id,
+                    what,
+                    tries,
+                    e,
+                    left,
+                )
+                self._stop.wait(min(_UNANSWERED_BACKOFF_S, left))  # a stop asked for meanwhile ends it
+
     def _rewind(self, tps: Iterable[TopicPartition]) -> None:
         ck = require()
         self._rewinds += 1
         tps = sorted(tps)
         unknown = [tp for tp in tps if tp not in self._committed]
         if unknown:
-            got = self._consumer.committed(
-                [ck.TopicPartition(tp.topic, tp.partition) for tp in unknown], timeout=self.request_timeout
+            got = self._until_answered(
+                "reading the group's committed offsets",
+                lambda: self._consumer.committed(
+                    [ck.TopicPartition(tp.topic, tp.partition) for tp in unknown],
+                    timeout=self.request_timeout,
+                ),
             )
             for p in got:
                 self._committed[TopicPartition(p.topic, p.partition)] = (
@@ -1108,6 +1171,7 @@ def _store_formats(stores: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
 __all__ = [
     "ALOS_COMMIT_INTERVAL_MS",
     "APP_TRANSACTION_TIMEOUT_MS",
+    "DEFAULT_TASK_TIMEOUT",
     "EOS_COMMIT_INTERVAL_MS",
     "App",
     "Context",
