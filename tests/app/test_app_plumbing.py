@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import confluent_kafka as ck
 import pytest
@@ -439,6 +441,12 @@ def test_starting_again_is_tried_while_the_cluster_does_not_answer_within_task_t
     assert len(calls) == 1
     calls.clear()
     app.task_timeout = 30.0
+    app._state = "CLOSING"  # closing after an error: one try, not another task_timeout
+    with pytest.raises(LogError, match="no answer"):
+        app._until_answered("asking", answered_after(5, no_answer))
+    assert len(calls) == 1
+    calls.clear()
+    app._state = "CREATED"
     app.stop()
     with pytest.raises(LogError, match="no answer"):
         app._until_answered("asking", answered_after(5, no_answer))
@@ -453,3 +461,32 @@ def test_starting_again_is_tried_while_the_cluster_does_not_answer_within_task_t
             state_dir=tmp_path,
             task_timeout=-1,
         )
+
+
+class _CommittedStub:
+    """A consumer whose ``committed()`` answers with the given partitions, one answer a call."""
+
+    def __init__(self, *answers: list[Any]) -> None:
+        self.answers = list(answers)
+
+    def committed(self, parts: list[Any], timeout: float) -> list[Any]:
+        return self.answers.pop(0)
+
+
+def test_a_committed_offset_answered_with_an_error_is_asked_again_never_taken_as_none(tmp_path: Path) -> None:
+    """After a commit in doubt the input is sought back to the group's committed offsets: one the
+    coordinator answered with an error (unstable while a transaction that commits it is open) must
+    not become "none committed", which sent the input back to its start."""
+    app = App(
+        "offsets", "127.0.0.1:1", input_topics=["in"], stores=["agg"], process=count, state_dir=tmp_path
+    )
+    unstable = SimpleNamespace(
+        topic="in", partition=0, offset=-1001, error=ck.KafkaError(ck.KafkaError.UNSTABLE_OFFSET_COMMIT)
+    )
+    settled = SimpleNamespace(topic="in", partition=0, offset=42, error=None)
+    app._consumer = _CommittedStub([unstable])
+    with pytest.raises(ck.KafkaException):
+        app._committed_offsets([TopicPartition("in", 0)])
+    app._consumer = _CommittedStub([unstable], [settled])
+    got = app._until_answered("reading", lambda: app._committed_offsets([TopicPartition("in", 0)]))
+    assert [p.offset for p in got] == [42]

@@ -65,7 +65,7 @@ def test_a_record_beside_a_store_that_is_gone_no_longer_stands(tmp_path: Path) -
 
 @pytest.mark.parametrize(
     "text",
-    ["", "garbage", f"other-topic 3 {ANY_ID}", f"{TP.topic} 4 {ANY_ID}"],
+    ["", "garbage", f"other-topic 3 {ANY_ID}", f"{TP.topic} 4 {ANY_ID}", f"{TP.topic} 3 not-a-uuid"],
 )
 def test_a_file_that_names_no_id_of_the_partition_holds_nothing_and_says_so(
     tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture

@@ -61,6 +61,11 @@ def _unanswered(e: BaseException) -> bool:
         ck.KafkaError._TIMED_OUT,
         ck.KafkaError._TRANSPORT,
         ck.KafkaError._ALL_BROKERS_DOWN,
+        ck.KafkaError.REQUEST_TIMED_OUT,
+        ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
+        ck.KafkaError.NOT_COORDINATOR,
+        ck.KafkaError.UNSTABLE_OFFSET_COMMIT,
     )
 
 
@@ -715,8 +720,8 @@ class App:
         or coordinator down or stalled: each try already waits a request timeout or two) until
         ``task_timeout`` has passed, as Kafka Streams retries a task's calls within
         ``task.timeout.ms``. Being fenced is an answer, and is raised at once; so is the last error
-        once :meth:`stop` is asked for."""
-        deadline = time.monotonic() + self.task_timeout
+        once :meth:`stop` is asked for, and while closing a single try is made."""
+        deadline = time.monotonic() + (0.0 if self._state == "CLOSING" else self.task_timeout)
         tries = 0
         while True:
             tries += 1
@@ -738,6 +743,19 @@ class App:
                 )
                 self._stop.wait(min(_UNANSWERED_BACKOFF_S, left))  # a stop asked for meanwhile ends it
 
+    def _committed_offsets(self, tps: list[TopicPartition]) -> list[Any]:
+        """The group's committed offsets of ``tps``. A partition the coordinator answered with an
+        error (e.g. its offsets unstable while a transaction that commits them is open) raises that
+        error: taken as "none committed", it would send the input back to its start."""
+        ck = require()
+        got = self._consumer.committed(
+            [ck.TopicPartition(tp.topic, tp.partition) for tp in tps], timeout=self.request_timeout
+        )
+        for p in got:
+            if p.error is not None:
+                raise ck.KafkaException(p.error)
+        return list(got)
+
     def _rewind(self, tps: Iterable[TopicPartition]) -> None:
         ck = require()
         self._rewinds += 1
@@ -745,11 +763,7 @@ class App:
         unknown = [tp for tp in tps if tp not in self._committed]
         if unknown:
             got = self._until_answered(
-                "reading the group's committed offsets",
-                lambda: self._consumer.committed(
-                    [ck.TopicPartition(tp.topic, tp.partition) for tp in unknown],
-                    timeout=self.request_timeout,
-                ),
+                "reading the group's committed offsets", lambda: self._committed_offsets(unknown)
             )
             for p in got:
                 self._committed[TopicPartition(p.topic, p.partition)] = (

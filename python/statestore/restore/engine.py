@@ -337,7 +337,7 @@ def restore_store(
     if bulk_threads < 1:
         raise ValueError(f"bulk_threads must be >= 1, got {bulk_threads}")
     path = Path(store_path)
-    held = topic_id if topic_id is not None else topic_ids.held_topic_id(source, tp, path)
+    recorded = topic_ids.held_topic_id(source, tp, path)
     out = _native.restore_store(
         path,
         _check_log(source),
@@ -352,9 +352,9 @@ def restore_store(
         retention_ms=retention_ms,
         segment_interval_ms=segment_interval_ms,
         bulk_threads=bulk_threads,
-        topic_id=held,
+        topic_id=recorded if topic_id is None else topic_id,
     )
-    topic_ids.record(path, tp, held, out.topic_id)
+    topic_ids.record(path, tp, recorded, out.topic_id)
     return _result(tp, path, out)
 
 
@@ -436,23 +436,26 @@ def restore_many(
     specs = [s if s.store_path is p else replace(s, store_path=p) for p, s in zip(paths, specs, strict=True)]
     # The topic id recorded beside each store not kept open (one kept open had its own read when it
     # was first restored in this process, and is held to what its client last read since).
-    recorded = [False] * len(specs)
+    checked = [False] * len(specs)
+    recorded: list[str | None] = [None] * len(specs)
     if any(topic_ids.is_native(s.changelog) for s in specs):
         kept = {str(p) for p in open_stores.paths()} if open_stores is not None else set()
-        recorded = [str(p) not in kept for p in paths]
+        checked = [str(p) not in kept for p in paths]
+        recorded = [
+            topic_ids.held_topic_id(s.changelog, s.tp, p) if c else None
+            for p, s, c in zip(paths, specs, checked, strict=True)
+        ]
         specs = [
-            replace(s, topic_id=topic_ids.held_topic_id(s.changelog, s.tp, p))
-            if r and s.topic_id is None
-            else s
-            for p, s, r in zip(paths, specs, recorded, strict=True)
+            replace(s, topic_id=r) if s.topic_id is None and r is not None else s
+            for s, r in zip(specs, recorded, strict=True)
         ]
     out = _native.restore_many(specs, max(threads, 1), open_stores)
     results = []
-    for p, s, r, outcome in zip(paths, specs, recorded, out, strict=True):
+    for p, s, c, r, outcome in zip(paths, specs, checked, recorded, out, strict=True):
         tp = s.tp
         if isinstance(outcome, _native.RestoreOutcome):
-            if r:
-                topic_ids.record(p, tp, s.topic_id, outcome.topic_id)
+            if c:
+                topic_ids.record(p, tp, r, outcome.topic_id)
             results.append(_result(tp, p, outcome))
         else:
             err = outcome

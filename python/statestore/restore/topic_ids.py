@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from pathlib import Path
 
 from statestore import _native
@@ -58,7 +59,10 @@ def recorded_topic_id(store: Path, tp: TopicPartition) -> str | None:
         return None
     fields = text.split()
     if len(fields) == 3 and fields[0] == tp.topic and fields[1] == str(tp.partition):
-        return fields[2]
+        try:
+            return str(uuid.UUID(fields[2]))
+        except ValueError:
+            pass
     logger.warning(
         "%s does not name a topic id of %s (%r): the restore takes the topic as it finds it",
         path,
@@ -87,12 +91,12 @@ def held_topic_id(changelog: object, tp: TopicPartition, store: Path) -> str | N
     return recorded_topic_id(store, tp)
 
 
-def record(store: Path, tp: TopicPartition, held: str | None, read_under: str | None) -> None:
+def record(store: Path, tp: TopicPartition, recorded: str | None, read_under: str | None) -> None:
     """After a successful restore of ``store`` that read records under topic id ``read_under``:
-    record it beside the store, unless it is ``held`` (the one already there). A restore that read
-    nothing under an id leaves the record as it is. A failed write is a warning, never a failed
-    restore."""
-    if read_under is None or read_under == held or not store.exists():
+    record it beside the store, unless it is ``recorded`` (the one there before the restore). A
+    restore that read nothing under an id leaves the record as it is. A failed write is a warning,
+    never a failed restore."""
+    if read_under is None or read_under == recorded or not store.exists():
         return
     path = topic_id_path(store)
     tmp = path.with_name(path.name + ".tmp")
