@@ -47,9 +47,11 @@ REQUEST_TIMEOUT = 3.0
     [
         pytest.param(1.5 * REQUEST_TIMEOUT, id="within-the-retry"),
         pytest.param(3 * REQUEST_TIMEOUT, id="past-the-retry"),
-        # In `make torture` only: in about 1 run of 10 the group's committed offsets stay unreadable
-        # after the broker wakes (the consumer's OffsetFetch times out for minutes, after the new
-        # producer was made), and the instance stops once task_timeout has passed. Not understood yet.
+        # In `make torture` only: about 1 run in 10 fails. Either the group's committed offsets stay
+        # unreadable after the broker wakes (the consumer's OffsetFetch times out for minutes, after
+        # the new producer was made; not understood yet), or librdkafka 2.16 aborts the process
+        # ("BUG: Invalid transaction state transition") after a producer whose init_transactions
+        # timed out was dropped for a new one (docs/app.md).
         pytest.param(6 * REQUEST_TIMEOUT, id="past-the-new-producer's-retry", marks=pytest.mark.torture),
     ],
 )
