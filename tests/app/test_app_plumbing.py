@@ -334,11 +334,18 @@ class _LeaderStub:
         return 0, 0
 
 
+def _offline_app(tmp_path: Path, **kw: Any) -> App:
+    """An application never started (no broker behind it), for the runner's own steps with stubs."""
+    return App(
+        "offline", "127.0.0.1:1", input_topics=["in"], stores=["agg"], process=count, state_dir=tmp_path, **kw
+    )
+
+
 def test_a_resume_wakes_each_leader_of_the_resumed_partitions_once(tmp_path: Path) -> None:
     """librdkafka fetches a resumed partition when its broker's thread next wakes up, up to a second
     later when nothing else is in flight there; one request to each leader wakes it (the failover
     benchmark: first output 0.11-0.13 s after the resume, 0.5-0.9 s without)."""
-    app = App("wake", "127.0.0.1:1", input_topics=["in"], stores=["agg"], process=count, state_dir=tmp_path)
+    app = _offline_app(tmp_path)
     stub = _LeaderStub({0: 1, 1: 2, 2: 1, 3: 3})
     app._consumer = stub
     app._wake_fetchers([TopicPartition("in", p) for p in (3, 2, 0)] + [TopicPartition("other", 1)])
@@ -393,15 +400,7 @@ def test_starting_again_is_tried_while_the_cluster_does_not_answer_within_task_t
     """What ``App._start_again`` does with the new producer and the group's offsets: tried again on an
     unanswered call (an error of statestore or of confluent-kafka) until ``task_timeout``; a fencing,
     the deadline, or a stop asked for raises the last error at once."""
-    app = App(
-        "retry",
-        "127.0.0.1:1",
-        input_topics=["in"],
-        stores=["agg"],
-        process=count,
-        state_dir=tmp_path,
-        task_timeout=30.0,
-    )
+    app = _offline_app(tmp_path, task_timeout=30.0)
     calls: list[float] = []
 
     def answered_after(n: int, error: Exception) -> Callable[[], str]:
@@ -452,15 +451,7 @@ def test_starting_again_is_tried_while_the_cluster_does_not_answer_within_task_t
         app._until_answered("asking", answered_after(5, no_answer))
     assert len(calls) == 1
     with pytest.raises(ValueError, match="task_timeout"):
-        App(
-            "retry",
-            "127.0.0.1:1",
-            input_topics=["in"],
-            stores=["agg"],
-            process=count,
-            state_dir=tmp_path,
-            task_timeout=-1,
-        )
+        _offline_app(tmp_path, task_timeout=-1)
 
 
 class _CommittedStub:
@@ -477,9 +468,7 @@ def test_a_committed_offset_answered_with_an_error_is_asked_again_never_taken_as
     """After a commit in doubt the input is sought back to the group's committed offsets: one the
     coordinator answered with an error (unstable while a transaction that commits it is open) must
     not become "none committed", which sent the input back to its start."""
-    app = App(
-        "offsets", "127.0.0.1:1", input_topics=["in"], stores=["agg"], process=count, state_dir=tmp_path
-    )
+    app = _offline_app(tmp_path)
     unstable = SimpleNamespace(
         topic="in", partition=0, offset=-1001, error=ck.KafkaError(ck.KafkaError.UNSTABLE_OFFSET_COMMIT)
     )
