@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from statestore._native import _testing
 from statestore.changelog.segment_log import SegmentLog
 from statestore.cli.common import BarListener, restore_progress
 from statestore.restore.engine import restore_store
+from statestore.restore.topic_ids import topic_id_path
 from support.tasks import produce
 
 APP = "shop"
@@ -161,6 +163,30 @@ def test_clean_removes_unlocked_old_tasks_and_all(app: tuple[Path, Path]) -> Non
     out = run(*base, "--all", "--yes")
     assert out.returncode == 0, out.stderr
     assert not (state_dir / APP).exists()
+
+
+def test_clean_topic_ids_forgets_only_the_ids_the_stores_were_read_under(app: tuple[Path, Path]) -> None:
+    state_dir, _ = app
+    task = state_dir / APP / "0_0"
+    stores = sorted(p for p in (task / "rocksdb").iterdir() if p.is_dir())
+    assert stores, "the fixture restores a store into each task"
+    files = [topic_id_path(s) for s in stores] + [topic_id_path(task / "1_0-shaped" / "rocksdb" / STORE)]
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"{TOPIC} 0 {uuid.uuid4()}\n")
+    root = state_dir / APP
+
+    def in_tasks() -> set[Path]:  # the process lock's own files beside the tasks are not looked at
+        return {p for p in root.rglob("*") if p.parent != root or p.is_dir()}
+
+    before = in_tasks() - set(files)
+    base = ["clean", "--state-dir", str(state_dir), "--app-id", APP]
+    assert run(*base, "--topic-ids", "--all").returncode == 2  # one or the other
+    out = run(*base, "--topic-ids")
+    assert out.returncode == 0, out.stderr
+    assert f"forgot the topic ids of {len(files)} stores" in out.stdout
+    assert not any(f.exists() for f in files)
+    assert in_tasks() == before  # stores and tasks untouched
 
 
 def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:

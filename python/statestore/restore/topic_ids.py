@@ -21,6 +21,8 @@ leaves the next restore to take the topic as it finds it, as every restore
 did before the file existed. A restore from the log start is never held (it
 reads the topic as it is now). Stores restored through confluent-kafka (the
 fallback for settings the native fetcher cannot serve) get no such file.
+Changelogs moved to another cluster keep their offsets but not their ids:
+:func:`forget` (``statestore clean --topic-ids``) removes every record.
 """
 
 from __future__ import annotations
@@ -131,9 +133,23 @@ def copy(src: Path, dst: Path) -> None:
         logger.warning("cannot copy the topic id recorded beside %s to beside %s: %s", src, dst, e)
 
 
+def forget(root: Path) -> list[Path]:
+    """Remove every topic id recorded under ``root`` (a state directory, an application's, or a
+    task's) and return the files removed. For changelogs moved to another cluster with their
+    offsets: a mirror's topics have ids of their own, and each store held to the old id would be
+    ``TaskCorruptedError`` once, wiped and restored in full. Only the files are touched."""
+    removed = []
+    for path in sorted(root.rglob(f".*{TOPIC_ID_SUFFIX}")):
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 __all__ = [
     "TOPIC_ID_SUFFIX",
     "copy",
+    "forget",
     "held_topic_id",
     "is_native",
     "move",
