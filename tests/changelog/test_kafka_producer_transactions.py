@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from statestore.changelog.kafka import KafkaChangelog
 from statestore.changelog.kafka.producer import KafkaProducer
 from statestore.errors import LogError, TransactionInDoubtError
 
@@ -144,3 +145,56 @@ def test_init_transactions_that_times_out_is_asked_again(monkeypatch: pytest.Mon
     client = Client(init_transactions=[timed_out(), None])
     producer(monkeypatch, client)
     assert client.calls[:3] == ["init_transactions", "init_transactions", "begin_transaction"]
+
+
+def test_a_producer_whose_init_gave_up_is_resumed_by_the_next_producer_of_its_id_never_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cluster silent for longer than init_transactions' own retry: the application asks for
+    the producer again (``RecordCollector.renew`` within ``task_timeout``). librdkafka wants the
+    same client asked again, and has aborted the process when one whose call still ran was
+    dropped for a new client of the id."""
+    made: list[Client] = []
+    scripts = [[timed_out(), timed_out(), timed_out(), timed_out(), timed_out(), timed_out(), None]]
+
+    def new_client(conf: dict[str, Any]) -> Client:
+        made.append(Client(init_transactions=scripts.pop(0) if scripts else [None]))
+        return made[-1]
+
+    monkeypatch.setattr("confluent_kafka.Producer", new_client)
+    changelog = KafkaChangelog("127.0.0.1:1", request_timeout=TIMEOUT / 3, native=False)
+    try:
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                p = changelog.producer("tid")
+                break
+            except LogError:
+                assert tries < 10
+        assert tries >= 2, "the init's own retry should have given up at least once"
+        assert len(made) == 1, "each try must resume the client whose init still runs"
+        assert made[0].calls.count("init_transactions") == 7
+        assert "purge" not in made[0].calls and "close" not in made[0].calls
+        assert p.initializing is False and not p.fatal
+        p.begin()
+        p.commit()
+        # Another id, or a settled one, gets a client of its own.
+        assert changelog.producer("tid") is not p and len(made) == 2
+        changelog.producer("other")
+        assert len(made) == 3
+    finally:
+        changelog.close()
+
+
+def test_a_producer_still_initializing_is_closed_with_its_changelog(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = Client(init_transactions=[timed_out()])
+    monkeypatch.setattr("confluent_kafka.Producer", lambda conf: client)
+    changelog = KafkaChangelog("127.0.0.1:1", request_timeout=TIMEOUT / 3, native=False)
+    with pytest.raises(LogError, match="initializing transactions"):
+        changelog.producer("tid")
+    assert "purge" not in client.calls
+    changelog.close()
+    assert client.calls[-1] == "purge"  # closed as a client whose call still runs can be
+    with pytest.raises(LogError):
+        changelog.producer("tid")  # a closed changelog keeps nothing

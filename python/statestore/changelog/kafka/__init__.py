@@ -91,6 +91,8 @@ class KafkaChangelog:
         self._extra = client_properties(client_config)
         self._lock = threading.Lock()
         self._idle: dict[TopicPartition, list[RestoreFeed]] = {}
+        # Transactional producers whose init_transactions still runs, by id, with their config.
+        self._initializing: dict[str, tuple[KafkaProducer, dict[str, Any]]] = {}
         self._watermark: dict[str, Any] = {}
         self._admin = KafkaAdmin(self)
         self._closed = False
@@ -189,8 +191,33 @@ class KafkaChangelog:
 
         ``config`` adds librdkafka producer properties (e.g. ``partitioner`` for records sent with
         ``partition=-1``); the user's client properties still win.
+
+        A transactional producer whose ``init_transactions`` gave up unanswered (the cluster down
+        for two request timeouts) is kept, and the next call for its id resumes that call on the
+        same client instead of making another: librdkafka asks for that, and has aborted the
+        process when such a client was dropped for a new one.
         """
-        return KafkaProducer(self, transactional_id, config)
+        if transactional_id is None:
+            return KafkaProducer(self, None, config)
+        with self._lock:
+            held = self._initializing.pop(transactional_id, None)
+        if held is not None and held[1] != dict(config or {}):
+            held[0].close()
+            held = None
+        producer = (
+            held[0] if held is not None else KafkaProducer(self, transactional_id, config, initialize=False)
+        )
+        try:
+            producer.initialize()
+        except LogError:
+            if producer.initializing:
+                with self._lock:
+                    if not self._closed:
+                        self._initializing[transactional_id] = (producer, dict(config or {}))
+                        raise
+            producer.close()
+            raise
+        return producer
 
     # -- restoring (the native fetcher is `native`; the FedChangelog side is the fallback) -----
 
@@ -299,9 +326,13 @@ class KafkaChangelog:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the idle restore consumers and the offset consumers."""
+        """Close the idle restore consumers, the offset consumers, and producers still initializing."""
         with self._lock:
             self._closed = True
+            initializing = [p for p, _ in self._initializing.values()]
+            self._initializing.clear()
+        for p in initializing:
+            p.close()
         self._close_clients()
 
     def _close_clients(self) -> None:

@@ -23,20 +23,27 @@ if TYPE_CHECKING:
 _RETRY_BACKOFF_S = 0.1
 #: What a commit is called in errors, and in ``_unsettled`` while it may still complete.
 _COMMITTING = "committing the transaction"
+#: What ``init_transactions`` is called in errors, and in ``_unsettled`` while it still runs.
+_INITIALIZING = "initializing transactions"
 
 
 class KafkaProducer(ClosesOnCleanExit):
     """A changelog producer on a Kafka cluster (confluent-kafka ``Producer``).
 
     Transactional when made with a transactional id: construction calls
-    ``init_transactions``, which fences the previous producer of the id and
-    aborts what it left open. ``send`` returns -1: the offset is known only
-    once the record is delivered; :meth:`take_offsets` hands them out after
-    :meth:`flush` or :meth:`commit`.
+    ``init_transactions`` (unless ``initialize=False``: then :meth:`initialize` does), which
+    fences the previous producer of the id and aborts what it left open. ``send`` returns -1:
+    the offset is known only once the record is delivered; :meth:`take_offsets` hands them out
+    after :meth:`flush` or :meth:`commit`.
     """
 
     def __init__(
-        self, changelog: KafkaChangelog, transactional_id: str | None, config: Mapping[str, Any] | None = None
+        self,
+        changelog: KafkaChangelog,
+        transactional_id: str | None,
+        config: Mapping[str, Any] | None = None,
+        *,
+        initialize: bool = True,
     ) -> None:
         ck = require()
         self.transactional_id = transactional_id
@@ -56,8 +63,21 @@ class KafkaProducer(ClosesOnCleanExit):
         # The transactional call (what it was doing) that failed with a retriable error and gave up:
         # it may still run in the client, which refuses any other until it is asked again.
         self._unsettled: str | None = None
-        if transactional_id is not None:
-            self._settle("initializing transactions", self._producer.init_transactions)
+        if transactional_id is not None and initialize:
+            self.initialize()
+
+    def initialize(self) -> None:
+        """``init_transactions``: fence the previous producer of the transactional id and settle
+        what it left open. One that keeps failing for want of an answer leaves the call running in
+        the client (:attr:`initializing`); asked again, it resumes that call, as librdkafka wants
+        (a client dropped while its call runs may abort the process)."""
+        self._settle(_INITIALIZING, self._producer.init_transactions)
+
+    @property
+    def initializing(self) -> bool:
+        """Whether ``init_transactions`` gave up unanswered and still runs in the client: call
+        :meth:`initialize` again rather than make another producer of the id."""
+        return self._unsettled == _INITIALIZING
 
     def _what(self) -> str:
         tid = f" (transactional id {self.transactional_id!r})" if self.transactional_id else ""
