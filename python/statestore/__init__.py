@@ -27,6 +27,7 @@ from statestore.changelog.protocol import Changelog, ChangelogProducer
 from statestore.changelog.segment_log import LogReader, Producer, Record, SegmentLog
 from statestore.errors import (
     ApplicationError,
+    ChangelogUnavailableError,
     CheckpointError,
     ClusterError,
     CorruptLogError,
@@ -112,6 +113,7 @@ __all__ = [
     "ApplicationError",
     "Changelog",
     "ChangelogProducer",
+    "ChangelogUnavailableError",
     "CheckpointError",
     "ClusterError",
     "CorruptLogError",

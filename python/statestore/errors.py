@@ -50,6 +50,13 @@ class LogError(StateStoreError):
     """A problem with the changelog segment log."""
 
 
+class ChangelogUnavailableError(LogError):
+    """The changelog's cluster gave no answer in time (brokers down, stalled or unreachable, a
+    leader election that outlasted the request budget). Nothing is known to be wrong with the
+    changelog or the stores: asking again later may succeed, and a restore it stopped goes on from
+    where it stood. An application retries within its ``task_timeout``."""
+
+
 class CorruptLogError(LogError):
     """A segment holds bytes that are not a valid record batch (bad CRC or header)."""
 

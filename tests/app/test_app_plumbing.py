@@ -28,7 +28,13 @@ from counting_app import count
 from statestore import TaskId, TopicPartition
 from statestore.app import App, Context, Record
 from statestore.changelog.kafka import KafkaChangelog, KafkaProducer, ensure_changelog_topics
-from statestore.errors import ApplicationError, LockError, LogError, ProducerFencedError
+from statestore.errors import (
+    ApplicationError,
+    ChangelogUnavailableError,
+    LockError,
+    LogError,
+    ProducerFencedError,
+)
 from statestore.processing.record_collector import RecordCollector
 from statestore.processing.task_manager import TaskManager
 
@@ -479,3 +485,46 @@ def test_a_committed_offset_answered_with_an_error_is_asked_again_never_taken_as
     app._consumer = _CommittedStub([unstable], [settled])
     got = app._until_answered("reading", lambda: app._committed_offsets([TopicPartition("in", 0)]))
     assert [p.offset for p in got] == [42]
+
+
+def test_a_changelog_that_does_not_answer_holds_back_its_tasks_within_task_timeout_then_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ``App.poll_once`` does with the task manager's poll (restores and standby updates): a
+    changelog whose cluster gives no answer costs a round of its tasks, logged at most every 10 s,
+    and the instance goes on processing; only past ``task_timeout`` without an answer does it stop.
+    Any other error stops it at once."""
+    app = _offline_app(tmp_path, task_timeout=0.6)
+    outcomes: list[Exception | None] = []
+
+    class Polled:
+        def poll(self, timeout: float, *, commit: bool) -> bool:
+            outcome = outcomes.pop(0) if outcomes else None
+            if outcome is not None:
+                raise outcome
+            return True
+
+    app.task_manager = Polled()  # type: ignore[assignment]
+    silent = ChangelogUnavailableError("broker 127.0.0.1:1: no answer within 30 s")
+    wrapped = LogError("offsets: timed out")  # the confluent-kafka path's, a client timeout inside
+    wrapped.__cause__ = ck.KafkaException(ck.KafkaError(ck.KafkaError._TIMED_OUT))
+    outcomes[:] = [silent, wrapped, silent]
+    with caplog.at_level("WARNING", logger="statestore.app.runner"):
+        assert [app._poll_tasks(0.0) for _ in range(4)] == [False, False, False, True]
+    said = [r for r in caplog.records if "gives no answer" in r.getMessage()]
+    assert len(said) == 1, "one line for the outage, not one a round"
+    # The clock starts again after an answer: 0.4 s silent since is within the 0.6 s.
+    outcomes[:] = [silent, silent]
+    assert app._poll_tasks(0.0) is False
+    time.sleep(0.4)
+    assert app._poll_tasks(0.0) is False
+    assert app._poll_tasks(0.0) is True
+    outcomes[:] = [silent] * 100
+    assert app._poll_tasks(0.0) is False
+    time.sleep(0.7)
+    with pytest.raises(ChangelogUnavailableError, match="task_timeout") as stopped:
+        app._poll_tasks(0.0)
+    assert stopped.value.__cause__ is silent
+    outcomes[:] = [LogError("a corrupt fetch response")]
+    with pytest.raises(LogError, match="corrupt"):
+        app._poll_tasks(0.0)

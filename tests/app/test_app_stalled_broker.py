@@ -16,6 +16,7 @@ exactly the counts 1, 2, 3, ... with their running sums: nothing lost, nothing r
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -78,36 +79,8 @@ def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
         env={STALL_ENV: f"{broker.pid}:20:{stall}"},
     )
 
-    def feed() -> None:  # ~20 s of input; the stall holds it up too
-        for i in range(0, len(records), 100):
-            produce(broker.bootstrap, inp, records[i : i + 100])
-            time.sleep(0.33)
-
-    feeder = threading.Thread(target=feed)
-    feeder.start()
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and "stalling the broker" not in log.read_text():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        assert "stalling the broker" in log.read_text(), log.read_text()[-3000:]
-        feeder.join()
-        final = {k: v[-1] for k, v in want.items()}
-        deadline = time.monotonic() + 120
-        got: dict[bytes, list[bytes]] = {}
-        while time.monotonic() < deadline:
-            got = output_by_key(read_committed(broker.bootstrap, out, PARTITIONS, timeout=30, idle=1.0))
-            if all(got.get(k, [b""])[-1] == v for k, v in final.items()):
-                break
-            assert proc.poll() is None, (
-                f"the instance exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            )
-            time.sleep(2)
-    finally:
-        feeder.join()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+    got, codes = _feed_until_counted(broker, inp, out, records, want, [(proc, log)])
+    code = codes[0]
     text = log.read_text()
     for key, outputs in want.items():
         assert got.get(key) == outputs, (
@@ -131,3 +104,96 @@ def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
         assert "the commit is in doubt" in text or "commit failed" not in text, text[-3000:]
     else:
         assert "commit failed" not in text and "in doubt" not in text, text[-3000:]  # it completed
+
+
+def _feed_until_counted(
+    broker: Broker,
+    inp: str,
+    out: str,
+    records: list[tuple[int, bytes, bytes]],
+    want: dict[bytes, list[bytes]],
+    instances: list[tuple[subprocess.Popen[bytes], Path]],
+) -> tuple[dict[bytes, list[bytes]], list[int]]:
+    """Feed ``records`` (~20 s of input; a stall holds it up too) while the instances count, wait
+    for the first stall and for every key's last count, then stop the instances (SIGTERM).
+    Returns the output by key and the instances' exit codes; an instance that exits early fails."""
+    first_log = instances[0][1]
+
+    def feed() -> None:
+        for i in range(0, len(records), 100):
+            produce(broker.bootstrap, inp, records[i : i + 100])
+            time.sleep(0.33)
+
+    def alive() -> None:
+        for proc, log in instances:
+            assert proc.poll() is None, (
+                f"an instance exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+            )
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    got: dict[bytes, list[bytes]] = {}
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "stalling the broker" not in first_log.read_text():
+            alive()
+            time.sleep(0.2)
+        assert "stalling the broker" in first_log.read_text(), first_log.read_text()[-3000:]
+        feeder.join()
+        final = {k: v[-1] for k, v in want.items()}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            got = output_by_key(read_committed(broker.bootstrap, out, PARTITIONS, timeout=30, idle=1.0))
+            if all(got.get(k, [b""])[-1] == v for k, v in final.items()):
+                break
+            alive()
+            time.sleep(2)
+    finally:
+        feeder.join()
+        for proc, _ in instances:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(timeout=60) for proc, _ in instances]
+    return got, codes
+
+
+def test_standbys_ride_out_a_stalled_broker_and_the_instances_go_on(
+    own_broker: Broker, tmp_path: Path
+) -> None:
+    """Two instances, a standby of every task: standby updates ask the broker for the changelogs'
+    ends every 0.25 s. A stall of 1.5x the request timeout leaves those unanswered: the instances
+    hold back their standbys and go on (``task_timeout``); the build before exited with "cannot
+    read its offsets". Every count exactly once, both instances alive to the end."""
+    broker = own_broker
+    app_id, inp, out = unique("stall-standby"), unique("stall-in"), unique("stall-out")
+    create_topics(broker.bootstrap, {inp: PARTITIONS, out: PARTITIONS})
+    records = input_records(seed=7, records=6000, keys=40, partitions=PARTITIONS)
+    want = expected_outputs(records)
+    instances = []
+    # a stops the broker at its 30th commit; b commits every 5 s, so the stall meets its standby
+    # updates rather than a commit of its own.
+    stalling = {STALL_ENV: f"{broker.pid}:30:{3 * REQUEST_TIMEOUT}"}
+    for name, env, interval in (("a", stalling, 100), ("b", None, 5000)):
+        log = tmp_path / f"instance-{name}.log"
+        proc = start_counting_app(
+            broker.bootstrap,
+            app_id,
+            tmp_path / f"state-{name}",
+            inp,
+            out,
+            log,
+            "exactly_once_v2",
+            commit_interval_ms=interval,
+            standbys=1,
+            request_timeout=REQUEST_TIMEOUT,
+            session_timeout_ms=45_000,
+            env=env,
+        )
+        instances.append((proc, log))
+        time.sleep(3)  # a first assignment before the second joins
+    got, codes = _feed_until_counted(broker, inp, out, records, want, instances)
+    texts = [log.read_text() for _, log in instances]
+    for key, outputs in want.items():
+        assert got.get(key) == outputs, f"key {key!r}: {first_difference(got.get(key, []), outputs)}"
+    assert codes == [0, 0], [t[-3000:] for t in texts]
+    assert any("a changelog gives no answer" in t for t in texts), "the stall met no standby update"

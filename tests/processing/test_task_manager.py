@@ -5,11 +5,27 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rocksdict import Options, Rdict
 
-from statestore import IllegalStateError, LogError, SegmentLog, TaskId, _native
+from statestore import (
+    OFFSET_UNKNOWN,
+    ChangelogUnavailableError,
+    IllegalStateError,
+    LogError,
+    RestoreResult,
+    RestoreSpec,
+    SegmentLog,
+    SkippedRecords,
+    TaskId,
+    TopicPartition,
+    _native,
+)
+from statestore.changelog.protocol import PartitionLike
+from statestore.ids import coerce_tp
+from statestore.processing import updater as updater_module
 from statestore.processing.task import ActiveTask, TaskState
 from statestore.processing.task_manager import TaskManager
 from statestore.state.directory import StateDirectory
@@ -430,3 +446,127 @@ def test_a_timestamped_store_is_written_and_restored_in_its_format(root: Path, g
         restored = root / state / "app" / str(T) / "rocksdb" / STORE
         assert _native.store_format(restored) == "timestamped", state
         assert store_contents(restored).data == store_contents(written).data == values, state
+
+
+# -- a changelog whose cluster gives no answer ---------------------------------------------------
+
+
+class Unanswering(SegmentLog):
+    """A segment log whose offsets give no answer (``ChangelogUnavailableError``) for the
+    partitions in ``down``, and for each call scripted ``False`` in ``script[tp]``."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, sync=False)
+        self.down: set[TopicPartition] = set()
+        self.script: dict[TopicPartition, list[bool]] = {}
+
+    def offsets(self, tp: PartitionLike) -> tuple[int, int, int]:
+        t = coerce_tp(tp)
+        script = self.script.get(t)
+        if t in self.down or (script and not script.pop(0)):
+            raise ChangelogUnavailableError(f"changelog {t}: no answer")
+        return super().offsets(tp)
+
+
+def _poll_until(tm: TaskManager, done: Callable[[], bool], unanswered: bool) -> None:
+    """Poll until ``done()``: each poll raises ChangelogUnavailableError when ``unanswered``."""
+    for _ in range(50):
+        if unanswered:
+            with pytest.raises(ChangelogUnavailableError):
+                tm.poll()
+        else:
+            tm.poll()
+        if done():
+            return
+    raise AssertionError("not done after 50 polls")
+
+
+def test_a_changelog_that_does_not_answer_holds_back_only_its_own_tasks(root: Path) -> None:
+    """A cluster that does not answer for one changelog (a broker down or stalled) costs only the
+    tasks it feeds: the others restore, process and commit; its own wait, with nothing opened or
+    locked, and go on from where they stood once it answers. Each poll says so (raising
+    ``ChangelogUnavailableError`` after doing everything else)."""
+    log = Unanswering(root / "log")
+    produce(log, TP, [(b"a%d" % i, b"%d" % i) for i in range(100)])
+    produce(log, TP2, [(b"b%d" % i, b"%d" % i) for i in range(100)])
+    tm = manager(root, "exactly_once_v2", log=log)
+
+    def standby_at_end() -> bool:
+        return tm.task(T2).offsets().get(TP2) == SegmentLog(root / "log").end_offset(TP2) - 1
+
+    tm.start()
+    # T's changelog answers its initialization, not the state updater's first ask; T2's nothing.
+    log.script[TP] = [True, False]
+    log.down = {TP2}
+    tm.assign([T], [T2])  # assigning raises nothing: the tasks wait
+    _poll_until(tm, lambda: tm.task(T).state is TaskState.RUNNING, unanswered=True)
+    assert dict(tm.active_task(T).store(STORE)) == {b"a%d" % i: b"%d" % i for i in range(100)}
+    assert tm.task(T2).state is TaskState.CREATED
+    assert T2 not in tm.directory.locked_tasks(), "a task that waits holds no lock"
+    tm.active_task(T).store(STORE).put(b"n", b"1")  # processing goes on
+    tm.commit()
+    assert committed(root)[b"n"] == b"1"
+    # It answers: the standby is opened and brought up to date.
+    log.down = set()
+    _poll_until(tm, lambda: T2 in tm.updater and standby_at_end(), unanswered=False)
+    # Silent again while more is written: the standby waits, then catches up.
+    produce(log, TP2, [(b"c%d" % i, b"%d" % i) for i in range(50)])
+    log.down = {TP2}
+    with pytest.raises(ChangelogUnavailableError):
+        tm.poll()
+    tm.active_task(T).store(STORE).put(b"n", b"2")
+    tm.commit()
+    log.down = set()
+    _poll_until(tm, standby_at_end, unanswered=False)
+    close_all(tm)
+    data, offsets = on_disk(root, T2)
+    assert len(data) == 150 and data[b"c49"] == b"49"
+    assert offsets == {str(TP2): SegmentLog(root / "log").end_offset(TP2) - 1}
+
+
+def test_a_restore_stopped_by_a_changelog_that_does_not_answer_goes_on_from_where_it_stood(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore engine's ChangelogUnavailableError (a fetch that got no answer) fails no task:
+    the store is as the restore left it, and the next poll goes on; nothing is wiped."""
+    log = SegmentLog(root / "log", sync=False)
+    produce(log, TP, [(b"a%d" % i, b"%d" % i) for i in range(300)])
+    real = updater_module.restore_many
+    silent = [2]  # the first two rounds get no answer
+
+    def restore_many(specs: list[RestoreSpec], **kw: Any) -> list[RestoreResult]:
+        if silent[0] == 0:
+            return real(specs, **kw)
+        silent[0] -= 1
+        error = ChangelogUnavailableError("broker 127.0.0.1:1: no answer within 30 s")
+        return [
+            RestoreResult(
+                s.tp,
+                s.store_path,
+                s.mode,
+                OFFSET_UNKNOWN,
+                OFFSET_UNKNOWN,
+                0,
+                SkippedRecords(),
+                0,
+                0.0,
+                None,
+                error,
+            )
+            for s in specs
+        ]
+
+    monkeypatch.setattr(updater_module, "restore_many", restore_many)
+    wipes: list[TaskId] = []
+    tm = manager(root, "exactly_once_v2", log=log, chunk_offsets=100)
+    monkeypatch.setattr(tm, "_handle_corrupted", lambda task, error: wipes.append(task.id))
+    tm.start()
+    tm.assign([T], [])
+    for _ in range(2):
+        with pytest.raises(ChangelogUnavailableError):
+            tm.poll()
+        assert tm.task(T).state is TaskState.RESTORING and T in tm.updater
+    assert tm.restore()
+    assert dict(tm.active_task(T).store(STORE)) == {b"a%d" % i: b"%d" % i for i in range(300)}
+    assert wipes == []
+    close_all(tm)

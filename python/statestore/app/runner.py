@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from statestore.changelog.kafka import KafkaChangelog, ensure_changelog_topics
-from statestore.changelog.kafka.common import client_properties, kafka_error, require
+from statestore.changelog.kafka.common import client_properties, require, unanswered
 from statestore.changelog.protocol import Header
 from statestore.errors import (
     ApplicationError,
+    ChangelogUnavailableError,
     LogError,
     ProcessingError,
     ProducerFencedError,
@@ -48,25 +49,6 @@ from statestore.state.policy import Guarantee
 from statestore.state.store import KEY_VALUE_FORMATS
 
 logger = logging.getLogger(__name__)
-
-
-def _unanswered(e: BaseException) -> bool:
-    """Whether ``e`` (a statestore error wrapping a client error, or the client's own) says the
-    cluster gave no answer in time, or one to ask again, rather than a refusal."""
-    ck = require()
-    err = kafka_error(e if isinstance(e, ck.KafkaException) else (e.__cause__ or e))
-    if err is None:
-        return False
-    return bool(err.retriable()) or err.code() in (
-        ck.KafkaError._TIMED_OUT,
-        ck.KafkaError._TRANSPORT,
-        ck.KafkaError._ALL_BROKERS_DOWN,
-        ck.KafkaError.REQUEST_TIMED_OUT,
-        ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
-        ck.KafkaError.NOT_COORDINATOR,
-        ck.KafkaError.UNSTABLE_OFFSET_COMMIT,
-    )
 
 
 def _corrupted_tasks(error: TaskCorruptedError) -> list[TaskId]:
@@ -101,6 +83,8 @@ WAKE_TIMEOUT_S = 1.0
 DEFAULT_TASK_TIMEOUT = 300.0
 #: Seconds between two tries of a call the cluster did not answer (each try waits its own timeout first).
 _UNANSWERED_BACKOFF_S = 1.0
+#: Seconds between two log lines saying a changelog still gives no answer.
+_UNANSWERED_LOG_INTERVAL_S = 10.0
 
 _T = TypeVar("_T")
 
@@ -184,8 +168,9 @@ class App:
     * ``request_timeout`` (seconds): how long one request to the cluster may take; a transactional
       call is asked again for as long once more before it fails.
     * ``task_timeout`` (seconds, Kafka Streams' ``task.timeout.ms``): how long the application
-      keeps trying to start its tasks again (a new producer, the group's committed offsets) while
-      the cluster does not answer, before it stops with the error; 0 tries once.
+      keeps trying while the cluster does not answer -- to start its tasks again (a new producer,
+      the group's committed offsets), or to restore and update tasks whose changelogs give no
+      answer (the running tasks go on meanwhile) -- before it stops with the error; 0 tries once.
     * ``publish_metrics``: the loop writes a snapshot of :attr:`metrics` (restores, standbys, each
       task's state, standby hits, liveness) under ``<state_dir>/<application_id>/.metrics/`` every
       second, for ``statestore inspect``/``watch`` in another process; serve :attr:`metrics` to
@@ -271,6 +256,9 @@ class App:
         self._assignments = 0
         self._rebalancing = False
         self._rewinds = 0
+        # Since when (monotonic) the task manager's changelogs give no answer, and when it was last said.
+        self._unanswered_since: float | None = None
+        self._unanswered_said = 0.0
         self._close_clean = True
         self._callback_error: BaseException | None = None
         self._last_commit = time.monotonic()
@@ -335,7 +323,8 @@ class App:
             if self.publish_metrics:
                 self._publisher = MetricsPublisher(self.metrics, self.state_dir, interval=PUBLISH_INTERVAL_S)
                 self._publish()
-            self.task_manager.start()  # under exactly-once: init_transactions fences our previous incarnation
+            # Under exactly-once its producer's init_transactions fences our previous incarnation.
+            self._until_answered("starting the task manager", self.task_manager.start)
             conf: dict[str, Any] = {
                 "group.id": self.application_id,
                 "enable.auto.commit": False,
@@ -435,12 +424,14 @@ class App:
         if self._paused or not tm.all_running():
             deadline = now + RESTORE_SLICE_S
             while True:
-                tm.poll(max(0.0, deadline - time.monotonic()), commit=False)
-                if tm.all_running() or not tm.updater.made_progress or time.monotonic() >= deadline:
-                    break  # done, blocked (e.g. on an open transaction), or the slice is spent
+                answered = self._poll_tasks(max(0.0, deadline - time.monotonic()))
+                if not answered or tm.all_running() or not tm.updater.made_progress:
+                    break  # done, blocked (e.g. on an open transaction or an unanswered changelog)
+                if time.monotonic() >= deadline:
+                    break  # the slice is spent
         elif now >= self._standby_update_due:
             self._standby_update_due = now + STANDBY_UPDATE_INTERVAL_S
-            tm.poll(0.0, commit=False)
+            self._poll_tasks(0.0)
         if self._paused:
             self._resume_running()
         done = 0
@@ -469,6 +460,47 @@ class App:
         if self._publisher is not None and time.monotonic() - self._published >= PUBLISH_INTERVAL_S:
             self._publish()
         return done
+
+    def _poll_tasks(self, timeout: float) -> bool:
+        """Restore and update the tasks for up to ``timeout`` seconds; whether every changelog answered.
+
+        A changelog whose cluster gives no answer holds back only the tasks it feeds; the running
+        tasks go on, and the task manager asks it again next round. After ``task_timeout`` seconds
+        without an answer the error is raised (the instance stops), as Kafka Streams does.
+        """
+        try:
+            self._tm().poll(timeout, commit=False)
+        except LogError as e:
+            if not unanswered(e):
+                raise
+            now = time.monotonic()
+            if self._unanswered_since is None:
+                self._unanswered_since = now
+            silent = now - self._unanswered_since
+            if silent > self.task_timeout:
+                raise ChangelogUnavailableError(
+                    f"{self.application_id}: changelogs gave no answer for {silent:.0f} s, more than "
+                    f"task_timeout ({self.task_timeout:.0f} s): {e}"
+                ) from e
+            if now - self._unanswered_said >= _UNANSWERED_LOG_INTERVAL_S:
+                self._unanswered_said = now
+                logger.warning(
+                    "%s: a changelog gives no answer (%s); its tasks wait, the others go on; trying again "
+                    "for up to %.0f s more (task_timeout)",
+                    self.application_id,
+                    e,
+                    self.task_timeout - silent,
+                )
+            return False
+        if self._unanswered_since is not None:
+            logger.info(
+                "%s: the changelogs answer again after %.0f s",
+                self.application_id,
+                time.monotonic() - self._unanswered_since,
+            )
+            self._unanswered_since = None
+            self._unanswered_said = 0.0
+        return True
 
     def _publish(self) -> None:
         """Write a metrics snapshot (from the loop's thread: the task manager is not thread-safe)."""
@@ -731,7 +763,7 @@ class App:
                 raise
             except (LogError, require().KafkaException) as e:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set() or not _unanswered(e):
+                if left <= 0 or self._stop.is_set() or not unanswered(e):
                     raise
                 logger.warning(
                     "%s: %s failed (try %d: %s); trying again for up to %.0f s more (task_timeout)",

@@ -206,10 +206,13 @@ class Task:
         the state manager's own verdict (no offset for existing data under
         exactly-once), a store that fails to open, a store left OPEN by a
         crash when the policy says a crash means wipe, or an offset beyond
-        the changelog's end or before its start.
+        the changelog's end or before its start. The changelogs' ranges are read first, so a
+        cluster that does not answer (``ChangelogUnavailableError``) leaves nothing opened or
+        locked, and the next try checks everything again.
         """
         sm = self.state_manager
         if not sm.initialized:
+            ranges = {cs.tp: self.changelog.offsets(cs.tp)[:2] for cs in self.changelog_stores()}
             try:
                 sm.initialize()
             except StoreError as e:
@@ -221,10 +224,10 @@ class Task:
                     path=e.path,
                 ) from e
             self._stores_released = False
-            self._verify_local_state()
+            self._verify_local_state(ranges)
         self.release_stores()
 
-    def _verify_local_state(self) -> None:
+    def _verify_local_state(self, ranges: Mapping[TopicPartition, tuple[int, int]]) -> None:
         sm = self.state_manager
         offsets = sm.offsets()
         for cs in self.changelog_stores():
@@ -239,7 +242,7 @@ class Task:
                     cs.path,
                     None,
                 )
-            start, end, _ = self.changelog.offsets(cs.tp)
+            start, end = ranges[cs.tp]
             if store.recorded_offset(cs.tp) in SENTINEL_OFFSETS:
                 # Kafka Streams' "no offset yet": the engine restores from the changelog's start,
                 # which it does for a store recording nothing (it would take -4 for a position).

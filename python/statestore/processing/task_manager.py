@@ -28,6 +28,7 @@ from pathlib import Path
 
 from statestore.changelog.protocol import DEFAULT_TRANSACTION_TIMEOUT_MS, Changelog
 from statestore.errors import (
+    ChangelogUnavailableError,
     IllegalStateError,
     LockError,
     LogError,
@@ -154,6 +155,10 @@ class TaskManager:
         self._standby: dict[TaskId, StandbyTask] = {}
         self._startup: dict[TaskId, StandbyTask] = {}
         self._wipes: dict[TaskId, int] = {}
+        # Initialized tasks the state updater has not taken yet: their changelogs gave no answer.
+        self._unadded: set[TaskId] = set()
+        # What an unanswered changelog said during this poll (raised at its end).
+        self._unavailable: ChangelogUnavailableError | None = None
         self._collector: RecordCollector | None = None
         self._started = False
         self._closed = False
@@ -199,19 +204,19 @@ class TaskManager:
         self._check_open()
         if self._started:
             return
-        self._started = True
         self.changelog.create()  # a new application's changelog is an empty one
         tid = None
         if self.policy.eos:
             tid = f"{self.directory.application_id}-{self.directory.process_id}"
             if self.client_id is not None:
                 tid += f"-{self.client_id}"
-        self._collector = RecordCollector(self.changelog, tid)
+        self._collector = RecordCollector(self.changelog, tid)  # may fail: start() is then asked again
+        self._started = True
         for task_id in self.directory.non_empty_task_dirs():
             task = StandbyTask(task_id, self._state_manager(task_id, standby=True), self.changelog)
             try:
                 task.initialize()
-            except LockError as e:
+            except (LockError, ChangelogUnavailableError) as e:
                 logger.info("task %s: not opened as a startup standby: %s", task_id, e)
                 continue
             except TaskCorruptedError as e:
@@ -251,15 +256,43 @@ class TaskManager:
         )
 
     def _initialize_pending(self) -> None:
+        """Initialize CREATED tasks and hand them to the state updater. One whose lock is not free
+        yet, or whose changelog gives no answer, is tried again on the next poll; the others go on."""
         for task in [*self._active.values(), *self._standby.values()]:
-            if task.state is not TaskState.CREATED:
+            if task.state is TaskState.CREATED:
+                try:
+                    self._initialize(task)
+                except LockError as e:
+                    logger.debug(
+                        "task %s: lock not available yet (%s); retrying on the next poll", task.id, e
+                    )
+                    continue
+                except ChangelogUnavailableError as e:
+                    self._unanswered(task, e)
+                    continue
+            elif task.id not in self._unadded or task.id in self.updater:
                 continue
-            try:
-                self._initialize(task)
-            except LockError as e:
-                logger.debug("task %s: lock not available yet (%s); retrying on the next poll", task.id, e)
-                continue
+            self._add(task)
+
+    def _add(self, task: Task) -> None:
+        """Hand an initialized task to the state updater; one whose changelog gives no answer is
+        kept aside and handed over by a later poll."""
+        try:
             self.updater.add(task)
+        except ChangelogUnavailableError as e:
+            self._unadded.add(task.id)
+            self._unanswered(task, e)
+        else:
+            self._unadded.discard(task.id)
+
+    def _unanswered(self, task: Task, error: ChangelogUnavailableError) -> None:
+        logger.debug(
+            "%s task %s: its changelog gives no answer (%s); trying again on the next poll",
+            task.kind,
+            task.id,
+            error,
+        )
+        self._unavailable = self._unavailable or error
 
     def _handle_corrupted(self, task: Task, error: StateStoreError) -> None:
         """Close dirty, wipe, revive: the task is restored again from its changelog's start."""
@@ -382,7 +415,7 @@ class TaskManager:
             startup = self._startup.pop(tid, None)
             if startup is not None:
                 self._standby[tid] = startup
-                self.updater.add(startup)
+                self._add(startup)
             else:
                 self._standby[tid] = StandbyTask(tid, self._state_manager(tid, standby=True), self.changelog)
         # Startup standbys nobody claimed are closed: memory stays bounded.
@@ -433,8 +466,13 @@ class TaskManager:
         Returns True when every active task is RUNNING. ``commit=False`` leaves
         committing to the caller (an application runner, whose commits carry
         its input positions in the same transaction).
+
+        A changelog that gives no answer (its cluster down or stalled) holds back only its own
+        tasks: everything else is done, then its ``ChangelogUnavailableError`` is raised; those
+        tasks are as they were, and the next poll tries them again.
         """
         self._check_open()
+        self._unavailable = None
         self._initialize_pending()
         self.updater.poll(timeout)
         stop: StateStoreError | None = None
@@ -445,6 +483,9 @@ class TaskManager:
         self._initialize_pending()
         if commit and self._clock() - self._last_commit >= self.commit_interval:
             self.commit()
+        unavailable = self._unavailable or self.updater.unavailable
+        if unavailable is not None:
+            raise unavailable
         return self.all_running()
 
     def all_running(self) -> bool:

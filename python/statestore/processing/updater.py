@@ -46,7 +46,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from statestore.changelog.protocol import DEFAULT_TRANSACTION_TIMEOUT_MS, Changelog
-from statestore.errors import LogError, RestoreError, StateStoreError, StoreError, TaskCorruptedError
+from statestore.errors import (
+    ChangelogUnavailableError,
+    LogError,
+    RestoreError,
+    StateStoreError,
+    StoreError,
+    TaskCorruptedError,
+)
 from statestore.ids import TaskId, TopicPartition
 from statestore.ops.metrics import RestoreMetrics
 from statestore.processing.task import ActiveTask, ChangelogStore, StandbyTask, Task, TaskState
@@ -226,6 +233,9 @@ class StateUpdater:
         self._open = OpenStores(DEFAULT_MEMORY_BUDGET)
         #: Whether the last poll applied a restored chunk.
         self.made_progress = False
+        #: What the last poll's unanswered changelog said (``ChangelogUnavailableError``), if one did:
+        #: its tasks stay as they were and are asked again next poll; the others went on.
+        self.unavailable: ChangelogUnavailableError | None = None
 
     # -- membership -----------------------------------------------------------------------
 
@@ -242,12 +252,15 @@ class StateUpdater:
             raise ValueError(
                 f"{task.kind} task {task.id} must be {expected.value} to be added, it is {task.state.value}"
             )
+        # The changelogs' ends first: a cluster that does not answer (ChangelogUnavailableError)
+        # leaves the task as it was, to be added again.
+        ranges = {cs.tp: self.changelog.offsets(cs.tp)[:2] for cs in task.changelog_stores()}
         task.release_stores()
         task.state_manager.lend_stores(self._open)
         entry = _Updating(task)
         offsets = task.offsets()
         for cs in task.changelog_stores():
-            start, end, _ = self.changelog.offsets(cs.tp)
+            start, end = ranges[cs.tp]
             offset = offsets.get(cs.tp)
             position = max(offset + 1, start) if offset is not None else start
             if isinstance(task, ActiveTask):
@@ -324,7 +337,12 @@ class StateUpdater:
             for cl in entry.changelogs:
                 if cl.phase is ChangelogPhase.COMPLETED:
                     continue
-                lso = self.changelog.last_stable_offset(cl.store.tp)
+                try:
+                    lso = self.changelog.last_stable_offset(cl.store.tp)
+                except ChangelogUnavailableError as e:
+                    # Its cluster gives no answer: the others go on; this one is asked next round.
+                    self.unavailable = self.unavailable or e
+                    continue
                 limit = lso if cl.end_offset is None else min(cl.end_offset, lso)
                 target = min(limit, cl.position + self.chunk_offsets)
                 if target > cl.position:
@@ -385,6 +403,7 @@ class StateUpdater:
         """
         slice_ = self.time_slice if timeout is None else timeout
         self.made_progress = False
+        self.unavailable = None
         self._complete_ready()
         if self._executor is not None:
             if self._inflight is None:
@@ -401,8 +420,8 @@ class StateUpdater:
                 if not plan:
                     break
                 self._apply(plan, self._run(plan))
-                if self._clock() >= deadline:
-                    break
+                if self._clock() >= deadline or self.unavailable is not None:
+                    break  # the slice is spent, or a changelog gave no answer: asked next poll
         self._maybe_record_offsets()
         done, self._completed = self._completed, []
         return done
@@ -422,6 +441,11 @@ class StateUpdater:
         for (entry, cl, _target), result in zip(plan, results, strict=True):
             if self._tasks.get(entry.task.id) is not entry or entry.failed:
                 continue  # removed meanwhile: its progress is forgotten
+            if isinstance(result.error, ChangelogUnavailableError):
+                # No answer from its cluster: the store is as the restore left it (its offset with
+                # its data), and the next round goes on from there. Not a failure of the task.
+                self.unavailable = self.unavailable or result.error
+                continue
             if result.error is not None:
                 self._fail(entry, result.error, cl)
                 continue
@@ -473,7 +497,11 @@ class StateUpdater:
                     entry.task.id, cl.store.tp, cl.store.name, result.records_applied, cl.position
                 )
         elif self.standby_listener is not None or self.metrics is not None:
-            end = self.changelog.end_offset(cl.store.tp)
+            try:
+                end = self.changelog.end_offset(cl.store.tp)
+            except ChangelogUnavailableError as e:
+                self.unavailable = self.unavailable or e
+                return  # reported with the next batch
             if self.standby_listener is not None:
                 self.standby_listener.on_batch_loaded(
                     cl.store.tp, cl.store.name, entry.task.id, result.offset, result.records_applied, end

@@ -127,6 +127,9 @@ impl From<KafkaError> for LogError {
             KafkaError::Corrupt(m) => LogError::new(LogErrorKind::Corrupt, m),
             KafkaError::UnsupportedCompression(m) => LogError::new(LogErrorKind::UnsupportedCompression, m),
             KafkaError::OutOfRange(m) => LogError::new(LogErrorKind::OutOfRange, m),
+            e @ (KafkaError::Io(_) | KafkaError::Timeout(_) | KafkaError::Broker { .. }) if e.retriable() => {
+                LogError::new(LogErrorKind::Unavailable, e.to_string())
+            }
             e => LogError::other(e.to_string()),
         }
     }

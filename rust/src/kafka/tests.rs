@@ -1557,3 +1557,30 @@ fn a_job_of_stores_kept_open_a_few_records_behind_fetches_them_in_one_fetch_per_
         assert_eq!(crate::restore::testing::dump(&store), partition_store(p, end), "t-{p}");
     }
 }
+
+/// What the cluster did not answer is `Unavailable` (an application waits it out within its
+/// `task_timeout`); what it answered wrongly, or refused, is not.
+#[test]
+fn only_a_cluster_that_gave_no_answer_is_unavailable() {
+    use crate::source::{LogError, LogErrorKind};
+    let kind = |e: KafkaError| LogError::from(e).kind;
+    for e in [
+        KafkaError::Timeout("broker b:1: no answer within 30 s".into()),
+        KafkaError::Io("broker b:1: cannot connect: Connection refused".into()),
+        KafkaError::Broker { code: 6, message: "NOT_LEADER_OR_FOLLOWER".into() },
+        KafkaError::Broker { code: 78, message: "OFFSET_NOT_AVAILABLE".into() },
+    ] {
+        assert_eq!(kind(e), LogErrorKind::Unavailable);
+    }
+    for e in [
+        KafkaError::Broker { code: 29, message: "TOPIC_AUTHORIZATION_FAILED".into() },
+        KafkaError::Protocol("wrong correlation id".into()),
+        KafkaError::Auth("SASL failed".into()),
+        KafkaError::NoTopic("no topic t".into()),
+        KafkaError::Config("no such file".into()),
+    ] {
+        assert_eq!(kind(e), LogErrorKind::Other);
+    }
+    assert_eq!(kind(KafkaError::Corrupt("bad crc".into())), LogErrorKind::Corrupt);
+    assert_eq!(kind(KafkaError::OutOfRange("offset 9".into())), LogErrorKind::OutOfRange);
+}

@@ -51,7 +51,12 @@ pub enum LogErrorKind {
     /// The requested offset is outside the partition: the reader's state cannot
     /// be trusted (`TaskCorruptedError` when it comes from a restore).
     OutOfRange,
-    /// Anything else: I/O, bad arguments, a changelog that stopped answering (`LogError`).
+    /// The changelog's cluster gave no answer within the request budget (timeouts,
+    /// broken connections, a leader election that outlasted it): nothing is known
+    /// to be wrong with the data, and asking later may succeed
+    /// (`ChangelogUnavailableError`).
+    Unavailable,
+    /// Anything else: I/O, bad arguments, a changelog that refuses (`LogError`).
     Other,
 }
 

@@ -20,6 +20,7 @@ use crate::store::StoreError;
 pub enum ErrorClass {
     Lock,
     Log,
+    Unavailable,
     CorruptLog,
     UnsupportedCompression,
     ProducerFenced,
@@ -36,6 +37,7 @@ impl ErrorClass {
         match self {
             ErrorClass::Lock => "LockError",
             ErrorClass::Log => "LogError",
+            ErrorClass::Unavailable => "ChangelogUnavailableError",
             ErrorClass::CorruptLog => "CorruptLogError",
             ErrorClass::UnsupportedCompression => "UnsupportedCompressionError",
             ErrorClass::ProducerFenced => "ProducerFencedError",
@@ -97,6 +99,7 @@ impl From<LogError> for PyErr {
             LogErrorKind::TxnState => ErrorClass::TransactionState,
             LogErrorKind::Lock => ErrorClass::Lock,
             LogErrorKind::OutOfRange => ErrorClass::TaskCorrupted,
+            LogErrorKind::Unavailable => ErrorClass::Unavailable,
             LogErrorKind::Other => ErrorClass::Log,
         };
         raise(class, e.message, &Fields { path: e.path, offset: e.offset, ..Fields::default() })
@@ -121,6 +124,7 @@ pub fn restore_class(kind: ErrorKind) -> ErrorClass {
         ErrorKind::CorruptLog => ErrorClass::CorruptLog,
         ErrorKind::UnsupportedCompression => ErrorClass::UnsupportedCompression,
         ErrorKind::Log => ErrorClass::Log,
+        ErrorKind::Unavailable => ErrorClass::Unavailable,
         ErrorKind::OutOfRange => ErrorClass::TaskCorrupted,
         ErrorKind::StoreCorrupted => ErrorClass::StoreCorrupted,
     }

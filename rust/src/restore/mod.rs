@@ -57,6 +57,9 @@ pub enum ErrorKind {
     UnsupportedCompression,
     /// Any other problem with the changelog (missing partition, I/O).
     Log,
+    /// The changelog's cluster gave no answer in time: the store is as the
+    /// restore left it, and a later restore may go on from there.
+    Unavailable,
     /// The progress listener raised; the restore stopped cleanly.
     Listener,
     /// The store's offset lies outside the changelog (records deleted, topic
@@ -73,6 +76,7 @@ impl ErrorKind {
             LogErrorKind::Corrupt => ErrorKind::CorruptLog,
             LogErrorKind::UnsupportedCompression => ErrorKind::UnsupportedCompression,
             LogErrorKind::OutOfRange => ErrorKind::OutOfRange,
+            LogErrorKind::Unavailable => ErrorKind::Unavailable,
             _ => ErrorKind::Log,
         }
     }

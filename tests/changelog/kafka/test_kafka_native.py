@@ -147,6 +147,24 @@ def test_an_aborted_transaction_spanning_many_fetch_responses_is_dropped_whole(
         small.close()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "confluent-kafka"])
+def test_a_cluster_that_does_not_answer_is_changelog_unavailable_never_a_plain_log_error(
+    tmp_path: Path, native: bool
+) -> None:
+    """Nothing listens: offsets and a restore fail with ``ChangelogUnavailableError`` within the
+    request budget (the application rides that out within its ``task_timeout``; any other
+    ``LogError`` stops it), and the store is left as it was."""
+    c = KafkaChangelog("127.0.0.1:1", request_timeout=1.0, restore_stall_timeout=1.0, native=native)
+    try:
+        with pytest.raises(errors.ChangelogUnavailableError, match=r"127\.0\.0\.1:1"):
+            c.offsets(TopicPartition("t", 0))
+        with pytest.raises(errors.ChangelogUnavailableError, match="t-0"):
+            restore_store(tmp_path / "s", c, TopicPartition("t", 0))
+        assert not (tmp_path / "s").exists()
+    finally:
+        c.close()
+
+
 def test_unsupported_sasl_mechanisms_fall_back_to_confluent_kafka_with_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

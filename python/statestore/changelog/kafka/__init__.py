@@ -38,6 +38,7 @@ The producer and admin need confluent-kafka, an optional dependency:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
@@ -51,12 +52,13 @@ from statestore.changelog.kafka.common import (
     DEFAULT_STALL_TIMEOUT,
     client_properties,
     require,
+    unanswered,
 )
 from statestore.changelog.kafka.producer import KafkaProducer
 from statestore.changelog.kafka.source import RestoreFeed, native_client, read_records, read_through_consumer
 from statestore.changelog.protocol import DEFAULT_TRANSACTION_TIMEOUT_MS, PartitionLike
 from statestore.changelog.segment_log import Record
-from statestore.errors import LogError, TaskCorruptedError
+from statestore.errors import ChangelogUnavailableError, LogError, TaskCorruptedError
 from statestore.ids import TopicPartition, coerce_tp
 
 
@@ -91,8 +93,8 @@ class KafkaChangelog:
         self._extra = client_properties(client_config)
         self._lock = threading.Lock()
         self._idle: dict[TopicPartition, list[RestoreFeed]] = {}
-        # Transactional producers whose init_transactions still runs, by id, with their config.
-        self._initializing: dict[str, tuple[KafkaProducer, dict[str, Any]]] = {}
+        # Transactional producers whose init_transactions still runs, by transactional id.
+        self._initializing: dict[str, KafkaProducer] = {}
         self._watermark: dict[str, Any] = {}
         self._admin = KafkaAdmin(self)
         self._closed = False
@@ -147,7 +149,7 @@ class KafkaChangelog:
                 ck.TopicPartition(tp.topic, tp.partition), timeout=self.request_timeout, cached=False
             )
         except ck.KafkaException as e:
-            raise LogError(
+            raise (ChangelogUnavailableError if unanswered(e) else LogError)(
                 f"changelog {tp} on {self.bootstrap_servers}: cannot read its offsets: {e}; "
                 "does the topic exist (ensure_changelog_topics) and is the broker reachable?"
             ) from e
@@ -194,26 +196,24 @@ class KafkaChangelog:
 
         A transactional producer whose ``init_transactions`` gave up unanswered (the cluster down
         for two request timeouts) is kept, and the next call for its id resumes that call on the
-        same client instead of making another: librdkafka asks for that, and has aborted the
-        process when such a client was dropped for a new one.
+        same client (with the configuration it was made with) instead of making another:
+        librdkafka asks for that, and has aborted the process when such a client was dropped for
+        a new one.
         """
         if transactional_id is None:
             return KafkaProducer(self, None, config)
         with self._lock:
             held = self._initializing.pop(transactional_id, None)
-        if held is not None and held[1] != dict(config or {}):
-            held[0].close()
-            held = None
         producer = (
-            held[0] if held is not None else KafkaProducer(self, transactional_id, config, initialize=False)
+            held if held is not None else KafkaProducer(self, transactional_id, config, initialize=False)
         )
         try:
             producer.initialize()
-        except LogError:
+        except BaseException:
             if producer.initializing:
                 with self._lock:
                     if not self._closed:
-                        self._initializing[transactional_id] = (producer, dict(config or {}))
+                        self._initializing[transactional_id] = producer
                         raise
             producer.close()
             raise
@@ -329,9 +329,13 @@ class KafkaChangelog:
         """Close the idle restore consumers, the offset consumers, and producers still initializing."""
         with self._lock:
             self._closed = True
-            initializing = [p for p, _ in self._initializing.values()]
+            initializing = list(self._initializing.values())
             self._initializing.clear()
         for p in initializing:
+            # Asked once more first: a call that ends is closed as any producer is; one that does
+            # not is left to the client's own teardown.
+            with contextlib.suppress(LogError):
+                p.initialize()
             p.close()
         self._close_clients()
 

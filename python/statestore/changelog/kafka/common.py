@@ -6,6 +6,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from statestore.errors import ChangelogUnavailableError
+
 _ck: Any
 try:
     import confluent_kafka as _ck
@@ -36,6 +38,30 @@ def kafka_error(e: BaseException) -> Any:
     """The ``KafkaError`` inside a ``KafkaException`` (or None)."""
     args = getattr(e, "args", ())
     return args[0] if args and hasattr(args[0], "code") else None
+
+
+def unanswered(e: BaseException) -> bool:
+    """Whether ``e`` says the cluster gave no answer in time, or one to ask again, rather than a
+    refusal: a :class:`~statestore.errors.ChangelogUnavailableError` (the native client's), or a
+    confluent-kafka error (or a statestore error caused by one) that is retriable, a timeout, a
+    transport error, or a coordinator's "not now"."""
+    if isinstance(e, ChangelogUnavailableError) or isinstance(e.__cause__, ChangelogUnavailableError):
+        return True
+    if _ck is None:
+        return False
+    err = kafka_error(e if isinstance(e, _ck.KafkaException) else (e.__cause__ or e))
+    if err is None:
+        return False
+    return bool(err.retriable()) or err.code() in (
+        _ck.KafkaError._TIMED_OUT,
+        _ck.KafkaError._TRANSPORT,
+        _ck.KafkaError._ALL_BROKERS_DOWN,
+        _ck.KafkaError.REQUEST_TIMED_OUT,
+        _ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        _ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
+        _ck.KafkaError.NOT_COORDINATOR,
+        _ck.KafkaError.UNSTABLE_OFFSET_COMMIT,
+    )
 
 
 #: confluent-kafka's own (Python) configuration keys, which keep their underscores.
