@@ -122,6 +122,7 @@ def restore_local(
                 )
         specs = []
         todo: list[int] = []
+        wipe: list[Path] = []
         for i, w in enumerate(work):
             fmt = fmts.get(w.store, "plain")
             target = store_location(sd, w.task_id, w.store, fmt)
@@ -142,8 +143,7 @@ def restore_local(
                 continue
             todo.append(i)
             if target.exists() and not can_resume_from(target, w.tp, guarantee):
-                shutil.rmtree(target)
-            target.parent.mkdir(exist_ok=True)
+                wipe.append(target)
             listener = listener_for(w) if listener_for is not None else None
             if metrics is not None:
                 listener = metrics.listener(w.task_id, also=listener)
@@ -159,6 +159,20 @@ def restore_local(
                     retention_ms=rets.get(w.store) if fmt in _native.RETAINED_STORE_FORMATS else None,
                 )
             )
+        if not layout.offsets_in_store:
+            # A task's .checkpoint vouches for its stores as they are: each store about to change
+            # loses its entry first (durably), so a restore that fails or is killed never leaves
+            # an offset over a store that does not hold it (Kafka Streams would resume from it and
+            # never read what lies before). _settle records the entries of the restored ones.
+            stale: dict[TaskId, dict[TopicPartition, int | None]] = {}
+            for i in todo:
+                stale.setdefault(work[i].task_id, {})[work[i].tp] = None
+            for task_id, entries in sorted(stale.items()):
+                record_in_checkpoint(sd.checkpoint_path(task_id), entries)
+        for target in wipe:
+            shutil.rmtree(target)
+        for spec in specs:
+            Path(spec.store_path).parent.mkdir(exist_ok=True)
         if not specs:
             done = []
         elif metrics is not None:
