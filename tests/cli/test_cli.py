@@ -189,6 +189,45 @@ def test_clean_topic_ids_forgets_only_the_ids_the_stores_were_read_under(app: tu
     assert in_tasks() == before  # stores and tasks untouched
 
 
+def test_clean_and_restore_refuse_while_kafka_streams_holds_the_state_directory(
+    app: tuple[Path, Path],
+) -> None:
+    """Kafka Streams locks ``<app>/.lock`` with Java's ``FileChannel.lock`` (a POSIX lock, unseen by
+    flock) and keeps its task locks in memory: nothing else on disk says it runs. A child holding
+    such a lock stands in for it."""
+    state_dir, log_dir = app
+    lock = state_dir / APP / ".lock"
+    lock.touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'r+'); fcntl.lockf(f, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(120)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        before = sorted(p for p in (state_dir / APP).rglob("*"))
+        base = ["--state-dir", str(state_dir), "--app-id", APP]
+        for args in (
+            ["clean", *base, "--cleanup-delay-ms", "0"],
+            ["clean", *base, "--all", "--yes"],
+            ["clean", *base, "--topic-ids"],
+            ["restore", "--log-dir", str(log_dir), *base],
+        ):
+            out = run(*args)
+            assert out.returncode != 0 and f"locked by process {holder.pid}" in out.stderr + out.stdout, args
+        assert sorted(p for p in (state_dir / APP).rglob("*")) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run("clean", "--state-dir", str(state_dir), "--app-id", APP, "--all", "--yes").returncode == 0
+
+
 def test_demo_small_runs_end_to_end(tmp_path: Path) -> None:
     out = run(
         "demo",

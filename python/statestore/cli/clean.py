@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from statestore.cli.common import console, state_options
-from statestore.ops.inspection import app_dir
+from statestore.ops.inspection import app_dir, refuse_if_kafka_streams_runs
 from statestore.restore.topic_ids import forget
 from statestore.state.directory import DEFAULT_CLEANUP_DELAY_MS, LOCK_FILE_NAME, StateDirectory
 
@@ -37,7 +37,8 @@ def clean(
     """Delete unlocked task directories not modified for the cleanup delay, or everything with --all.
 
     Takes the application's process lock first, so it refuses to run while the
-    application is running. Locked task directories are never removed.
+    application is running (a statestore application, or Kafka Streams, seen by
+    its POSIX lock on <app>/.lock). Locked task directories are never removed.
     --topic-ids removes only the `.<store>.topic-id` files: a store restored from
     a changelog topic is held to that topic's id, and a mirror's topics have ids
     of their own.
@@ -51,6 +52,8 @@ def clean(
     if remove_all and topic_ids:
         raise click.UsageError("--all already removes the topic ids with everything else")
     root = app_dir(state_dir, app_id)
+    # Kafka Streams holds a POSIX lock, which the process lock (flock) does not see.
+    refuse_if_kafka_streams_runs(root, "cleaning its state directory")
     if remove_all and not yes:
         click.confirm(
             f"Remove all local state of {app_id} in {root}? It will be restored from the changelog",

@@ -28,7 +28,7 @@ from statestore.cli.stores import (
 )
 from statestore.errors import LockError, StateStoreError
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
-from statestore.ops.inspection import flock_holders, lock_holder
+from statestore.ops.inspection import refuse_if_kafka_streams_runs
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
 from statestore.restore.discovery import FoundStore, segmented_refusal
 from statestore.restore.engine import (
@@ -43,7 +43,7 @@ from statestore.restore.engine import (
 from statestore.restore.planning import changelog_stores, parse_partitions, plan
 from statestore.restore.staging import DEFAULT_LOCK_TIMEOUT, can_resume_from, store_location
 from statestore.restore.work import PartitionWork, RestoreRow
-from statestore.state.directory import LOCK_FILE_NAME, StateDirectory
+from statestore.state.directory import StateDirectory
 from statestore.state.lag import store_lag
 from statestore.state.layout import (
     KIP_1035,
@@ -104,14 +104,7 @@ def restore_local(
     """
     fmts, rets = dict(formats or {}), dict(retentions or {})
     refused: dict[int, str] = {}
-    app_lock = Path(state_dir) / application_id / LOCK_FILE_NAME
-    java_holder = lock_holder(app_lock, flock_holders("POSIX"))
-    if java_holder is not None and java_holder != os.getpid():
-        raise LockError(
-            f"{app_lock} is locked by process {java_holder} (a Kafka Streams instance?): stop it before "
-            "restoring into its state directory",
-            path=app_lock,
-        )
+    refuse_if_kafka_streams_runs(Path(state_dir) / application_id, "restoring into its state directory")
     with StateDirectory(state_dir, application_id) as sd:
         for task_id in sorted({w.task_id for w in work}):
             if not sd.lock(task_id):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from statestore import _native
 from statestore.changelog.protocol import Changelog
 from statestore.changelog.segment_log import SegmentLog
-from statestore.errors import StateStoreError
+from statestore.errors import LockError, StateStoreError
 from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
 from statestore.state.directory import LOCK_FILE_NAME
@@ -121,6 +121,20 @@ def lock_holder(lock_file: Path, holders: dict[tuple[int, int], int] | None = No
         return None
     table = flock_holders() if holders is None else holders
     return table.get((st.st_dev, st.st_ino))
+
+
+def refuse_if_kafka_streams_runs(app_root: Path, doing: str) -> None:
+    """Raise ``LockError`` when a process other than this one holds a POSIX lock on
+    ``<app_root>/.lock``: a Kafka Streams instance (Java's ``FileChannel.lock``), whose task locks
+    live in its memory only, so nothing else on disk says it is using the state ``doing`` would
+    change."""
+    app_lock = app_root / LOCK_FILE_NAME
+    holder = lock_holder(app_lock, flock_holders("POSIX"))
+    if holder is not None and holder != os.getpid():
+        raise LockError(
+            f"{app_lock} is locked by process {holder} (a Kafka Streams instance?): stop it before {doing}",
+            path=app_lock,
+        )
 
 
 def disk_size(path: Path) -> int:
