@@ -215,12 +215,24 @@ pub fn replace_dir(staged: &Path, target: &Path, aside: &Path) -> Result<Replace
     } else if exchange(staged, target)? {
         Replaced::Exchanged
     } else {
-        fs::rename(target, aside).map_err(|e| FileIoError::new("rename", target, e))?;
-        fs::rename(staged, target).map_err(|e| FileIoError::new("rename", staged, e))?;
+        move_aside_then_rename(staged, target, aside)?;
         Replaced::MovedAside
     };
     fsync_dir(parent_of(target))?;
     Ok(how)
+}
+
+/// The two renames of [`replace_dir`] where the filesystem cannot exchange.
+/// A second rename that fails puts the old directory back at `target` (best
+/// effort), so a failed swap leaves the store that was there, never nothing:
+/// the caller removes `aside` with its attempt.
+fn move_aside_then_rename(staged: &Path, target: &Path, aside: &Path) -> Result<(), FileIoError> {
+    fs::rename(target, aside).map_err(|e| FileIoError::new("rename", target, e))?;
+    if let Err(e) = fs::rename(staged, target) {
+        let _ = fs::rename(aside, target);
+        return Err(FileIoError::new("rename", staged, e));
+    }
+    Ok(())
 }
 
 /// Copy the closed RocksDB directory `src` (or a directory of them: a
@@ -315,6 +327,17 @@ mod tests {
         fs::create_dir(&d).unwrap();
         fs::write(d.join("CURRENT"), file).unwrap();
         d
+    }
+
+    #[test]
+    fn a_failed_second_rename_puts_the_old_directory_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir_with(dir.path(), "store", "one");
+        let (missing, aside) = (dir.path().join("staged-gone"), dir.path().join("aside"));
+        let err = move_aside_then_rename(&missing, &target, &aside).unwrap_err();
+        assert!(err.to_string().contains("staged-gone"), "{err}");
+        assert_eq!(fs::read_to_string(target.join("CURRENT")).unwrap(), "one");
+        assert!(!aside.exists());
     }
 
     #[test]

@@ -273,6 +273,37 @@ def test_failed_attempt_keeps_the_previous_store_and_removes_its_staging(
     assert dump(target) == dump(tmp_path / "ref" / "s")
 
 
+def test_a_swap_that_fails_keeps_the_previous_store_and_reports_a_failed_row(
+    tmp_path: Path, changelogs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the filesystem cannot exchange two directories (NFS), the swap is two renames; the
+    second one failing (EIO, ESTALE, a quota) must leave the store that was there, not delete it
+    with the attempt's directory."""
+    from statestore.restore import staging
+
+    state = tmp_path / "state"
+    tp = TopicPartition(changelog_topic(APP, "counts"), 5)
+    target = store_path(state, "counts", 5)
+    target.parent.mkdir(parents=True)
+    restore_store(target, changelogs, tp, end_offset=50)
+    before = dump(target)
+
+    def second_rename_fails(staged: Path, target: Path, aside: Path) -> None:
+        os.rename(target, aside)  # the first rename; the second fails, and the store is put back
+        os.rename(aside, target)
+        raise OSError(5, "Input/output error", str(staged))
+
+    monkeypatch.setattr(staging._native, "replace_dir", second_rename_fails)
+    row = restore_partition(
+        log_dir=changelogs, state_dir=state, application_id=APP, store="counts", partition=5
+    )
+    assert row.status == "failed" and f"moving the restored store into place at {target}" in (
+        row.error or ""
+    ), row
+    assert dump(target) == before
+    assert no_staging_left(state)
+
+
 @pytest.mark.parametrize(("marker", "start"), [("earlier_boot", 0), ("sync_failed", 0), ("this_boot", 50)])
 def test_a_store_left_unsynced_by_a_job_is_wiped_or_kept_before_an_attempt_resumes_from_it(
     tmp_path: Path, changelogs: Path, marker: str, start: int

@@ -47,7 +47,7 @@ from typing import Any
 from statestore import _native
 from statestore._testing.faults import FAIL_ATTEMPT_ENV, InjectedFailure, failure_injected
 from statestore.changelog.segment_log import SegmentLog
-from statestore.errors import LockError, StateStoreError
+from statestore.errors import LockError, StateStoreError, StoreError
 from statestore.ids import OFFSET_UNKNOWN, SENTINEL_OFFSETS, TaskId, TopicPartition
 from statestore.restore import topic_ids
 from statestore.restore.discovery import layout_refusal
@@ -321,13 +321,18 @@ def restore_partition(
         # A job that created the store and died leaves its marker beside it, not inside (see
         # `fileio::deferred`): sync the store and keep it, or wipe it, before resuming from a copy.
         _native.recover_unsynced(target)
+        held: str | None = None
         if can_resume_from(target, tp, policy.guarantee):
             _native.link_copy_dir(target, staged)
             topic_ids.copy(target, staged)
+            # Held to the store's own id whether or not its copy beside the staged store was made:
+            # a copy that failed must not let the restore read on from another topic.
+            held = topic_ids.held_topic_id(changelog, tp, target)
         result = restore_store(
             staged,
             changelog,
             tp,
+            topic_id=held,
             mode=mode,
             memory_budget_bytes=memory_budget_bytes,
             read_ahead=cpus > 1,
@@ -349,7 +354,13 @@ def restore_partition(
         if not in_store:
             record_in_checkpoint(sd.checkpoint_path(task_id), {tp: None})
         _native.fsync_dir(staged)  # what the restore wrote beside the copy's links
-        _native.replace_dir(staged, target, attempt_dir / "previous")
+        try:
+            _native.replace_dir(staged, target, attempt_dir / "previous")
+        except OSError as e:  # the store there before stays in place (the swap puts it back)
+            raise StoreError(
+                f"task {task_id} store {store}: moving the restored store into place at {target} failed: {e}",
+                path=target,
+            ) from e
         topic_ids.move(staged, target)
         if not in_store:
             sd.ensure_held(token, what=f"record the offset of store {store} in the task's .checkpoint")

@@ -310,11 +310,17 @@ def test_a_recreated_topic_is_task_corrupted_never_read_on(
     assert store_difference(tmp_path / "expected", tmp_path / "s") is None
 
 
+@pytest.mark.parametrize("copied", [True, False], ids=["id-copied", "copy-failed"])
 def test_a_store_restored_in_a_staging_directory_keeps_its_topic_id_when_put_in_place(
-    changelog: KafkaChangelog, kafka_bootstrap: str, tmp_path: Path
+    changelog: KafkaChangelog,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    copied: bool,
 ) -> None:
-    # What a Spark task runs: the store is restored in a copy and moved into place, its topic id with it.
-    from statestore.restore import topic_ids
+    # What a Spark task runs: the store is restored in a copy and moved into place, its topic id with
+    # it. The copy's restore is held to the store's own id even when the id's file was not copied.
+    from statestore.restore import staging, topic_ids
     from statestore.restore.staging import restore_partition
 
     app = f"app{uuid.uuid4().hex[:8]}"
@@ -342,6 +348,8 @@ def test_a_store_restored_in_a_staging_directory_keeps_its_topic_id_when_put_in_
     changelog.delete_topics([tp.topic])
     changelog.create_topics({tp.topic: 1})
     write(200)
+    if not copied:  # as when writing the copy fails (a warning)
+        monkeypatch.setattr(staging.topic_ids, "copy", lambda src, dst: None)
     # Another executor: a client of its own, which never read the partition.
     args["kafka"] = {"bootstrap.servers": kafka_bootstrap, "client.id": "another-executor"}
     row = restore_partition(**args)  # type: ignore[arg-type]
