@@ -48,11 +48,10 @@ REQUEST_TIMEOUT = 3.0
     [
         pytest.param(1.5 * REQUEST_TIMEOUT, id="within-the-retry"),
         pytest.param(3 * REQUEST_TIMEOUT, id="past-the-retry"),
-        # In `make torture` only: about 1 run in 10 fails. Either the group's committed offsets stay
-        # unreadable after the broker wakes (the consumer's OffsetFetch times out for minutes, after
-        # the new producer was made; not understood yet), or librdkafka 2.16 aborts the process
-        # ("BUG: Invalid transaction state transition") after a producer whose init_transactions
-        # timed out was dropped for a new one (docs/app.md).
+        # In `make torture` only (18 s of a stalled broker; docs/app.md). Before the producer whose
+        # init_transactions timed out was resumed instead of dropped for a new one, about 1 run in
+        # 10 failed (committed offsets unreadable for minutes, or librdkafka 2.16 aborting the
+        # process); since, none of 29 runs lost, repeated or hung.
         pytest.param(6 * REQUEST_TIMEOUT, id="past-the-new-producer's-retry", marks=pytest.mark.torture),
     ],
 )
@@ -93,11 +92,14 @@ def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
         # The commit's retry and the new producer's both end before the broker wakes: the new
         # producer is tried again (within task_timeout), where the build before exited with the
         # error. (Should the client hold the commit until the broker wakes, as it was seen to do
-        # once under load, nothing is in doubt.)
+        # once under load, nothing is in doubt; should the 20th commit get through just before the
+        # broker stops, the next transaction's calls time out instead, its abort too, and the dead
+        # producer is replaced as the broker wakes: seen once in 29 runs.)
         in_doubt = "the commit is in doubt" in text
-        assert (in_doubt and "replacing the producer failed" in text) or "commit failed" not in text, text[
-            -3000:
-        ]
+        replaced = "the producer is dead; replacing it" in text
+        assert (
+            (in_doubt and "replacing the producer failed" in text) or replaced or "commit failed" not in text
+        ), text[-3000:]
     elif stall > 2 * REQUEST_TIMEOUT:
         # Past the retry the commit is in doubt, as on an idle machine; under the full suite's load
         # the client was once seen to hold the commit until the broker woke and complete it.
