@@ -52,13 +52,14 @@ def clean(
     if remove_all and topic_ids:
         raise click.UsageError("--all already removes the topic ids with everything else")
     root = app_dir(state_dir, app_id)
-    # Kafka Streams holds a POSIX lock, which the process lock (flock) does not see.
-    refuse_if_kafka_streams_runs(root, "cleaning its state directory")
     if remove_all and not yes:
         click.confirm(
             f"Remove all local state of {app_id} in {root}? It will be restored from the changelog",
             abort=True,
         )
+    # Kafka Streams holds a POSIX lock, which the process lock (flock) does not see; asked after
+    # the confirmation, just before anything is removed.
+    refuse_if_kafka_streams_runs(root, "cleaning its state directory")
     directory = StateDirectory(state_dir, app_id, cleanup_delay_ms=cleanup_delay_ms)
     try:
         if topic_ids:

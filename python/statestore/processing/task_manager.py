@@ -157,8 +157,11 @@ class TaskManager:
         self._wipes: dict[TaskId, int] = {}
         # Initialized tasks the state updater has not taken yet: their changelogs gave no answer.
         self._unadded: set[TaskId] = set()
-        # What an unanswered changelog said during this poll (raised at its end).
-        self._unavailable: ChangelogUnavailableError | None = None
+        # Tasks waiting (not initialized, or not taken by the state updater) because their
+        # changelogs gave no answer, with what they said; raised by every poll until they answer.
+        self._waiting: dict[TaskId, ChangelogUnavailableError] = {}
+        # Changelogs that gave no answer during this poll: not asked again before the next one.
+        self._silent: set[TopicPartition] = set()
         self._collector: RecordCollector | None = None
         self._started = False
         self._closed = False
@@ -259,6 +262,8 @@ class TaskManager:
         """Initialize CREATED tasks and hand them to the state updater. One whose lock is not free
         yet, or whose changelog gives no answer, is tried again on the next poll; the others go on."""
         for task in [*self._active.values(), *self._standby.values()]:
+            if any(cs.tp in self._silent for cs in task.changelog_stores()):
+                continue  # asked already during this poll, without an answer
             if task.state is TaskState.CREATED:
                 try:
                     self._initialize(task)
@@ -284,6 +289,7 @@ class TaskManager:
             self._unanswered(task, e)
         else:
             self._unadded.discard(task.id)
+            self._waiting.pop(task.id, None)
 
     def _unanswered(self, task: Task, error: ChangelogUnavailableError) -> None:
         logger.debug(
@@ -292,7 +298,18 @@ class TaskManager:
             task.id,
             error,
         )
-        self._unavailable = self._unavailable or error
+        self._waiting[task.id] = error
+        self._silent.update(cs.tp for cs in task.changelog_stores())
+
+    def _unavailable(self) -> ChangelogUnavailableError | None:
+        """What a changelog that has not answered since said: of a task still waiting for it, or
+        of one the state updater holds back."""
+        owned = {**self._active, **self._standby}
+        for tid in list(self._waiting):
+            task = owned.get(tid)
+            if task is None or not (task.state is TaskState.CREATED or tid in self._unadded):
+                del self._waiting[tid]  # gone, or it answered another way
+        return next(iter(self._waiting.values()), None) or self.updater.unavailable
 
     def _handle_corrupted(self, task: Task, error: StateStoreError) -> None:
         """Close dirty, wipe, revive: the task is restored again from its changelog's start."""
@@ -472,7 +489,7 @@ class TaskManager:
         tasks are as they were, and the next poll tries them again.
         """
         self._check_open()
-        self._unavailable = None
+        self._silent.clear()
         self._initialize_pending()
         self.updater.poll(timeout)
         stop: StateStoreError | None = None
@@ -483,7 +500,7 @@ class TaskManager:
         self._initialize_pending()
         if commit and self._clock() - self._last_commit >= self.commit_interval:
             self.commit()
-        unavailable = self._unavailable or self.updater.unavailable
+        unavailable = self._unavailable()
         if unavailable is not None:
             raise unavailable
         return self.all_running()

@@ -233,9 +233,13 @@ class StateUpdater:
         self._open = OpenStores(DEFAULT_MEMORY_BUDGET)
         #: Whether the last poll applied a restored chunk.
         self.made_progress = False
-        #: What the last poll's unanswered changelog said (``ChangelogUnavailableError``), if one did:
-        #: its tasks stay as they were and are asked again next poll; the others went on.
-        self.unavailable: ChangelogUnavailableError | None = None
+        #: Changelogs that gave no answer (``ChangelogUnavailableError``) and have not answered
+        #: since: their tasks stay as they were and are asked again next poll; the others go on.
+        #: Cleared for one by a restore of it that succeeds (or, with nothing to fetch, by its
+        #: offsets read again), or when its task leaves.
+        self.unanswered: dict[TopicPartition, ChangelogUnavailableError] = {}
+        # Changelogs that gave no answer during this poll: not asked again before the next one.
+        self._silent: set[TopicPartition] = set()
 
     # -- membership -----------------------------------------------------------------------
 
@@ -294,20 +298,30 @@ class StateUpdater:
         if self.metrics is not None:
             self.metrics.forget(task_id)
         for cl in entry.changelogs:
+            self.unanswered.pop(cl.store.tp, None)
             if entry.active:
                 suspended = getattr(self.listener, "on_restore_suspended", None)
                 if cl.phase is ChangelogPhase.RESTORING and suspended is not None:
                     suspended(cl.store.tp, cl.store.name, cl.restored)
             elif self.standby_listener is not None:
                 offset = entry.task.offsets().get(cl.store.tp)
+                try:
+                    end = self.changelog.end_offset(cl.store.tp)
+                except ChangelogUnavailableError:
+                    end = -1  # unknown: the task leaves all the same
                 self.standby_listener.on_update_suspended(
-                    cl.store.tp,
-                    cl.store.name,
-                    offset if offset is not None else -1,
-                    self.changelog.end_offset(cl.store.tp),
-                    reason,
+                    cl.store.tp, cl.store.name, offset if offset is not None else -1, end, reason
                 )
         return entry.task
+
+    def _unanswered(self, tp: TopicPartition, error: ChangelogUnavailableError) -> None:
+        self.unanswered[tp] = error
+        self._silent.add(tp)
+
+    @property
+    def unavailable(self) -> ChangelogUnavailableError | None:
+        """What a changelog that has not answered since it last gave no answer said, if one has not."""
+        return next(iter(self.unanswered.values()), None)
 
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._tasks
@@ -337,17 +351,21 @@ class StateUpdater:
             for cl in entry.changelogs:
                 if cl.phase is ChangelogPhase.COMPLETED:
                     continue
+                if cl.store.tp in self._silent:
+                    continue
                 try:
                     lso = self.changelog.last_stable_offset(cl.store.tp)
                 except ChangelogUnavailableError as e:
-                    # Its cluster gives no answer: the others go on; this one is asked next round.
-                    self.unavailable = self.unavailable or e
+                    # Its cluster gives no answer: the others go on; this one is asked next poll.
+                    self._unanswered(cl.store.tp, e)
                     continue
                 limit = lso if cl.end_offset is None else min(cl.end_offset, lso)
                 target = min(limit, cl.position + self.chunk_offsets)
                 if target > cl.position:
                     plan.append((entry, cl, target))
-                elif cl.end_offset is not None and cl.position < cl.end_offset:
+                    continue
+                self.unanswered.pop(cl.store.tp, None)  # it answers, and has nothing to fetch
+                if cl.end_offset is not None and cl.position < cl.end_offset:
                     blocked = True
         if blocked and not plan:
             self._abort_expired()
@@ -403,7 +421,7 @@ class StateUpdater:
         """
         slice_ = self.time_slice if timeout is None else timeout
         self.made_progress = False
-        self.unavailable = None
+        self._silent.clear()
         self._complete_ready()
         if self._executor is not None:
             if self._inflight is None:
@@ -420,7 +438,7 @@ class StateUpdater:
                 if not plan:
                     break
                 self._apply(plan, self._run(plan))
-                if self._clock() >= deadline or self.unavailable is not None:
+                if self._clock() >= deadline or self._silent:
                     break  # the slice is spent, or a changelog gave no answer: asked next poll
         self._maybe_record_offsets()
         done, self._completed = self._completed, []
@@ -444,11 +462,12 @@ class StateUpdater:
             if isinstance(result.error, ChangelogUnavailableError):
                 # No answer from its cluster: the store is as the restore left it (its offset with
                 # its data), and the next round goes on from there. Not a failure of the task.
-                self.unavailable = self.unavailable or result.error
+                self._unanswered(cl.store.tp, result.error)
                 continue
             if result.error is not None:
                 self._fail(entry, result.error, cl)
                 continue
+            self.unanswered.pop(cl.store.tp, None)
             self.made_progress = True
             cl.position = max(cl.position, result.end_offset)
             cl.restored += result.records_applied
@@ -500,7 +519,7 @@ class StateUpdater:
             try:
                 end = self.changelog.end_offset(cl.store.tp)
             except ChangelogUnavailableError as e:
-                self.unavailable = self.unavailable or e
+                self._unanswered(cl.store.tp, e)
                 return  # reported with the next batch
             if self.standby_listener is not None:
                 self.standby_listener.on_batch_loaded(

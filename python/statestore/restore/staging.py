@@ -356,7 +356,7 @@ def restore_partition(
         _native.fsync_dir(staged)  # what the restore wrote beside the copy's links
         try:
             _native.replace_dir(staged, target, attempt_dir / "previous")
-        except OSError as e:  # the store there before stays in place (the swap puts it back)
+        except OSError as e:  # a failed swap puts the store there before back (see finally)
             raise StoreError(
                 f"task {task_id} store {store}: moving the restored store into place at {target} failed: {e}",
                 path=target,
@@ -381,7 +381,18 @@ def restore_partition(
         return failed(msg)
     finally:
         if attempt_dir is not None:
-            _remove_tree(attempt_dir)
+            if target is not None and not target.exists() and (attempt_dir / "previous").is_dir():
+                # A swap failed and could not put the old store back either: its only copy is
+                # kept for the next attempt's recovery, which puts it back in place.
+                logger.error(
+                    "task %s store %s: %s is missing; its previous store is kept in %s",
+                    task_id,
+                    store,
+                    target,
+                    attempt_dir,
+                )
+            else:
+                _remove_tree(attempt_dir)
         sd.close()
 
 

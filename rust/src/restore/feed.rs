@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::source::{ChangeRecord, ChangelogSource, LogError, RecordChunk, SkipCounts};
+use crate::source::{ChangeRecord, ChangelogSource, LogError, LogErrorKind, RecordChunk, SkipCounts};
 
 /// Most records asked of a feed per pull.
 pub const MAX_PULL_RECORDS: usize = 10_000;
@@ -150,11 +150,15 @@ impl<F: ChunkFeed> ChangelogSource for FeedSource<F> {
                 // Nothing more below `end` now: the caller sees position < end.
                 return Ok(false);
             } else if Instant::now() >= deadline {
-                return Err(LogError::other(format!(
-                    "no record arrived for {:.1} s at offset {} (reading up to {end}); is the broker reachable?",
-                    self.stall_timeout.as_secs_f64(),
-                    self.position
-                )));
+                // The feed never failed, it only brought nothing: a cluster that does not answer.
+                return Err(LogError::new(
+                    LogErrorKind::Unavailable,
+                    format!(
+                        "no record arrived for {:.1} s at offset {} (reading up to {end}); is the broker reachable?",
+                        self.stall_timeout.as_secs_f64(),
+                        self.position
+                    ),
+                ));
             }
         }
         Ok(false)
@@ -248,5 +252,7 @@ mod tests {
         let mut src = FeedSource::new(Silent, 4, Duration::from_millis(20));
         let e = src.next_chunk(10, 1 << 20, &mut |_| {}).unwrap_err();
         assert!(e.to_string().contains("offset 4"), "{e}");
+        // No answer, not a refusal: an application waits it out within its task_timeout.
+        assert_eq!(e.kind, LogErrorKind::Unavailable);
     }
 }
