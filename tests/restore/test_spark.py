@@ -248,14 +248,20 @@ def test_two_concurrent_attempts_in_processes_leave_one_correct_store(tmp_path: 
     assert no_staging_left(state)
 
 
-def test_failed_attempt_keeps_the_previous_store_and_removes_its_staging(
-    tmp_path: Path, changelogs: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _store_at_offset_50(tmp_path: Path, changelogs: Path) -> tuple[Path, TopicPartition, Path]:
+    """Store ``counts`` of task 0_5 restored up to offset 50: ``(state_dir, its partition, its path)``."""
     state = tmp_path / "state"
     tp = TopicPartition(changelog_topic(APP, "counts"), 5)
     target = store_path(state, "counts", 5)
     target.parent.mkdir(parents=True)
     restore_store(target, changelogs, tp, end_offset=50)
+    return state, tp, target
+
+
+def test_failed_attempt_keeps_the_previous_store_and_removes_its_staging(
+    tmp_path: Path, changelogs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, tp, target = _store_at_offset_50(tmp_path, changelogs)
     before = dump(target)
     monkeypatch.setenv(FAIL_ATTEMPT_ENV, "counts:5:0")
     with pytest.raises(InjectedFailure, match="task 0_5 store counts"):
@@ -281,11 +287,7 @@ def test_a_swap_that_fails_keeps_the_previous_store_and_reports_a_failed_row(
     with the attempt's directory."""
     from statestore.restore import staging
 
-    state = tmp_path / "state"
-    tp = TopicPartition(changelog_topic(APP, "counts"), 5)
-    target = store_path(state, "counts", 5)
-    target.parent.mkdir(parents=True)
-    restore_store(target, changelogs, tp, end_offset=50)
+    state, _, target = _store_at_offset_50(tmp_path, changelogs)
     before = dump(target)
 
     def second_rename_fails(staged: Path, target: Path, aside: Path) -> None:
@@ -314,11 +316,7 @@ def test_a_store_left_unsynced_by_a_job_is_wiped_or_kept_before_an_attempt_resum
     place, where ``Store`` would refuse it."""
     from statestore import Store, _native
 
-    state = tmp_path / "state"
-    tp = TopicPartition(changelog_topic(APP, "counts"), 5)
-    target = store_path(state, "counts", 5)
-    target.parent.mkdir(parents=True)
-    restore_store(target, changelogs, tp, end_offset=50)
+    state, tp, target = _store_at_offset_50(tmp_path, changelogs)
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     written = {"this_boot": boot, "earlier_boot": "0" * 8, "sync_failed": "sync failed"}[marker]
     (target.parent / ".counts.unsynced").write_text(written)
