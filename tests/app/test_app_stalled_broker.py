@@ -103,8 +103,11 @@ def test_a_broker_stalled_during_commits_loses_and_repeats_nothing(
         ), text[-3000:]
     elif stall > 2 * REQUEST_TIMEOUT:
         # Past the retry the commit is in doubt, as on an idle machine; under the full suite's load
-        # the client was once seen to hold the commit until the broker woke and complete it.
-        assert "the commit is in doubt" in text or "commit failed" not in text, text[-3000:]
+        # the client was once seen to hold the commit until the broker woke and complete it, and
+        # once the 20th commit got through just before the broker stopped, the next transaction's
+        # calls failed, its abort too, and the dead producer was replaced (counts exact).
+        replaced = "the producer is dead; replacing it" in text
+        assert "the commit is in doubt" in text or replaced or "commit failed" not in text, text[-3000:]
     else:
         assert "commit failed" not in text and "in doubt" not in text, text[-3000:]  # it completed
 

@@ -227,3 +227,22 @@ def test_in_memory_store_has_the_same_processing_api() -> None:
     m.close()
     with pytest.raises(IllegalStateError):
         m.put(b"x", b"y")
+
+
+def test_a_marker_that_cannot_be_read_is_a_store_error_naming_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker a restore job leaves beside a store it creates says whether the store's files
+    were made durable; an I/O error reading it (found by the injected-fault runs) must be an error
+    of statestore naming the store -- the task manager then wipes and restores the task -- never a
+    bare OSError that stops the application."""
+    from statestore.state import store as store_module
+
+    def unreadable(path: object) -> None:
+        raise OSError(5, "Input/output error", f"{tmp_path}/.s.unsynced")
+
+    monkeypatch.setattr(store_module._native, "unsynced_marker", unreadable)
+    with pytest.raises(StoreError, match=r"cannot tell whether .* was made durable") as failed:
+        Store(tmp_path / "s")
+    assert failed.value.path == str(tmp_path / "s") and isinstance(failed.value.__cause__, OSError)
+    assert not (tmp_path / "s").exists(), "nothing opened or created"

@@ -348,10 +348,17 @@ class Store(_StagedWrites):
         left by an earlier boot (the machine went down) or by a job whose last sync failed, its
         files may have lost any write, and it must be restored again, which a restore does by
         wiping it."""
-        marker = _native.unsynced_marker(self.path)
-        if marker == "this_boot":
-            _native.recover_unsynced(self.path)
-        elif marker is not None:
+        try:
+            marker = _native.unsynced_marker(self.path)
+            if marker == "this_boot":
+                _native.recover_unsynced(self.path)
+        except OSError as e:  # the marker (or the store's files) cannot be read or synced
+            raise StoreError(
+                f"{self._who()}: cannot tell whether {self.path} was made durable: {e}",
+                path=self.path,
+                task_id=self.task_id,
+            ) from e
+        if marker is not None and marker != "this_boot":
             cause = "the machine going down" if marker == "earlier_boot" else "a failed sync of its files"
             raise StoreCorruptedError(
                 f"{self._who()}: the restore that created {self.path} was cut short by {cause}, so "
