@@ -262,7 +262,12 @@ class TaskManager:
         """Initialize CREATED tasks and hand them to the state updater. One whose lock is not free
         yet, or whose changelog gives no answer, is tried again on the next poll; the others go on."""
         for task in [*self._active.values(), *self._standby.values()]:
-            if any(cs.tp in self._silent for cs in task.changelog_stores()):
+            pending = task.state is TaskState.CREATED or (
+                task.id in self._unadded and task.id not in self.updater
+            )
+            if not pending:
+                continue
+            if self._silent and any(cs.tp in self._silent for cs in task.changelog_stores()):
                 continue  # asked already during this poll, without an answer
             if task.state is TaskState.CREATED:
                 try:
@@ -275,8 +280,6 @@ class TaskManager:
                 except ChangelogUnavailableError as e:
                     self._unanswered(task, e)
                     continue
-            elif task.id not in self._unadded or task.id in self.updater:
-                continue
             self._add(task)
 
     def _add(self, task: Task) -> None:
@@ -304,6 +307,8 @@ class TaskManager:
     def _unavailable(self) -> ChangelogUnavailableError | None:
         """What a changelog that has not answered since said: of a task still waiting for it, or
         of one the state updater holds back."""
+        if not self._waiting:
+            return self.updater.unavailable
         owned = {**self._active, **self._standby}
         for tid in list(self._waiting):
             task = owned.get(tid)
