@@ -75,8 +75,9 @@ class TransactionStateError(LogError):
 
 class TransactionInDoubtError(LogError):
     """A transaction's commit kept failing with retriable errors (e.g. its coordinator unreachable)
-    and may still commit or abort: nobody can tell which yet. The producer must be replaced (its
-    successor's ``init_transactions`` waits until the transaction is settled), and what the
+    and may still commit or abort: nobody can tell which yet. Asking the same producer's commit
+    again settles it once the coordinator answers; failing that, the producer must be replaced (its
+    successor's ``init_transactions`` waits until the transaction is settled). Either way what the
     transaction held must be learnt again from the changelog and the group coordinator."""
 
 

@@ -34,6 +34,7 @@ from statestore.errors import (
     LockError,
     LogError,
     ProducerFencedError,
+    TransactionInDoubtError,
 )
 from statestore.processing.record_collector import RecordCollector
 from statestore.processing.task_manager import TaskManager
@@ -458,6 +459,73 @@ def test_starting_again_is_tried_while_the_cluster_does_not_answer_within_task_t
     assert len(calls) == 1
     with pytest.raises(ValueError, match="task_timeout"):
         _offline_app(tmp_path, task_timeout=-1)
+
+
+class _InDoubtCollector:
+    """A record collector whose commits answer with the given outcomes (None: committed)."""
+
+    def __init__(self, *outcomes: Exception | None) -> None:
+        self.outcomes = list(outcomes)
+        self.calls: list[str] = []
+        self.failed = False
+
+    def commit(self) -> dict[TopicPartition, int]:
+        self.calls.append("commit")
+        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+        if outcome is not None:
+            raise outcome
+        return {}
+
+    def renew(self) -> None:
+        self.calls.append("renew")
+
+
+class _StartAgainStub:
+    """The task manager's side of starting every task again."""
+
+    def __init__(self, collector: _InDoubtCollector) -> None:
+        self.collector = collector
+        self.closed: list[list[TaskId]] = []
+        self._closed = False
+
+    def active_tasks(self) -> dict[TaskId, Any]:
+        return {}
+
+    def close_lost(self, ids: list[TaskId]) -> None:
+        self.closed.append(ids)
+
+    def assign(self, active: set[TaskId], standby: set[TaskId]) -> None:
+        pass
+
+
+def test_a_commit_in_doubt_is_asked_again_of_the_same_producer_before_another_is_made(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second client of the transactional id made while the first still retries its commit raced it
+    at the coordinator (Kafka 4.4), and once left the group's offsets unreadable for minutes. So the
+    commit in doubt is asked again of the same producer within ``task_timeout`` (as Kafka Streams
+    does); the producer is replaced only when that commit fails for good, is fenced, or gets no
+    answer in time. Every task starts again either way."""
+    in_doubt = TransactionInDoubtError("committing kept timing out")
+    cases: list[tuple[tuple[Exception | None, ...], float, list[str]]] = [
+        ((in_doubt, None), 30.0, ["commit", "commit"]),  # the broker woke: it committed
+        ((LogError("the coordinator aborted it"),), 30.0, ["commit", "renew"]),
+        ((ProducerFencedError("fenced"),), 30.0, ["commit", "renew"]),
+        ((in_doubt,), 0.0, ["commit", "renew"]),  # no answer within task_timeout
+    ]
+    for outcomes, task_timeout, calls in cases:
+        app = _offline_app(tmp_path, task_timeout=task_timeout)
+        collector = _InDoubtCollector(*outcomes)
+        tm = _StartAgainStub(collector)
+        app.task_manager = tm  # type: ignore[assignment]
+        app._committed[TopicPartition("in", 0)] = 7
+        with caplog.at_level("INFO", logger="statestore.app.runner"):
+            caplog.clear()
+            app._in_doubt(in_doubt)
+        assert collector.calls == calls, outcomes
+        assert tm.closed == [[]] and app._committed == {}, outcomes  # every task starts again
+        settled = "the commit in doubt completed" in caplog.text
+        assert settled == ("renew" not in calls), caplog.text
 
 
 class _CommittedStub:

@@ -10,6 +10,7 @@ tests drive ``KafkaProducer`` with a client whose answers are scripted, no broke
 from __future__ import annotations
 
 import time
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 from statestore.changelog.kafka import KafkaChangelog
 from statestore.changelog.kafka.producer import KafkaProducer
 from statestore.errors import LogError, TransactionInDoubtError
+from statestore.processing.record_collector import RecordCollector
 
 TIMEOUT = 0.3
 
@@ -44,7 +46,9 @@ class Client:
         script = self.scripts.get(name, [None])
         outcome = script.pop(0) if len(script) > 1 else script[0]
         if outcome is not None:
-            raise outcome
+            # a new one each time, as the real client's are (one kept in the script and raised again
+            # would hold this client's frames: alive until the garbage collector comes)
+            raise type(outcome)(*outcome.args)
 
     def init_transactions(self, timeout: float) -> None:
         self._answer("init_transactions")
@@ -114,6 +118,68 @@ def test_a_commit_that_keeps_timing_out_is_in_doubt_and_leaves_the_producer_to_b
     assert "abort_transaction" not in client.calls
     p.close()  # drops what is queued; the client's close() would try to abort
     assert client.calls[-1] == "purge"
+
+
+def test_a_commit_in_doubt_asked_again_of_the_same_producer_completes_and_it_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the App does with a commit in doubt before it would make a second client of the id: the
+    same producer's commit, asked again once the coordinator answers, completes, and the producer is
+    no longer fatal: the next transaction begins on it."""
+    client = Client(commit_transaction=[timed_out(), timed_out(), timed_out(), timed_out(), None])
+    p = producer(monkeypatch, client)
+    with pytest.raises(TransactionInDoubtError):
+        p.commit()
+    assert p.fatal and p.in_transaction
+    p.commit()  # the client resumes the same call
+    assert not p.fatal and not p.in_transaction
+    assert client.calls.count("commit_transaction") == 5 and "abort_transaction" not in client.calls
+    p.begin()
+    p.commit()
+    p.close()
+    assert client.calls[-1] == "close"
+
+
+def test_a_producer_closed_in_doubt_lets_its_client_go_before_the_next_one_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client still retrying its commit (or abort) beside a new producer of the same transactional
+    id races it at the coordinator. Closing a producer whose commit is in doubt drops its client at
+    once, so renewing the collector's producer never has two clients of the id alive."""
+    events: list[str] = []
+    made: list[weakref.ref[Client]] = []
+
+    class Recorded(Client):
+        def init_transactions(self, timeout: float) -> None:
+            events.append(f"client {self.n} init")
+            super().init_transactions(timeout)
+
+    def make(conf: dict[str, Any]) -> Client:
+        client = Recorded(commit_transaction=[timed_out()] if not made else [None])
+        client.n = len(made)  # type: ignore[attr-defined]
+        weakref.finalize(client, events.append, f"client {client.n} gone")  # type: ignore[attr-defined]
+        made.append(weakref.ref(client))
+        return client
+
+    monkeypatch.setattr("confluent_kafka.Producer", make)
+    changelog = SimpleNamespace(
+        request_timeout=TIMEOUT,
+        bootstrap_servers="127.0.0.1:1",
+        transaction_timeout_ms=10_000,
+        client_config=lambda conf: conf,
+    )
+    changelog.producer = lambda tid: KafkaProducer(changelog, tid)  # type: ignore[attr-defined]
+    collector = RecordCollector(changelog, transactional_id="tid")  # type: ignore[arg-type]
+    collector.producer.begin()
+    try:
+        collector.producer.commit()
+    except TransactionInDoubtError:
+        pass
+    else:
+        pytest.fail("the commit was not in doubt")
+    collector.renew()
+    assert events == ["client 0 init", "client 0 gone", "client 1 init"]
+    assert made[0]() is None and made[1]() is not None
 
 
 def test_a_commit_that_requires_an_abort_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -719,27 +719,51 @@ class App:
     def _in_doubt(self, error: TransactionInDoubtError) -> None:
         """A commit kept failing and may still complete (e.g. the transaction coordinator was
         unreachable for a request timeout and more). As Kafka Streams does for a commit that timed
-        out under exactly-once: every active task closes dirty, and a new producer of the same
-        transactional id settles the transaction (its ``init_transactions`` returns once the
-        coordinator has committed or aborted it). Whether the input offsets went with it is then
-        asked of the group coordinator, not taken from this instance's memory, and each task's
-        restore reads what its changelog holds: so the batch is neither lost nor done twice."""
+        out under exactly-once, the same producer's commit is asked again (within ``task_timeout``)
+        rather than a second client of the transactional id made while the first still retries it:
+        two clients of one id racing at the coordinator have left a transactional offset commit
+        pending for good (Kafka 4.4). Only a commit that cannot be settled so has the producer
+        replaced (its successor's ``init_transactions`` settles the transaction). Either way every
+        active task closes dirty, whether the input offsets went with the transaction is asked of
+        the group coordinator, not taken from this instance's memory, and each task's restore
+        reads what its changelog holds: so the batch is neither lost nor done twice."""
         self.aborts += 1
         logger.warning(
-            "%s: the commit is in doubt (%s); closing every task dirty and starting again from what "
-            "the changelog and the group coordinator hold",
+            "%s: the commit is in doubt (%s); asking it again, then closing every task dirty and "
+            "starting again from what the changelog and the group coordinator hold",
             self.application_id,
             error,
         )
         self._committed.clear()
-        self._start_again()
+        self._start_again(renew=not self._settle_in_doubt())
 
-    def _start_again(self) -> None:
-        """Replace the producer, close every active task dirty, seek the input back to the last
-        commit (``_committed``, else the group coordinator's), and assign the tasks again."""
+    def _settle_in_doubt(self) -> bool:
+        """Ask the producer's commit in doubt again until it ends or ``task_timeout`` passes: True
+        once it committed and the producer goes on; False when the producer must be replaced (the
+        commit failed for good, the producer was fenced, or no answer came in time)."""
         tm = self._tm()
-        # init_transactions: a new epoch; the old transaction is settled
-        self._until_answered("replacing the producer", tm.collector.renew)
+        try:
+            self._until_answered("asking the commit in doubt again", tm.collector.commit)
+        except (LogError, require().KafkaException) as e:
+            logger.warning(
+                "%s: the commit in doubt could not be settled (%s); replacing the producer",
+                self.application_id,
+                e,
+            )
+            return False
+        if tm.collector.failed:
+            return False
+        logger.info("%s: the commit in doubt completed", self.application_id)
+        return True
+
+    def _start_again(self, *, renew: bool = True) -> None:
+        """Replace the producer (unless ``renew`` is false: it is settled and goes on), close every
+        active task dirty, seek the input back to the last commit (``_committed``, else the group
+        coordinator's), and assign the tasks again."""
+        tm = self._tm()
+        if renew:
+            # init_transactions: a new epoch; the old transaction is settled
+            self._until_answered("replacing the producer", tm.collector.renew)
         tm.close_lost(list(tm.active_tasks()))
         self._contexts.clear()
         self._rewind(self._assigned)

@@ -653,7 +653,7 @@ class TaskManager:
                 delivered = self._collector.commit()
             except (ProducerFencedError, TransactionInDoubtError):
                 # Nothing to abort: a fenced producer's transaction is the broker's to abort, and one
-                # in doubt is settled by the next producer of the id.
+                # in doubt is settled by its commit asked again, or by the next producer of the id.
                 for t in running:
                     t.abort()
                 raise

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statestore.errors import ChangelogUnavailableError
+from statestore.errors import ChangelogUnavailableError, TransactionInDoubtError
 
 _ck: Any
 try:
@@ -42,10 +42,13 @@ def kafka_error(e: BaseException) -> Any:
 
 def unanswered(e: BaseException) -> bool:
     """Whether ``e`` says the cluster gave no answer in time, or one to ask again, rather than a
-    refusal: a :class:`~statestore.errors.ChangelogUnavailableError` (the native client's), or a
+    refusal: a :class:`~statestore.errors.ChangelogUnavailableError` (the native client's), a
+    :class:`~statestore.errors.TransactionInDoubtError` (a commit whose retries got none), or a
     confluent-kafka error (or a statestore error caused by one) that is retriable, a timeout, a
     transport error, or a coordinator's "not now"."""
-    if isinstance(e, ChangelogUnavailableError) or isinstance(e.__cause__, ChangelogUnavailableError):
+    if isinstance(e, (ChangelogUnavailableError, TransactionInDoubtError)) or isinstance(
+        e.__cause__, ChangelogUnavailableError
+    ):
         return True
     if _ck is None:
         return False

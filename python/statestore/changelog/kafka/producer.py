@@ -71,7 +71,7 @@ class KafkaProducer(ClosesOnCleanExit):
         what it left open. One that keeps failing for want of an answer leaves the call running in
         the client (:attr:`initializing`); asked again, it resumes that call, as librdkafka wants
         (a client dropped while its call runs may abort the process)."""
-        self._settle(_INITIALIZING, self._producer.init_transactions)
+        self._settle(_INITIALIZING, "init_transactions")
 
     @property
     def initializing(self) -> bool:
@@ -83,10 +83,13 @@ class KafkaProducer(ClosesOnCleanExit):
         tid = f" (transactional id {self.transactional_id!r})" if self.transactional_id else ""
         return f"Kafka producer{tid} on {self._bootstrap}"
 
-    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+    def _call(self, what: str, method: str, *args: Any) -> Any:
+        """The client's ``method(*args)``, its errors as statestore's. The method is named, not
+        passed: a bound method in a frame of the error's traceback would keep the client alive
+        after :meth:`close` (still retrying beside its successor)."""
         ck = require()
         try:
-            return fn(*args)
+            return getattr(self._producer, method)(*args)
         except ck.KafkaException as e:
             raise self._error(what, e) from e
         except SystemError as e:
@@ -100,8 +103,8 @@ class KafkaProducer(ClosesOnCleanExit):
                 raise self._error(what, ck.KafkaException(failure)) from e
             raise
 
-    def _settle(self, what: str, fn: Any) -> None:
-        """Call the transactional ``fn(timeout)`` until it ends. The client resumes a call that
+    def _settle(self, what: str, method: str) -> None:
+        """Call the client's transactional ``method(timeout)`` until it ends. The client resumes a call that
         failed with a retriable error (a timeout, the coordinator moving) when it is asked again,
         and refuses any other call meanwhile: so it is asked again until it succeeds, fails for
         good, or one more request timeout has passed. Then the last error is raised and the call
@@ -110,7 +113,7 @@ class KafkaProducer(ClosesOnCleanExit):
         while True:
             remaining = self._timeout if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                self._call(what, fn, remaining)
+                self._call(what, method, remaining)
             except LogError as e:
                 err = kafka_error(e.__cause__) if e.__cause__ is not None else None
                 if err is None or not err.retriable():
@@ -175,8 +178,9 @@ class KafkaProducer(ClosesOnCleanExit):
     def fatal(self) -> bool:
         """Whether the client hit a fatal error (fenced, or e.g. ``INVALID_TXN_STATE`` from an abort),
         or a transactional call of it gave up unsettled (a commit in doubt, an abort that kept
-        timing out): it can do nothing more; close it and make a new producer of the same
-        transactional id."""
+        timing out): it can do nothing else. A commit in doubt may be asked again (:meth:`commit`),
+        which settles it once the coordinator answers; otherwise close it and make a new producer of
+        the same transactional id."""
         return self._fatal or self._fenced or self._unsettled is not None
 
     def send(
@@ -220,7 +224,7 @@ class KafkaProducer(ClosesOnCleanExit):
 
     def flush(self) -> None:
         """Wait until every queued record is delivered (acks=all); raises if one failed."""
-        left = self._call("flushing", self._producer.flush, self._timeout)
+        left = self._call("flushing", "flush", self._timeout)
         if left:
             raise LogError(f"{self._what()}: {left} records still undelivered after {self._timeout:.0f} s")
         self._check_delivery("delivering records")
@@ -229,7 +233,7 @@ class KafkaProducer(ClosesOnCleanExit):
         """Open a transaction."""
         if self.transactional_id is None:
             raise TransactionStateError(f"{self._what()}: begin() on a producer without a transactional id")
-        self._call("beginning a transaction", self._producer.begin_transaction)
+        self._call("beginning a transaction", "begin_transaction")
         self._in_transaction = True
 
     def commit(self) -> None:
@@ -237,19 +241,19 @@ class KafkaProducer(ClosesOnCleanExit):
 
         A commit that keeps failing with retriable errors (see :meth:`_settle`) may still commit
         or abort: :class:`~statestore.errors.TransactionInDoubtError`, and this producer is
-        :attr:`fatal`.
+        :attr:`fatal` until :meth:`commit`, asked again, settles it.
         """
-        self._call("flushing the transaction", self._producer.flush, self._timeout)
+        self._call("flushing the transaction", "flush", self._timeout)
         self._check_delivery("delivering the transaction's records")
         try:
-            self._settle(_COMMITTING, self._producer.commit_transaction)
+            self._settle(_COMMITTING, "commit_transaction")
         except LogError as e:
             if self._unsettled is None:
                 raise
             raise TransactionInDoubtError(
                 f"{self._what()}: committing the transaction kept failing for {2 * self._timeout:.0f} s "
-                f"({e}): it may still commit or abort; replace the producer and start the tasks again "
-                "from what the changelog and the group coordinator hold"
+                f"({e}): it may still commit or abort; ask the commit again, or replace the producer, and "
+                "start the tasks again from what the changelog and the group coordinator hold"
             ) from e
         self._in_transaction = False
 
@@ -268,7 +272,7 @@ class KafkaProducer(ClosesOnCleanExit):
         parts = [ck.TopicPartition(tp.topic, tp.partition, off) for tp, off in sorted(offsets.items())]
         self._call(
             "sending input offsets to the transaction",
-            self._producer.send_offsets_to_transaction,
+            "send_offsets_to_transaction",
             parts,
             group_metadata,
             self._timeout,
@@ -277,7 +281,8 @@ class KafkaProducer(ClosesOnCleanExit):
     def abort(self) -> None:
         """Abort the open transaction (its records become invisible to read_committed consumers).
 
-        Not while its commit is in doubt: the client refuses, and only a new producer settles it.
+        Not while its commit is in doubt: the client refuses; the commit asked again, or a new
+        producer, settles it.
         An abort that keeps failing with retriable errors leaves this producer :attr:`fatal`; its
         successor aborts the transaction.
         """
@@ -289,14 +294,15 @@ class KafkaProducer(ClosesOnCleanExit):
                     f"{self._what()}: cannot abort a transaction whose commit may still complete; "
                     "replace the producer"
                 )
-            self._settle("aborting the transaction", self._producer.abort_transaction)
+            self._settle("aborting the transaction", "abort_transaction")
         finally:
             self._in_transaction = False
 
     def close(self) -> None:
         """Flush what is queued and close the client, aborting an open transaction. A transaction
         the client cannot abort (fenced, fatal, or its commit failed and may still complete) is left
-        to the next producer of the id, or to the transaction timeout."""
+        to the next producer of the id, or to the transaction timeout; the client is let go at once,
+        whatever it was still retrying."""
         if self._closed:
             return
         self._closed = True
@@ -308,6 +314,11 @@ class KafkaProducer(ClosesOnCleanExit):
                 self._producer.poll(0)
             except (require().KafkaException, SystemError):
                 pass  # the purged records' callbacks report the fatal error again: it is known
+            finally:
+                # The client goes now, not whenever the last reference does: one that still retries
+                # a transactional call beside its successor (same transactional id) races it at the
+                # transaction coordinator.
+                self._producer = None
             return
         try:
             self._producer.flush(self._timeout)
