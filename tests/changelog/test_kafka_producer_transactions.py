@@ -182,6 +182,36 @@ def test_a_producer_closed_in_doubt_lets_its_client_go_before_the_next_one_is_ma
     assert made[0]() is None and made[1]() is not None
 
 
+def test_closing_a_producer_whose_commit_failed_for_good_never_raises_nor_waits_without_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit in doubt asked again can end in a plain error (``EndTxn`` answered "unknown broker
+    error" as the broker's transaction timeout fenced the epoch), the client learning only later
+    that it is fenced. Its own ``close()`` aborts first, with no time limit, and raised that
+    fencing: the application stopped while replacing the producer. Now the abort is asked with its
+    bounds, and nothing the client raises on the way out escapes."""
+    unknown = KafkaException(KafkaError(KafkaError.UNKNOWN, "EndTxn commit failed: Unknown broker error"))
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+
+    class Closing(Client):
+        def close(self) -> None:
+            super().close()
+            raise type(fenced)(*fenced.args)
+
+    client = Closing(commit_transaction=[unknown], abort_transaction=[fenced])
+    p = producer(monkeypatch, client)
+    with pytest.raises(LogError, match="Unknown broker error"):
+        p.commit()
+    assert p.in_transaction and not p.fatal
+    p.close()  # the abort is fenced: what is queued is dropped, the client let go
+    assert client.calls[-2:] == ["abort_transaction", "purge"]
+    client = Closing(commit_transaction=[None])
+    p = producer(monkeypatch, client)
+    p.commit()
+    p.close()  # the client's close raises: logged, not raised
+    assert client.calls[-1] == "close"
+
+
 def test_a_commit_that_requires_an_abort_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     client = Client(commit_transaction=[requires_abort()])
     p = producer(monkeypatch, client)

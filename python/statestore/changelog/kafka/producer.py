@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ from statestore.ids import TopicPartition
 
 if TYPE_CHECKING:
     from statestore.changelog.kafka import KafkaChangelog
+
+logger = logging.getLogger(__name__)
 
 #: Pause between two attempts of a transactional call that failed at once with a retriable error.
 _RETRY_BACKOFF_S = 0.1
@@ -299,32 +302,41 @@ class KafkaProducer(ClosesOnCleanExit):
             self._in_transaction = False
 
     def close(self) -> None:
-        """Flush what is queued and close the client, aborting an open transaction. A transaction
-        the client cannot abort (fenced, fatal, or its commit failed and may still complete) is left
-        to the next producer of the id, or to the transaction timeout; the client is let go at once,
-        whatever it was still retrying."""
+        """Flush what is queued and close the client, aborting an open transaction (asked again for
+        at most two request timeouts, as :meth:`abort`). A transaction the client cannot abort
+        (fenced, fatal, its commit failed and may still complete, or the abort got no answer) is
+        left to the next producer of the id, or to the transaction timeout; the client is let go at
+        once, whatever it was still retrying, and what it raises on the way out is logged."""
         if self._closed:
             return
         self._closed = True
-        if self._fenced or self._fatal or self._unsettled is not None:
-            # close() would abort the transaction first, which the client refuses here (and warns):
-            # drop what is queued, let the client go.
+        if self._in_transaction and not self.fatal:
+            # the client's own close would ask its abort with no time limit
             try:
-                self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-                self._producer.poll(0)
-            except (require().KafkaException, SystemError):
-                pass  # the purged records' callbacks report the fatal error again: it is known
-            finally:
-                # The client goes now, not whenever the last reference does: one that still retries
-                # a transactional call beside its successor (same transactional id) races it at the
-                # transaction coordinator.
-                self._producer = None
-            return
+                self.abort()
+            except LogError as e:
+                logger.warning("%s: aborting the open transaction on close failed: %s", self._what(), e)
         try:
-            self._producer.flush(self._timeout)
-        except require().KafkaException:
-            pass  # a failed producer has nothing left to deliver
-        self._producer.close()
+            if self.fatal or self._in_transaction:
+                # The client's close would abort the transaction first, which it refuses here (or
+                # waits for without end): drop what is queued, let the client go.
+                try:
+                    self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+                    self._producer.poll(0)
+                except (require().KafkaException, SystemError):
+                    pass  # the purged records' callbacks report the fatal error again: it is known
+                return
+            try:
+                self._producer.flush(self._timeout)
+                self._producer.close()
+            except (require().KafkaException, SystemError) as e:
+                # e.g. a fatal error (fenced) the client learnt after its last call
+                logger.warning("%s: closing: %s", self._what(), e)
+        finally:
+            # The client goes now, not whenever the last reference does: one that still retries a
+            # transactional call beside its successor (same transactional id) races it at the
+            # transaction coordinator.
+            self._producer = None
 
 
 __all__ = ["KafkaProducer"]
