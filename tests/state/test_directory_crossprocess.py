@@ -124,3 +124,57 @@ def test_cleaner_skips_a_task_locked_by_another_process(tmp_path: Path, children
         child.stop()
         assert sd.clean_removed_tasks(now_ms=10**15) == [T0]
         assert not sd.task_dir(T0).exists()
+
+
+#: Kafka Streams' lock on ``<app>/.lock``: Java's ``FileChannel.tryLock``, a POSIX (fcntl) lock.
+KAFKA_STREAMS_LOCK = textwrap.dedent(
+    """
+    import fcntl, sys
+    f = open(sys.argv[1], "a+")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print("busy", flush=True)
+        sys.exit(0)
+    print("locked", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def _kafka_streams_lock(app: Path) -> subprocess.Popen[str]:
+    app.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", KAFKA_STREAMS_LOCK, str(app / ".lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["exclusive", "shared"])
+def test_kafka_streams_and_statestore_lock_each_other_out_of_one_state_directory(
+    tmp_path: Path, shared: bool
+) -> None:
+    """Kafka Streams' POSIX lock on ``<app>/.lock`` is unseen by an flock: statestore used to open a
+    directory a running Kafka Streams used (its tools checked /proc/locks first, with a window
+    before the work), and Kafka Streams could start on one statestore used. Now either refuses the
+    other, with no window between a check and the work."""
+    app = tmp_path / "app"
+    ks = _kafka_streams_lock(app)
+    try:
+        assert ks.stdout is not None and ks.stdout.readline().strip() == "locked"
+        with pytest.raises(LockError, match=f"process {ks.pid}, which holds a POSIX lock"):
+            StateDirectory(tmp_path, "app", shared=shared)
+        assert not (app / "kafka-streams-process-metadata").exists()  # nothing was touched
+    finally:
+        ks.kill()
+        ks.wait()
+    with StateDirectory(tmp_path, "app", shared=shared):
+        late = _kafka_streams_lock(app)  # Kafka Streams starting meanwhile cannot lock it
+        assert late.stdout is not None and late.stdout.readline().strip() == "busy"
+        late.wait()
+    after = _kafka_streams_lock(app)
+    assert after.stdout is not None and after.stdout.readline().strip() == "locked"
+    after.kill()
+    after.wait()

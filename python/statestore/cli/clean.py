@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from statestore.cli.common import console, state_options
-from statestore.ops.inspection import app_dir, refuse_if_kafka_streams_runs
+from statestore.ops.inspection import app_dir
 from statestore.restore.topic_ids import forget
 from statestore.state.directory import DEFAULT_CLEANUP_DELAY_MS, LOCK_FILE_NAME, StateDirectory
 
@@ -57,9 +57,8 @@ def clean(
             f"Remove all local state of {app_id} in {root}? It will be restored from the changelog",
             abort=True,
         )
-    # Kafka Streams holds a POSIX lock, which the process lock (flock) does not see; asked after
-    # the confirmation, just before anything is removed.
-    refuse_if_kafka_streams_runs(root, "cleaning its state directory")
+    # Opened after the confirmation: its process lock (an flock, and a POSIX lock as Kafka
+    # Streams takes) refuses a running application, statestore's or Kafka Streams'.
     directory = StateDirectory(state_dir, app_id, cleanup_delay_ms=cleanup_delay_ms)
     try:
         if topic_ids:

@@ -28,7 +28,6 @@ from statestore.cli.stores import (
 )
 from statestore.errors import LockError, StateStoreError
 from statestore.ids import OFFSET_UNKNOWN, TaskId, TopicPartition, changelog_topic
-from statestore.ops.inspection import refuse_if_kafka_streams_runs
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
 from statestore.restore.discovery import FoundStore, segmented_refusal
 from statestore.restore.engine import (
@@ -104,7 +103,6 @@ def restore_local(
     """
     fmts, rets = dict(formats or {}), dict(retentions or {})
     refused: dict[int, str] = {}
-    refuse_if_kafka_streams_runs(Path(state_dir) / application_id, "restoring into its state directory")
     with StateDirectory(state_dir, application_id) as sd:
         for task_id in sorted({w.task_id for w in work}):
             if not sd.lock(task_id):

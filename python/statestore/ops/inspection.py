@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 from statestore import _native
 from statestore.changelog.protocol import Changelog
 from statestore.changelog.segment_log import SegmentLog
-from statestore.errors import LockError, StateStoreError
+from statestore.errors import StateStoreError
 from statestore.ids import SENTINEL_OFFSETS, TaskId, TopicPartition, changelog_topic, committed_offset
 from statestore.state.checkpoint import CHECKPOINT_FILE_NAME, OffsetCheckpoint
-from statestore.state.directory import LOCK_FILE_NAME
+from statestore.state.directory import LOCK_FILE_NAME, flock_holders, lock_holder
 from statestore.state.lag import store_lag
 from statestore.state.layout import store_layout
 from statestore.state.segmented import read_segmented, task_store_dirs
@@ -85,56 +85,6 @@ def local_stores(
                 tp = TopicPartition(changelog_topic(application_id, name), task_id.partition)
                 found.append(LocalStore(task_id, name, store_dir, tp, segmented))
     return sorted(found, key=lambda s: (s.task_id, s.store, s.segmented))
-
-
-def flock_holders(kind: str = "FLOCK") -> dict[tuple[int, int], int]:
-    """``(device, inode) -> pid`` of every flock held on this machine (empty where /proc/locks is absent).
-
-    ``kind="POSIX"`` gives the holders of POSIX record locks instead: Java's
-    ``FileChannel.lock``, which Kafka Streams takes on ``<app>/.lock`` and
-    which ``flock`` does not see.
-    """
-    holders: dict[tuple[int, int], int] = {}
-    try:
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return holders
-    for line in text.splitlines():
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
-        if len(parts) < 6 or parts[1] != kind or parts[4] == "->":
-            continue
-        try:
-            major, minor, inode = parts[5].split(":")
-            dev = os.makedev(int(major, 16), int(minor, 16))
-            holders[(dev, int(inode))] = int(parts[4])
-        except ValueError:
-            continue
-    return holders
-
-
-def lock_holder(lock_file: Path, holders: dict[tuple[int, int], int] | None = None) -> int | None:
-    """Pid of the process holding an flock on ``lock_file``, or None."""
-    try:
-        st = lock_file.stat()
-    except OSError:
-        return None
-    table = flock_holders() if holders is None else holders
-    return table.get((st.st_dev, st.st_ino))
-
-
-def refuse_if_kafka_streams_runs(app_root: Path, doing: str) -> None:
-    """Raise ``LockError`` when a process other than this one holds a POSIX lock on
-    ``<app_root>/.lock``: a Kafka Streams instance (Java's ``FileChannel.lock``), whose task locks
-    live in its memory only, so nothing else on disk says it is using the state ``doing`` would
-    change."""
-    app_lock = app_root / LOCK_FILE_NAME
-    holder = lock_holder(app_lock, flock_holders("POSIX"))
-    if holder is not None and holder != os.getpid():
-        raise LockError(
-            f"{app_lock} is locked by process {holder} (a Kafka Streams instance?): stop it before {doing}",
-            path=app_lock,
-        )
 
 
 def disk_size(path: Path) -> int:

@@ -3,7 +3,7 @@
 Layout (identical to Kafka Streams, so tools and habits carry over)::
 
     <root>/<application_id>/
-      .lock                            process lock
+      .lock                            process lock (flock, and a POSIX lock as Kafka Streams')
       kafka-streams-process-metadata   {"processId": "<uuid>"}
       <sub>_<part>/                    task directory
         .lock                          task lock (OS file lock; Kafka's pre-3.0 layout)
@@ -88,6 +88,42 @@ def describe_lock_holder(raw: bytes) -> str:
     except (ValueError, RecursionError):
         pass
     return "another process (opened shared, or its id is unknown)"
+
+
+def flock_holders(kind: str = "FLOCK") -> dict[tuple[int, int], int]:
+    """``(device, inode) -> pid`` of every flock held on this machine (empty where /proc/locks is absent).
+
+    ``kind="POSIX"`` gives the holders of POSIX record locks instead: Java's
+    ``FileChannel.lock``, which Kafka Streams takes on ``<app>/.lock`` and
+    which ``flock`` does not see.
+    """
+    holders: dict[tuple[int, int], int] = {}
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return holders
+    for line in text.splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
+        if len(parts) < 6 or parts[1] != kind or parts[4] == "->":
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            dev = os.makedev(int(major, 16), int(minor, 16))
+            holders[(dev, int(inode))] = int(parts[4])
+        except ValueError:
+            continue
+    return holders
+
+
+def lock_holder(lock_file: Path, holders: dict[tuple[int, int], int] | None = None) -> int | None:
+    """Pid of the process holding an flock on ``lock_file``, or None."""
+    try:
+        st = lock_file.stat()
+    except OSError:
+        return None
+    table = flock_holders() if holders is None else holders
+    return table.get((st.st_dev, st.st_ino))
 
 
 @dataclass(frozen=True)
@@ -227,6 +263,7 @@ class StateDirectory:
                 "its own state directory",
                 path=path,
             ) from None
+        self._lock_out_kafka_streams(fd, path)
         if not self.shared:
             me = {"pid": os.getpid(), "host": socket.gethostname()}
             try:
@@ -240,6 +277,32 @@ class StateDirectory:
                     path=path,
                 ) from e
         return fd
+
+    def _lock_out_kafka_streams(self, fd: int, path: Path) -> None:
+        """Take a POSIX lock on the process lock file too (shared when opened shared).
+
+        Kafka Streams locks the same file with Java's ``FileChannel.lock``, a POSIX lock, which an
+        flock neither sees nor excludes: holding both keeps a Kafka Streams instance from starting
+        on a state directory statestore uses, and statestore from using one Kafka Streams holds,
+        with no window between a check and the work. Best effort where the file system has no
+        POSIX locks. (A POSIX lock goes with any close of the file in this process: a second
+        opener here that fails its flock drops it; the flock still excludes statestore's own.)"""
+        try:
+            fcntl.lockf(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                logger.debug("no POSIX lock on %s (%s): Kafka Streams is not locked out", path, e)
+                return
+            holder = lock_holder(path, flock_holders("POSIX"))
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            who = f"process {holder}" if holder is not None else "another process"
+            raise LockError(
+                f"state directory {self.app_dir} is in use by {who}, which holds a POSIX lock on {path} "
+                "(a Kafka Streams instance?): stop it, or give this one its own state directory",
+                path=path,
+            ) from None
 
     @staticmethod
     def _describe_holder(fd: int) -> str:
@@ -686,4 +749,6 @@ __all__ = [
     "LockEvent",
     "StateDirectory",
     "TaskLock",
+    "flock_holders",
+    "lock_holder",
 ]
