@@ -507,6 +507,7 @@ def test_a_commit_in_doubt_is_asked_again_of_the_same_producer_before_another_is
     does); the producer is replaced only when that commit fails for good, is fenced, or gets no
     answer in time. Every task starts again either way."""
     in_doubt = TransactionInDoubtError("committing kept timing out")
+    in_doubt.__cause__ = LogError("committing the transaction failed: timed out")  # as the producer's
     cases: list[tuple[tuple[Exception | None, ...], float, list[str]]] = [
         ((in_doubt, None), 30.0, ["commit", "commit"]),  # the broker woke: it committed
         ((LogError("the coordinator aborted it"),), 30.0, ["commit", "renew"]),
@@ -526,6 +527,22 @@ def test_a_commit_in_doubt_is_asked_again_of_the_same_producer_before_another_is
         assert tm.closed == [[]] and app._committed == {}, outcomes  # every task starts again
         settled = "the commit in doubt completed" in caplog.text
         assert settled == ("renew" not in calls), caplog.text
+        assert (app.commits, app.aborts) == ((1, 0) if settled else (0, 1)), outcomes
+    # One task_timeout for the whole of it: a settle that used it up leaves the new producer one try.
+    app = _offline_app(tmp_path, task_timeout=1.5)
+    collector = _InDoubtCollector(in_doubt)
+    app.task_manager = _StartAgainStub(collector)  # type: ignore[assignment]
+
+    def renew_unanswered() -> None:
+        collector.calls.append("renew")
+        raise ChangelogUnavailableError("no answer")
+
+    collector.renew = renew_unanswered  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    with pytest.raises(ChangelogUnavailableError):
+        app._in_doubt(in_doubt)
+    assert collector.calls[-1] == "renew" and set(collector.calls[:-1]) == {"commit"}
+    assert time.monotonic() - t0 < 3.0  # not another task_timeout for the renewal
 
 
 class _CommittedStub:

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from statestore.changelog.kafka import KafkaChangelog
 from statestore.changelog.kafka.producer import KafkaProducer
-from statestore.errors import LogError, TransactionInDoubtError
+from statestore.errors import LogError, TransactionInDoubtError, TransactionStateError
 from statestore.processing.record_collector import RecordCollector
 
 TIMEOUT = 0.3
@@ -210,6 +210,13 @@ def test_closing_a_producer_whose_commit_failed_for_good_never_raises_nor_waits_
     p.commit()
     p.close()  # the client's close raises: logged, not raised
     assert client.calls[-1] == "close"
+    # A closed producer refuses further calls with statestore's error; an abort has nothing left.
+    with pytest.raises(TransactionStateError, match="closed"):
+        p.begin()
+    with pytest.raises(TransactionStateError, match="closed"):
+        p.send("t", 0, b"k", b"v")
+    p.abort()
+    assert not p.in_transaction and client.calls[-1] == "close"
 
 
 def test_a_commit_that_requires_an_abort_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:

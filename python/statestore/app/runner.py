@@ -616,7 +616,9 @@ class App:
 
         Returns False when the commit failed and was rolled back (the input is sought back to the
         last commit; a fenced producer is replaced and every task starts again from its last
-        commit). Never runs while a rebalance is in progress (returns False).
+        commit), or was in doubt (every task starts again from what the changelog and the group
+        coordinator hold, whichever way it ended). Never runs while a rebalance is in progress
+        (returns False).
         """
         self._last_commit = time.monotonic()
         if self._rebalancing or self.task_manager is None:
@@ -727,7 +729,6 @@ class App:
         active task closes dirty, whether the input offsets went with the transaction is asked of
         the group coordinator, not taken from this instance's memory, and each task's restore
         reads what its changelog holds: so the batch is neither lost nor done twice."""
-        self.aborts += 1
         logger.warning(
             "%s: the commit is in doubt (%s); asking it again, then closing every task dirty and "
             "starting again from what the changelog and the group coordinator hold",
@@ -735,15 +736,21 @@ class App:
             error,
         )
         self._committed.clear()
-        self._start_again(renew=not self._settle_in_doubt())
+        deadline = time.monotonic() + self.task_timeout  # one task_timeout for all of it
+        settled = self._settle_in_doubt(deadline)
+        if settled:
+            self.commits += 1
+        else:
+            self.aborts += 1
+        self._start_again(renew=not settled, deadline=deadline)
 
-    def _settle_in_doubt(self) -> bool:
-        """Ask the producer's commit in doubt again until it ends or ``task_timeout`` passes: True
+    def _settle_in_doubt(self, deadline: float) -> bool:
+        """Ask the producer's commit in doubt again until it ends or ``deadline`` passes: True
         once it committed and the producer goes on; False when the producer must be replaced (the
         commit failed for good, the producer was fenced, or no answer came in time)."""
         tm = self._tm()
         try:
-            self._until_answered("asking the commit in doubt again", tm.collector.commit)
+            self._until_answered("asking the commit in doubt again", tm.collector.commit, deadline)
         except (LogError, require().KafkaException) as e:
             logger.warning(
                 "%s: the commit in doubt could not be settled (%s); replacing the producer",
@@ -752,32 +759,41 @@ class App:
             )
             return False
         if tm.collector.failed:
+            logger.warning(
+                "%s: the commit in doubt could not be settled (the producer failed); replacing it",
+                self.application_id,
+            )
             return False
         logger.info("%s: the commit in doubt completed", self.application_id)
         return True
 
-    def _start_again(self, *, renew: bool = True) -> None:
+    def _start_again(self, *, renew: bool = True, deadline: float | None = None) -> None:
         """Replace the producer (unless ``renew`` is false: it is settled and goes on), close every
         active task dirty, seek the input back to the last commit (``_committed``, else the group
-        coordinator's), and assign the tasks again."""
+        coordinator's), and assign the tasks again; the calls to the cluster within ``deadline``
+        (default: ``task_timeout`` each)."""
         tm = self._tm()
         if renew:
             # init_transactions: a new epoch; the old transaction is settled
-            self._until_answered("replacing the producer", tm.collector.renew)
+            self._until_answered("replacing the producer", tm.collector.renew, deadline)
         tm.close_lost(list(tm.active_tasks()))
         self._contexts.clear()
-        self._rewind(self._assigned)
+        self._rewind(self._assigned, deadline)
         tasks = self._complete_tasks()
         tm.assign(active=tasks, standby=self._standbys - tasks)
         self._pause_not_running()
 
-    def _until_answered(self, what: str, call: Callable[[], _T]) -> _T:
+    def _until_answered(self, what: str, call: Callable[[], _T], deadline: float | None = None) -> _T:
         """``call()``, tried again while it fails for want of an answer from the cluster (a broker
         or coordinator down or stalled: each try already waits a request timeout or two) until
-        ``task_timeout`` has passed, as Kafka Streams retries a task's calls within
+        ``task_timeout`` has passed (or ``deadline``, a ``time.monotonic()`` instant: several calls
+        sharing one ``task_timeout``), as Kafka Streams retries a task's calls within
         ``task.timeout.ms``. Being fenced is an answer, and is raised at once; so is the last error
         once :meth:`stop` is asked for, and while closing a single try is made."""
-        deadline = time.monotonic() + (0.0 if self._state == "CLOSING" else self.task_timeout)
+        if self._state == "CLOSING":
+            deadline = time.monotonic()
+        elif deadline is None:
+            deadline = time.monotonic() + self.task_timeout
         tries = 0
         while True:
             tries += 1
@@ -812,14 +828,14 @@ class App:
                 raise ck.KafkaException(p.error)
         return list(got)
 
-    def _rewind(self, tps: Iterable[TopicPartition]) -> None:
+    def _rewind(self, tps: Iterable[TopicPartition], deadline: float | None = None) -> None:
         ck = require()
         self._rewinds += 1
         tps = sorted(tps)
         unknown = [tp for tp in tps if tp not in self._committed]
         if unknown:
             got = self._until_answered(
-                "reading the group's committed offsets", lambda: self._committed_offsets(unknown)
+                "reading the group's committed offsets", lambda: self._committed_offsets(unknown), deadline
             )
             for p in got:
                 self._committed[TopicPartition(p.topic, p.partition)] = (

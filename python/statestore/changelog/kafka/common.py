@@ -43,13 +43,13 @@ def kafka_error(e: BaseException) -> Any:
 def unanswered(e: BaseException) -> bool:
     """Whether ``e`` says the cluster gave no answer in time, or one to ask again, rather than a
     refusal: a :class:`~statestore.errors.ChangelogUnavailableError` (the native client's), a
-    :class:`~statestore.errors.TransactionInDoubtError` (a commit whose retries got none), or a
+    :class:`~statestore.errors.TransactionInDoubtError` of a commit whose retries got none, or a
     confluent-kafka error (or a statestore error caused by one) that is retriable, a timeout, a
     transport error, or a coordinator's "not now"."""
-    if isinstance(e, (ChangelogUnavailableError, TransactionInDoubtError)) or isinstance(
-        e.__cause__, ChangelogUnavailableError
-    ):
+    if isinstance(e, ChangelogUnavailableError) or isinstance(e.__cause__, ChangelogUnavailableError):
         return True
+    if isinstance(e, TransactionInDoubtError):
+        return e.__cause__ is not None  # a commit's retries that got none, not a refused abort
     if _ck is None:
         return False
     err = kafka_error(e if isinstance(e, _ck.KafkaException) else (e.__cause__ or e))

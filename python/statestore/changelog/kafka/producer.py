@@ -91,6 +91,7 @@ class KafkaProducer(ClosesOnCleanExit):
         passed: a bound method in a frame of the error's traceback would keep the client alive
         after :meth:`close` (still retrying beside its successor)."""
         ck = require()
+        self._check_open(what)
         try:
             return getattr(self._producer, method)(*args)
         except ck.KafkaException as e:
@@ -105,6 +106,10 @@ class KafkaProducer(ClosesOnCleanExit):
                 failure, self._failure = self._failure, None
                 raise self._error(what, ck.KafkaException(failure)) from e
             raise
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise TransactionStateError(f"{self._what()}: {what}: the producer is closed")
 
     def _settle(self, what: str, method: str) -> None:
         """Call the client's transactional ``method(timeout)`` until it ends. The client resumes a call that
@@ -200,6 +205,7 @@ class KafkaProducer(ClosesOnCleanExit):
 
         ``partition=-1`` lets the producer's partitioner choose (by the key).
         """
+        self._check_open(f"sending to {topic}-{partition}")
         if self.transactional_id is not None and not self._in_transaction:
             raise TransactionStateError(f"{self._what()}: send outside a transaction; call begin() first")
         kw: dict[str, Any] = {"key": key, "value": value, "on_delivery": self._on_delivery}
@@ -291,11 +297,15 @@ class KafkaProducer(ClosesOnCleanExit):
         """
         self._delivered.clear()
         self._failure = None
+        if self._closed:
+            # closing aborted what it could; the rest is its successor's, or the transaction timeout's
+            self._in_transaction = False
+            return
         try:
             if self._unsettled == _COMMITTING:
                 raise TransactionInDoubtError(
                     f"{self._what()}: cannot abort a transaction whose commit may still complete; "
-                    "replace the producer"
+                    "ask the commit again, or replace the producer"
                 )
             self._settle("aborting the transaction", "abort_transaction")
         finally:
@@ -309,13 +319,13 @@ class KafkaProducer(ClosesOnCleanExit):
         once, whatever it was still retrying, and what it raises on the way out is logged."""
         if self._closed:
             return
-        self._closed = True
         if self._in_transaction and not self.fatal:
             # the client's own close would ask its abort with no time limit
             try:
                 self.abort()
             except LogError as e:
                 logger.warning("%s: aborting the open transaction on close failed: %s", self._what(), e)
+        self._closed = True
         try:
             if self.fatal or self._in_transaction:
                 # The client's close would abort the transaction first, which it refuses here (or
