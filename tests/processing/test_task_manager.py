@@ -498,7 +498,8 @@ def test_a_changelog_that_does_not_answer_holds_back_only_its_own_tasks(root: Pa
         return tm.task(T2).offsets().get(TP2) == SegmentLog(root / "log").end_offset(TP2) - 1
 
     tm.start()
-    # T's changelog answers its initialization, not the state updater's first ask; T2's nothing.
+    # T's changelog answers its initialization (the state updater starts from that answer), then
+    # not once; T2's nothing.
     log.script[TP] = [True, False]
     log.down = {TP2}
     tm.assign([T], [T2])  # assigning raises nothing: the tasks wait
@@ -533,6 +534,24 @@ def test_a_changelog_that_does_not_answer_holds_back_only_its_own_tasks(root: Pa
     data, offsets = on_disk(root, T2)
     assert len(data) == 150 and data[b"c49"] == b"49"
     assert offsets == {str(TP2): SegmentLog(root / "log").end_offset(TP2) - 1}
+
+
+def test_a_new_task_asks_its_changelogs_range_once_to_open_and_to_start_restoring(root: Path) -> None:
+    """Opening a task's state reads its changelogs' ranges (to check the stores' offsets against
+    them); the state updater starts the restore or update from the same answer instead of asking
+    the cluster again: one round trip a changelog of a new task, not two."""
+    log = Unanswering(root / "log")
+    produce(log, TP, [(b"a%d" % i, b"%d" % i) for i in range(10)])
+    produce(log, TP2, [(b"b%d" % i, b"%d" % i) for i in range(10)])
+    tm = manager(root, "exactly_once_v2", log=log)
+    tm.start()
+    log.asked.clear()
+    tm.assign([T], [T2])  # opened and handed to the state updater
+    assert T in tm.updater and T2 in tm.updater
+    assert (log.asked.count(TP), log.asked.count(TP2)) == (1, 1), log.asked
+    tm.poll()
+    assert tm.task(T).state is TaskState.RUNNING
+    close_all(tm)
 
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])

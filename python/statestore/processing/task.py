@@ -146,6 +146,8 @@ class Task:
         self.changelog = changelog
         self._state = TaskState.CREATED
         self._stores_released = False
+        # The changelogs' (start, end) read when the state was opened, until the state updater takes them.
+        self._ranges: dict[TopicPartition, tuple[int, int]] | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id}, {self._state.value})"
@@ -225,7 +227,15 @@ class Task:
                 ) from e
             self._stores_released = False
             self._verify_local_state(ranges)
+            self._ranges = ranges
         self.release_stores()
+
+    def take_changelog_ranges(self) -> dict[TopicPartition, tuple[int, int]] | None:
+        """The changelogs' ``(start, end)`` read when the task's state was opened, once (then None):
+        the state updater starts the restore or update from them instead of asking the cluster a
+        second time for every changelog of a new task."""
+        ranges, self._ranges = self._ranges, None
+        return ranges
 
     def _verify_local_state(self, ranges: Mapping[TopicPartition, tuple[int, int]]) -> None:
         sm = self.state_manager

@@ -256,9 +256,12 @@ class StateUpdater:
             raise ValueError(
                 f"{task.kind} task {task.id} must be {expected.value} to be added, it is {task.state.value}"
             )
-        # The changelogs' ends first: a cluster that does not answer (ChangelogUnavailableError)
-        # leaves the task as it was, to be added again.
-        ranges = {cs.tp: self.changelog.offsets(cs.tp)[:2] for cs in task.changelog_stores()}
+        # The changelogs' ends first (read when the task's state was opened, if it just was): a
+        # cluster that does not answer (ChangelogUnavailableError) leaves the task as it was, to be
+        # added again.
+        ranges = task.take_changelog_ranges()
+        if ranges is None:
+            ranges = {cs.tp: self.changelog.offsets(cs.tp)[:2] for cs in task.changelog_stores()}
         task.release_stores()
         task.state_manager.lend_stores(self._open)
         entry = _Updating(task)
