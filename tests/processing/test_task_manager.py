@@ -29,6 +29,7 @@ from statestore.ids import coerce_tp
 from statestore.processing import updater as updater_module
 from statestore.processing.task import ActiveTask, TaskState
 from statestore.processing.task_manager import TaskManager
+from statestore.processing.unanswered import UnansweredChangelogs
 from statestore.state.directory import StateDirectory
 from statestore.state.store import OFFSETS_CF, STATUS_KEY, STATUS_OPEN, encode_i64, encode_timestamped
 from support.model import store_contents
@@ -534,6 +535,68 @@ def test_a_changelog_that_does_not_answer_holds_back_only_its_own_tasks(root: Pa
     data, offsets = on_disk(root, T2)
     assert len(data) == 150 and data[b"c49"] == b"49"
     assert offsets == {str(TP2): SegmentLog(root / "log").end_offset(TP2) - 1}
+
+
+def test_many_changelogs_that_do_not_answer_cost_a_poll_one_ask_and_each_gets_its_turn(root: Path) -> None:
+    """Each ask of a changelog whose cluster gives no answer may wait a whole request timeout (a
+    broker that stalls without refusing connections): a poll that asked every waiting one again
+    waited that long for each, the running tasks with it. Now a poll asks one again, the one asked
+    longest ago, so each gets its turn; one whose cluster answers again is taken up on its turn."""
+    tasks = [TaskId(0, p) for p in range(4)]
+    tps = [changelog_tp(t) for t in tasks]
+    log = Unanswering(root / "log")
+    for tp in tps:
+        produce(log, tp, [(b"k%d" % i, b"%d" % i) for i in range(20)])
+    tm = manager(root, "exactly_once_v2", log=log)
+    tm.start()
+    log.down = set(tps[1:])  # three standbys whose changelogs give no answer
+    tm.assign([tasks[0]], tasks[1:])
+    assert tm.task(tasks[0]).state is not TaskState.CREATED
+    asked: list[list[TopicPartition]] = []
+    for _ in range(6):
+        log.asked.clear()
+        with pytest.raises(ChangelogUnavailableError):
+            tm.poll()
+        asked.append([tp for tp in log.asked if tp in log.down])
+    assert [len(a) for a in asked] == [1] * 6, asked  # one ask a poll, not three
+    assert {tp for a in asked[:3] for tp in a} == set(tps[1:]), "each in its turn"
+    assert asked[3:] == asked[:3]
+    assert tm.task(tasks[0]).state is TaskState.RUNNING  # the other task went on
+    log.down = {tps[1], tps[2]}  # the third answers again: taken up on its turn
+    for _ in range(3):
+        with pytest.raises(ChangelogUnavailableError):
+            tm.poll()
+    assert tasks[3] in tm.updater
+    log.down = set()
+    with pytest.raises(ChangelogUnavailableError):
+        tm.poll()  # one of the two waiting is asked on its turn, and answers; the other still waits
+    assert len(tm.unanswered.waiting()) == 1
+    tm.poll()  # every changelog has answered
+    assert all(t in tm.updater for t in tasks[1:])
+    close_all(tm)
+
+
+def test_a_turn_nobody_takes_passes_to_the_next_waiter() -> None:
+    """A waiter whose turn comes while its task is not due this poll must not keep the turn, or the
+    others would never be asked again."""
+    now = [0.0]
+    u = UnansweredChangelogs(lambda: now[0])
+    a, b = TopicPartition("c", 0), TopicPartition("c", 1)
+    silent = ChangelogUnavailableError("no answer")
+    u.no_answer(a, [a], silent)
+    now[0] = 1.0
+    u.no_answer(b, [b], silent)
+    u.new_poll()  # a's turn (asked longest ago); nobody asks for it
+    assert not u.may_ask(b, [b])
+    now[0] = 2.0
+    u.new_poll()  # the turn passed to b
+    assert not u.may_ask(a, [a]) and u.may_ask(b, [b]) and not u.may_ask(b, [b])
+    u.no_answer(b, [b], silent)
+    assert not u.may_ask(TopicPartition("c", 2), [b]), "nothing reading a changelog silent this poll"
+    u.answered(b)
+    now[0] = 3.0
+    u.new_poll()
+    assert u.may_ask(a, [a]) and u.may_ask(b, [b]) and u.waiting() == [a]
 
 
 def test_a_new_task_asks_its_changelogs_range_once_to_open_and_to_start_restoring(root: Path) -> None:

@@ -49,6 +49,7 @@ from statestore.processing.task import (
     build_state_manager,
     store_formats,
 )
+from statestore.processing.unanswered import UnansweredChangelogs
 from statestore.processing.updater import (
     DEFAULT_TIME_SLICE_MS,
     StandbyUpdateListener,
@@ -139,8 +140,12 @@ class TaskManager:
         self.client_id = client_id
         self.commit_interval = commit_interval_ms / 1000
         self._clock = clock
+        # Tasks waiting (not opened, or not taken by the state updater) and changelogs being
+        # restored or updated whose cluster gave no answer: who is asked again, and when.
+        self.unanswered = UnansweredChangelogs(clock)
         self.updater = StateUpdater(
             changelog,
+            unanswered=self.unanswered,
             listener=listener,
             standby_listener=standby_listener,
             metrics=metrics,
@@ -157,11 +162,6 @@ class TaskManager:
         self._wipes: dict[TaskId, int] = {}
         # Initialized tasks the state updater has not taken yet: their changelogs gave no answer.
         self._unadded: set[TaskId] = set()
-        # Tasks waiting (not initialized, or not taken by the state updater) because their
-        # changelogs gave no answer, with what they said; raised by every poll until they answer.
-        self._waiting: dict[TaskId, ChangelogUnavailableError] = {}
-        # Changelogs that gave no answer during this poll: not asked again before the next one.
-        self._silent: set[TopicPartition] = set()
         self._collector: RecordCollector | None = None
         self._started = False
         self._closed = False
@@ -267,8 +267,8 @@ class TaskManager:
             )
             if not pending:
                 continue
-            if self._silent and any(cs.tp in self._silent for cs in task.changelog_stores()):
-                continue  # asked already during this poll, without an answer
+            if not self.unanswered.may_ask(task.id, [cs.tp for cs in task.changelog_stores()]):
+                continue  # silent during this poll, or it waits for an answer and it is not its turn
             if task.state is TaskState.CREATED:
                 try:
                     self._initialize(task)
@@ -292,7 +292,7 @@ class TaskManager:
             self._unanswered(task, e)
         else:
             self._unadded.discard(task.id)
-            self._waiting.pop(task.id, None)
+            self.unanswered.answered(task.id)
 
     def _unanswered(self, task: Task, error: ChangelogUnavailableError) -> None:
         logger.debug(
@@ -301,20 +301,19 @@ class TaskManager:
             task.id,
             error,
         )
-        self._waiting[task.id] = error
-        self._silent.update(cs.tp for cs in task.changelog_stores())
+        self.unanswered.no_answer(task.id, [cs.tp for cs in task.changelog_stores()], error)
 
     def _unavailable(self) -> ChangelogUnavailableError | None:
         """What a changelog that has not answered since said: of a task still waiting for it, or
         of one the state updater holds back."""
-        if not self._waiting:
-            return self.updater.unavailable
         owned = {**self._active, **self._standby}
-        for tid in list(self._waiting):
-            task = owned.get(tid)
-            if task is None or not (task.state is TaskState.CREATED or tid in self._unadded):
-                del self._waiting[tid]  # gone, or it answered another way
-        return next(iter(self._waiting.values()), None) or self.updater.unavailable
+        for waiter in self.unanswered.waiting():
+            if not isinstance(waiter, TaskId):
+                continue  # a changelog of the state updater's: it keeps that one up to date
+            task = owned.get(waiter)
+            if task is None or not (task.state is TaskState.CREATED or waiter in self._unadded):
+                self.unanswered.forget(waiter)  # gone, or it answered another way
+        return self.unanswered.first
 
     def _handle_corrupted(self, task: Task, error: StateStoreError) -> None:
         """Close dirty, wipe, revive: the task is restored again from its changelog's start."""
@@ -494,7 +493,7 @@ class TaskManager:
         tasks are as they were, and the next poll tries them again.
         """
         self._check_open()
-        self._silent.clear()
+        self.unanswered.new_poll()
         self._initialize_pending()
         self.updater.poll(timeout)
         stop: StateStoreError | None = None

@@ -57,6 +57,7 @@ from statestore.errors import (
 from statestore.ids import TaskId, TopicPartition
 from statestore.ops.metrics import RestoreMetrics
 from statestore.processing.task import ActiveTask, ChangelogStore, StandbyTask, Task, TaskState
+from statestore.processing.unanswered import UnansweredChangelogs
 from statestore.restore.engine import (
     DEFAULT_MEMORY_BUDGET,
     OpenStores,
@@ -200,6 +201,7 @@ class StateUpdater:
         threads: int | None = None,
         background: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        unanswered: UnansweredChangelogs | None = None,
     ) -> None:
         if chunk_offsets is not None and chunk_offsets < 1:
             raise ValueError(f"chunk_offsets must be >= 1, got {chunk_offsets}")
@@ -234,12 +236,12 @@ class StateUpdater:
         #: Whether the last poll applied a restored chunk.
         self.made_progress = False
         #: Changelogs that gave no answer (``ChangelogUnavailableError``) and have not answered
-        #: since: their tasks stay as they were and are asked again next poll; the others go on.
-        #: Cleared for one by a restore of it that succeeds (or, with nothing to fetch, by its
-        #: offsets read again), or when its task leaves.
-        self.unanswered: dict[TopicPartition, ChangelogUnavailableError] = {}
-        # Changelogs that gave no answer during this poll: not asked again before the next one.
-        self._silent: set[TopicPartition] = set()
+        #: since: their tasks stay as they were and are asked again on a later poll (one a poll);
+        #: the others go on. One leaves by a restore of it that succeeds (or, with nothing to fetch,
+        #: by its offsets read again), or when its task leaves. Shared with the task manager that
+        #: passes it (which then begins each poll); otherwise this updater's own.
+        self.unanswered = unanswered if unanswered is not None else UnansweredChangelogs(clock)
+        self._owns_unanswered = unanswered is None
 
     # -- membership -----------------------------------------------------------------------
 
@@ -301,7 +303,7 @@ class StateUpdater:
         if self.metrics is not None:
             self.metrics.forget(task_id)
         for cl in entry.changelogs:
-            self.unanswered.pop(cl.store.tp, None)
+            self.unanswered.forget(cl.store.tp)
             if entry.active:
                 suspended = getattr(self.listener, "on_restore_suspended", None)
                 if cl.phase is ChangelogPhase.RESTORING and suspended is not None:
@@ -318,13 +320,13 @@ class StateUpdater:
         return entry.task
 
     def _unanswered(self, tp: TopicPartition, error: ChangelogUnavailableError) -> None:
-        self.unanswered[tp] = error
-        self._silent.add(tp)
+        self.unanswered.no_answer(tp, (tp,), error)
 
     @property
     def unavailable(self) -> ChangelogUnavailableError | None:
-        """What a changelog that has not answered since it last gave no answer said, if one has not."""
-        return next(iter(self.unanswered.values()), None)
+        """What a changelog that has not answered since it last gave no answer said, if one has not
+        (with a shared :attr:`unanswered`: the task manager's waiting tasks too)."""
+        return self.unanswered.first
 
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._tasks
@@ -354,8 +356,8 @@ class StateUpdater:
             for cl in entry.changelogs:
                 if cl.phase is ChangelogPhase.COMPLETED:
                     continue
-                if cl.store.tp in self._silent:
-                    continue
+                if not self.unanswered.may_ask(cl.store.tp, (cl.store.tp,)):
+                    continue  # silent during this poll, or one that gave no answer before, not its turn
                 try:
                     lso = self.changelog.last_stable_offset(cl.store.tp)
                 except ChangelogUnavailableError as e:
@@ -367,7 +369,7 @@ class StateUpdater:
                 if target > cl.position:
                     plan.append((entry, cl, target))
                     continue
-                self.unanswered.pop(cl.store.tp, None)  # it answers, and has nothing to fetch
+                self.unanswered.answered(cl.store.tp)  # it answers, and has nothing to fetch
                 if cl.end_offset is not None and cl.position < cl.end_offset:
                     blocked = True
         if blocked and not plan:
@@ -424,7 +426,8 @@ class StateUpdater:
         """
         slice_ = self.time_slice if timeout is None else timeout
         self.made_progress = False
-        self._silent.clear()
+        if self._owns_unanswered:
+            self.unanswered.new_poll()
         self._complete_ready()
         if self._executor is not None:
             if self._inflight is None:
@@ -441,7 +444,7 @@ class StateUpdater:
                 if not plan:
                     break
                 self._apply(plan, self._run(plan))
-                if self._clock() >= deadline or self._silent:
+                if self._clock() >= deadline or self.unanswered.silent():
                     break  # the slice is spent, or a changelog gave no answer: asked next poll
         self._maybe_record_offsets()
         done, self._completed = self._completed, []
@@ -470,7 +473,7 @@ class StateUpdater:
             if result.error is not None:
                 self._fail(entry, result.error, cl)
                 continue
-            self.unanswered.pop(cl.store.tp, None)
+            self.unanswered.answered(cl.store.tp)
             self.made_progress = True
             cl.position = max(cl.position, result.end_offset)
             cl.restored += result.records_applied
