@@ -555,6 +555,53 @@ class _CommittedStub:
         return self.answers.pop(0)
 
 
+class _PendingCommitStub(_CommittedStub):
+    """A consumer whose committed offsets answer as scripted, and that seeks anywhere."""
+
+    def consumer_group_metadata(self) -> str:
+        return "group-metadata"
+
+    def seek(self, part: Any) -> None:
+        pass
+
+
+def test_committed_offsets_that_stay_unstable_have_an_offset_commit_left_pending_cleared_once(
+    tmp_path: Path,
+) -> None:
+    """Kafka 4.4's coordinator, aborting an expired transaction while the client's commit of it
+    arrived (a broker stalled past the transaction timeout), once left that transaction's offset
+    commit pending for minutes: ``read_committed`` offset reads timed out, and the instance waited
+    out its task_timeout. A read that gets no stable answer now has this instance's producer abort
+    a transaction over those offsets, once a rewind: the marker ends any commit of its producer id
+    left pending. A refusal is not retried, and at-least-once has no transaction to abort."""
+    timeout = ck.KafkaException(ck.KafkaError(ck.KafkaError._TIMED_OUT))
+    settled = SimpleNamespace(topic="in", partition=0, offset=42, error=None)
+    unstable = SimpleNamespace(
+        topic="in", partition=0, offset=-1001, error=ck.KafkaError(ck.KafkaError.UNSTABLE_OFFSET_COMMIT)
+    )
+    for guarantee, cleared in (("exactly_once_v2", True), ("at_least_once", False)):
+        app = _offline_app(tmp_path, guarantee=guarantee, task_timeout=30.0)
+        aborted: list[tuple[list[TopicPartition], Any]] = []
+
+        def abort_offsets(tps: list[TopicPartition], gm: Any, aborted: list[Any] = aborted) -> bool:
+            aborted.append((list(tps), gm))
+            return True
+
+        app.task_manager = SimpleNamespace(collector=SimpleNamespace(abort_offsets=abort_offsets))  # type: ignore[assignment]
+
+        class Consumer(_PendingCommitStub):
+            def committed(self, parts: list[Any], timeout: float) -> list[Any]:
+                answer = self.answers.pop(0)
+                if isinstance(answer, Exception):
+                    raise answer
+                return answer
+
+        app._consumer = Consumer(timeout, [unstable], [settled])
+        app._rewind([TopicPartition("in", 0)])
+        assert app._committed[TopicPartition("in", 0)] == 42 and app._next[TopicPartition("in", 0)] == 42
+        assert aborted == ([([TopicPartition("in", 0)], "group-metadata")] if cleared else []), guarantee
+
+
 def test_a_committed_offset_answered_with_an_error_is_asked_again_never_taken_as_none(tmp_path: Path) -> None:
     """After a commit in doubt the input is sought back to the group's committed offsets: one the
     coordinator answered with an error (unstable while a transaction that commits it is open) must

@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 from statestore.changelog.kafka import KafkaChangelog
 from statestore.changelog.kafka.producer import KafkaProducer
 from statestore.errors import LogError, TransactionInDoubtError, TransactionStateError
+from statestore.ids import TopicPartition
 from statestore.processing.record_collector import RecordCollector
 
 TIMEOUT = 0.3
@@ -61,6 +62,9 @@ class Client:
 
     def begin_transaction(self) -> None:
         self._answer("begin_transaction")
+
+    def send_offsets_to_transaction(self, parts: list[Any], group_metadata: Any, timeout: float) -> None:
+        self._answer("send_offsets_to_transaction")
 
     def flush(self, timeout: float) -> int:
         return 0
@@ -217,6 +221,29 @@ def test_closing_a_producer_whose_commit_failed_for_good_never_raises_nor_waits_
         p.send("t", 0, b"k", b"v")
     p.abort()
     assert not p.in_transaction and client.calls[-1] == "close"
+
+
+def test_aborting_offsets_runs_an_empty_transaction_over_them_and_aborts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What clears an offset commit the coordinator left pending under this producer's id: a new
+    transaction with offsets of the partitions, aborted; never while a transaction is open."""
+    client = Client()
+    monkeypatch.setattr("confluent_kafka.Producer", lambda conf: client)
+    changelog = SimpleNamespace(
+        request_timeout=TIMEOUT,
+        bootstrap_servers="127.0.0.1:1",
+        transaction_timeout_ms=10_000,
+        client_config=lambda conf: conf,
+    )
+    changelog.producer = lambda tid: KafkaProducer(changelog, tid)  # type: ignore[attr-defined]
+    collector = RecordCollector(changelog, transactional_id="tid")  # type: ignore[arg-type]
+    assert collector.abort_offsets([TopicPartition("in", 0)], "gm")
+    assert client.calls[-3:] == ["begin_transaction", "send_offsets_to_transaction", "abort_transaction"]
+    assert not collector.producer.in_transaction and not collector.producer.fatal
+    collector.producer.begin()
+    assert not collector.abort_offsets([TopicPartition("in", 0)], "gm")  # one is open: left alone
+    assert client.calls[-1] == "begin_transaction"
 
 
 def test_a_commit_that_requires_an_abort_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:

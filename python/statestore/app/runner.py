@@ -834,9 +834,17 @@ class App:
         tps = sorted(tps)
         unknown = [tp for tp in tps if tp not in self._committed]
         if unknown:
-            got = self._until_answered(
-                "reading the group's committed offsets", lambda: self._committed_offsets(unknown), deadline
-            )
+            cleared: list[bool] = []
+
+            def read() -> list[Any]:
+                try:
+                    return self._committed_offsets(unknown)
+                except (LogError, ck.KafkaException) as e:
+                    if not cleared and self.eos and unanswered(e):
+                        cleared.append(self._clear_pending_offsets(unknown))
+                    raise
+
+            got = self._until_answered("reading the group's committed offsets", read, deadline)
             for p in got:
                 self._committed[TopicPartition(p.topic, p.partition)] = (
                     p.offset if p.offset >= 0 else ck.OFFSET_BEGINNING
@@ -853,6 +861,26 @@ class App:
             except ck.KafkaException as e:
                 # Not fetching yet (just assigned): it starts from the committed offset anyway.
                 logger.debug("%s: seek %s to %d: %s", self.application_id, tp, off, e)
+
+    def _clear_pending_offsets(self, tps: list[TopicPartition]) -> bool:
+        """The group's committed offsets of ``tps`` gave no stable answer: end any transactional
+        offset commit of this instance's producer id the coordinator still holds pending (see
+        :meth:`~statestore.processing.record_collector.RecordCollector.abort_offsets`). Harmless when there is none: only an empty
+        transaction of this producer is aborted. Asked once a rewind; whether it ran."""
+        try:
+            ran = self._tm().collector.abort_offsets(tps, self._consumer.consumer_group_metadata())
+        except (LogError, require().KafkaException) as e:
+            logger.info("%s: clearing offset commits left pending failed: %s", self.application_id, e)
+            return False
+        if ran:
+            logger.warning(
+                "%s: the group's committed offsets of %s gave no stable answer; aborted a transaction "
+                "of this instance's producer over them, which ends an offset commit of its producer id "
+                "the coordinator may have left pending",
+                self.application_id,
+                ", ".join(map(str, tps)),
+            )
+        return ran
 
     # -- rebalancing ---------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from statestore.changelog.protocol import Changelog, ChangelogProducer, DeferredOffsets, Header
@@ -61,6 +61,25 @@ class RecordCollector:
             raise TransactionStateError(f"{type(self.producer).__name__} cannot commit consumer offsets")
         self._begin_if_needed()
         send(offsets, group_metadata)
+
+    def abort_offsets(self, tps: Iterable[TopicPartition], group_metadata: Any) -> bool:
+        """Exactly-once, with no transaction open: add offsets of ``tps`` to a new transaction and
+        abort it. The abort marker reaches the group coordinator under this producer's id, and ends
+        any transactional offset commit of that id it still holds pending -- one left behind when
+        the broker's own abort of an expired transaction raced the client's commit (Kafka 4.4),
+        which otherwise keeps ``read_committed`` offset reads unstable for minutes. Nothing else
+        changes: the transaction is aborted. Returns whether it ran."""
+        if not self.transactional or self.producer.in_transaction:
+            return False
+        send = getattr(self.producer, "send_offsets", None)
+        if send is None:
+            return False
+        self.producer.begin()
+        try:
+            send({tp: 0 for tp in tps}, group_metadata)
+        finally:
+            self.producer.abort()
+        return True
 
     @property
     def failed(self) -> bool:
