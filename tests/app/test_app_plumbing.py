@@ -548,7 +548,7 @@ def test_a_commit_in_doubt_is_asked_again_of_the_same_producer_before_another_is
 class _CommittedStub:
     """A consumer whose ``committed()`` answers with the given partitions, one answer a call."""
 
-    def __init__(self, *answers: list[Any]) -> None:
+    def __init__(self, *answers: Any) -> None:
         self.answers = list(answers)
 
     def committed(self, parts: list[Any], timeout: float) -> list[Any]:

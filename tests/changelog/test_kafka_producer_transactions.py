@@ -79,16 +79,22 @@ class Client:
         self.calls.append("close")
 
 
-def producer(monkeypatch: pytest.MonkeyPatch, client: Client) -> KafkaProducer:
-    """A transactional ``KafkaProducer`` on ``client``, its transaction open."""
-    monkeypatch.setattr("confluent_kafka.Producer", lambda conf: client)
+def changelog_stub() -> SimpleNamespace:
+    """What a ``KafkaProducer`` (and a ``RecordCollector``'s ``producer(tid)``) asks of its changelog."""
     changelog = SimpleNamespace(
         request_timeout=TIMEOUT,
         bootstrap_servers="127.0.0.1:1",
         transaction_timeout_ms=10_000,
         client_config=lambda conf: conf,
     )
-    p = KafkaProducer(changelog, "tid")  # type: ignore[arg-type]
+    changelog.producer = lambda tid: KafkaProducer(changelog, tid)  # type: ignore[arg-type]
+    return changelog
+
+
+def producer(monkeypatch: pytest.MonkeyPatch, client: Client) -> KafkaProducer:
+    """A transactional ``KafkaProducer`` on ``client``, its transaction open."""
+    monkeypatch.setattr("confluent_kafka.Producer", lambda conf: client)
+    p = KafkaProducer(changelog_stub(), "tid")  # type: ignore[arg-type]
     p.begin()
     return p
 
@@ -154,26 +160,21 @@ def test_a_producer_closed_in_doubt_lets_its_client_go_before_the_next_one_is_ma
     made: list[weakref.ref[Client]] = []
 
     class Recorded(Client):
+        n = 0
+
         def init_transactions(self, timeout: float) -> None:
             events.append(f"client {self.n} init")
             super().init_transactions(timeout)
 
     def make(conf: dict[str, Any]) -> Client:
         client = Recorded(commit_transaction=[timed_out()] if not made else [None])
-        client.n = len(made)  # type: ignore[attr-defined]
-        weakref.finalize(client, events.append, f"client {client.n} gone")  # type: ignore[attr-defined]
+        client.n = len(made)
+        weakref.finalize(client, events.append, f"client {client.n} gone")
         made.append(weakref.ref(client))
         return client
 
     monkeypatch.setattr("confluent_kafka.Producer", make)
-    changelog = SimpleNamespace(
-        request_timeout=TIMEOUT,
-        bootstrap_servers="127.0.0.1:1",
-        transaction_timeout_ms=10_000,
-        client_config=lambda conf: conf,
-    )
-    changelog.producer = lambda tid: KafkaProducer(changelog, tid)  # type: ignore[attr-defined]
-    collector = RecordCollector(changelog, transactional_id="tid")  # type: ignore[arg-type]
+    collector = RecordCollector(changelog_stub(), transactional_id="tid")
     collector.producer.begin()
     try:
         collector.producer.commit()
@@ -230,17 +231,10 @@ def test_aborting_offsets_runs_an_empty_transaction_over_them_and_aborts_it(
     transaction with offsets of the partitions, aborted; never while a transaction is open."""
     client = Client()
     monkeypatch.setattr("confluent_kafka.Producer", lambda conf: client)
-    changelog = SimpleNamespace(
-        request_timeout=TIMEOUT,
-        bootstrap_servers="127.0.0.1:1",
-        transaction_timeout_ms=10_000,
-        client_config=lambda conf: conf,
-    )
-    changelog.producer = lambda tid: KafkaProducer(changelog, tid)  # type: ignore[attr-defined]
-    collector = RecordCollector(changelog, transactional_id="tid")  # type: ignore[arg-type]
+    collector = RecordCollector(changelog_stub(), transactional_id="tid")
     assert collector.abort_offsets([TopicPartition("in", 0)], "gm")
     assert client.calls[-3:] == ["begin_transaction", "send_offsets_to_transaction", "abort_transaction"]
-    assert not collector.producer.in_transaction and not collector.producer.fatal
+    assert not collector.producer.in_transaction and not collector.failed
     collector.producer.begin()
     assert not collector.abort_offsets([TopicPartition("in", 0)], "gm")  # one is open: left alone
     assert client.calls[-1] == "begin_transaction"
