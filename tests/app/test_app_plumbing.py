@@ -558,8 +558,13 @@ class _CommittedStub:
 class _PendingCommitStub(_CommittedStub):
     """A consumer whose committed offsets answer as scripted, and that seeks anywhere."""
 
+    member = "member-1"
+
     def consumer_group_metadata(self) -> str:
         return "group-metadata"
+
+    def memberid(self) -> str:
+        return self.member
 
     def seek(self, part: Any) -> None:
         pass
@@ -587,7 +592,8 @@ def test_committed_offsets_that_stay_unstable_have_an_offset_commit_left_pending
             aborted.append((list(tps), gm))
             return True
 
-        app.task_manager = SimpleNamespace(collector=SimpleNamespace(abort_offsets=abort_offsets))  # type: ignore[assignment]
+        collector = SimpleNamespace(abort_offsets=abort_offsets, failed=False)
+        app.task_manager = SimpleNamespace(collector=collector)  # type: ignore[assignment]
 
         class Consumer(_PendingCommitStub):
             def committed(self, parts: list[Any], timeout: float) -> list[Any]:
@@ -600,6 +606,22 @@ def test_committed_offsets_that_stay_unstable_have_an_offset_commit_left_pending
         app._rewind([TopicPartition("in", 0)])
         assert app._committed[TopicPartition("in", 0)] == 42 and app._next[TopicPartition("in", 0)] == 42
         assert aborted == ([([TopicPartition("in", 0)], "group-metadata")] if cleared else []), guarantee
+    # Its deadline spent (a settle used the task_timeout): the read after the clearing is made all
+    # the same; a consumer that is no member of the group clears nothing.
+    app = _offline_app(tmp_path, task_timeout=30.0)  # exactly-once
+    app.task_manager = SimpleNamespace(collector=collector)  # type: ignore[assignment]
+    for member, cleared in (("member-1", True), ("", False)):
+        app._committed.clear()
+        aborted.clear()
+        app._consumer = Consumer(timeout, [settled])
+        app._consumer.member = member
+        try:
+            app._rewind([TopicPartition("in", 0)], deadline=time.monotonic())
+        except ck.KafkaException:
+            assert not cleared, "the read after the clearing was not made"
+        else:
+            assert cleared and app._committed[TopicPartition("in", 0)] == 42
+        assert len(aborted) == int(cleared), member
 
 
 def test_a_committed_offset_answered_with_an_error_is_asked_again_never_taken_as_none(tmp_path: Path) -> None:

@@ -178,3 +178,16 @@ def test_kafka_streams_and_statestore_lock_each_other_out_of_one_state_directory
     assert after.stdout is not None and after.stdout.readline().strip() == "locked"
     after.kill()
     after.wait()
+
+
+def test_a_second_opener_in_this_process_leaves_kafka_streams_locked_out(tmp_path: Path) -> None:
+    """A classic POSIX lock goes with any close of the file in the process: a second opener here,
+    refused by the flock, closed its descriptor and so let Kafka Streams in under the first. The
+    lock is one of the open file description (Linux), which goes only with its own descriptor."""
+    app = tmp_path / "app"
+    with StateDirectory(tmp_path, "app"):
+        with pytest.raises(LockError):
+            StateDirectory(tmp_path, "app")
+        ks = _kafka_streams_lock(app)
+        assert ks.stdout is not None and ks.stdout.readline().strip() == "busy"
+        ks.wait()

@@ -840,9 +840,13 @@ class App:
                 try:
                     return self._committed_offsets(unknown)
                 except (LogError, ck.KafkaException) as e:
-                    if not cleared and self.eos and unanswered(e):
-                        cleared.append(self._clear_pending_offsets(unknown))
-                    raise
+                    if cleared or not self.eos or not unanswered(e):
+                        raise
+                    cleared.append(self._clear_pending_offsets(unknown, deadline))
+                    if not cleared[0]:
+                        raise
+                # read once more at once: past the deadline too, the clearing may have taken it
+                return self._committed_offsets(unknown)
 
             got = self._until_answered("reading the group's committed offsets", read, deadline)
             for p in got:
@@ -862,15 +866,28 @@ class App:
                 # Not fetching yet (just assigned): it starts from the committed offset anyway.
                 logger.debug("%s: seek %s to %d: %s", self.application_id, tp, off, e)
 
-    def _clear_pending_offsets(self, tps: list[TopicPartition]) -> bool:
+    def _clear_pending_offsets(self, tps: list[TopicPartition], deadline: float | None = None) -> bool:
         """The group's committed offsets of ``tps`` gave no stable answer: end any transactional
         offset commit of this instance's producer id the coordinator still holds pending (see
-        :meth:`~statestore.processing.record_collector.RecordCollector.abort_offsets`). Harmless when there is none: only an empty
-        transaction of this producer is aborted. Asked once a rewind; whether it ran."""
+        :meth:`~statestore.processing.record_collector.RecordCollector.abort_offsets`). Harmless
+        when there is none: only an empty transaction of this producer is aborted. Not with a
+        producer that failed, nor while this consumer is no member of the group (the offsets it
+        adds, aborted, would hold up another owner's reads meanwhile). A producer the clearing
+        leaves failed (its cluster gave no answer) is replaced within ``deadline``. Asked once a
+        rewind; whether it ran."""
+        tm = self._tm()
+        if tm.collector.failed or not self._consumer.memberid():
+            return False
         try:
-            ran = self._tm().collector.abort_offsets(tps, self._consumer.consumer_group_metadata())
+            ran = tm.collector.abort_offsets(tps, self._consumer.consumer_group_metadata())
         except (LogError, require().KafkaException) as e:
             logger.info("%s: clearing offset commits left pending failed: %s", self.application_id, e)
+            ran = False
+        if tm.collector.failed:
+            logger.warning(
+                "%s: the producer is dead; replacing it (same transactional id)", self.application_id
+            )
+            self._until_answered("replacing the producer", tm.collector.renew, deadline)
             return False
         if ran:
             logger.warning(

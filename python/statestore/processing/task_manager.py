@@ -142,7 +142,7 @@ class TaskManager:
         self._clock = clock
         # Tasks waiting (not opened, or not taken by the state updater) and changelogs being
         # restored or updated whose cluster gave no answer: who is asked again, and when.
-        self.unanswered = UnansweredChangelogs(clock)
+        self.unanswered = UnansweredChangelogs()
         self.updater = StateUpdater(
             changelog,
             unanswered=self.unanswered,
@@ -227,6 +227,7 @@ class TaskManager:
                 task.close_dirty_and_revive(wipe=True)  # wiped now, before any assignment
                 self._close(task, clean=True)
                 continue
+            task.take_changelog_ranges()  # stale by the time an assignment hands it over
             if len(self._startup) < self.max_startup_tasks:
                 self._startup[task_id] = task
             else:

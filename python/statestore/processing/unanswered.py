@@ -9,8 +9,8 @@ tasks wait for the loop. :class:`UnansweredChangelogs` decides who is asked.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Iterable
 
 from statestore.errors import ChangelogUnavailableError
 from statestore.ids import TaskId, TopicPartition
@@ -32,10 +32,11 @@ class UnansweredChangelogs:
     then every poll reports it (:attr:`first`), and an application stops after ``task_timeout``.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._errors: dict[Waiter, ChangelogUnavailableError] = {}
-        self._asked: dict[Waiter, float] = {}
+        # When each was last asked, as a count of asks (a clock may stand still, or tie).
+        self._asks = itertools.count()
+        self._asked: dict[Waiter, int] = {}
         self._silent: set[TopicPartition] = set()
         self._turn: Waiter | None = None
         self._turn_taken = False
@@ -46,9 +47,9 @@ class UnansweredChangelogs:
         if self._turn is not None and not self._turn_taken and self._turn in self._errors:
             # Nobody asked for it (its task was not due): the turn passes, or it would come back
             # to the same waiter again and again.
-            self._asked[self._turn] = self._clock()
+            self._asked[self._turn] = next(self._asks)
         self._silent.clear()
-        self._turn = min(self._errors, key=lambda w: self._asked.get(w, float("-inf")), default=None)
+        self._turn = min(self._errors, key=lambda w: self._asked.get(w, -1), default=None)
         self._turn_taken = False
 
     def may_ask(self, waiter: Waiter, tps: Iterable[TopicPartition]) -> bool:
@@ -61,7 +62,7 @@ class UnansweredChangelogs:
         if waiter != self._turn or self._turn_taken:
             return False
         self._turn_taken = True
-        self._asked[waiter] = self._clock()
+        self._asked[waiter] = next(self._asks)
         return True
 
     def no_answer(
@@ -69,7 +70,7 @@ class UnansweredChangelogs:
     ) -> None:
         """``waiter`` got no answer reading ``tps``: not asked again during this poll."""
         self._errors[waiter] = error
-        self._asked[waiter] = self._clock()
+        self._asked[waiter] = next(self._asks)
         self._silent.update(tps)
 
     def answered(self, waiter: Waiter) -> None:

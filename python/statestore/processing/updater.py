@@ -240,7 +240,7 @@ class StateUpdater:
         #: the others go on. One leaves by a restore of it that succeeds (or, with nothing to fetch,
         #: by its offsets read again), or when its task leaves. Shared with the task manager that
         #: passes it (which then begins each poll); otherwise this updater's own.
-        self.unanswered = unanswered if unanswered is not None else UnansweredChangelogs(clock)
+        self.unanswered = unanswered if unanswered is not None else UnansweredChangelogs()
         self._owns_unanswered = unanswered is None
 
     # -- membership -----------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Layout (identical to Kafka Streams, so tools and habits carry over)::
 
     <root>/<application_id>/
-      .lock                            process lock (flock, and a POSIX lock as Kafka Streams')
+      .lock                            process lock (flock, and a lock of the kind Kafka Streams takes)
       kafka-streams-process-metadata   {"processId": "<uuid>"}
       <sub>_<part>/                    task directory
         .lock                          task lock (OS file lock; Kafka's pre-3.0 layout)
@@ -36,6 +36,8 @@ import logging
 import os
 import shutil
 import socket
+import struct
+import sys
 import threading
 import time
 import uuid
@@ -124,6 +126,22 @@ def lock_holder(lock_file: Path, holders: dict[tuple[int, int], int] | None = No
         return None
     table = flock_holders() if holders is None else holders
     return table.get((st.st_dev, st.st_ino))
+
+
+def _posix_lock(fd: int, kind: int) -> None:
+    """Lock (``F_RDLCK``, ``F_WRLCK``) or unlock (``F_UNLCK``) the whole file at ``fd`` without
+    waiting, with a lock of the kind Java's ``FileChannel.lock`` takes (they conflict). An open file
+    description lock where the system has them: it belongs to this descriptor and goes only with
+    it, where a classic POSIX lock goes with any close of the file anywhere in the process (a
+    second opener here that fails its flock would drop it). ``OSError`` (``EAGAIN``/``EACCES``)
+    when another holds a conflicting one."""
+    ofd = getattr(fcntl, "F_OFD_SETLK", None)
+    if ofd is None or sys.platform != "linux":
+        op = {fcntl.F_RDLCK: fcntl.LOCK_SH, fcntl.F_WRLCK: fcntl.LOCK_EX}.get(kind, fcntl.LOCK_UN)
+        fcntl.lockf(fd, op | (fcntl.LOCK_NB if op != fcntl.LOCK_UN else 0))
+        return
+    # struct flock: l_type, l_whence (short); l_start, l_len (off_t); l_pid (0 for these locks)
+    fcntl.fcntl(fd, ofd, struct.pack("hhqqi", kind, os.SEEK_SET, 0, 0, 0))
 
 
 @dataclass(frozen=True)
@@ -279,16 +297,15 @@ class StateDirectory:
         return fd
 
     def _lock_out_kafka_streams(self, fd: int, path: Path) -> None:
-        """Take a POSIX lock on the process lock file too (shared when opened shared).
+        """Take a POSIX-kind lock on the process lock file too (a read lock when opened shared).
 
         Kafka Streams locks the same file with Java's ``FileChannel.lock``, a POSIX lock, which an
         flock neither sees nor excludes: holding both keeps a Kafka Streams instance from starting
         on a state directory statestore uses, and statestore from using one Kafka Streams holds,
         with no window between a check and the work. Best effort where the file system has no
-        POSIX locks. (A POSIX lock goes with any close of the file in this process: a second
-        opener here that fails its flock drops it; the flock still excludes statestore's own.)"""
+        such locks."""
         try:
-            fcntl.lockf(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            _posix_lock(fd, fcntl.F_RDLCK if self.shared else fcntl.F_WRLCK)
         except OSError as e:
             if e.errno not in (errno.EACCES, errno.EAGAIN):
                 logger.debug("no POSIX lock on %s (%s): Kafka Streams is not locked out", path, e)
@@ -339,6 +356,7 @@ class StateDirectory:
             with contextlib.suppress(OSError):
                 if not self.shared:
                     os.ftruncate(self._process_fd, 0)
+                _posix_lock(self._process_fd, fcntl.F_UNLCK)  # first: the flock still excludes statestore
                 fcntl.flock(self._process_fd, fcntl.LOCK_UN)
             os.close(self._process_fd)
             self._process_fd = -1

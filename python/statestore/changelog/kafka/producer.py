@@ -323,7 +323,7 @@ class KafkaProducer(ClosesOnCleanExit):
             # the client's own close would ask its abort with no time limit
             try:
                 self.abort()
-            except LogError as e:
+            except Exception as e:  # closing goes on whatever the abort met
                 logger.warning("%s: aborting the open transaction on close failed: %s", self._what(), e)
         self._closed = True
         try:
