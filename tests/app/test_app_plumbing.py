@@ -574,11 +574,12 @@ def test_committed_offsets_that_stay_unstable_have_an_offset_commit_left_pending
     tmp_path: Path,
 ) -> None:
     """Kafka 4.4's coordinator, aborting an expired transaction while the client's commit of it
-    arrived (a broker stalled past the transaction timeout), once left that transaction's offset
-    commit pending for minutes: ``read_committed`` offset reads timed out, and the instance waited
-    out its task_timeout. A read that gets no stable answer now has this instance's producer abort
-    a transaction over those offsets, once a rewind: the marker ends any commit of its producer id
-    left pending. A refusal is not retried, and at-least-once has no transaction to abort."""
+    arrived (a broker stalled past the transaction timeout), left that transaction open: its offset
+    commit pending (``read_committed`` offset reads timed out, the instance waited out its
+    task_timeout) and its records without an end marker (restores and readers held there). A read
+    that gets no stable answer now has this instance's producer abort a transaction over those
+    offsets and every changelog and output partition, once a rewind: its markers end what its
+    producer id left open. At-least-once has no transaction to abort."""
     timeout = ck.KafkaException(ck.KafkaError(ck.KafkaError._TIMED_OUT))
     settled = SimpleNamespace(topic="in", partition=0, offset=42, error=None)
     unstable = SimpleNamespace(
@@ -588,12 +589,17 @@ def test_committed_offsets_that_stay_unstable_have_an_offset_commit_left_pending
         app = _offline_app(tmp_path, guarantee=guarantee, task_timeout=30.0)
         aborted: list[tuple[list[TopicPartition], Any]] = []
 
-        def abort_offsets(tps: list[TopicPartition], gm: Any, aborted: list[Any] = aborted) -> bool:
+        def abort_everywhere(
+            written: list[TopicPartition], tps: list[TopicPartition], gm: Any, aborted: list[Any] = aborted
+        ) -> bool:
+            # every changelog and output partition is written, aborted
+            assert written == [TopicPartition("offline-agg-changelog", p) for p in range(2)]
             aborted.append((list(tps), gm))
             return True
 
-        collector = SimpleNamespace(abort_offsets=abort_offsets, failed=False)
+        collector = SimpleNamespace(abort_everywhere=abort_everywhere, failed=False)
         app.task_manager = SimpleNamespace(collector=collector)  # type: ignore[assignment]
+        app.changelog = SimpleNamespace(topics=lambda: {"offline-agg-changelog": 2, "in": 2})  # type: ignore[assignment]
 
         class Consumer(_PendingCommitStub):
             def committed(self, parts: list[Any], timeout: float) -> list[Any]:
@@ -610,6 +616,7 @@ def test_committed_offsets_that_stay_unstable_have_an_offset_commit_left_pending
     # the same; a consumer that is no member of the group clears nothing.
     app = _offline_app(tmp_path, task_timeout=30.0)  # exactly-once
     app.task_manager = SimpleNamespace(collector=collector)  # type: ignore[assignment]
+    app.changelog = SimpleNamespace(topics=lambda: {"offline-agg-changelog": 2, "in": 2})  # type: ignore[assignment]
     for member, cleared in (("member-1", True), ("", False)):
         app._committed.clear()
         aborted.clear()

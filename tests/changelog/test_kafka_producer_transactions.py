@@ -66,7 +66,11 @@ class Client:
     def send_offsets_to_transaction(self, parts: list[Any], group_metadata: Any, timeout: float) -> None:
         self._answer("send_offsets_to_transaction")
 
+    def produce(self, topic: str, **kw: Any) -> None:
+        self.calls.append(f"produce {topic}-{kw.get('partition')}")
+
     def flush(self, timeout: float) -> int:
+        self.calls.append("flush")
         return 0
 
     def poll(self, timeout: float) -> int:
@@ -224,19 +228,28 @@ def test_closing_a_producer_whose_commit_failed_for_good_never_raises_nor_waits_
     assert not p.in_transaction and client.calls[-1] == "close"
 
 
-def test_aborting_offsets_runs_an_empty_transaction_over_them_and_aborts_it(
+def test_aborting_everywhere_writes_each_partition_and_the_offsets_in_a_transaction_it_aborts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """What clears an offset commit the coordinator left pending under this producer's id: a new
-    transaction with offsets of the partitions, aborted; never while a transaction is open."""
+    """What ends a transaction of this producer's id a broker left open (data without its end
+    marker, an offset commit left pending): a new transaction that writes an empty record to each
+    partition and adds the offsets, delivered, then aborted; never while a transaction is open."""
     client = Client()
     monkeypatch.setattr("confluent_kafka.Producer", lambda conf: client)
     collector = RecordCollector(changelog_stub(), transactional_id="tid")
-    assert collector.abort_offsets([TopicPartition("in", 0)], "gm")
-    assert client.calls[-3:] == ["begin_transaction", "send_offsets_to_transaction", "abort_transaction"]
+    written = [TopicPartition("app-s-changelog", 0), TopicPartition("out", 1)]
+    assert collector.abort_everywhere(written, [TopicPartition("in", 0)], "gm")
+    assert client.calls[-6:] == [
+        "begin_transaction",
+        "produce app-s-changelog-0",
+        "produce out-1",
+        "flush",
+        "send_offsets_to_transaction",
+        "abort_transaction",
+    ]
     assert not collector.producer.in_transaction and not collector.failed
     collector.producer.begin()
-    assert not collector.abort_offsets([TopicPartition("in", 0)], "gm")  # one is open: left alone
+    assert not collector.abort_everywhere(written, [TopicPartition("in", 0)], "gm")  # one is open
     assert client.calls[-1] == "begin_transaction"
 
 

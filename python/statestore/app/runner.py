@@ -41,7 +41,7 @@ from statestore.errors import (
     TaskCorruptedError,
     TransactionInDoubtError,
 )
-from statestore.ids import TaskId, TopicPartition
+from statestore.ids import TaskId, TopicPartition, changelog_topic
 from statestore.ops.metrics import MetricsPublisher, RestoreMetrics
 from statestore.processing.task import ActiveTask, TaskState, TaskStore, store_formats
 from statestore.processing.task_manager import TaskManager
@@ -869,17 +869,20 @@ class App:
     def _clear_pending_offsets(self, tps: list[TopicPartition], deadline: float | None = None) -> bool:
         """The group's committed offsets of ``tps`` gave no stable answer: end any transactional
         offset commit of this instance's producer id the coordinator still holds pending (see
-        :meth:`~statestore.processing.record_collector.RecordCollector.abort_offsets`). Harmless
-        when there is none: only an empty transaction of this producer is aborted. Not with a
-        producer that failed, nor while this consumer is no member of the group (the offsets it
-        adds, aborted, would hold up another owner's reads meanwhile). A producer the clearing
-        leaves failed (its cluster gave no answer) is replaced within ``deadline``. Asked once a
-        rewind; whether it ran."""
+        :meth:`~statestore.processing.record_collector.RecordCollector.abort_everywhere`), and
+        any transaction of that id a changelog or output partition still holds open: aborted, with
+        an empty record to each. Harmless when there is none: only a transaction of this producer
+        is aborted. Not with a producer that failed, nor while this consumer is no member of the
+        group (the offsets it adds, aborted, would hold up another owner's reads meanwhile). A
+        producer the clearing leaves failed (its cluster gave no answer) is replaced within
+        ``deadline``. Asked once a rewind; whether it ran."""
         tm = self._tm()
         if tm.collector.failed or not self._consumer.memberid():
             return False
         try:
-            ran = tm.collector.abort_offsets(tps, self._consumer.consumer_group_metadata())
+            ran = tm.collector.abort_everywhere(
+                self._written_partitions(), tps, self._consumer.consumer_group_metadata()
+            )
         except (LogError, require().KafkaException) as e:
             logger.info("%s: clearing offset commits left pending failed: %s", self.application_id, e)
             ran = False
@@ -892,12 +895,20 @@ class App:
         if ran:
             logger.warning(
                 "%s: the group's committed offsets of %s gave no stable answer; aborted a transaction "
-                "of this instance's producer over them, which ends an offset commit of its producer id "
-                "the coordinator may have left pending",
+                "of this instance's producer over them and every changelog and output partition, which "
+                "ends what a transaction of its producer id may have left open there",
                 self.application_id,
                 ", ".join(map(str, tps)),
             )
         return ran
+
+    def _written_partitions(self) -> list[TopicPartition]:
+        """Every partition this application's transactions may write: its changelogs' and its
+        output topics'."""
+        assert self.changelog is not None
+        counts = self.changelog.topics()
+        topics = [changelog_topic(self.application_id, s) for s in self.stores] + self.output_topics
+        return [TopicPartition(t, p) for t in topics for p in range(counts.get(t, 0))]
 
     # -- rebalancing ---------------------------------------------------------------------------
 

@@ -62,21 +62,28 @@ class RecordCollector:
         self._begin_if_needed()
         send(offsets, group_metadata)
 
-    def abort_offsets(self, tps: Iterable[TopicPartition], group_metadata: Any) -> bool:
-        """Exactly-once, with no transaction open: add offsets of ``tps`` to a new transaction and
-        abort it. The abort marker reaches the group coordinator under this producer's id, and ends
-        any transactional offset commit of that id it still holds pending -- one left behind when
-        the broker's own abort of an expired transaction raced the client's commit (Kafka 4.4),
-        which otherwise keeps ``read_committed`` offset reads unstable for minutes. Nothing else
-        changes: the transaction is aborted. Returns whether it ran."""
+    def abort_everywhere(
+        self, written: Iterable[TopicPartition], inputs: Iterable[TopicPartition], group_metadata: Any
+    ) -> bool:
+        """Exactly-once, with no transaction open: a transaction that writes an empty record (key
+        ``b""``, no value) to each partition of ``written`` and adds offsets of ``inputs``, aborted.
+        Its abort markers, under this producer's id, end whatever transaction of that id a
+        partition still holds open, aborted: data a broker left without its end marker, and an
+        offset commit the group coordinator left pending -- what Kafka 4.4's abort of an expired
+        transaction racing the client's commit of it left behind, holding every ``read_committed``
+        reader (and restore) of those partitions at that offset, and which a later commit of this
+        producer would have committed with its own. Nothing is committed. Returns whether it ran."""
         if not self.transactional or self.producer.in_transaction:
             return False
-        send = getattr(self.producer, "send_offsets", None)
-        if send is None:
+        send_offsets = getattr(self.producer, "send_offsets", None)
+        if send_offsets is None:
             return False
         self.producer.begin()
         try:
-            send({tp: 0 for tp in tps}, group_metadata)
+            for tp in written:
+                self.producer.send(tp.topic, tp.partition, b"", None)
+            self.producer.flush()  # delivered: each partition is in the transaction
+            send_offsets({tp: 0 for tp in inputs}, group_metadata)
         finally:
             self.producer.abort()
         return True
