@@ -678,15 +678,21 @@ class App:
             logger.warning("%s: aborting the transaction failed (%s)", self.application_id, e)
         for task in tm.active_tasks().values():
             task.abort()
-        if tm.collector.failed:
-            logger.warning(
-                "%s: the producer is dead; replacing it (same transactional id)", self.application_id
-            )
-            self._until_answered("replacing the producer", tm.collector.renew)
+        self._replace_if_dead()
         self._rewind(self._assigned)
         logger.info(
             "%s: transaction aborted (%s); input sought back to the last commit", self.application_id, why
         )
+
+    def _replace_if_dead(self, deadline: float | None = None) -> bool:
+        """Replace a producer that went fatal (same transactional id) within ``deadline``; whether
+        it was."""
+        tm = self._tm()
+        if not tm.collector.failed:
+            return False
+        logger.warning("%s: the producer is dead; replacing it (same transactional id)", self.application_id)
+        self._until_answered("replacing the producer", tm.collector.renew, deadline)
+        return True
 
     def _migrated(self, error: ProducerFencedError) -> None:
         """The producer was fenced: the broker aborted our transaction (it outlived
@@ -722,9 +728,9 @@ class App:
         """A commit kept failing and may still complete (e.g. the transaction coordinator was
         unreachable for a request timeout and more). As Kafka Streams does for a commit that timed
         out under exactly-once, the same producer's commit is asked again (within ``task_timeout``)
-        rather than a second client of the transactional id made while the first still retries it:
-        two clients of one id racing at the coordinator have left a transactional offset commit
-        pending for good (Kafka 4.4). Only a commit that cannot be settled so has the producer
+        rather than a second client of the transactional id made while the first still retries it
+        (what a broker left open meanwhile is ended by :meth:`_clear_pending_offsets`). Only a
+        commit that cannot be settled so has the producer
         replaced (its successor's ``init_transactions`` settles the transaction). Either way every
         active task closes dirty, whether the input offsets went with the transaction is asked of
         the group coordinator, not taken from this instance's memory, and each task's restore
@@ -886,11 +892,7 @@ class App:
         except (LogError, require().KafkaException) as e:
             logger.info("%s: clearing offset commits left pending failed: %s", self.application_id, e)
             ran = False
-        if tm.collector.failed:
-            logger.warning(
-                "%s: the producer is dead; replacing it (same transactional id)", self.application_id
-            )
-            self._until_answered("replacing the producer", tm.collector.renew, deadline)
+        if self._replace_if_dead(deadline):
             return False
         if ran:
             logger.warning(
